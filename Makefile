@@ -1,0 +1,46 @@
+# Two commands do all set-up from a fresh clone: `make demo` and `make test` (README).
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(abspath $(VENV))/bin
+ROOT := $(abspath .)
+# Airflow runs from a project-local home on SQLite; the Spark connection is local[*] (embedded default).
+export AIRFLOW_HOME ?= $(ROOT)/.airflow
+export AIRFLOW__CORE__DAGS_FOLDER := $(ROOT)/dags
+export AIRFLOW__CORE__PLUGINS_FOLDER := $(ROOT)/plugins
+export AIRFLOW__CORE__LOAD_EXAMPLES := False
+export AIRFLOW_CONN_SPARK_DEFAULT ?= {"conn_type": "spark", "host": "local[*]"}
+export PYTHONPATH := $(ROOT)
+export PATH := $(BIN):$(PATH)
+export GX_ANALYTICS_ENABLED := false
+export TZ := UTC
+
+.PHONY: demo test lint venv java clean-demo
+
+venv: $(VENV)/.installed
+$(VENV)/.installed: requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt
+	touch $@
+
+java:
+	@major=$$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1); \
+	if [ -z "$$major" ] || [ "$$major" -lt 17 ]; then \
+	  echo "Java 17 or newer is required for Spark 4 (found: $${major:-none}). Install it, e.g. apt-get install openjdk-17-jre-headless" >&2; \
+	  exit 1; fi
+
+demo: venv java
+	$(BIN)/python -m spark_jobs generate --landing data/landing
+	$(BIN)/airflow db migrate > $(AIRFLOW_HOME)-migrate.log 2>&1 || (cat $(AIRFLOW_HOME)-migrate.log; exit 1)
+	$(BIN)/airflow dags test cdc_pipeline > $(AIRFLOW_HOME)-dags-test.log 2>&1 || (tail -50 $(AIRFLOW_HOME)-dags-test.log; exit 1)
+	$(BIN)/python -m spark_jobs status --lake data/lake --require-tables
+
+test: venv java
+	$(BIN)/pytest
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/mypy spark_jobs include dags
+
+clean-demo:
+	rm -rf data .airflow .airflow-*.log

@@ -1,0 +1,171 @@
+"""`python -m spark_jobs run|generate`: the same code path the DAG tasks run (DESIGN 3.3).
+
+Exit 0 on success; 1 when a gate fails or input cannot be processed; 2 on bad arguments or config.
+Failures print one line naming the table, the layer and the reason (CDC_DEBUG=1 adds the traceback)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from spark_jobs.config import ConfigError, load_registry, resolve_uri
+
+LAYERS = ("bronze", "silver", "gold")
+
+
+def _csv(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m spark_jobs", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="ingest landing files into bronze, merge silver, refresh gold")
+    run.add_argument("--config", default="include/tables.yaml")
+    run.add_argument("--landing", required=True, help="landing root (local path)")
+    run.add_argument("--lake", required=True, help="lake root (local path)")
+    run.add_argument("--tables", type=_csv, default=None, help="comma-separated table names (default: all)")
+    run.add_argument("--layers", type=_csv, default=list(LAYERS), help="comma-separated: bronze,silver,gold")
+    run.add_argument("--models", type=_csv, default=None,
+                     help="gold models to refresh (default: every model reading one of the tables)")
+    run.add_argument("--run-id", default=None, help="batch id recorded in every row and report (default: new)")
+    status = sub.add_parser("status", help="row counts per layer, latest gate verdicts, where things are")
+    status.add_argument("--config", default="include/tables.yaml")
+    status.add_argument("--lake", required=True)
+    status.add_argument("--require-tables", action="store_true",
+                        help="exit 1 unless every layer holds non-empty tables and an HTML report exists")
+    gen = sub.add_parser("generate", help="write sample Debezium change files in the S3 sink layout")
+    gen.add_argument("--config", default="include/tables.yaml")
+    gen.add_argument("--landing", required=True)
+    gen.add_argument("--tables", type=_csv, default=None)
+    gen.add_argument("--rows", type=int, default=200, help="snapshot rows per table")
+    gen.add_argument("--changes", type=int, default=400, help="change events per table after the snapshot")
+    gen.add_argument("--seed", type=int, default=7)
+    gen.add_argument("--records-per-file", type=int, default=250, help="the sink's flush.size")
+    gen.add_argument("--partitions", type=int, default=2, help="Kafka partitions per topic")
+    gen.add_argument("--compress", action="store_true", help="write .json.gz files")
+    return p
+
+
+class LayerFailed(RuntimeError):
+    pass
+
+
+def _fail_line(table: str, layer: str, exc: BaseException) -> str:
+    from spark_jobs.gates import GateFailed
+
+    if isinstance(exc, GateFailed):
+        return str(exc)
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if "table=" in message:
+        return message
+    return f"table={table} layer={layer} failed: {type(exc).__name__}: {message}"
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    skip = {"table", "layer", "batch_id", "docs", "sources"}
+    fields = " ".join(f"{k}={v}" for k, v in s.items() if k not in skip and v not in (None, {}))
+    return f"{s['layer']:<6} {s['table']:<22} {fields}"
+
+
+def run(args: argparse.Namespace) -> int:
+    from spark_jobs import jobs, report
+    from spark_jobs.delta import make_engine
+    from spark_jobs.session import build_session
+    from spark_jobs.state import Lake, new_batch_id
+
+    registry = load_registry(args.config)
+    tables = registry.select(args.tables)
+    bad_layers = [layer for layer in args.layers if layer not in LAYERS]
+    if bad_layers:
+        raise ConfigError(f"unknown layer(s) {', '.join(bad_layers)}; choose from {', '.join(LAYERS)}")
+    models = ([registry.gold[m] for m in args.models if m in registry.gold] if args.models
+              else registry.models_reading([t.name for t in tables]))
+    if args.models and len(models) != len(args.models):
+        raise ConfigError(f"unknown gold model(s) in {args.models}; known: {', '.join(registry.gold)}")
+    landing, lake = resolve_uri(args.landing), Lake(resolve_uri(args.lake))
+    batch_id = args.run_id or new_batch_id()
+    spark = build_session(f"cdc-{'-'.join(args.layers)}")
+    engine = make_engine(spark)
+
+    def step(table: str, layer: str, fn: Any, *fn_args: Any) -> None:
+        try:
+            summary = fn(spark, engine, *fn_args)
+        except Exception as exc:
+            if os.environ.get("CDC_DEBUG"):
+                traceback.print_exc()
+            raise LayerFailed(_fail_line(table, layer, exc)) from exc
+        report.publish(lake, batch_id, summary)
+        print(format_summary(summary), flush=True)
+
+    print(f"run {batch_id}: engine={engine.name} landing={landing} lake={lake.root}", flush=True)
+    for table in tables:
+        if "bronze" in args.layers:
+            step(table.name, "bronze", jobs.bronze_ingest, table, landing, lake, batch_id)
+        if "silver" in args.layers:
+            step(table.name, "silver", jobs.silver_merge, table, lake, batch_id)
+    if "gold" in args.layers:
+        for model in models:
+            step(model.name, "gold", jobs.gold_refresh, model, lake, batch_id)
+    return 0
+
+
+def generate(args: argparse.Namespace) -> int:
+    from spark_jobs.generate import Options, generate as write_files
+
+    registry = load_registry(args.config)
+    opts = Options(rows=args.rows, changes=args.changes, seed=args.seed, records_per_file=args.records_per_file,
+                   partitions=args.partitions, compress=args.compress)
+    for t in write_files(registry.select(args.tables), resolve_uri(args.landing), opts):
+        print(f"{t.table:<22} topic={t.topic} events={t.events} tombstones={t.tombstones} files={len(t.files)} "
+              f"final_rows={len(t.final_rows)}")
+    return 0
+
+
+def status(args: argparse.Namespace) -> int:
+    from spark_jobs.report import load_runs
+    from spark_jobs.state import Lake, row_count
+
+    registry = load_registry(args.config)
+    lake = Lake(resolve_uri(args.lake))
+    layout = [("bronze", t, lake.bronze(t)) for t in registry.tables] + \
+             [("silver", t, lake.silver(t)) for t in registry.tables] + \
+             [("gold", m, lake.gold(m)) for m in registry.gold] + \
+             [("quarantine", t, lake.quarantine(t)) for t in registry.tables]
+    verdicts: dict[tuple[str, str], str] = {}
+    for _, summaries in reversed(load_runs(lake)):  # oldest first, so the newest verdict wins
+        for s in summaries:
+            if not str(s.get("gate", "")).startswith("skipped"):
+                verdicts[(s["layer"], s["table"])] = str(s["gate"])
+    empty = []
+    print(f"{'layer':<11}{'table':<24}{'rows':>8}  gate")
+    for layer, name, path in layout:
+        rows = row_count(path)
+        if layer != "quarantine" and not rows:
+            empty.append(f"{layer}/{name}")
+        print(f"{layer:<11}{name:<24}{'-' if rows is None else rows:>8}  {verdicts.get((layer, name), '')}")
+    index = Path(lake.reports) / "index.html"
+    docs = sorted(Path(lake.reports).glob("data_docs/*/index.html"))
+    print(f"\ntables:  {lake.root}/{{bronze,silver,gold,quarantine}}/<table>")
+    print(f"reports: {index} (runs), {len(docs)} GX Data Docs sites under {lake.reports}/data_docs/")
+    if args.require_tables and (empty or not index.exists() or not docs):
+        print(f"incomplete lake: empty or missing {', '.join(empty) or 'reports'}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    commands = {"run": run, "generate": generate, "status": status}
+    try:
+        return commands[args.command](args)
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
+    except LayerFailed as exc:
+        print(str(exc), file=sys.stderr)
+        return 1

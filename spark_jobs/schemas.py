@@ -1,0 +1,190 @@
+"""Typing row images: from the Debezium schema envelope (logical types decoded), or inferred from plain
+JSON (JSON types kept), then aligned with the silver table's existing columns without lossy casts."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Callable
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+PHYSICAL = {"int8": "TINYINT", "int16": "SMALLINT", "int32": "INT", "int64": "BIGINT", "float32": "FLOAT",
+            "float64": "DOUBLE", "boolean": "BOOLEAN", "string": "STRING", "bytes": "STRING"}
+DECIMAL_LOGICAL = "org.apache.kafka.connect.data.Decimal"
+
+
+@dataclass(frozen=True)
+class ImageField:
+    """One column of a row image: how to parse it from JSON and how to decode it to its Spark type."""
+
+    name: str
+    parse_type: str  # DDL type for from_json (the connector's physical type)
+    logical: str | None = None
+    scale: int = 0
+    precision: int = 38
+
+    @property
+    def spark_type(self) -> str:
+        return {
+            "io.debezium.time.Date": "DATE",
+            "org.apache.kafka.connect.data.Date": "DATE",
+            "io.debezium.time.Timestamp": "TIMESTAMP",
+            "org.apache.kafka.connect.data.Timestamp": "TIMESTAMP",
+            "io.debezium.time.MicroTimestamp": "TIMESTAMP",
+            "io.debezium.time.NanoTimestamp": "TIMESTAMP",
+            "io.debezium.time.ZonedTimestamp": "TIMESTAMP",
+            DECIMAL_LOGICAL: f"DECIMAL({self.precision},{self.scale})",
+        }.get(self.logical or "", self.parse_type)
+
+    def decode(self, value: Column) -> Column:
+        logical = self.logical or ""
+        if logical in ("io.debezium.time.Date", "org.apache.kafka.connect.data.Date"):
+            return F.date_add(F.lit("1970-01-01").cast("date"), value)
+        if logical in ("io.debezium.time.Timestamp", "org.apache.kafka.connect.data.Timestamp"):
+            return F.timestamp_millis(value)
+        if logical == "io.debezium.time.MicroTimestamp":
+            return F.timestamp_micros(value)
+        if logical == "io.debezium.time.NanoTimestamp":
+            return F.timestamp_micros(F.floor(value / 1000))
+        if logical == "io.debezium.time.ZonedTimestamp":
+            return value.cast("timestamp")
+        if logical == DECIMAL_LOGICAL:
+            return decode_decimal(value, self.precision, self.scale)
+        return value
+
+
+def decode_decimal(value: Column, precision: int, scale: int) -> Column:
+    """Kafka Connect Decimal: base64 of the unscaled value, big-endian two's complement."""
+    if precision > 18:
+        return _decimal_udf(precision, scale)(value)
+    hexed = F.hex(F.unbase64(value))
+    negative = F.conv(F.substring(hexed, 1, 2), 16, 10).cast("int") >= 128
+    # sign-extend to 8 bytes, then conv with a negative base reads it as signed 64-bit
+    unscaled = F.conv(F.lpad(hexed, 16, F.when(negative, "F").otherwise("0")), 16, -10).cast("decimal(19,0)")
+    # dividing two DECIMAL(19,0) keeps scale 19 here, so this is exact for scale <= 18
+    return (unscaled / F.lit(10**scale).cast("decimal(19,0)")).cast(f"decimal({precision},{scale})")
+
+
+def _decimal_udf(precision: int, scale: int) -> Callable[[Column], Column]:
+    import base64
+
+    def decode(text: str | None) -> Decimal | None:
+        if text is None:
+            return None
+        return Decimal(int.from_bytes(base64.b64decode(text), "big", signed=True)).scaleb(-scale)
+
+    return F.udf(decode, T.DecimalType(precision, scale))
+
+
+def fields_from_envelope(schema_json: str) -> list[ImageField]:
+    """The row image's columns from a Debezium envelope schema (the `after` struct, else `before`)."""
+    schema = json.loads(schema_json)
+    images = {f.get("field"): f for f in schema.get("fields", [])}
+    image = images.get("after") or images.get("before")
+    if not image:
+        raise ValueError("envelope schema has no before/after struct")
+    fields = []
+    for f in image.get("fields", []):
+        params = f.get("parameters") or {}
+        fields.append(ImageField(
+            name=f["field"],
+            parse_type=PHYSICAL.get(f.get("type", "string"), "STRING"),
+            logical=f.get("name"),
+            scale=int(params.get("scale", 0)),
+            precision=int(params.get("connect.decimal.precision", 38)),
+        ))
+    return fields
+
+
+def _split_top_level(body: str) -> list[str]:
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(body):
+        depth += ch in "<("
+        depth -= ch in ">)"
+        if ch == "," and depth == 0:
+            parts.append(body[start:i].strip())
+            start = i + 1
+    if body[start:].strip():
+        parts.append(body[start:].strip())
+    return parts
+
+
+def _json_type(variant_type: str) -> str:
+    """Spark's variant type name for a JSON value -> the column type we keep (JSON types, DESIGN 4.3)."""
+    if variant_type in ("BIGINT", "INT", "SMALLINT", "TINYINT"):
+        return "BIGINT"
+    if variant_type.startswith("DECIMAL") or variant_type in ("DOUBLE", "FLOAT"):
+        return "DOUBLE"
+    if variant_type == "BOOLEAN":
+        return "BOOLEAN"
+    return "STRING"  # strings, nulls (VOID), nested objects and arrays (kept as JSON text)
+
+
+def fields_from_variant_schema(schema: str | None) -> list[ImageField]:
+    """Parse `schema_of_variant_agg` output, e.g. OBJECT<a: BIGINT, b: OBJECT<x: STRING>>."""
+    if not schema or not schema.startswith("OBJECT<"):
+        return []
+    fields = []
+    for part in _split_top_level(schema[len("OBJECT<"):-1]):
+        name, _, vtype = part.partition(":")
+        fields.append(ImageField(name=name.strip().strip("`"), parse_type=_json_type(vtype.strip())))
+    return fields
+
+
+def infer_fields(images: DataFrame, column: str) -> list[ImageField]:
+    """Columns and JSON types of plain-JSON images, merged over every row of the batch."""
+    row = images.select(F.expr(f"schema_of_variant_agg(try_parse_json({column}))").alias("s")).first()
+    return fields_from_variant_schema(row["s"] if row else None)
+
+
+def merge_fields(field_lists: list[list[ImageField]]) -> list[ImageField]:
+    """Union by name in first-seen order; a later schema of the same column wins (newest in the batch)."""
+    merged: dict[str, ImageField] = {}
+    for fields in field_lists:
+        for f in fields:
+            merged[f.name] = f
+    return list(merged.values())
+
+
+def parse_image(df: DataFrame, image: Column, fields: list[ImageField], alias: str) -> DataFrame:
+    """Adds struct column `alias` with every field decoded to its Spark type."""
+    ddl = ", ".join(f"`{f.name}` {f.parse_type}" for f in fields)
+    raw = F.from_json(image, ddl)
+    decoded = F.struct(*[f.decode(raw[f.name]).cast(f.spark_type).alias(f.name) for f in fields])
+    return df.withColumn(alias, decoded)
+
+
+def lossless_cast_check(value: Column, source_type: T.DataType, target_type: T.DataType) -> tuple[Column, Column]:
+    """Cast to the target type; the second column is true when that lost information (not widened)."""
+    cast = value.try_cast(target_type)
+    lost = value.isNotNull() & (cast.isNull() | (cast.try_cast(source_type) != value))
+    return cast, lost
+
+
+def align(df: DataFrame, struct_col: str, target: T.StructType | None) -> DataFrame:
+    """Cast the image's columns that already exist in the target to the target's types.
+
+    Adds `_type_problems`, naming the columns whose values would not fit ('' when all fit): those rows
+    are quarantined, never silently cast (DESIGN 4.3)."""
+    if target is None:
+        return df.withColumn("_type_problems", F.lit(""))
+    existing = {f.name: f.dataType for f in target.fields}
+    image_type = df.schema[struct_col].dataType
+    assert isinstance(image_type, T.StructType)
+    parts, problems = [], []
+    for f in image_type.fields:
+        value = F.col(struct_col)[f.name]
+        target_type = existing.get(f.name)
+        if target_type is None or target_type == f.dataType:
+            parts.append(value.alias(f.name))
+            continue
+        cast, lost = lossless_cast_check(value, f.dataType, target_type)
+        parts.append(cast.alias(f.name))
+        problems.append(F.when(lost, F.lit(f"{f.name} ({f.dataType.simpleString()} -> {target_type.simpleString()})")))
+    bad = F.concat_ws(", ", *problems) if problems else F.lit("")
+    # the check must read the uncast image, so it is materialised before the struct is replaced
+    return df.withColumn("_type_problems", bad).withColumn(struct_col, F.struct(*parts))

@@ -1,0 +1,30 @@
+"""The one place a SparkSession is built (jobs run it; tests build their own local[1] fixture)."""
+
+from __future__ import annotations
+
+import os
+
+from pyspark.sql import SparkSession
+
+# Settings every job relies on: UTC so Debezium's epoch-based times decode to the same instants
+# everywhere; small shuffles because CDC batches are small next to the table; no UI or progress bars.
+SESSION_CONF = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.shuffle.partitions": os.environ.get("CDC_SHUFFLE_PARTITIONS", "8"),
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.sql.sources.partitionColumnTypeInference.enabled": "false",
+}
+
+
+def build_session(app_name: str) -> SparkSession:
+    builder = SparkSession.builder.appName(app_name)
+    # Under spark-submit (the DAG tasks) the JVM is already up with --master; only bare CLI runs choose one.
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:
+        builder = builder.master(os.environ.get("CDC_SPARK_MASTER", "local[*]"))
+    for key, value in SESSION_CONF.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(os.environ.get("CDC_SPARK_LOG_LEVEL", "ERROR"))
+    return spark
