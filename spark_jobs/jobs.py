@@ -182,6 +182,7 @@ def silver_merge(spark: SparkSession, engine: DeltaEngine, table: TableConfig, l
     missing_typed_key = transforms.missing_keys_typed(table.keys)
     reason = (F.when(F.col("op") == "t", "unsupported_op: t (truncate)")
               .when(F.col("_seq").isNull(), "missing_sequence: no log position for this connector; set sequence_by")
+              .when(F.col("_decode_problems") != "", F.concat(F.lit("incompatible_type: "), F.col("_decode_problems")))
               .when(F.col("_type_problems") != "", F.concat(F.lit("incompatible_type: "), F.col("_type_problems")))
               .when(missing_typed_key != "", F.concat(F.lit("missing_key: "), missing_typed_key)))
     typed = typed.withColumn("reason", reason).cache()

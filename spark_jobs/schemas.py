@@ -49,7 +49,7 @@ class ImageField:
         if logical == "io.debezium.time.MicroTimestamp":
             return F.timestamp_micros(value)
         if logical == "io.debezium.time.NanoTimestamp":
-            return F.timestamp_micros(F.floor(value / 1000))
+            return F.timestamp_micros(F.floor(value.cast("decimal(20,0)") / 1000).cast("long"))
         if logical == "io.debezium.time.ZonedTimestamp":
             return value.cast("timestamp")
         if logical == DECIMAL_LOGICAL:
@@ -66,7 +66,7 @@ def decode_decimal(value: Column, precision: int, scale: int) -> Column:
     # sign-extend to 8 bytes, then conv with a negative base reads it as signed 64-bit
     unscaled = F.conv(F.lpad(hexed, 16, F.when(negative, "F").otherwise("0")), 16, -10).cast("decimal(19,0)")
     # dividing two DECIMAL(19,0) keeps scale 19 here, so this is exact for scale <= 18
-    return (unscaled / F.lit(10**scale).cast("decimal(19,0)")).cast(f"decimal({precision},{scale})")
+    return (unscaled / F.lit(10**scale).cast("decimal(19,0)")).try_cast(f"decimal({precision},{scale})")
 
 
 def _decimal_udf(precision: int, scale: int) -> Callable[[Column], Column]:
@@ -151,11 +151,16 @@ def merge_fields(field_lists: list[list[ImageField]]) -> list[ImageField]:
 
 
 def parse_image(df: DataFrame, image: Column, fields: list[ImageField], alias: str) -> DataFrame:
-    """Adds struct column `alias` with every field decoded to its Spark type."""
+    """Adds struct column `alias` with every field decoded to its Spark type, and `_decode_problems`
+    naming the fields whose value is present but does not fit the declared type ('' when none)."""
     ddl = ", ".join(f"`{f.name}` {f.parse_type}" for f in fields)
     raw = F.from_json(image, ddl)
-    decoded = F.struct(*[f.decode(raw[f.name]).cast(f.spark_type).alias(f.name) for f in fields])
-    return df.withColumn(alias, decoded)
+    decoded = {f.name: f.decode(raw[f.name]).try_cast(f.spark_type) for f in fields}
+    as_text = F.from_json(image, "map<string,string>")
+    problems = [F.when(as_text[f.name].isNotNull() & decoded[f.name].isNull(), F.lit(f"{f.name} (not {f.spark_type.lower()})"))
+                for f in fields]
+    return (df.withColumn(alias, F.struct(*[c.alias(n) for n, c in decoded.items()]))
+            .withColumn("_decode_problems", F.concat_ws(", ", *problems)))
 
 
 def lossless_cast_check(value: Column, source_type: T.DataType, target_type: T.DataType) -> tuple[Column, Column]:

@@ -1,0 +1,87 @@
+"""Typing row images: envelope logical types, plain-JSON inference, lossless alignment."""
+
+import base64
+import datetime as dt
+import json
+from decimal import Decimal
+
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from spark_jobs import schemas
+from spark_jobs.generate import Column
+
+
+def b64(unscaled: int) -> str:
+    length = max(1, (unscaled.bit_length() + 8) // 8)
+    return base64.b64encode(unscaled.to_bytes(length, "big", signed=True)).decode()
+
+
+def test_connect_decimal_decodes_sign_and_scale_exactly(spark):
+    values = [12345, -12345, 0, -1, 127, 128, -128, 10**18 - 1, -(10**18) + 1]
+    df = spark.createDataFrame([(b64(v),) for v in values], "v STRING")
+    got = [r[0] for r in df.select(schemas.decode_decimal(F.col("v"), 18, 2)).collect()]
+    assert got == [Decimal(v).scaleb(-2) for v in values]
+
+
+def test_values_that_do_not_fit_their_type_are_named_not_cast(spark):
+    fields = [schemas.ImageField("n", "INT"), schemas.ImageField("p", "STRING", schemas.DECIMAL_LOGICAL, 2, 4)]
+    df = spark.createDataFrame([('{"n": 5, "p": "%s"}' % b64(999),), ('{"n": "five", "p": "%s"}' % b64(10**6),),
+                                ('{"n": null}',)], "img STRING")
+    got = [(r["r"]["n"], r["r"]["p"], r["_decode_problems"])
+           for r in schemas.parse_image(df, F.col("img"), fields, "r").collect()]
+    assert got == [(5, Decimal("9.99"), ""), (None, None, "n (not int), p (not decimal(4,2))"), (None, None, "")]
+
+
+def test_wide_decimals_decode_through_the_exact_fallback(spark):
+    values = [10**30 + 7, -(10**30) - 7]
+    df = spark.createDataFrame([(b64(v),) for v in values], "v STRING")
+    got = [r[0] for r in df.select(schemas.decode_decimal(F.col("v"), 38, 4)).collect()]
+    assert got == [Decimal(v).scaleb(-4) for v in values]
+
+
+def test_envelope_fields_decode_debezium_logical_types(spark):
+    cols = [Column("id", "int32"), Column("day", "int32", "io.debezium.time.Date"),
+            Column("at", "int64", "io.debezium.time.MicroTimestamp"),
+            Column("ms", "int64", "io.debezium.time.Timestamp"),
+            Column("ns", "int64", "io.debezium.time.NanoTimestamp"),
+            Column("zoned", "string", "io.debezium.time.ZonedTimestamp"),
+            Column("price", "bytes", "org.apache.kafka.connect.data.Decimal", {"scale": "2", "connect.decimal.precision": "6"}),
+            Column("rating", "string", "io.debezium.data.Enum", {"allowed": "G,PG"})]
+    schema = json.dumps({"fields": [{"field": "before"}, {"field": "after", "fields": [c.schema(True) for c in cols]}]})
+    fields = schemas.fields_from_envelope(schema)
+    assert [(f.name, f.spark_type) for f in fields] == [
+        ("id", "INT"), ("day", "DATE"), ("at", "TIMESTAMP"), ("ms", "TIMESTAMP"), ("ns", "TIMESTAMP"),
+        ("zoned", "TIMESTAMP"), ("price", "DECIMAL(6,2)"), ("rating", "STRING")]
+    stamp = dt.datetime(2024, 2, 29, 13, 45, 1, 250001)
+    image = {"id": 7, "day": Column("d", "int32", "io.debezium.time.Date").encode(dt.date(2024, 2, 29)),
+             "at": Column("a", "int64", "io.debezium.time.MicroTimestamp").encode(stamp),
+             "ms": 1709214301250, "ns": 1709214301250001999, "zoned": "2024-02-29T13:45:01.250001Z",
+             "price": b64(-1999), "rating": "PG"}
+    df = spark.createDataFrame([(json.dumps(image),)], "img STRING")
+    row = schemas.parse_image(df, F.col("img"), fields, "r").select("r.*").first().asDict()
+    assert row == {"id": 7, "day": dt.date(2024, 2, 29), "at": stamp, "ms": dt.datetime(2024, 2, 29, 13, 45, 1, 250000),
+                   "ns": stamp, "zoned": stamp, "price": Decimal("-19.99"), "rating": "PG"}
+
+
+def test_plain_json_keeps_json_types_over_the_whole_batch(spark):
+    df = spark.createDataFrame([('{"id":1,"w":2,"name":"a","ok":true,"tags":[1]}',),
+                                ('{"id":2,"w":2.5,"name":null,"extra":{"x":1}}',)], "img STRING")
+    fields = schemas.infer_fields(df, "img")
+    assert sorted((f.name, f.parse_type) for f in fields) == [
+        ("extra", "STRING"), ("id", "BIGINT"), ("name", "STRING"), ("ok", "BOOLEAN"), ("tags", "STRING"), ("w", "DOUBLE")]
+
+
+def test_align_widens_safely_and_names_lossy_columns(spark):
+    df = spark.createDataFrame([(1, 2.0, "a"), (2, 2.5, "b"), (3, None, "c")], "id BIGINT, w DOUBLE, s STRING")
+    df = df.select(F.struct("id", "w", "s").alias("r"))
+    target = T.StructType([T.StructField("id", T.DoubleType()), T.StructField("w", T.LongType())])
+    got = [(r["r"]["id"], r["r"]["w"], r["_type_problems"]) for r in schemas.align(df, "r", target).collect()]
+    assert got == [(1.0, 2, ""), (2.0, 2, "w (double -> bigint)"), (3.0, None, "")]
+
+
+def test_merge_fields_unions_columns_with_the_newest_definition():
+    a = [schemas.ImageField("id", "INT"), schemas.ImageField("x", "INT")]
+    b = [schemas.ImageField("x", "BIGINT"), schemas.ImageField("y", "STRING")]
+    assert schemas.merge_fields([a, b]) == [schemas.ImageField("id", "INT"), schemas.ImageField("x", "BIGINT"),
+                                            schemas.ImageField("y", "STRING")]

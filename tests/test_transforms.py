@@ -1,0 +1,141 @@
+"""Unit tests on tiny DataFrames with exact expected rows."""
+
+import json
+
+from spark_jobs import transforms
+
+BRONZE = "_source_file STRING, _line BIGINT, op STRING, source STRING, before STRING, after STRING"
+
+
+def pg(lsn, snapshot="false", **extra):
+    return json.dumps({"connector": "postgresql", "lsn": lsn, "snapshot": snapshot, "ts_ms": 1, **extra})
+
+
+def mysql(file, pos, row=0, snapshot="false"):
+    return json.dumps({"connector": "mysql", "file": file, "pos": pos, "row": row, "snapshot": snapshot, "ts_ms": 1})
+
+
+def events(spark, rows):
+    return spark.createDataFrame(rows, BRONZE)
+
+
+def test_split_lines_numbers_lines_and_keeps_blank_ones_but_not_the_final_newline(spark):
+    files = spark.createDataFrame([("a.json", "x\n\ny\r\n"), ("b.json", "z")], "_source_file STRING, content STRING")
+    got = [tuple(r) for r in transforms.split_lines(files).orderBy("_source_file", "_line").collect()]
+    assert got == [("a.json", 1, "x"), ("a.json", 2, ""), ("a.json", 3, "y"), ("b.json", 1, "z")]
+
+
+def test_parse_and_classify_every_kind_of_line(spark):
+    lines = [
+        '{"before":null,"after":{"id":1,"v":"a"},"source":{"lsn":5},"op":"c","ts_ms":9}',
+        '{"schema":{"type":"struct"},"payload":{"before":{"id":2},"after":null,"source":{"lsn":6},"op":"d","ts_ms":9}}',
+        "null",
+        "{not json",
+        '{"hello":"world"}',
+        '{"before":null,"after":{"id":3},"source":{},"op":"x"}',
+        '{"before":null,"after":null,"source":{},"op":"d"}',
+        '{"before":null,"after":{"v":"no key"},"source":{},"op":"u"}',
+        '{"before":null,"after":null,"source":{"lsn":7},"op":"t"}',
+        "",
+    ]
+    df = spark.createDataFrame([("f", i + 1, line) for i, line in enumerate(lines)], "_source_file STRING, _line BIGINT, _raw STRING")
+    got = transforms.classify(transforms.parse_envelope(df), ("id",)).orderBy("_line")
+    rows = [(r["_line"], r["_kind"], r["reason"], r["op"], r["_schema"] is not None) for r in got.collect()]
+    assert rows == [
+        (1, "event", None, "c", False),
+        (2, "event", None, "d", True),
+        (3, "tombstone", None, None, False),
+        (4, "quarantine", "malformed_json", None, False),
+        (5, "quarantine", "not_debezium: no op field", None, False),
+        (6, "quarantine", "unknown_op: x", "x", False),
+        (7, "quarantine", "missing_key: id", "d", False),
+        (8, "quarantine", "missing_key: id", "u", False),
+        (9, "event", None, "t", False),
+        (10, "quarantine", "empty_line", None, False),
+    ]
+    enveloped = got.where("_line = 2").first()
+    assert json.loads(enveloped["before"]) == {"id": 2} and enveloped["after"] is None
+
+
+def test_missing_keys_names_every_absent_column(spark):
+    df = spark.createDataFrame([("u", None, '{"a":1}'), ("d", '{"b":2}', None)], "op STRING, before STRING, after STRING")
+    assert [r[0] for r in df.select(transforms.missing_keys(("a", "b"))).collect()] == ["b", "a"]
+
+
+def test_postgres_snapshot_events_rank_before_streaming_events_at_the_same_lsn(spark):
+    df = events(spark, [
+        ("f", 1, "u", pg(100), None, "{}"),
+        ("f", 2, "r", pg(100, "last"), None, "{}"),
+        ("f", 3, "c", pg(99), None, "{}"),
+        ("f", 4, "u", pg(1000), None, "{}"),
+    ])
+    ordered = [r["_line"] for r in transforms.order_key(df, None).orderBy("_seq").collect()]
+    assert ordered == [3, 2, 1, 4]  # numeric, not lexicographic: 99 < 100 < 1000
+
+
+def test_mysql_orders_by_binlog_file_number_then_pos_then_row(spark):
+    df = events(spark, [
+        ("f", 1, "u", mysql("mysql-bin.000004", 4, 0), None, "{}"),
+        ("f", 2, "u", mysql("mysql-bin.000003", 900, 1), None, "{}"),
+        ("f", 3, "u", mysql("mysql-bin.000003", 900, 0), None, "{}"),
+        ("f", 4, "c", mysql("mysql-bin.000003", 154, 0, "true"), None, "{}"),
+        ("f", 5, "u", mysql("mysql-bin.000003", 154, 0), None, "{}"),
+        ("f", 6, "u", mysql("mysql-bin.000010", 4, 0), None, "{}"),
+    ])
+    ordered = [r["_line"] for r in transforms.order_key(df, None).orderBy("_seq").collect()]
+    assert ordered == [4, 5, 3, 2, 1, 6]  # old connectors' snapshot rows are op=c with snapshot=true
+
+
+def test_sqlserver_and_unknown_connectors(spark):
+    sql = lambda commit, change, serial: json.dumps({"connector": "sqlserver", "commit_lsn": commit, "change_lsn": change,
+                                                     "event_serial_no": serial})
+    df = events(spark, [
+        ("f", 1, "u", sql("0000002b:00000358:0003", "0000002b:00000358:0002", 2), None, "{}"),
+        ("f", 2, "u", sql("0000002b:00000358:0003", "0000002b:00000358:0002", 1), None, "{}"),
+        ("f", 3, "u", sql("0000002a:00000100:0001", "0000002a:00000100:0001", 1), None, "{}"),
+        ("f", 4, "u", json.dumps({"connector": "mongodb", "ord": 1}), None, "{}"),
+    ])
+    got = {r["_line"]: r["_seq"] for r in transforms.order_key(df, None).collect()}
+    assert got[4] is None
+    assert sorted([1, 2, 3], key=lambda line: got[line]) == [3, 2, 1]
+
+
+def test_sequence_by_uses_image_columns_and_source_fields(spark):
+    df = events(spark, [
+        ("f", 1, "u", json.dumps({"txn": 7}), None, '{"version": 10}'),
+        ("f", 2, "u", json.dumps({"txn": 7}), None, '{"version": 9}'),
+        ("f", 3, "d", json.dumps({"txn": 8}), '{"version": 2}', None),
+        ("f", 4, "u", json.dumps({}), None, '{"version": 11}'),
+    ])
+    got = {r["_line"]: r["_seq"] for r in transforms.order_key(df, ("source.txn", "version")).collect()}
+    assert got == {1: "00000000000000000007|00000000000000000010", 2: "00000000000000000007|00000000000000000009",
+                   3: "00000000000000000008|00000000000000000002", 4: None}
+
+
+def test_latest_per_key_picks_highest_sequence_and_flags_ties(spark):
+    df = spark.createDataFrame([
+        (1, "0001", "a.json", 1, "u", None, '{"v":1}'),
+        (1, "0003", "a.json", 2, "u", None, '{"v":3}'),
+        (1, "0002", "a.json", 3, "u", None, '{"v":2}'),
+        (2, "0005", "a.json", 4, "u", None, '{"v":"x"}'),
+        (2, "0005", "b.json", 1, "u", None, '{"v":"y"}'),  # same position, other content: a tie
+        (3, "0007", "a.json", 5, "d", '{"k":3}', None),
+        (3, "0007", "c.json", 9, "d", '{"k":3}', None),  # re-delivered duplicate: not a tie
+    ], "k INT, _seq STRING, _source_file STRING, _line BIGINT, op STRING, before STRING, after STRING")
+    got = [(r["k"], r["_seq"], r["_source_file"], r["_line"], r["_tie"], r["_events"])
+           for r in transforms.latest_per_key(df, ("k",)).orderBy("k").collect()]
+    assert got == [(1, "0003", "a.json", 2, False, 3), (2, "0005", "b.json", 1, True, 2), (3, "0007", "c.json", 9, False, 2)]
+
+
+def test_effective_changes_drop_events_older_than_the_row_or_its_delete(spark):
+    latest = spark.createDataFrame([(1, "05"), (2, "05"), (3, "05"), (4, "05"), (5, "05")], "k INT, _seq STRING")
+    # 1: live at 03 -> newer; 2: live at 07 -> stale; 3: deleted at 06 -> stale (no resurrection);
+    # 4: deleted at 04 -> newer insert applies; 5: unknown -> applies
+    state = spark.createDataFrame([(1, "03"), (2, "07"), (3, "06"), (4, "04")], "k INT, _seq STRING")
+    got = sorted(r["k"] for r in transforms.effective_changes(latest, state, ("k",)).collect())
+    assert got == [1, 4, 5]
+
+
+def test_key_image_reads_before_for_deletes(spark):
+    df = spark.createDataFrame([("d", "B", "A"), ("u", "B", "A")], "op STRING, before STRING, after STRING")
+    assert [r[0] for r in df.select(transforms.key_image()).collect()] == ["B", "A"]
