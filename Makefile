@@ -40,7 +40,7 @@ test: venv java
 
 lint: venv
 	$(BIN)/ruff check .
-	$(BIN)/mypy spark_jobs include dags
+	$(BIN)/mypy spark_jobs dags
 
 clean-demo:
 	rm -rf data .airflow .airflow-*.log

@@ -115,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def generate(args: argparse.Namespace) -> int:
-    from spark_jobs.generate import Options, generate as write_files
+    from spark_jobs.generate import Options
+    from spark_jobs.generate import generate as write_files
 
     registry = load_registry(args.config)
     opts = Options(rows=args.rows, changes=args.changes, seed=args.seed, records_per_file=args.records_per_file,

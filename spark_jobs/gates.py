@@ -103,13 +103,13 @@ def _context(lake: str, table: str) -> Any:
     context = gx.get_context(mode="file", project_root_dir=str(root))
     context.variables.progress_bars = ProgressBarsConfig(globally=False)
     docs_dir = Path(lake) / "reports" / "data_docs" / table
-    site = {
+    site: Any = {
         "class_name": "SiteBuilder",
         "show_how_to_buttons": False,
         "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(docs_dir)},
         "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
     }
-    sites = context.get_config().data_docs_sites or {}
+    sites = context.variables.data_docs_sites or {}
     if sites.get("reports") != site or len(sites) != 1:
         for name in list(sites):
             context.delete_data_docs_site(name)
@@ -126,7 +126,8 @@ def run_gate(df: DataFrame, table: str, layer: str, checks: list[Check], lake: s
     name = f"{table}.{layer}"
     source = context.data_sources.add_or_update_spark(name="lake")
     asset = next((a for a in source.assets if a.name == name), None) or source.add_dataframe_asset(name=name)
-    batch = next((b for b in asset.batch_definitions if b.name == "batch"), None) or asset.add_batch_definition_whole_dataframe("batch")
+    batch = next((b for b in asset.batch_definitions if b.name == "batch"), None)
+    batch = batch or asset.add_batch_definition_whole_dataframe("batch")
     suite = gx.ExpectationSuite(name=name)
     for check in checks:
         cls = getattr(gxe, "".join(part.title() for part in check.type.split("_")))
@@ -141,7 +142,8 @@ def run_gate(df: DataFrame, table: str, layer: str, checks: list[Check], lake: s
     for run in outcome.run_results.values():
         for r in run.results:
             result = r.result or {}
-            label = Check(r.expectation_config.type, {k: v for k, v in r.expectation_config.kwargs.items() if k != "batch_id"}).label()
+            kwargs = {k: v for k, v in r.expectation_config.kwargs.items() if k != "batch_id"}
+            label = Check(r.expectation_config.type, kwargs).label()
             findings.append(Finding(label, bool(r.success), result.get("unexpected_count"),
                                     result.get("element_count"), result.get("observed_value")))
     docs = Path(lake) / "reports" / "data_docs" / table / "index.html"

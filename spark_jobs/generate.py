@@ -17,10 +17,11 @@ import datetime as dt
 import gzip
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from spark_jobs.config import TableConfig
 
@@ -251,12 +252,18 @@ def _envelope_schema(profile: SourceProfile) -> dict[str, Any]:
     ]}
 
 
-def history(profile: SourceProfile, opts: Options, rng: random.Random) -> tuple[list[tuple[tuple[Any, ...], dict[str, Any] | None]], dict[tuple[Any, ...], dict[str, Any]]]:
+Record = tuple[tuple[Any, ...], dict[str, Any] | None]  # (Kafka key, value); value None = tombstone
+
+
+State = dict[tuple[Any, ...], dict[str, Any]]  # key -> row (logical values)
+
+
+def history(profile: SourceProfile, opts: Options, rng: random.Random) -> tuple[list[Record], State]:
     """The table's change log as (key, value) Kafka records in commit order, and the final state."""
     log = _Log(profile.connector, rng)
     encode = {c.name: c.encode for c in profile.columns}
-    state: dict[tuple[Any, ...], dict[str, Any]] = {}
-    records: list[tuple[tuple[Any, ...], dict[str, Any] | None]] = []
+    state: State = {}
+    records: list[Record] = []
     clock = opts.start_ms
     next_key = 0
 
@@ -300,7 +307,7 @@ def history(profile: SourceProfile, opts: Options, rng: random.Random) -> tuple[
             else:
                 key = rng.choice(live)
                 del state[key]
-                key_only = dict(zip(profile.keys, key))
+                key_only = dict(zip(profile.keys, key, strict=False))
                 emit("d", key, key_only, None, "false", row_in_tx, clock)
                 if profile.connector == "postgresql":  # tombstones.on.delete=true (the default)
                     records.append((key, None))
@@ -308,7 +315,7 @@ def history(profile: SourceProfile, opts: Options, rng: random.Random) -> tuple[
     return records, state
 
 
-def write_topic(profile: SourceProfile, records: list[tuple[tuple[Any, ...], dict[str, Any] | None]],
+def write_topic(profile: SourceProfile, records: list[Record],
                 landing: Path, opts: Options) -> list[str]:
     """Cut the records into sink files: a key always lands in one partition, files hold flush.size records."""
     schema = _envelope_schema(profile) if profile.envelope else None

@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -29,7 +29,7 @@ QUARANTINE_COLUMNS = ("_source_file", "_line", "_raw", "reason", "layer", "_batc
 
 
 def _now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 def write_quarantine(engine: DeltaEngine, lake: Lake, table: str, rows: DataFrame, layer: str, batch_id: str) -> int:
@@ -42,6 +42,13 @@ def write_quarantine(engine: DeltaEngine, lake: Lake, table: str, rows: DataFram
         return 0
     engine.merge(rows, lake.quarantine(table), QUARANTINE_MERGE)
     return rows.count()
+
+
+def _one(df: DataFrame) -> Row:
+    """The single row of a global aggregate (which always has exactly one)."""
+    row = df.first()
+    assert row is not None
+    return row
 
 
 def _reasons(rows: DataFrame) -> dict[str, int]:
@@ -70,22 +77,22 @@ def read_landing(spark: SparkSession, landing: str, files: list[LandingFile]) ->
 
 def bronze_ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, landing: str, lake: Lake,
                   batch_id: str) -> dict[str, Any]:
-    files = pending_files(landing, lake, table.name, table.topic)
-    summary: dict[str, Any] = {"table": table.name, "layer": "bronze", "batch_id": batch_id, "files": len(files)}
+    recovered = _recover_unlogged_files(spark, engine, lake, table.name, batch_id)
+    files = [f for f in pending_files(landing, lake, table.name, table.topic) if f.path not in recovered]
+    summary: dict[str, Any] = {"table": table.name, "layer": "bronze", "batch_id": batch_id, "files": len(files),
+                               "recovered_files": len(recovered)}
     if not files:
         return {**summary, "gate": "skipped (no new files)", "lines": 0, "events": 0, "tombstones": 0, "quarantined": {}}
 
     contents, unreadable = read_landing(spark, landing, files)
     lines = transforms.split_lines(contents)
-    if unreadable:
-        whole_files = spark.createDataFrame(
-            [(f.path, 0, "", f"unsupported_file: {f.path.rsplit('/', 1)[-1]}") for f in unreadable],
-            "_source_file STRING, _line BIGINT, _raw STRING, reason STRING")
     classified = transforms.classify(transforms.parse_envelope(lines), table.keys).cache()
 
     quarantine = classified.where("_kind = 'quarantine'").select("_source_file", "_line", "_raw", "reason")
     if unreadable:
-        quarantine = quarantine.unionByName(whole_files)
+        quarantine = quarantine.unionByName(spark.createDataFrame(
+            [(f.path, 0, "", f"unsupported_file: {f.path.rsplit('/', 1)[-1]}") for f in unreadable],
+            "_source_file STRING, _line BIGINT, _raw STRING, reason STRING"))
     quarantined = _reasons(quarantine)
     write_quarantine(engine, lake, table.name, quarantine, "bronze", batch_id)
 
@@ -100,12 +107,22 @@ def bronze_ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
         F.lit(batch_id).alias("_batch_id"), F.lit(bronze_version).cast("long").alias("_bronze_version"),
         F.lit(_now()).cast("timestamp").alias("_ingested_at"))
     counts = {r["_kind"]: r["n"] for r in classified.groupBy("_kind").agg(F.count(F.lit(1)).alias("n")).collect()}
+    committed = None
     if counts.get("event", 0):
-        written = engine.append(rows, lake.bronze(table.name))
-        if written != bronze_version:
-            raise RuntimeError(f"table={table.name} layer=bronze: another writer committed version {written - 1} "
+        committed = engine.append(rows, lake.bronze(table.name))
+        if committed != bronze_version:
+            raise RuntimeError(f"table={table.name} layer=bronze: another writer committed version {committed - 1} "
                                "during this run; runs of one table must be serialized")
-    _log_files(spark, engine, lake, table.name, files, classified, batch_id, bronze_version)
+    per_file = {r["_source_file"]: (r["lines"], r["events"], r["tombstones"], r["quarantined"])
+                for r in classified.groupBy("_source_file").agg(
+                    F.count(F.lit(1)).alias("lines"),
+                    F.sum(F.when(F.col("_kind") == "event", 1).otherwise(0)).alias("events"),
+                    F.sum(F.when(F.col("_kind") == "tombstone", 1).otherwise(0)).alias("tombstones"),
+                    F.sum(F.when(F.col("_kind") == "quarantine", 1).otherwise(0)).alias("quarantined")).collect()}
+    for f in unreadable:
+        per_file[f.path] = (0, 0, 0, 1)
+    _log_files(spark, engine, lake, table.name, {f.path: (f.size, f.modified_ms, *per_file.get(f.path, (0, 0, 0, 0)))
+                                                 for f in files}, batch_id, committed)
     classified.unpersist()
     return {**summary, "lines": sum(counts.values()), "events": counts.get("event", 0),
             "tombstones": counts.get("tombstone", 0), "quarantined": quarantined,
@@ -113,38 +130,51 @@ def bronze_ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
             "gate": gate.verdict(), "docs": gate.docs}
 
 
-def _log_files(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: str, files: list[LandingFile],
-               classified: DataFrame, batch_id: str, bronze_version: int) -> None:
-    per_file = {r["_source_file"]: r for r in classified.groupBy("_source_file").agg(
-        F.count(F.lit(1)).alias("lines"),
-        F.sum(F.when(F.col("_kind") == "event", 1).otherwise(0)).alias("events"),
-        F.sum(F.when(F.col("_kind") == "tombstone", 1).otherwise(0)).alias("tombstones"),
-        F.sum(F.when(F.col("_kind") == "quarantine", 1).otherwise(0)).alias("quarantined")).collect()}
+INGEST_LOG_SCHEMA = ("table STRING, file STRING, size BIGINT, modified_ms BIGINT, lines BIGINT, events BIGINT, "
+                     "tombstones BIGINT, quarantined BIGINT, _batch_id STRING, bronze_version BIGINT, ingested_at TIMESTAMP")
+
+
+def _log_files(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: str,
+               files: dict[str, tuple[Any, ...]], batch_id: str, bronze_version: int | None) -> None:
+    """Record files as ingested: (size, modified_ms, lines, events, tombstones, quarantined) per path;
+    `bronze_version` is the bronze commit that holds their rows (None when they had no events)."""
     now = _now()
-    rows = []
-    for f in files:
-        stats = per_file.get(f.path)
-        whole = 1 if f.kind != "json" else 0
-        rows.append((table, f.path, f.size, f.modified_ms, stats["lines"] if stats else 0, stats["events"] if stats else 0,
-                     stats["tombstones"] if stats else 0, (stats["quarantined"] if stats else 0) + whole,
-                     batch_id, bronze_version, now))
-    log = spark.createDataFrame(rows, "table STRING, file STRING, size BIGINT, modified_ms BIGINT, lines BIGINT, "
-                                      "events BIGINT, tombstones BIGINT, quarantined BIGINT, _batch_id STRING, "
-                                      "bronze_version BIGINT, ingested_at TIMESTAMP")
-    engine.append(log, lake.ingest_log(table))
+    rows = [(table, path, *stats, batch_id, bronze_version, now) for path, stats in sorted(files.items())]
+    engine.append(spark.createDataFrame(rows, INGEST_LOG_SCHEMA), lake.ingest_log(table))
+
+
+def _recover_unlogged_files(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: str, batch_id: str) -> set[str]:
+    """Bronze commits its rows before the ingest log. If a run died between the two, bronze's rows newer
+    than the last logged commit name the files it already holds: log them now, never append them twice."""
+    current = engine.version(lake.bronze(table))
+    if current is None:
+        return set()
+    log = engine.read(spark, lake.ingest_log(table))
+    logged = -1 if log is None else (_one(log.agg(F.max("bronze_version").alias("v")))["v"] or -1)
+    if current <= logged:
+        return set()
+    bronze = engine.read(spark, lake.bronze(table))
+    assert bronze is not None
+    held = bronze.where(F.col("_bronze_version") > logged).groupBy("_source_file", "_bronze_version").agg(
+        F.count(F.lit(1)).alias("events")).collect()
+    for version in sorted({r["_bronze_version"] for r in held}):
+        # sizes, line and tombstone counts of those files were lost with the run: left null
+        files = {r["_source_file"]: (None, None, None, r["events"], None, None) for r in held if r["_bronze_version"] == version}
+        _log_files(spark, engine, lake, table, files, batch_id, version)
+    return {r["_source_file"] for r in held}
 
 
 # ---- silver ----------------------------------------------------------------------------------------
 
-PROGRESS_SCHEMA = "layer STRING, bronze_version BIGINT, _batch_id STRING, updated_at TIMESTAMP"
+PROGRESS_SCHEMA = "layer STRING, bronze_version BIGINT, truncated_at STRING, _batch_id STRING, updated_at TIMESTAMP"
+NO_SEQUENCE = "missing_sequence: no log position for this connector; set sequence_by"
 
 
-def applied_bronze_version(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: str) -> int:
+def silver_progress(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: str) -> tuple[int, str | None]:
+    """(bronze version silver has applied, -1 if none; sequence of the latest truncate applied, if any)."""
     progress = engine.read(spark, lake.progress(table))
-    if progress is None:
-        return -1
-    row = progress.where("layer = 'silver'").agg(F.max("bronze_version").alias("v")).first()
-    return -1 if row is None or row["v"] is None else int(row["v"])
+    row = None if progress is None else progress.where("layer = 'silver'").first()
+    return (-1, None) if row is None else (int(row["bronze_version"]), row["truncated_at"])
 
 
 def _image_fields(spark: SparkSession, events: DataFrame) -> list[schemas.ImageField]:
@@ -157,80 +187,102 @@ def _image_fields(spark: SparkSession, events: DataFrame) -> list[schemas.ImageF
     return schemas.merge_fields(lists)
 
 
+def _typed_changes(spark: SparkSession, table: TableConfig, changes: DataFrame,
+                   target: T.StructType | None) -> tuple[DataFrame, list[schemas.ImageField]]:
+    """Row events with `_seq`, the typed image in `_row`, typed key columns and a quarantine `reason`."""
+    fields = _image_fields(spark, changes)
+    names = {f.name for f in fields}
+    absent = [k for k in table.keys if k not in names]
+    if absent:
+        raise ValueError(f"table={table.name} layer=silver: key column(s) {', '.join(absent)} not in the "
+                         f"change events' columns ({', '.join(sorted(names))})")
+    typed = schemas.parse_image(transforms.order_key(changes, table.sequence_by), transforms.key_image(), fields, "_row")
+    typed = schemas.align(typed, "_row", target)
+    for k in table.keys:
+        typed = typed.withColumn(k, F.col("_row")[k])
+    missing = transforms.missing_keys_typed(table.keys)
+    reason = (F.when(F.col("_seq").isNull(), NO_SEQUENCE)
+              .when(F.col("_decode_problems") != "", F.concat(F.lit("incompatible_type: "), F.col("_decode_problems")))
+              .when(F.col("_type_problems") != "", F.concat(F.lit("incompatible_type: "), F.col("_type_problems")))
+              .when(missing != "", F.concat(F.lit("missing_key: "), missing)))
+    return typed.withColumn("reason", reason), fields
+
+
 def silver_merge(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake: Lake, batch_id: str) -> dict[str, Any]:
     summary: dict[str, Any] = {"table": table.name, "layer": "silver", "batch_id": batch_id}
-    applied = applied_bronze_version(spark, engine, lake, table.name)
+    applied, truncated_at = silver_progress(spark, engine, lake, table.name)
     bronze_version = engine.version(lake.bronze(table.name))
     if bronze_version is None or bronze_version <= applied:
         return {**summary, "events": 0, "gate": "skipped (no new bronze rows)", "quarantined": {}}
     bronze = engine.read(spark, lake.bronze(table.name), version=bronze_version)
     assert bronze is not None
-    batch = bronze.where(F.col("_bronze_version") > applied)
-
-    fields = _image_fields(spark, batch)
-    field_names = {f.name for f in fields}
-    absent_keys = [k for k in table.keys if k not in field_names]
-    if absent_keys:
-        raise ValueError(f"table={table.name} layer=silver: key column(s) {', '.join(absent_keys)} not in the "
-                         f"change events' columns ({', '.join(sorted(field_names))})")
-    target_path = lake.silver(table.name)
+    batch = bronze.where(F.col("_bronze_version") > applied).cache()
+    target_path, ledger_path = lake.silver(table.name), lake.tombstones(table.name)
     target_schema = engine.schema(target_path)
-    typed = schemas.parse_image(transforms.order_key(batch, table.sequence_by), transforms.key_image(), fields, "_row")
-    typed = schemas.align(typed, "_row", target_schema)
-    for k in table.keys:
-        typed = typed.withColumn(k, F.col("_row")[k])
-    missing_typed_key = transforms.missing_keys_typed(table.keys)
-    reason = (F.when(F.col("op") == "t", "unsupported_op: t (truncate)")
-              .when(F.col("_seq").isNull(), "missing_sequence: no log position for this connector; set sequence_by")
-              .when(F.col("_decode_problems") != "", F.concat(F.lit("incompatible_type: "), F.col("_decode_problems")))
-              .when(F.col("_type_problems") != "", F.concat(F.lit("incompatible_type: "), F.col("_type_problems")))
-              .when(missing_typed_key != "", F.concat(F.lit("missing_key: "), missing_typed_key)))
-    typed = typed.withColumn("reason", reason).cache()
-    quarantine = typed.where("reason IS NOT NULL")
-    quarantined = _reasons(quarantine)
-    write_quarantine(engine, lake, table.name, quarantine.select("_source_file", "_line", "_raw", "reason"),
-                     "silver", batch_id)
-
-    events = typed.where("reason IS NULL")
-    latest = transforms.latest_per_key(events, table.keys).cache()
-    state = _current_state(spark, engine, lake, table, latest)
-    effective = transforms.effective_changes(latest, state, table.keys)
-    rows = _silver_rows(effective, fields, target_schema)
-
-    counts = events.agg(F.count(F.lit(1)).alias("events"),
-                        F.countDistinct(*table.keys, "_seq").alias("distinct_positions")).first()
-    latest_counts = latest.agg(F.count(F.lit(1)).alias("keys"), F.sum(F.col("_tie").cast("int")).alias("ties")).first()
-    effective_count = rows.count()
-
     version_before = engine.version(target_path)
-    result = None
-    if effective_count:
-        spec = MergeSpec(table.keys, SILVER_MERGE.delete_when, SILVER_MERGE.update_when, SILVER_MERGE.insert_when)
-        result = engine.merge(rows, target_path, spec, table.partition_by)
-        ledger = rows.select(*table.keys, "_seq", "_op")
-        ledger_spec = MergeSpec(table.keys, LEDGER_MERGE.delete_when, LEDGER_MERGE.update_when, LEDGER_MERGE.insert_when)
-        engine.merge(ledger, lake.tombstones(table.name), ledger_spec)
 
-    silver = engine.read(spark, target_path)
+    # truncate (op=t): the table is empty as of its position; every older event is stale
+    truncates = transforms.order_key(batch.where("op = 't'"), table.sequence_by).withColumn(
+        "reason", F.when(F.col("_seq").isNull(), NO_SEQUENCE)).cache()
+    batch_truncate = _one(truncates.where("reason IS NULL").agg(F.max("_seq").alias("t"),
+                                                                F.count(F.lit(1)).alias("n")))
+    new_truncate = batch_truncate["t"] if batch_truncate["t"] and batch_truncate["t"] > (truncated_at or "") else None
+    truncated_at = new_truncate or truncated_at
+    deleted_by_truncate = 0
+    if new_truncate:
+        predicate = f"_seq < '{new_truncate}'"
+        deleted_by_truncate = engine.delete(target_path, predicate) if version_before is not None else 0
+        if engine.version(ledger_path) is not None:
+            engine.delete(ledger_path, predicate)
+    quarantine = truncates.where("reason IS NOT NULL").select("_source_file", "_line", "_raw", "reason")
+
+    changes = batch.where("op <> 't'")
+    result, counts, latest_counts, effective_count = None, None, None, 0
+    if not changes.isEmpty():
+        typed, fields = _typed_changes(spark, table, changes, target_schema)
+        typed = typed.cache()
+        quarantine = quarantine.unionByName(typed.where("reason IS NOT NULL").select("_source_file", "_line", "_raw", "reason"))
+        events = typed.where("reason IS NULL")
+        after_truncate = F.col("_seq") > F.lit(truncated_at) if truncated_at else F.lit(True)
+        position = F.struct(*table.keys, "_seq")
+        counts = _one(events.agg(F.count(F.lit(1)).alias("events"), F.countDistinct(position).alias("positions"),
+                                 F.countDistinct(F.when(after_truncate, position)).alias("positions_after_truncate")))
+        events = events.where(after_truncate)
+        latest = transforms.latest_per_key(events, table.keys).cache()
+        latest_counts = _one(latest.agg(F.count(F.lit(1)).alias("keys"), F.sum(F.col("_tie").cast("int")).alias("ties")))
+        state = _current_state(spark, engine, lake, table, latest)
+        rows = _silver_rows(transforms.effective_changes(latest, state, table.keys), fields, target_schema).cache()
+        effective_count = rows.count()
+        if effective_count:
+            spec = MergeSpec(table.keys, SILVER_MERGE.delete_when, SILVER_MERGE.update_when, SILVER_MERGE.insert_when)
+            result = engine.merge(rows, target_path, spec, table.partition_by)
+            ledger_spec = MergeSpec(table.keys, LEDGER_MERGE.delete_when, LEDGER_MERGE.update_when, LEDGER_MERGE.insert_when)
+            engine.merge(rows.select(*table.keys, "_seq", "_op"), ledger_path, ledger_spec)
+    quarantined = _reasons(quarantine)
+    write_quarantine(engine, lake, table.name, quarantine, "silver", batch_id)
+
     gate_result = None
+    silver = engine.read(spark, target_path)
     if silver is not None:
         try:
             gate_result = run_gate(silver, table.name, "silver", silver_checks(table), lake.root)
         except GateFailed:
             # write-audit-publish: a failed gate leaves the published table at its previous version
-            if version_before is not None and result is not None:
+            if version_before is not None and engine.version(target_path) != version_before:
                 engine.restore(target_path, version_before)
             raise
-    _save_progress(spark, engine, lake, table.name, bronze_version, batch_id)
-    typed.unpersist()
-    latest.unpersist()
-    events_in = counts["events"]
-    return {**summary, "events": events_in + sum(quarantined.values()), "bronze_version": bronze_version,
-            "duplicates_dropped": events_in - counts["distinct_positions"],
-            "superseded_in_batch": counts["distinct_positions"] - latest_counts["keys"],
-            "stale_ignored": latest_counts["keys"] - effective_count, "ties": int(latest_counts["ties"] or 0),
+    _save_progress(spark, engine, lake, table.name, bronze_version, truncated_at, batch_id)
+    spark.catalog.clearCache()
+    events_in, positions, kept = ((counts["events"], counts["positions"], counts["positions_after_truncate"])
+                                  if counts else (0, 0, 0))
+    keys = latest_counts["keys"] if latest_counts else 0
+    return {**summary, "events": events_in + batch_truncate["n"] + sum(quarantined.values()),
+            "bronze_version": bronze_version, "duplicates_dropped": events_in - positions,
+            "superseded_in_batch": kept - keys, "stale_ignored": (positions - kept) + (keys - effective_count),
+            "ties": int(latest_counts["ties"] or 0) if latest_counts else 0,
+            "truncates": batch_truncate["n"],
             "inserted": result.inserted if result else 0, "updated": result.updated if result else 0,
-            "deleted": result.deleted if result else 0, "quarantined": quarantined,
+            "deleted": (result.deleted if result else 0) + deleted_by_truncate, "quarantined": quarantined,
             "version": engine.version(target_path), "gate": gate_result.verdict() if gate_result else "skipped",
             "docs": gate_result.docs if gate_result else None}
 
@@ -266,8 +318,9 @@ def _silver_rows(effective: DataFrame, fields: list[schemas.ImageField], target:
     return effective.select(*columns, *[c.alias(n) for n, c in meta.items()])
 
 
-def _save_progress(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: str, bronze_version: int, batch_id: str) -> None:
-    row = spark.createDataFrame([("silver", bronze_version, batch_id, _now())], PROGRESS_SCHEMA)
+def _save_progress(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: str, bronze_version: int,
+                   truncated_at: str | None, batch_id: str) -> None:
+    row = spark.createDataFrame([("silver", bronze_version, truncated_at, batch_id, _now())], PROGRESS_SCHEMA)
     engine.merge(row, lake.progress(table), MergeSpec(("layer",), update_when="true", insert_when="true"))
 
 

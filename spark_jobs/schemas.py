@@ -4,9 +4,9 @@ JSON (JSON types kept), then aligned with the silver table's existing columns wi
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Callable
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F

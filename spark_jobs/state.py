@@ -43,15 +43,15 @@ class Lake:
 
 def new_batch_id() -> str:
     """Sortable by time, unique across concurrent runs."""
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ") + "-" + secrets.token_hex(2)
+    return dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ") + "-" + secrets.token_hex(2)
 
 
 def ingested_files(lake: Lake, table: str) -> set[str]:
     """Landing files already in bronze, read without Spark (the sensor calls this) and without
     delta-rs' dataset readers: pyarrow.parquet over the log's active files."""
+    import pyarrow.parquet as pq
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
-    import pyarrow.parquet as pq
 
     try:
         files = DeltaTable(lake.ingest_log(table)).file_uris()

@@ -31,7 +31,8 @@ def split_lines(files: DataFrame) -> DataFrame:
     return (
         lines.withColumn("_last", last)
         .where(~((F.col("_pos") == F.col("_last")) & (F.col("_raw") == "")))
-        .select("_source_file", (F.col("_pos") + 1).cast("long").alias("_line"), F.regexp_replace("_raw", "\r$", "").alias("_raw"))
+        .select("_source_file", (F.col("_pos") + 1).cast("long").alias("_line"),
+                F.regexp_replace("_raw", "\r$", "").alias("_raw"))
     )
 
 
@@ -115,7 +116,8 @@ def connector_sequence() -> Column:
     connector = _src("connector")
     pg = F.concat_ws("|", _pad(_src("lsn")), _snapshot_rank())
     binlog_no = F.regexp_extract(_src("file"), r"(\d+)$", 1)
-    mysql = F.concat_ws("|", _pad(binlog_no, 10), _pad(_src("pos")), _snapshot_rank(), _pad(F.coalesce(_src("row"), F.lit("0")), 10))
+    row = _pad(F.coalesce(_src("row"), F.lit("0")), 10)
+    mysql = F.concat_ws("|", _pad(binlog_no, 10), _pad(_src("pos")), _snapshot_rank(), row)
     sqlserver = F.concat_ws("|", _src("commit_lsn"), _src("change_lsn"), _pad(_src("event_serial_no")))
     return (
         F.when((connector == "postgresql") & _src("lsn").isNotNull(), pg)

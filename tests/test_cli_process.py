@@ -43,8 +43,8 @@ def test_state_reads_exit_cleanly_every_time(tmp_path):
     the sensor's and status' reads must not. Twenty processes, every one exits 0."""
     landing = tmp_path / "landing"
     assert cli("generate", "--landing", str(landing), "--tables", "actor", "--rows", "20", "--changes", "10").returncode == 0
-    from deltalake import write_deltalake
     import pyarrow as pa
+    from deltalake import write_deltalake
 
     log = pa.table({"file": ["topics/pagila.public.actor/partition=0/pagila.public.actor+0+0000000000.json"]})
     write_deltalake(str(tmp_path / "lake" / "_state" / "ingest_log" / "actor"), log)

@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import pytest
@@ -41,7 +42,7 @@ def test_sequence_by_and_partition_by_are_read():
     ({"topic": "x", "keys": ["id"], "format": "csv"}, "table 'orders': field 'format' must be one of"),
 ])
 def test_invalid_tables_name_the_table_and_field(spec, message):
-    with pytest.raises(ConfigError, match="^" + message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(ConfigError, match="^" + re.escape(message)):
         parse_table("orders", spec)
 
 

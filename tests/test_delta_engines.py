@@ -108,3 +108,10 @@ def test_overwrite_replaces_rows_and_schema_and_restore_goes_back(any_engine, sp
     assert any_engine.restore(path, 0) == 2
     assert rows(any_engine, spark, path) == [(1, "a", "1", "c")]
     assert any_engine.read(spark, path, version=1).collect()[0]["score"] == 1.5
+
+
+def test_delete_removes_matching_rows_and_counts_them(any_engine, spark, tmp_path):
+    path = str(tmp_path / "t")
+    any_engine.append(spark.createDataFrame([(1, "a", "02", "c"), (2, "b", "05", "c"), (3, "c", "03", "u")], SCHEMA), path)
+    assert any_engine.delete(path, "_seq < '04'") == 2
+    assert rows(any_engine, spark, path) == [(2, "b", "05", "c")]

@@ -3,6 +3,7 @@ with silver compared row for row against the source table's final state."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -153,3 +154,53 @@ def test_config_errors_exit_2_with_one_line(tmp_path, capsys):
     config.write_text("tables:\n  orders:\n    topic: t\n    keys: [id]\n    colour: red\n")
     code, out, err = run(capsys, config, tmp_path, tmp_path / "lake")
     assert (code, err) == (2, "config error: table 'orders': unknown field(s) colour\n")
+
+
+def test_a_run_killed_after_the_bronze_commit_does_not_ingest_twice(spark, engine, tmp_path, capsys):
+    """Bronze commits its rows, then the ingest log. A run killed between the two must not make the
+    next run append the same files again: bronze's own rows tell which files it already holds."""
+    registry = load_registry(DEMO_CONFIG)
+    generated = generate(registry.select(["actor"]), tmp_path / "landing", Options(rows=20, changes=30, seed=3))[0]
+    lake = Lake(str(tmp_path / "lake"))
+    code, _, _ = run(capsys, DEMO_CONFIG, tmp_path / "landing", tmp_path / "lake", "--tables", "actor", "--layers", "bronze")
+    assert code == 0
+    shutil.rmtree(lake.ingest_log("actor"))  # the log commit never happened
+    code, out, err = run(capsys, DEMO_CONFIG, tmp_path / "landing", tmp_path / "lake", "--tables", "actor",
+                         "--layers", "bronze,silver")
+    assert (code, err) == (0, "")
+    bronze = summary_line(out, "bronze", "actor")
+    assert (bronze["files"], bronze["recovered_files"]) == ("0", str(len(generated.files)))
+    assert row_count(lake.bronze("actor")) == generated.events
+    assert silver_rows(spark, engine, tmp_path / "lake", "actor", ("actor_id",)) == expected_rows(generated.topic,
+                                                                                                   generated.final_rows)
+
+
+def test_truncate_empties_the_table_as_of_its_position_and_later_events_apply(spark, engine, tmp_path, capsys):
+    config = tmp_path / "tables.yaml"
+    config.write_text("tables:\n  orders:\n    topic: shop.public.orders\n    keys: [id]\n")
+    folder = tmp_path / "landing" / "topics" / "shop.public.orders" / "partition=0"
+    folder.mkdir(parents=True)
+
+    def event(op, lsn, row=None):
+        source = {"connector": "postgresql", "lsn": lsn, "snapshot": "false", "ts_ms": 1}
+        return json.dumps({"before": None, "after": row, "source": source, "op": op})
+
+    def land(offset, *lines):
+        (folder / f"shop.public.orders+0+{offset:010d}.json").write_text("\n".join(lines) + "\n")
+        code, out, err = run(capsys, config, tmp_path / "landing", tmp_path / "lake", "--tables", "orders")
+        assert (code, err) == (0, "")
+        return out
+
+    land(0, event("c", 10, {"id": 1, "qty": 1}), event("c", 11, {"id": 2, "qty": 1}))
+    # one batch: a truncate at 20 between older and newer events
+    out = land(2, event("u", 15, {"id": 1, "qty": 2}), event("t", 20), event("c", 21, {"id": 3, "qty": 1}),
+               event("u", 19, {"id": 2, "qty": 9}))
+    silver = summary_line(out, "silver", "orders")
+    assert (silver["truncates"], silver["deleted"], silver["inserted"], silver["stale_ignored"]) == ("1", "2", "1", "2")
+    assert silver_rows(spark, engine, tmp_path / "lake", "orders", ("id",)) == {(3,): {"id": 3, "qty": 1}}
+    # a late event from before the truncate never comes back; a newer one applies
+    out = land(6, event("u", 12, {"id": 1, "qty": 5}), event("c", 22, {"id": 4, "qty": 1}))
+    silver = summary_line(out, "silver", "orders")
+    assert (silver["stale_ignored"], silver["inserted"]) == ("1", "1")
+    assert silver_rows(spark, engine, tmp_path / "lake", "orders", ("id",)) == {
+        (3,): {"id": 3, "qty": 1}, (4,): {"id": 4, "qty": 1}}

@@ -26,7 +26,7 @@ def test_connect_decimal_decodes_sign_and_scale_exactly(spark):
 
 def test_values_that_do_not_fit_their_type_are_named_not_cast(spark):
     fields = [schemas.ImageField("n", "INT"), schemas.ImageField("p", "STRING", schemas.DECIMAL_LOGICAL, 2, 4)]
-    df = spark.createDataFrame([('{"n": 5, "p": "%s"}' % b64(999),), ('{"n": "five", "p": "%s"}' % b64(10**6),),
+    df = spark.createDataFrame([(f'{{"n": 5, "p": "{b64(999)}"}}',), (f'{{"n": "five", "p": "{b64(10**6)}"}}',),
                                 ('{"n": null}',)], "img STRING")
     got = [(r["r"]["n"], r["r"]["p"], r["_decode_problems"])
            for r in schemas.parse_image(df, F.col("img"), fields, "r").collect()]

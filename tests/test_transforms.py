@@ -38,7 +38,8 @@ def test_parse_and_classify_every_kind_of_line(spark):
         '{"before":null,"after":null,"source":{"lsn":7},"op":"t"}',
         "",
     ]
-    df = spark.createDataFrame([("f", i + 1, line) for i, line in enumerate(lines)], "_source_file STRING, _line BIGINT, _raw STRING")
+    df = spark.createDataFrame([("f", i + 1, line) for i, line in enumerate(lines)],
+                               "_source_file STRING, _line BIGINT, _raw STRING")
     got = transforms.classify(transforms.parse_envelope(df), ("id",)).orderBy("_line")
     rows = [(r["_line"], r["_kind"], r["reason"], r["op"], r["_schema"] is not None) for r in got.collect()]
     assert rows == [
@@ -87,8 +88,9 @@ def test_mysql_orders_by_binlog_file_number_then_pos_then_row(spark):
 
 
 def test_sqlserver_and_unknown_connectors(spark):
-    sql = lambda commit, change, serial: json.dumps({"connector": "sqlserver", "commit_lsn": commit, "change_lsn": change,
-                                                     "event_serial_no": serial})
+    def sql(commit, change, serial):
+        return json.dumps({"connector": "sqlserver", "commit_lsn": commit, "change_lsn": change,
+                                                         "event_serial_no": serial})
     df = events(spark, [
         ("f", 1, "u", sql("0000002b:00000358:0003", "0000002b:00000358:0002", 2), None, "{}"),
         ("f", 2, "u", sql("0000002b:00000358:0003", "0000002b:00000358:0002", 1), None, "{}"),

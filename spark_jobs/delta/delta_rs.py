@@ -85,6 +85,9 @@ class DeltaRsEngine:
                            updated=metrics.get("num_target_rows_updated", 0),
                            deleted=metrics.get("num_target_rows_deleted", 0))
 
+    def delete(self, path: str, predicate: str) -> int:
+        return int(self._must(path).delete(predicate).get("num_deleted_rows", 0))
+
     def history(self, path: str, limit: int | None = None) -> list[dict[str, Any]]:
         table = self._table(path)
         return [] if table is None else table.history(limit)

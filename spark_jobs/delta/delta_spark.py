@@ -26,7 +26,8 @@ class DeltaSparkEngine:
     def version(self, path: str) -> int | None:
         if not self._exists(path):
             return None
-        return int(self._DeltaTable.forPath(self.spark, path).history(1).first()["version"])
+        latest = self._DeltaTable.forPath(self.spark, path).history(1).first()
+        return None if latest is None else int(latest["version"])
 
     def schema(self, path: str) -> T.StructType | None:
         return self.spark.read.format("delta").load(path).schema if self._exists(path) else None
@@ -64,6 +65,11 @@ class DeltaSparkEngine:
         return MergeResult(version=int(last["version"]), inserted=int(metrics.get("numTargetRowsInserted", 0)),
                            updated=int(metrics.get("numTargetRowsUpdated", 0)),
                            deleted=int(metrics.get("numTargetRowsDeleted", 0)))
+
+    def delete(self, path: str, predicate: str) -> int:
+        self._DeltaTable.forPath(self.spark, path).delete(predicate)
+        metrics = self.history(path, 1)[0].get("operationMetrics") or {}
+        return int(metrics.get("numDeletedRows", 0))
 
     def history(self, path: str, limit: int | None = None) -> list[dict[str, Any]]:
         if not self._exists(path):
