@@ -5,7 +5,9 @@ Each returns a summary dict (counts, versions, gate verdict) that the CLI prints
 from __future__ import annotations
 
 import datetime as dt
+import os
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
@@ -66,13 +68,17 @@ def read_landing(spark: SparkSession, landing: str, files: list[LandingFile]) ->
     unreadable = [f for f in files if f.kind != "json"]
     if not readable:
         return spark.createDataFrame([], "_source_file STRING, content STRING"), unreadable
-    relative = {f"{landing}/{f.path}": f.path for f in readable}
+    relative = {os.path.abspath(f"{landing}/{f.path}"): f for f in readable}
     raw = spark.read.text(list(relative), wholetext=True).select(
-        F.col("_metadata.file_path").alias("_uri"), F.col("value").alias("content"))
-    mapping = spark.createDataFrame([(k, v) for k, v in relative.items()], "_path STRING, _source_file STRING")
-    # _metadata.file_path is a URI (file:/...); match it on the path's tail, which is unique per file
-    joined = raw.join(mapping, F.col("_uri").endswith(F.col("_path")))
-    return joined.select("_source_file", "content"), unreadable
+        F.col("_metadata.file_path").alias("_uri"), F.col("value").alias("content")).cache()
+    # Spark names files by URI (file:/..., percent-encoded); map each back to its landing path exactly
+    uris = {unquote(urlparse(r["_uri"]).path): r["_uri"] for r in raw.select("_uri").distinct().collect()}
+    lost = [f.path for local, f in relative.items() if local not in uris and f.size > 0]
+    if lost:
+        raise RuntimeError(f"landing files read by Spark under other names, refusing to lose them: {', '.join(lost)}")
+    mapping = spark.createDataFrame([(uris[local], f.path) for local, f in relative.items() if local in uris],
+                                    "_uri STRING, _source_file STRING")
+    return raw.join(mapping, "_uri").select("_source_file", "content"), unreadable
 
 
 def bronze_ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, landing: str, lake: Lake,
