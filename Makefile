@@ -14,6 +14,9 @@ export PYTHONPATH := $(ROOT)
 export PATH := $(BIN):$(PATH)
 export GX_ANALYTICS_ENABLED := false
 export TZ := UTC
+# `airflow dags test` waits out reschedule sensors: when nothing new has landed, skip within seconds
+demo: export CDC_SENSOR_TIMEOUT ?= 5
+demo: export CDC_SENSOR_POKE_INTERVAL ?= 2
 
 .PHONY: demo test lint venv java clean-demo
 

@@ -56,8 +56,9 @@ with DAG(
     silver_tasks = {}
     for table in REGISTRY.tables.values():
 
-        @task.sensor(task_id=f"landing_sense_{table.name}", poke_interval=60, timeout=600, mode="reschedule",
-                     soft_fail=True, doc_md=f"Waits for landing files of `{table.topic}` not yet in bronze.")
+        @task.sensor(task_id=f"landing_sense_{table.name}", poke_interval=float(SETTINGS["sensor_poke_interval"]),
+                     timeout=float(SETTINGS["sensor_timeout"]), mode="reschedule", soft_fail=True,
+                     doc_md=f"Waits for landing files of `{table.topic}` not yet in bronze; skips the table when none arrive.")
         def landing_sense(name: str = table.name, topic: str = table.topic) -> PokeReturnValue:
             from spark_jobs.state import Lake, pending_files
 

@@ -156,4 +156,7 @@ def env_settings() -> dict[str, str]:
         "config": os.environ.get("CDC_CONFIG", "include/tables.yaml"),
         "landing": os.environ.get("CDC_LANDING_URI", "data/landing"),
         "lake": os.environ.get("CDC_LAKE_URI", "data/lake"),
+        # how long a run's sensors wait for new landing files before skipping the table (seconds)
+        "sensor_timeout": os.environ.get("CDC_SENSOR_TIMEOUT", "600"),
+        "sensor_poke_interval": os.environ.get("CDC_SENSOR_POKE_INTERVAL", "60"),
     }

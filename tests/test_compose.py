@@ -48,10 +48,11 @@ def test_versions_match_the_python_pins():
 
 def test_airflow_services_get_the_cdc_environment_and_the_project():
     code_reads = set(re.findall(r'"(CDC_[A-Z_]+)"', (ROOT / "spark_jobs" / "config.py").read_text()))
-    assert code_reads == {"CDC_CONFIG", "CDC_LANDING_URI", "CDC_LAKE_URI"}
+    contract = {"CDC_CONFIG", "CDC_LANDING_URI", "CDC_LAKE_URI"}  # DESIGN 3.4; the others have defaults
+    assert contract <= code_reads
     for name in AIRFLOW:
         env, volumes = SERVICES[name]["environment"], SERVICES[name]["volumes"]
-        assert code_reads <= set(env), name
+        assert contract <= set(env), name
         mounts = dict(v.split(":")[:2] for v in volumes)
         assert mounts == {"./dags": "/opt/project/dags", "./spark_jobs": "/opt/project/spark_jobs",
                           "./include": "/opt/project/include", "./plugins": "/opt/project/plugins"}

@@ -25,7 +25,8 @@ def test_airflow_runs_the_pipeline_end_to_end(tmp_path):
     env = subprocess_env(
         AIRFLOW_HOME=str(tmp_path / "airflow"), AIRFLOW__CORE__DAGS_FOLDER=str(ROOT / "dags"),
         AIRFLOW__CORE__LOAD_EXAMPLES="False", AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[1]"}',
-        CDC_CONFIG=str(config), CDC_LANDING_URI=str(tmp_path / "landing"), CDC_LAKE_URI=str(tmp_path / "lake"))
+        CDC_CONFIG=str(config), CDC_LANDING_URI=str(tmp_path / "landing"), CDC_LAKE_URI=str(tmp_path / "lake"),
+        CDC_SENSOR_TIMEOUT="3", CDC_SENSOR_POKE_INTERVAL="1")
 
     def sh(*args: str) -> subprocess.CompletedProcess:
         done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
@@ -45,3 +46,11 @@ def test_airflow_runs_the_pipeline_end_to_end(tmp_path):
     assert table[("silver", "customers")][1] == "passed"
     assert (tmp_path / "lake" / "reports" / "index.html").is_file()
     assert (tmp_path / "lake" / "reports" / "data_docs" / "customers" / "index.html").is_file()
+
+    # a second run finds nothing new: the sensor skips the table, nothing is written twice
+    silver_log = sorted((tmp_path / "lake" / "silver" / "customers" / "_delta_log").glob("*.json"))
+    again = sh(str(BIN / "airflow"), "dags", "test", "cdc_pipeline")
+    assert "state=success" in again.stdout + again.stderr
+    assert sorted((tmp_path / "lake" / "silver" / "customers" / "_delta_log").glob("*.json")) == silver_log
+    status = sh(str(BIN / "python"), "-m", "spark_jobs", "status", "--config", str(config), "--lake", str(tmp_path / "lake"))
+    assert "bronze     customers                    100  passed" in status.stdout
