@@ -19,12 +19,14 @@ def publish(lake: Lake, run_id: str, summary: dict[str, Any]) -> Path:
     return path
 
 
-def load_runs(lake: Lake) -> list[tuple[str, list[dict[str, Any]]]]:
+def load_runs(lake: Lake, newest: int = 200) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The newest runs first, each with its summaries (the index lists at most `newest` runs)."""
     runs_dir = Path(lake.reports) / "runs"
     if not runs_dir.is_dir():
         return []
     runs = []
-    for run in sorted((p for p in runs_dir.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime, reverse=True):
+    folders = sorted((p for p in runs_dir.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime, reverse=True)
+    for run in folders[:newest]:
         runs.append((run.name, [json.loads(f.read_text()) for f in sorted(run.glob("*.json"))]))
     return runs
 
