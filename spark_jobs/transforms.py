@@ -87,7 +87,9 @@ def classify(parsed: DataFrame, keys: tuple[str, ...]) -> DataFrame:
         .when(~F.col("op").isin(*OPS), F.concat(F.lit("unknown_op: "), F.col("op")))
         .when((F.col("op") != "t") & (missing != ""), F.concat(F.lit("missing_key: "), missing))
     )
-    kind = F.when(trimmed == "null", "tombstone").when(reason.isNotNull(), "quarantine").otherwise("event")
+    # a Kafka tombstone is `null`, or with the JSON converter's schemas.enable=true, an empty envelope
+    tombstone = (trimmed == "null") | trimmed.rlike(r'^\{\s*"schema"\s*:\s*null\s*,\s*"payload"\s*:\s*null\s*\}$')
+    kind = F.when(tombstone, "tombstone").when(reason.isNotNull(), "quarantine").otherwise("event")
     return parsed.withColumn("_kind", kind).withColumn("reason", F.when(kind == "quarantine", reason))
 
 

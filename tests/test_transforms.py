@@ -37,6 +37,7 @@ def test_parse_and_classify_every_kind_of_line(spark):
         '{"before":null,"after":{"v":"no key"},"source":{},"op":"u"}',
         '{"before":null,"after":null,"source":{"lsn":7},"op":"t"}',
         "",
+        '{"schema": null, "payload": null}',
     ]
     df = spark.createDataFrame([("f", i + 1, line) for i, line in enumerate(lines)],
                                "_source_file STRING, _line BIGINT, _raw STRING")
@@ -53,6 +54,7 @@ def test_parse_and_classify_every_kind_of_line(spark):
         (8, "quarantine", "missing_key: id", "u", False),
         (9, "event", None, "t", False),
         (10, "quarantine", "empty_line", None, False),
+        (11, "tombstone", None, None, False),
     ]
     enveloped = got.where("_line = 2").first()
     assert json.loads(enveloped["before"]) == {"id": 2} and enveloped["after"] is None
