@@ -270,6 +270,7 @@ def silver_merge(spark: SparkSession, engine: DeltaEngine, table: TableConfig, l
     gate_result = None
     silver = engine.read(spark, target_path)
     if silver is not None:
+        silver = silver.cache()  # the suite computes each metric in its own Spark job
         try:
             gate_result = run_gate(silver, table.name, "silver", silver_checks(table), lake.root)
         except GateFailed:
