@@ -215,6 +215,7 @@ def _typed_changes(spark: SparkSession, table: TableConfig, changes: DataFrame,
 
 
 def silver_merge(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake: Lake, batch_id: str) -> dict[str, Any]:
+    """Apply the bronze rows silver has not seen, gate silver, then record the progress."""
     summary: dict[str, Any] = {"table": table.name, "layer": "silver", "batch_id": batch_id}
     applied, truncated_at = silver_progress(spark, engine, lake, table.name)
     bronze_version = engine.version(lake.bronze(table.name))
@@ -222,10 +223,37 @@ def silver_merge(spark: SparkSession, engine: DeltaEngine, table: TableConfig, l
         return {**summary, "events": 0, "gate": "skipped (no new bronze rows)", "quarantined": {}}
     bronze = engine.read(spark, lake.bronze(table.name), version=bronze_version)
     assert bronze is not None
-    batch = bronze.where(F.col("_bronze_version") > applied).cache()
+    target_path = lake.silver(table.name)
+    version_before = engine.version(target_path)
+    stats, truncated_at = apply_changes(spark, engine, table, lake, bronze.where(F.col("_bronze_version") > applied),
+                                        truncated_at, batch_id)
+    gate_result = None
+    silver = engine.read(spark, target_path)
+    if silver is not None:
+        silver = silver.cache()  # the suite computes each metric in its own Spark job
+        try:
+            gate_result = run_gate(silver, table.name, "silver", silver_checks(table), lake.root)
+        except GateFailed:
+            # write-audit-publish: a failed gate leaves the published table at its previous version
+            if version_before is not None and engine.version(target_path) != version_before:
+                engine.restore(target_path, version_before)
+            raise
+    _save_progress(spark, engine, lake, table.name, bronze_version, truncated_at, batch_id)
+    spark.catalog.clearCache()
+    return {**summary, **stats, "bronze_version": bronze_version, "version": engine.version(target_path),
+            "gate": gate_result.verdict() if gate_result else "skipped",
+            "docs": gate_result.docs if gate_result else None}
+
+
+def apply_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake: Lake, batch: DataFrame,
+                  truncated_at: str | None, batch_id: str) -> tuple[dict[str, Any], str | None]:
+    """Apply a batch of bronze rows to silver, the tombstone ledger and quarantine (DESIGN 4).
+
+    `truncated_at` is the position of the latest truncate already applied; returns the batch's counts
+    and the truncate position in force afterwards."""
+    batch = batch.cache()
     target_path, ledger_path = lake.silver(table.name), lake.tombstones(table.name)
     target_schema = engine.schema(target_path)
-    version_before = engine.version(target_path)
 
     # truncate (op=t): the table is empty as of its position; every older event is stale
     truncates = transforms.order_key(batch.where("op = 't'"), table.sequence_by).withColumn(
@@ -237,7 +265,8 @@ def silver_merge(spark: SparkSession, engine: DeltaEngine, table: TableConfig, l
     deleted_by_truncate = 0
     if new_truncate:
         predicate = f"_seq < '{new_truncate}'"
-        deleted_by_truncate = engine.delete(target_path, predicate) if version_before is not None else 0
+        if target_schema is not None:
+            deleted_by_truncate = engine.delete(target_path, predicate)
         if engine.version(ledger_path) is not None:
             engine.delete(ledger_path, predicate)
     quarantine = truncates.where("reason IS NOT NULL").select("_source_file", "_line", "_raw", "reason")
@@ -267,31 +296,16 @@ def silver_merge(spark: SparkSession, engine: DeltaEngine, table: TableConfig, l
     quarantined = _reasons(quarantine)
     write_quarantine(engine, lake, table.name, quarantine, "silver", batch_id)
 
-    gate_result = None
-    silver = engine.read(spark, target_path)
-    if silver is not None:
-        silver = silver.cache()  # the suite computes each metric in its own Spark job
-        try:
-            gate_result = run_gate(silver, table.name, "silver", silver_checks(table), lake.root)
-        except GateFailed:
-            # write-audit-publish: a failed gate leaves the published table at its previous version
-            if version_before is not None and engine.version(target_path) != version_before:
-                engine.restore(target_path, version_before)
-            raise
-    _save_progress(spark, engine, lake, table.name, bronze_version, truncated_at, batch_id)
-    spark.catalog.clearCache()
     events_in, positions, kept = ((counts["events"], counts["positions"], counts["positions_after_truncate"])
                                   if counts else (0, 0, 0))
     keys = latest_counts["keys"] if latest_counts else 0
-    return {**summary, "events": events_in + batch_truncate["n"] + sum(quarantined.values()),
-            "bronze_version": bronze_version, "duplicates_dropped": events_in - positions,
-            "superseded_in_batch": kept - keys, "stale_ignored": (positions - kept) + (keys - effective_count),
-            "ties": int(latest_counts["ties"] or 0) if latest_counts else 0,
-            "truncates": batch_truncate["n"],
+    return {"events": events_in + batch_truncate["n"] + sum(quarantined.values()),
+            "duplicates_dropped": events_in - positions, "superseded_in_batch": kept - keys,
+            "stale_ignored": (positions - kept) + (keys - effective_count),
+            "ties": int(latest_counts["ties"] or 0) if latest_counts else 0, "truncates": batch_truncate["n"],
             "inserted": result.inserted if result else 0, "updated": result.updated if result else 0,
-            "deleted": (result.deleted if result else 0) + deleted_by_truncate, "quarantined": quarantined,
-            "version": engine.version(target_path), "gate": gate_result.verdict() if gate_result else "skipped",
-            "docs": gate_result.docs if gate_result else None}
+            "deleted": (result.deleted if result else 0) + deleted_by_truncate,
+            "quarantined": quarantined}, truncated_at
 
 
 def _current_state(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: TableConfig, latest: DataFrame) -> DataFrame:
