@@ -98,7 +98,11 @@ def run(args: argparse.Namespace) -> int:
         except Exception as exc:
             if os.environ.get("CDC_DEBUG"):
                 traceback.print_exc()
-            raise LayerFailed(_fail_line(table, layer, exc)) from exc
+            line = _fail_line(table, layer, exc)
+            # the run's report shows the failure too, beside the failed gate's Data Docs
+            report.publish(lake, batch_id, {"table": table, "layer": layer, "batch_id": batch_id,
+                                            "gate": "failed" if line.startswith("gate failed") else "error", "error": line})
+            raise LayerFailed(line) from exc
         report.publish(lake, batch_id, summary)
         print(format_summary(summary), flush=True)
 

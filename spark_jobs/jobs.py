@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+from dataclasses import replace
 from typing import Any
 from urllib.parse import unquote, urlparse
 
@@ -27,23 +28,20 @@ SILVER_MERGE = MergeSpec(keys=(), delete_when="s._op = 'd' AND s._seq > t._seq",
 LEDGER_MERGE = MergeSpec(keys=(), delete_when="s._op <> 'd' AND s._seq > t._seq",
                          update_when="s._op = 'd' AND s._seq > t._seq", insert_when="s._op = 'd'")
 QUARANTINE_MERGE = MergeSpec(keys=("layer", "_source_file", "_line"), insert_when="true")
-QUARANTINE_COLUMNS = ("_source_file", "_line", "_raw", "reason", "layer", "_batch_id", "_ingested_at")
 
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-def write_quarantine(engine: DeltaEngine, lake: Lake, table: str, rows: DataFrame, layer: str, batch_id: str) -> int:
+def write_quarantine(engine: DeltaEngine, lake: Lake, table: str, rows: DataFrame, layer: str, batch_id: str) -> None:
     """Quarantine rows keep the raw record and a reason; keyed by (layer, file, line) so a re-run adds
     nothing twice."""
     rows = rows.select(
         "_source_file", "_line", "_raw", "reason", F.lit(layer).alias("layer"),
         F.lit(batch_id).alias("_batch_id"), F.lit(_now()).cast("timestamp").alias("_ingested_at"))
-    if rows.isEmpty():
-        return 0
-    engine.merge(rows, lake.quarantine(table), QUARANTINE_MERGE)
-    return rows.count()
+    if not rows.isEmpty():
+        engine.merge(rows, lake.quarantine(table), QUARANTINE_MERGE)
 
 
 def _one(df: DataFrame) -> Row:
@@ -289,10 +287,8 @@ def apply_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
         rows = _silver_rows(transforms.effective_changes(latest, state, table.keys), fields, target_schema).cache()
         effective_count = rows.count()
         if effective_count:
-            spec = MergeSpec(table.keys, SILVER_MERGE.delete_when, SILVER_MERGE.update_when, SILVER_MERGE.insert_when)
-            result = engine.merge(rows, target_path, spec, table.partition_by)
-            ledger_spec = MergeSpec(table.keys, LEDGER_MERGE.delete_when, LEDGER_MERGE.update_when, LEDGER_MERGE.insert_when)
-            engine.merge(rows.select(*table.keys, "_seq", "_op"), ledger_path, ledger_spec)
+            result = engine.merge(rows, target_path, replace(SILVER_MERGE, keys=table.keys), table.partition_by)
+            engine.merge(rows.select(*table.keys, "_seq", "_op"), ledger_path, replace(LEDGER_MERGE, keys=table.keys))
     quarantined = _reasons(quarantine)
     write_quarantine(engine, lake, table.name, quarantine, "silver", batch_id)
 

@@ -13,7 +13,6 @@ from pyspark.sql import functions as F
 
 OPS = ("c", "u", "d", "r", "t")
 SNAPSHOT_MARKERS = ("true", "first", "last", "first_in_data_collection", "last_in_data_collection")
-LINEAGE = ("_source_file", "_line")
 
 # Parsed with string leaves: Spark keeps nested objects as their JSON text, so every table shares one
 # bronze schema and the images are typed later, in silver, from the schema or the data.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +37,8 @@ def test_gate_failure_exits_1_with_one_line_and_publishes_nothing(tmp_path):
     assert (lake / "silver" / "customers" / "_delta_log").is_dir()  # the layers before it were published
     assert not (lake / "gold" / "states").exists()  # write-audit-publish: nothing published
     assert list((lake / "reports" / "data_docs" / "states").rglob("*.html"))  # the evidence exists
+    failed = json.loads(next((lake / "reports" / "runs").glob("*/states.gold.json")).read_text())
+    assert (failed["gate"], failed["error"]) == ("failed", stderr[0])
 
 
 def test_state_reads_exit_cleanly_every_time(tmp_path):

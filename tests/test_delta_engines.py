@@ -2,6 +2,7 @@
 Spark's classpath; they come from Maven Central, which this machine cannot reach, so it skips here."""
 
 import datetime as dt
+from dataclasses import replace
 from decimal import Decimal
 
 import pytest
@@ -64,7 +65,7 @@ def test_partitioned_tables_read_back_partition_columns(any_engine, spark, tmp_p
 
 def test_silver_merge_spec_applies_only_newer_events(any_engine, spark, tmp_path):
     path = str(tmp_path / "t")
-    spec = MergeSpec(("k",), SILVER_MERGE.delete_when, SILVER_MERGE.update_when, SILVER_MERGE.insert_when)
+    spec = replace(SILVER_MERGE, keys=("k",))
     first = spark.createDataFrame([(1, "a", "05", "c"), (2, "b", "05", "c"), (3, "c", "05", "c"), (9, None, "05", "d")], SCHEMA)
     result = any_engine.merge(first, path, spec)
     assert (result.inserted, result.updated, result.deleted) == (3, 0, 0)
@@ -85,7 +86,7 @@ def test_silver_merge_spec_applies_only_newer_events(any_engine, spark, tmp_path
 
 def test_ledger_merge_spec_records_deletes_and_clears_them_on_newer_writes(any_engine, spark, tmp_path):
     path = str(tmp_path / "ledger")
-    spec = MergeSpec(("k",), LEDGER_MERGE.delete_when, LEDGER_MERGE.update_when, LEDGER_MERGE.insert_when)
+    spec = replace(LEDGER_MERGE, keys=("k",))
     schema = "k INT, _seq STRING, _op STRING"
     any_engine.merge(spark.createDataFrame([(1, "05", "d"), (2, "05", "d"), (3, "05", "u")], schema), path, spec)
     any_engine.merge(spark.createDataFrame([(1, "07", "c"), (2, "08", "d"), (4, "01", "d")], schema), path, spec)
