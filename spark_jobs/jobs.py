@@ -110,27 +110,27 @@ def bronze_ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
         "_source_file", "_line", "_raw", "op", "ts_ms", "source", "before", "after", "_schema",
         F.lit(batch_id).alias("_batch_id"), F.lit(bronze_version).cast("long").alias("_bronze_version"),
         F.lit(_now()).cast("timestamp").alias("_ingested_at"))
-    counts = {r["_kind"]: r["n"] for r in classified.groupBy("_kind").agg(F.count(F.lit(1)).alias("n")).collect()}
-    committed = None
-    if counts.get("event", 0):
-        committed = engine.append(rows, lake.bronze(table.name))
-        if committed != bronze_version:
-            raise RuntimeError(f"table={table.name} layer=bronze: another writer committed version {committed - 1} "
-                               "during this run; runs of one table must be serialized")
     per_file = {r["_source_file"]: (r["lines"], r["events"], r["tombstones"], r["quarantined"])
                 for r in classified.groupBy("_source_file").agg(
                     F.count(F.lit(1)).alias("lines"),
                     F.sum(F.when(F.col("_kind") == "event", 1).otherwise(0)).alias("events"),
                     F.sum(F.when(F.col("_kind") == "tombstone", 1).otherwise(0)).alias("tombstones"),
                     F.sum(F.when(F.col("_kind") == "quarantine", 1).otherwise(0)).alias("quarantined")).collect()}
+    lines_in, events_in, tombstones = (sum(stats[i] for stats in per_file.values()) for i in range(3))
+    committed = None
+    if events_in:
+        committed = engine.append(rows, lake.bronze(table.name))
+        if committed != bronze_version:
+            raise RuntimeError(f"table={table.name} layer=bronze: another writer committed version {committed - 1} "
+                               "during this run; runs of one table must be serialized")
     for f in unreadable:
         per_file[f.path] = (0, 0, 0, 1)
     _log_files(spark, engine, lake, table.name, {f.path: (f.size, f.modified_ms, *per_file.get(f.path, (0, 0, 0, 0)))
                                                  for f in files}, batch_id, committed)
     classified.unpersist()
-    return {**summary, "lines": sum(counts.values()), "events": counts.get("event", 0),
-            "tombstones": counts.get("tombstone", 0), "quarantined": quarantined,
-            "empty_files": sum(1 for f in files if f.size == 0), "version": engine.version(lake.bronze(table.name)),
+    return {**summary, "lines": lines_in, "events": events_in, "tombstones": tombstones, "quarantined": quarantined,
+            "empty_files": sum(1 for f in files if f.size == 0),
+            "version": committed if committed is not None else version_before,
             "gate": gate.verdict(), "docs": gate.docs}
 
 
