@@ -39,7 +39,7 @@ def parse_envelope(lines: DataFrame) -> DataFrame:
     """Parse a Debezium JSON record, with or without the schema envelope, keeping the raw line.
 
     Adds op, ts_ms, source, before, after (JSON text), _schema (the envelope's schema, or null) and
-    _json_ok (false when the line is not a JSON object)."""
+    _json_ok (false when the line is not valid JSON)."""
     rec = F.from_json("_raw", _RECORD_SCHEMA)
     payload = F.from_json(rec["payload"], _PAYLOAD_SCHEMA)
     enveloped = rec["payload"].isNotNull() & rec["op"].isNull()
