@@ -154,7 +154,8 @@ def _recover_unlogged_files(spark: SparkSession, engine: DeltaEngine, lake: Lake
     if current is None:
         return set()
     log = engine.read(spark, lake.ingest_log(table))
-    logged = -1 if log is None else (_one(log.agg(F.max("bronze_version").alias("v")))["v"] or -1)
+    newest = None if log is None else _one(log.agg(F.max("bronze_version").alias("v")))["v"]
+    logged = -1 if newest is None else newest  # version 0 is a real commit, not "none"
     if current <= logged:
         return set()
     bronze = engine.read(spark, lake.bronze(table))
