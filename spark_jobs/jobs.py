@@ -34,14 +34,17 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-def write_quarantine(engine: DeltaEngine, lake: Lake, table: str, rows: DataFrame, layer: str, batch_id: str) -> None:
+def write_quarantine(engine: DeltaEngine, lake: Lake, table: str, rows: DataFrame, layer: str,
+                     batch_id: str) -> dict[str, int]:
     """Quarantine rows keep the raw record and a reason; keyed by (layer, file, line) so a re-run adds
-    nothing twice."""
-    rows = rows.select(
-        "_source_file", "_line", "_raw", "reason", F.lit(layer).alias("layer"),
-        F.lit(batch_id).alias("_batch_id"), F.lit(_now()).cast("timestamp").alias("_ingested_at"))
-    if not rows.isEmpty():
+    nothing twice. Returns the counts by reason."""
+    reasons = _reasons(rows)
+    if reasons:
+        rows = rows.select(
+            "_source_file", "_line", "_raw", "reason", F.lit(layer).alias("layer"),
+            F.lit(batch_id).alias("_batch_id"), F.lit(_now()).cast("timestamp").alias("_ingested_at"))
         engine.merge(rows, lake.quarantine(table), QUARANTINE_MERGE)
+    return reasons
 
 
 def _one(df: DataFrame) -> Row:
@@ -97,8 +100,7 @@ def bronze_ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
         quarantine = quarantine.unionByName(spark.createDataFrame(
             [(f.path, 0, "", f"unsupported_file: {f.path.rsplit('/', 1)[-1]}") for f in unreadable],
             "_source_file STRING, _line BIGINT, _raw STRING, reason STRING"))
-    quarantined = _reasons(quarantine)
-    write_quarantine(engine, lake, table.name, quarantine, "bronze", batch_id)
+    quarantined = write_quarantine(engine, lake, table.name, quarantine, "bronze", batch_id)
 
     events = classified.where("_kind = 'event'")
     gate_frame = events.select("op", *[F.get_json_object(transforms.key_image(), f"$.{k}").alias(k) for k in table.keys])
@@ -290,8 +292,7 @@ def apply_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
         if effective_count:
             result = engine.merge(rows, target_path, replace(SILVER_MERGE, keys=table.keys), table.partition_by)
             engine.merge(rows.select(*table.keys, "_seq", "_op"), ledger_path, replace(LEDGER_MERGE, keys=table.keys))
-    quarantined = _reasons(quarantine)
-    write_quarantine(engine, lake, table.name, quarantine, "silver", batch_id)
+    quarantined = write_quarantine(engine, lake, table.name, quarantine, "silver", batch_id)
 
     events_in, positions, kept = ((counts["events"], counts["positions"], counts["positions_after_truncate"])
                                   if counts else (0, 0, 0))
