@@ -16,7 +16,13 @@ import yaml
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 FORMATS = ("auto", "json", "json-flat", "parquet")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_TABLE_FIELDS = {"topic", "keys", "format", "sequence_by", "partition_by"}
+_TABLE_FIELDS = {"topic", "keys", "format", "sequence_by", "partition_by", "columns", "history", "tombstone_retention"}
+# Spark SQL types a column override may name (checked here, without importing pyspark)
+_OVERRIDE_TYPE = re.compile(
+    r"^(string|boolean|tinyint|smallint|int|bigint|float|double|date|timestamp|timestamp_ntz|binary"
+    r"|decimal\(\s*\d{1,2}\s*,\s*\d{1,2}\s*\))$", re.IGNORECASE)
+_RETENTION = re.compile(r"^(\d+)\s*(s|m|h|d)$")
+_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 class ConfigError(ValueError):
@@ -31,6 +37,10 @@ class TableConfig:
     format: str = "auto"
     sequence_by: tuple[str, ...] | None = None  # None = connector-aware ("auto")
     partition_by: tuple[str, ...] = ()
+    # type overrides for events without the schema envelope: column -> Spark SQL type
+    columns: tuple[tuple[str, str], ...] = ()
+    history: bool = False  # keep silver/<table>_history (SCD type 2)
+    tombstone_retention_s: int | None = None  # None = keep tombstones forever
 
 
 @dataclass(frozen=True)
@@ -72,6 +82,34 @@ def _names(value: Any, table: str, field: str, *, required: bool) -> tuple[str, 
     return tuple(value)
 
 
+def _column_types(value: Any, table: str) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, dict) or not all(isinstance(k, str) and _NAME.match(k) for k in value):
+        raise ConfigError(f"table {table!r}: field 'columns' must map column names to types, got {value!r}")
+    bad = [f"{k}: {v!r}" for k, v in value.items() if not (isinstance(v, str) and _OVERRIDE_TYPE.match(v.strip()))]
+    if bad:
+        raise ConfigError(f"table {table!r}: field 'columns' has unsupported type(s) {', '.join(bad)}; use string, "
+                          "boolean, tinyint, smallint, int, bigint, float, double, decimal(p,s), date, timestamp, "
+                          "timestamp_ntz or binary")
+    return tuple((k, v.strip().lower()) for k, v in value.items())
+
+
+def _flag(value: Any, table: str, field: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"table {table!r}: field {field!r} must be true or false, got {value!r}")
+    return value
+
+
+def _retention(value: Any, table: str) -> int | None:
+    """`forever` (the default) or a duration such as 30d, 12h, 90m, 3600s."""
+    if value == "forever":
+        return None
+    match = _RETENTION.match(str(value).strip())
+    if not match:
+        raise ConfigError(f"table {table!r}: field 'tombstone_retention' must be 'forever' or a duration like "
+                          f"30d, 12h, 90m, 3600s; got {value!r}")
+    return int(match.group(1)) * _SECONDS[match.group(2)]
+
+
 def parse_table(name: str, spec: Any) -> TableConfig:
     if not _NAME.match(name):
         raise ConfigError(f"table {name!r}: name must be a valid identifier")
@@ -89,6 +127,9 @@ def parse_table(name: str, spec: Any) -> TableConfig:
     seq = spec.get("sequence_by", "auto")
     sequence_by = None if seq == "auto" else _names(seq, name, "sequence_by", required=True)
     return TableConfig(
+        columns=_column_types(spec.get("columns", {}), name),
+        history=_flag(spec.get("history", False), name, "history"),
+        tombstone_retention_s=_retention(spec.get("tombstone_retention", "forever"), name),
         name=name,
         topic=topic,
         keys=_names(spec.get("keys"), name, "keys", required=True),

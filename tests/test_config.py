@@ -27,6 +27,15 @@ def test_shipped_registry_has_the_demo_tables_and_models():
 def test_defaults_apply_when_only_topic_and_keys_are_given():
     table = parse_table("t", {"topic": "a.b.c", "keys": ["id"]})
     assert (table.format, table.sequence_by, table.partition_by) == ("auto", None, ())
+    assert (table.columns, table.history, table.tombstone_retention_s) == ((), False, None)
+
+
+def test_history_retention_and_column_overrides_are_read():
+    table = parse_table("t", {"topic": "x", "keys": ["id"], "history": True, "tombstone_retention": "30d",
+                              "columns": {"price": "DECIMAL(10, 2)", "born": "date"}})
+    assert table.history is True
+    assert table.tombstone_retention_s == 30 * 86400
+    assert table.columns == (("price", "decimal(10, 2)"), ("born", "date"))
 
 
 def test_sequence_by_and_partition_by_are_read():
@@ -37,6 +46,11 @@ def test_sequence_by_and_partition_by_are_read():
 @pytest.mark.parametrize("spec, message", [
     ({"topic": "x", "keys": ["id"], "colour": "red"}, "table 'orders': unknown field(s) colour"),
     ({"keys": ["id"]}, "table 'orders': field 'topic' is required"),
+    ({"topic": "x", "keys": ["id"], "history": "yes"}, "table 'orders': field 'history' must be true or false"),
+    ({"topic": "x", "keys": ["id"], "tombstone_retention": "a week"},
+     "table 'orders': field 'tombstone_retention' must be 'forever'"),
+    ({"topic": "x", "keys": ["id"], "columns": {"price": "money"}},
+     "table 'orders': field 'columns' has unsupported type(s) price: 'money'"),
     ({"topic": "x"}, "table 'orders': field 'keys' must be a non-empty list of column names, got None"),
     ({"topic": "x", "keys": []}, "table 'orders': field 'keys' must be a non-empty list of column names, got []"),
     ({"topic": "x", "keys": ["id"], "format": "csv"}, "table 'orders': field 'format' must be one of"),
