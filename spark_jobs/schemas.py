@@ -15,6 +15,18 @@ from pyspark.sql import types as T
 PHYSICAL = {"int8": "TINYINT", "int16": "SMALLINT", "int32": "INT", "int64": "BIGINT", "float32": "FLOAT",
             "float64": "DOUBLE", "boolean": "BOOLEAN", "string": "STRING", "bytes": "STRING"}
 DECIMAL_LOGICAL = "org.apache.kafka.connect.data.Decimal"
+VARIABLE_DECIMAL = "io.debezium.data.VariableScaleDecimal"
+VARIABLE_DECIMAL_TYPE = "DECIMAL(38,18)"  # values that need more scale or digits are quarantined, not rounded
+# time of day has no Spark type (before 4.1): kept as 'HH:MM:SS.fraction' text, which sorts correctly
+TIME_OF_DAY = {"io.debezium.time.Time": (1_000, 3), "org.apache.kafka.connect.data.Time": (1_000, 3),
+               "io.debezium.time.MicroTime": (1_000_000, 6), "io.debezium.time.NanoTime": (1_000_000_000, 9)}
+# semantic types whose JSON value is already the value: kept as text
+TEXT_LOGICAL = ("io.debezium.data.Json", "io.debezium.data.Enum", "io.debezium.data.EnumSet", "io.debezium.data.Uuid",
+                "io.debezium.data.Xml", "io.debezium.time.ZonedTime")
+OVERRIDE = "override"  # a type from tables.yaml `columns:`, parsed from the JSON text
+SPARK_TYPED = "spark"  # a type the file already carried (Parquet), round-tripped through JSON exactly
+# to_json/from_json options that keep timestamps to the microsecond (the default writes milliseconds)
+JSON_OPTIONS = {"timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX", "timestampNTZFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSS"}
 
 
 @dataclass(frozen=True)
@@ -26,6 +38,7 @@ class ImageField:
     logical: str | None = None
     scale: int = 0
     precision: int = 38
+    target: str = ""  # the Spark type of an override or of a typed (Parquet) column
 
     @property
     def spark_type(self) -> str:
@@ -38,7 +51,11 @@ class ImageField:
             "io.debezium.time.NanoTimestamp": "TIMESTAMP",
             "io.debezium.time.ZonedTimestamp": "TIMESTAMP",
             DECIMAL_LOGICAL: f"DECIMAL({self.precision},{self.scale})",
-        }.get(self.logical or "", self.parse_type)
+            VARIABLE_DECIMAL: VARIABLE_DECIMAL_TYPE,
+            OVERRIDE: self.target,
+            SPARK_TYPED: self.target,
+        }.get(self.logical or "", "STRING" if self.logical in TIME_OF_DAY or self.logical in TEXT_LOGICAL
+              else self.parse_type)
 
     def decode(self, value: Column) -> Column:
         logical = self.logical or ""
@@ -54,6 +71,12 @@ class ImageField:
             return value.cast("timestamp")
         if logical == DECIMAL_LOGICAL:
             return decode_decimal(value, self.precision, self.scale)
+        if logical == VARIABLE_DECIMAL:
+            return _variable_decimal(value["value"], value["scale"])
+        if logical in TIME_OF_DAY:
+            return time_of_day(value, *TIME_OF_DAY[logical])
+        if logical == OVERRIDE:
+            return _exact_cast(value, self.target)
         return value
 
 
@@ -69,6 +92,37 @@ def decode_decimal(value: Column, precision: int, scale: int) -> Column:
     return (unscaled / F.lit(10**scale).cast("decimal(19,0)")).try_cast(f"decimal({precision},{scale})")
 
 
+def time_of_day(value: Column, units_per_second: int, digits: int) -> Column:
+    """Units since midnight -> 'HH:MM:SS.fraction' (null when outside one day)."""
+    seconds, fraction = F.floor(value / units_per_second), value % units_per_second
+    hms = [F.lpad(part.cast("string"), 2, "0") for part in (F.floor(seconds / 3600), F.floor(seconds % 3600 / 60), seconds % 60)]
+    text = F.concat(hms[0], F.lit(":"), hms[1], F.lit(":"), hms[2], F.lit("."), F.lpad(fraction.cast("string"), digits, "0"))
+    return F.when((value >= 0) & (value <= 86_400 * units_per_second), text)
+
+
+def _exact_cast(text: Column, target: str) -> Column:
+    """A JSON value's text to an overridden type; null (a decode problem) when it would lose digits."""
+    cast = text.try_cast(target)
+    if target.startswith("decimal") or target in ("tinyint", "smallint", "int", "bigint"):
+        exact = text.try_cast("decimal(38,18)")
+        return F.when(cast.try_cast("decimal(38,18)") == exact, cast)
+    return cast
+
+
+def _variable_decimal(unscaled_b64: Column, scale: Column) -> Column:
+    """Debezium VariableScaleDecimal: {scale, value: base64 unscaled}; each value has its own scale."""
+    import base64
+
+    def decode(text: str | None, scale: int | None) -> Decimal | None:
+        if text is None or scale is None:
+            return None
+        value = Decimal(int.from_bytes(base64.b64decode(text), "big", signed=True)).scaleb(-scale)
+        # only values the column type holds exactly; the rest become decode problems (quarantined)
+        return value if value == value.quantize(Decimal(1).scaleb(-18)) and abs(value) < Decimal(10) ** 20 else None
+
+    return F.udf(decode, T.DecimalType(38, 18))(unscaled_b64, scale)
+
+
 def _decimal_udf(precision: int, scale: int) -> Callable[[Column], Column]:
     import base64
 
@@ -81,23 +135,52 @@ def _decimal_udf(precision: int, scale: int) -> Callable[[Column], Column]:
 
 
 def fields_from_envelope(schema_json: str) -> list[ImageField]:
-    """The row image's columns from a Debezium envelope schema (the `after` struct, else `before`)."""
+    """The row image's columns from a Debezium envelope schema (the `after` struct, else `before`), or
+    from a flattened record's schema (its own fields, without the `__` metadata ones)."""
     schema = json.loads(schema_json)
     images = {f.get("field"): f for f in schema.get("fields", [])}
     image = images.get("after") or images.get("before")
     if not image:
-        raise ValueError("envelope schema has no before/after struct")
+        if "__op" not in images and "__deleted" not in images:
+            raise ValueError("envelope schema has no before/after struct and no __op/__deleted field")
+        image = {"fields": [f for f in schema["fields"] if not f.get("field", "").startswith("__")]}
     fields = []
     for f in image.get("fields", []):
         params = f.get("parameters") or {}
+        if "spark_type" in f:
+            fields.append(ImageField(name=f["field"], parse_type=f["spark_type"], logical=SPARK_TYPED, target=f["spark_type"]))
+            continue
+        logical = f.get("name")
         fields.append(ImageField(
             name=f["field"],
-            parse_type=PHYSICAL.get(f.get("type", "string"), "STRING"),
-            logical=f.get("name"),
+            parse_type=("STRUCT<scale: INT, value: STRING>" if logical == VARIABLE_DECIMAL
+                        else PHYSICAL.get(f.get("type", "string"), "STRING")),
+            logical=logical,
             scale=int(params.get("scale", 0)),
             precision=int(params.get("connect.decimal.precision", 38)),
         ))
     return fields
+
+
+def envelope_from_spark(image: T.StructType) -> str:
+    """A schema envelope for rows of a typed file (Parquet): each column keeps the Spark type it was
+    written with, so decimals, dates and timestamps survive the trip through bronze's JSON text."""
+    fields = [{"field": f.name, "spark_type": _json_safe_type(f.dataType)} for f in image.fields]
+    return json.dumps({"type": "struct", "fields": [{"field": "after", "type": "struct", "fields": fields}]})
+
+
+def _json_safe_type(data_type: T.DataType) -> str:
+    """Types to_json/from_json carry exactly; anything nested or binary is kept as JSON text."""
+    if isinstance(data_type, (T.StructType, T.ArrayType, T.MapType, T.BinaryType)):
+        return "STRING"
+    return data_type.simpleString().upper()
+
+
+def with_overrides(fields: list[ImageField], overrides: tuple[tuple[str, str], ...]) -> list[ImageField]:
+    """tables.yaml `columns:` types for columns of plain JSON (no envelope): parsed from the text exactly."""
+    types = dict(overrides)
+    return [ImageField(f.name, "STRING", logical=OVERRIDE, target=types[f.name]) if f.name in types else f
+            for f in fields]
 
 
 def _split_top_level(body: str) -> list[str]:
@@ -154,7 +237,7 @@ def parse_image(df: DataFrame, image: Column, fields: list[ImageField], alias: s
     """Adds struct column `alias` with every field decoded to its Spark type, and `_decode_problems`
     naming the fields whose value is present but does not fit the declared type ('' when none)."""
     ddl = ", ".join(f"`{f.name}` {f.parse_type}" for f in fields)
-    raw = F.from_json(image, ddl)
+    raw = F.from_json(image, ddl, JSON_OPTIONS)
     decoded = {f.name: f.decode(raw[f.name]).try_cast(f.spark_type) for f in fields}
     as_text = F.from_json(image, "map<string,string>")
     problems = [F.when(as_text[f.name].isNotNull() & decoded[f.name].isNull(), F.lit(f"{f.name} (not {f.spark_type.lower()})"))

@@ -85,3 +85,51 @@ def test_merge_fields_unions_columns_with_the_newest_definition():
     b = [schemas.ImageField("x", "BIGINT"), schemas.ImageField("y", "STRING")]
     assert schemas.merge_fields([a, b]) == [schemas.ImageField("id", "INT"), schemas.ImageField("x", "BIGINT"),
                                             schemas.ImageField("y", "STRING")]
+
+
+def test_variable_scale_decimal_time_of_day_and_text_types_decode(spark):
+    def vsd(unscaled: int, scale: int) -> dict:
+        return {"scale": scale, "value": b64(unscaled)}
+
+    cols = [Column("amount", "struct", "io.debezium.data.VariableScaleDecimal"),
+            Column("t_ms", "int32", "io.debezium.time.Time"), Column("t_us", "int64", "io.debezium.time.MicroTime"),
+            Column("t_ns", "int64", "io.debezium.time.NanoTime"), Column("doc", "string", "io.debezium.data.Json"),
+            Column("mood", "string", "io.debezium.data.Enum"), Column("tz_time", "string", "io.debezium.time.ZonedTime")]
+    schema = json.dumps({"fields": [{"field": "before"}, {"field": "after", "fields": [c.schema(True) for c in cols]}]})
+    fields = schemas.fields_from_envelope(schema)
+    assert [f.spark_type for f in fields] == ["DECIMAL(38,18)", *["STRING"] * 6]
+    images = [
+        {"amount": vsd(-12345, 3), "t_ms": 49_501_250, "t_us": 49_501_250_001, "t_ns": 49_501_250_001_999,
+         "doc": '{"a": [1, 2]}', "mood": "happy", "tz_time": "13:45:01.25Z"},
+        {"amount": vsd(1, 19), "t_ms": 0, "t_us": 86_399_999_999, "t_ns": None, "doc": None, "mood": None, "tz_time": None},
+    ]
+    df = spark.createDataFrame([(i, json.dumps(img)) for i, img in enumerate(images)], "i INT, img STRING")
+    got = schemas.parse_image(df, F.col("img"), fields, "r").orderBy("i").select("r.*", "_decode_problems").collect()
+    assert got[0].asDict() == {"amount": Decimal("-12.345"), "t_ms": "13:45:01.250", "t_us": "13:45:01.250001",
+                               "t_ns": "13:45:01.250001999", "doc": '{"a": [1, 2]}', "mood": "happy",
+                               "tz_time": "13:45:01.25Z", "_decode_problems": ""}
+    # 19 decimal places do not fit DECIMAL(38,18): named as a problem (quarantined), never rounded
+    assert (got[1]["amount"], got[1]["t_ms"], got[1]["t_us"]) == (None, "00:00:00.000", "23:59:59.999999")
+    assert got[1]["_decode_problems"] == "amount (not decimal(38,18))"
+
+
+def test_column_overrides_type_plain_json_exactly(spark):
+    sample = spark.createDataFrame([('{"price": 1.5, "born": "2001-02-03", "n": 3}',)], "img STRING")
+    inferred = schemas.infer_fields(sample, "img")
+    fields = schemas.with_overrides(inferred, (("price", "decimal(6,2)"), ("born", "date"), ("n", "int")))
+    assert [(f.name, f.spark_type) for f in fields] == [("born", "date"), ("n", "int"), ("price", "decimal(6,2)")]
+    df = spark.createDataFrame([(0, '{"price": 12.25, "born": "2001-02-03", "n": 3}'),
+                                (1, '{"price": 12.255, "born": "not a date", "n": 3.5}')], "i INT, img STRING")
+    got = schemas.parse_image(df, F.col("img"), fields, "r").orderBy("i").select("r.*", "_decode_problems").collect()
+    assert got[0].asDict() == {"born": dt.date(2001, 2, 3), "n": 3, "price": Decimal("12.25"), "_decode_problems": ""}
+    assert got[1]["_decode_problems"] == "born (not date), n (not int), price (not decimal(6,2))"
+
+
+def test_typed_files_keep_their_column_types_through_json(spark):
+    df = spark.createDataFrame([(1, Decimal("12.50"), dt.date(2024, 1, 2), dt.datetime(2024, 1, 2, 3, 4, 5, 6))],
+                               "id BIGINT, price DECIMAL(10,2), day DATE, at TIMESTAMP")
+    fields = schemas.fields_from_envelope(schemas.envelope_from_spark(df.schema))
+    assert [f.spark_type for f in fields] == ["BIGINT", "DECIMAL(10,2)", "DATE", "TIMESTAMP"]
+    text = df.select(F.to_json(F.struct(*df.columns), schemas.JSON_OPTIONS).alias("img"))
+    row = schemas.parse_image(text, F.col("img"), fields, "r").select("r.*").first()
+    assert tuple(row) == tuple(df.first())
