@@ -10,6 +10,7 @@ from functools import reduce
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 OPS = ("c", "u", "d", "r", "t")
 SNAPSHOT_MARKERS = ("true", "first", "last", "first_in_data_collection", "last_in_data_collection")
@@ -35,14 +36,37 @@ def split_lines(files: DataFrame) -> DataFrame:
     )
 
 
-def parse_envelope(lines: DataFrame) -> DataFrame:
+# Debezium's ExtractNewRecordState puts source fields at the top level as `__<field>` (or
+# `__source_<field>` when added as `source.<field>`); these are the ones ordering and lineage read.
+FLAT_SOURCE_FIELDS = ("connector", "name", "db", "schema", "table", "lsn", "txId", "snapshot", "file", "pos", "row",
+                      "gtid", "server_id", "commit_lsn", "change_lsn", "event_serial_no", "sequence", "ts_ms")
+
+
+def parse_envelope(lines: DataFrame, fmt: str = "auto") -> DataFrame:
     """Parse a Debezium JSON record, with or without the schema envelope, keeping the raw line.
+
+    Flattened records (ExtractNewRecordState, `format: json-flat`, or with `auto` any record carrying
+    `__op` or `__deleted`) are mapped onto the same columns: the record is the row image, `__op` (or
+    `__deleted`, delete.handling.mode=rewrite) the op, and the `__` fields the source block.
 
     Adds op, ts_ms, source, before, after (JSON text), _schema (the envelope's schema, or null) and
     _json_ok (false when the line is not valid JSON)."""
     rec = F.from_json("_raw", _RECORD_SCHEMA)
     payload = F.from_json(rec["payload"], _PAYLOAD_SCHEMA)
     enveloped = rec["payload"].isNotNull() & rec["op"].isNull()
+    body = F.when(enveloped, rec["payload"]).otherwise(F.col("_raw"))
+    flat_fields = F.from_json(body, "map<string,string>")
+
+    def meta(name: str) -> Column:
+        return flat_fields[f"__{name}"]
+
+    has_marker = meta("op").isNotNull() | meta("deleted").isNotNull()
+    # Debezium's own envelope never has `__op`/`__deleted` at its top level
+    flat = F.lit(fmt == "json-flat") if fmt != "auto" else has_marker
+    deleted = F.lower(meta("deleted"))
+    flat_op = F.coalesce(meta("op"), F.when(deleted == "true", "d").when(deleted == "false", "u"))
+    flat_source = F.to_json(F.struct(*[F.coalesce(meta(f"source_{name}"), meta(name) if name != "ts_ms" else F.lit(None))
+                                       .alias(name) for name in FLAT_SOURCE_FIELDS]))
 
     def pick(name: str) -> Column:
         return F.when(enveloped, payload[name]).otherwise(rec[name])
@@ -50,13 +74,26 @@ def parse_envelope(lines: DataFrame) -> DataFrame:
     return lines.select(
         "*",
         F.expr("try_parse_json(_raw)").isNotNull().alias("_json_ok"),
-        pick("op").alias("op"),
-        pick("ts_ms").alias("ts_ms"),
-        pick("source").alias("source"),
-        pick("before").alias("before"),
-        pick("after").alias("after"),
+        F.when(flat, flat_op).otherwise(pick("op")).alias("op"),
+        F.when(flat, F.coalesce(meta("ts_ms"), meta("source_ts_ms")).cast("long")).otherwise(pick("ts_ms")).alias("ts_ms"),
+        F.when(flat, flat_source).otherwise(pick("source")).alias("source"),
+        F.when(flat, F.when(flat_op == "d", body)).otherwise(pick("before")).alias("before"),
+        F.when(flat, F.when(flat_op != "d", body)).otherwise(pick("after")).alias("after"),
         F.when(enveloped, rec["schema"]).alias("_schema"),
     )
+
+
+ENVELOPE_FIELDS = ("before", "after", "source", "op", "ts_ms", "transaction")
+
+
+def parquet_image_type(schema: StructType) -> StructType:
+    """The row image's columns in a Parquet landing file: the `after` struct of a Debezium envelope, or a
+    flattened record's own columns (without the `__` metadata ones)."""
+    names = set(schema.fieldNames())
+    if "after" in names and isinstance(schema["after"].dataType, StructType):
+        return schema["after"].dataType
+    return StructType([f for f in schema.fields if not f.name.startswith("__") and not
+                       ("op" in names and f.name in ENVELOPE_FIELDS)])
 
 
 def key_image() -> Column:
@@ -113,8 +150,11 @@ def connector_sequence() -> Column:
     """A sortable string from the connector's log position; null when the connector has none we know.
 
     PostgreSQL: lsn, snapshot rank. MySQL: binlog file number, pos, snapshot rank, row.
-    SQL Server: commit_lsn, change_lsn, event_serial_no. Never ts_ms: it ties and it is a wall clock."""
-    connector = _src("connector")
+    SQL Server: commit_lsn, change_lsn, event_serial_no. Never ts_ms: it ties and it is a wall clock.
+    Without `source.connector` (flattened records) the connector is told by the fields present."""
+    connector = F.coalesce(_src("connector"), F.when(_src("lsn").isNotNull(), "postgresql")
+                           .when(_src("file").isNotNull() & _src("pos").isNotNull(), "mysql")
+                           .when(_src("commit_lsn").isNotNull(), "sqlserver"))
     pg = F.concat_ws("|", _pad(_src("lsn")), _snapshot_rank())
     binlog_no = F.regexp_extract(_src("file"), r"(\d+)$", 1)
     row = _pad(F.coalesce(_src("row"), F.lit("0")), 10)

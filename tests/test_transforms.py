@@ -60,6 +60,39 @@ def test_parse_and_classify_every_kind_of_line(spark):
     assert json.loads(enveloped["before"]) == {"id": 2} and enveloped["after"] is None
 
 
+def test_flattened_records_map_onto_the_envelope_columns(spark):
+    lines = [
+        '{"id":1,"v":"a","__op":"c","__lsn":100,"__source_ts_ms":7,"__ts_ms":8}',
+        '{"id":1,"v":"a","__op":"d","__deleted":"true","__lsn":101,"__source_ts_ms":7}',
+        '{"id":2,"v":"b","__deleted":"true","__file":"mysql-bin.000002","__pos":40,"__row":1}',
+        '{"id":3,"v":"c","__deleted":"false","__source_file":"mysql-bin.000002","__source_pos":41}',
+        '{"schema":{"type":"struct","fields":[{"field":"id","type":"int32"},{"field":"__op","type":"string"}]},'
+        '"payload":{"id":4,"__op":"r","__lsn":5,"__snapshot":"true"}}',
+        '{"id":5,"op":"shipped","__op":"u","__lsn":102}',
+        "null",
+    ]
+    df = spark.createDataFrame([("f", i + 1, line) for i, line in enumerate(lines)],
+                               "_source_file STRING, _line BIGINT, _raw STRING")
+    got = transforms.order_key(transforms.classify(transforms.parse_envelope(df), ("id",)), None).orderBy("_line").collect()
+    assert [(r["_kind"], r["op"], r["ts_ms"], r["_seq"]) for r in got] == [
+        ("event", "c", 8, "00000000000000000100|1"),
+        ("event", "d", 7, "00000000000000000101|1"),
+        ("event", "d", None, "0000000002|00000000000000000040|1|0000000001"),
+        ("event", "u", None, "0000000002|00000000000000000041|1|0000000000"),
+        ("event", "r", None, "00000000000000000005|0"),
+        ("event", "u", None, "00000000000000000102|1"),
+        ("tombstone", None, None, None),
+    ]
+    # the record is the row image: in `before` for deletes, in `after` otherwise
+    assert (got[1]["after"], json.loads(got[1]["before"])["id"]) == (None, 1)
+    assert json.loads(got[5]["after"])["op"] == "shipped"
+    assert got[4]["_schema"] is not None and json.loads(got[0]["source"]) == {"lsn": "100", "ts_ms": "7"}
+    # format: json never reads `__` fields as metadata; json-flat always does
+    assert [r["op"] for r in transforms.parse_envelope(df, "json").orderBy("_line").collect()][:2] == [None, None]
+    plain = spark.createDataFrame([("f", 1, '{"id":9,"__deleted":"true"}')], "_source_file STRING, _line BIGINT, _raw STRING")
+    assert transforms.parse_envelope(plain, "json-flat").first()["op"] == "d"
+
+
 def test_missing_keys_names_every_absent_column(spark):
     df = spark.createDataFrame([("u", None, '{"a":1}'), ("d", '{"b":2}', None)], "op STRING, before STRING, after STRING")
     assert [r[0] for r in df.select(transforms.missing_keys(("a", "b"))).collect()] == ["b", "a"]
