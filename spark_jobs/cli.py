@@ -66,9 +66,21 @@ def _fail_line(table: str, layer: str, exc: BaseException) -> str:
     return f"table={table} layer={layer} failed: {type(exc).__name__}: {message}"
 
 
+def _flat(value: Any) -> Any:
+    """Quarantine counts on one line by kind (`missing_key:2,malformed_json:1`); the JSON summary and the
+    quarantine table keep the full reasons."""
+    if not isinstance(value, dict):
+        return value
+    kinds: dict[str, int] = {}
+    for reason, n in value.items():
+        kind = str(reason).split(":", 1)[0]
+        kinds[kind] = kinds.get(kind, 0) + n
+    return ",".join(f"{k}:{n}" for k, n in sorted(kinds.items()))
+
+
 def format_summary(s: dict[str, Any]) -> str:
     skip = {"table", "layer", "batch_id", "docs", "sources"}
-    fields = " ".join(f"{k}={v}" for k, v in s.items() if k not in skip and v not in (None, {}))
+    fields = " ".join(f"{k}={_flat(v)}" for k, v in s.items() if k not in skip and v not in (None, {}))
     return f"{s['layer']:<6} {s['table']:<22} {fields}"
 
 

@@ -7,10 +7,11 @@ from __future__ import annotations
 import datetime as dt
 import os
 from dataclasses import replace
+from functools import reduce
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -62,24 +63,61 @@ def _reasons(rows: DataFrame) -> dict[str, int]:
 # ---- bronze ----------------------------------------------------------------------------------------
 
 
-def read_landing(spark: SparkSession, landing: str, files: list[LandingFile]) -> tuple[DataFrame, list[LandingFile]]:
-    """One row per JSON landing file (path relative to the landing root, whole text); the files that
-    cannot be read as JSON lines are returned apart, to be quarantined whole."""
-    readable = [f for f in files if f.kind == "json"]
-    unreadable = [f for f in files if f.kind != "json"]
-    if not readable:
-        return spark.createDataFrame([], "_source_file STRING, content STRING"), unreadable
-    relative = {os.path.abspath(f"{landing}/{f.path}"): f for f in readable}
-    raw = spark.read.text(list(relative), wholetext=True).select(
-        F.col("_metadata.file_path").alias("_uri"), F.col("value").alias("content")).cache()
-    # Spark names files by URI (file:/..., percent-encoded); map each back to its landing path exactly
-    uris = {unquote(urlparse(r["_uri"]).path): r["_uri"] for r in raw.select("_uri").distinct().collect()}
-    lost = [f.path for local, f in relative.items() if local not in uris and f.size > 0]
+def _landing_paths(spark: SparkSession, landing: str, files: list[LandingFile], read: DataFrame) -> DataFrame:
+    """Spark names files by URI (file:/..., percent-encoded): map each back to its landing path exactly,
+    adding `_source_file`. Refuses to go on if a non-empty file cannot be matched."""
+    relative = {os.path.abspath(f"{landing}/{f.path}"): f for f in files}
+    uris = {unquote(urlparse(r["_uri"]).path): r["_uri"] for r in read.select("_uri").distinct().collect()}
+    lost = [f.path for local, f in relative.items() if local not in uris and f.size > 0 and f.kind == "json"]
     if lost:
         raise RuntimeError(f"landing files read by Spark under other names, refusing to lose them: {', '.join(lost)}")
     mapping = spark.createDataFrame([(uris[local], f.path) for local, f in relative.items() if local in uris],
                                     "_uri STRING, _source_file STRING")
-    return raw.join(mapping, "_uri").select("_source_file", "content"), unreadable
+    return read.join(mapping, "_uri").drop("_uri")
+
+
+def _readable_parquet(landing: str, f: LandingFile) -> bool:
+    import pyarrow.parquet as pq
+
+    try:
+        pq.read_metadata(f"{landing}/{f.path}")
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def read_landing(spark: SparkSession, landing: str, files: list[LandingFile],
+                 fmt: str = "auto") -> tuple[DataFrame, dict[LandingFile, str]]:
+    """Landing files as lines: (_source_file, _line, _raw, _typed_schema). JSON files (plain or gzip) give
+    one row per text line; Parquet files one row per record, as its JSON text, with `_typed_schema` holding
+    the record's column types. Files that cannot be read are returned apart with the reason, to be
+    quarantined whole: not of the table's format (unsupported_file) or not a valid Parquet file
+    (unreadable_file)."""
+    wanted = {"auto": ("json", "parquet"), "json": ("json",), "json-flat": ("json",), "parquet": ("parquet",)}[fmt]
+    json_files = [f for f in files if f.kind == "json" and "json" in wanted]
+    parquet_files = [f for f in files if f.kind == "parquet" and "parquet" in wanted and f.size > 0
+                     and _readable_parquet(landing, f)]
+    readable = {f.path for f in json_files + parquet_files}
+    unreadable = {f: "unreadable_file" if f.kind in wanted else "unsupported_file" for f in files
+                  if f.path not in readable and not (f.kind == "parquet" and f.size == 0)}
+    parts = []
+    if json_files:
+        raw = spark.read.text([os.path.abspath(f"{landing}/{f.path}") for f in json_files], wholetext=True).select(
+            F.col("_metadata.file_path").alias("_uri"), F.col("value").alias("content"))
+        lines = transforms.split_lines(_landing_paths(spark, landing, json_files, raw))
+        parts.append(lines.withColumn("_typed_schema", F.lit(None).cast("string")))
+    if parquet_files:
+        records = spark.read.option("mergeSchema", "true").parquet(
+            *[os.path.abspath(f"{landing}/{f.path}") for f in parquet_files])
+        typed = schemas.envelope_from_spark(transforms.parquet_image_type(records.schema))
+        record = F.struct(*[F.col(f"`{c}`") for c in records.columns])
+        rows = records.select(F.col("_metadata.file_path").alias("_uri"), (F.col("_metadata.row_index") + 1).alias("_line"),
+                              F.to_json(record, schemas.JSON_OPTIONS).alias("_raw"))
+        parts.append(_landing_paths(spark, landing, parquet_files, rows).select(
+            "_source_file", "_line", "_raw", F.lit(typed).alias("_typed_schema")))
+    if not parts:
+        return spark.createDataFrame([], "_source_file STRING, _line BIGINT, _raw STRING, _typed_schema STRING"), unreadable
+    return reduce(DataFrame.unionByName, parts), unreadable
 
 
 def bronze_ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, landing: str, lake: Lake,
@@ -91,14 +129,15 @@ def bronze_ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     if not files:
         return {**summary, "gate": "skipped (no new files)", "lines": 0, "events": 0, "tombstones": 0, "quarantined": {}}
 
-    contents, unreadable = read_landing(spark, landing, files)
-    lines = transforms.split_lines(contents)
-    classified = transforms.classify(transforms.parse_envelope(lines), table.keys).cache()
+    lines, unreadable = read_landing(spark, landing, files, table.format)
+    parsed = transforms.parse_envelope(lines, table.format)
+    parsed = parsed.withColumn("_schema", F.coalesce("_typed_schema", "_schema")).drop("_typed_schema")
+    classified = transforms.classify(parsed, table.keys).cache()
 
     quarantine = classified.where("_kind = 'quarantine'").select("_source_file", "_line", "_raw", "reason")
     if unreadable:
         quarantine = quarantine.unionByName(spark.createDataFrame(
-            [(f.path, 0, "", f"unsupported_file: {f.path.rsplit('/', 1)[-1]}") for f in unreadable],
+            [(f.path, 0, "", f"{reason}: {f.path.rsplit('/', 1)[-1]}") for f, reason in unreadable.items()],
             "_source_file STRING, _line BIGINT, _raw STRING, reason STRING"))
     quarantined = write_quarantine(engine, lake, table.name, quarantine, "bronze", batch_id)
 
@@ -184,20 +223,21 @@ def silver_progress(spark: SparkSession, engine: DeltaEngine, lake: Lake, table:
     return (-1, None) if row is None else (int(row["bronze_version"]), row["truncated_at"])
 
 
-def _image_fields(spark: SparkSession, events: DataFrame) -> list[schemas.ImageField]:
-    """Columns of the batch's row images: from the envelope schemas, else inferred from plain JSON."""
+def _image_fields(spark: SparkSession, table: TableConfig, events: DataFrame) -> list[schemas.ImageField]:
+    """Columns of the batch's row images: from the envelope schemas, else inferred from plain JSON (with
+    the table's `columns:` overrides). `__` fields are flattened records' metadata, not columns."""
     envelope_schemas = [r["_schema"] for r in events.where("_schema IS NOT NULL").select("_schema").distinct().collect()]
     lists = [schemas.fields_from_envelope(s) for s in sorted(envelope_schemas)]
     plain = events.where("_schema IS NULL").select(transforms.key_image().alias("_image"))
     if not plain.isEmpty():
-        lists.insert(0, schemas.infer_fields(plain, "_image"))
-    return schemas.merge_fields(lists)
+        lists.insert(0, schemas.with_overrides(schemas.infer_fields(plain, "_image"), table.columns))
+    return [f for f in schemas.merge_fields(lists) if not f.name.startswith("__")]
 
 
 def _typed_changes(spark: SparkSession, table: TableConfig, changes: DataFrame,
                    target: T.StructType | None) -> tuple[DataFrame, list[schemas.ImageField]]:
     """Row events with `_seq`, the typed image in `_row`, typed key columns and a quarantine `reason`."""
-    fields = _image_fields(spark, changes)
+    fields = _image_fields(spark, table, changes)
     names = {f.name for f in fields}
     absent = [k for k in table.keys if k not in names]
     if absent:
@@ -225,7 +265,7 @@ def silver_merge(spark: SparkSession, engine: DeltaEngine, table: TableConfig, l
     bronze = engine.read(spark, lake.bronze(table.name), version=bronze_version)
     assert bronze is not None
     target_path = lake.silver(table.name)
-    version_before = engine.version(target_path)
+    published = {path: engine.version(path) for path in (target_path, lake.history(table.name))}
     stats, truncated_at = apply_changes(spark, engine, table, lake, bronze.where(F.col("_bronze_version") > applied),
                                         truncated_at, batch_id)
     gate_result = None
@@ -235,9 +275,10 @@ def silver_merge(spark: SparkSession, engine: DeltaEngine, table: TableConfig, l
         try:
             gate_result = run_gate(silver, table.name, "silver", silver_checks(table), lake.root)
         except GateFailed:
-            # write-audit-publish: a failed gate leaves the published table at its previous version
-            if version_before is not None and engine.version(target_path) != version_before:
-                engine.restore(target_path, version_before)
+            # write-audit-publish: a failed gate leaves the published tables at their previous version
+            for path, before in published.items():
+                if before is not None and engine.version(path) != before:
+                    engine.restore(path, before)
             raise
     _save_progress(spark, engine, lake, table.name, bronze_version, truncated_at, batch_id)
     spark.catalog.clearCache()
@@ -263,6 +304,9 @@ def apply_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
                                                                 F.count(F.lit(1)).alias("n")))
     new_truncate = batch_truncate["t"] if batch_truncate["t"] and batch_truncate["t"] > (truncated_at or "") else None
     truncated_at = new_truncate or truncated_at
+    if table.history and batch_truncate["n"]:
+        engine.merge(truncates.where("reason IS NULL").select("_seq", F.lit(batch_id).alias("_batch_id")).distinct(),
+                     lake.truncates(table.name), TRUNCATE_LOG_MERGE)
     deleted_by_truncate = 0
     if new_truncate:
         predicate = f"_seq < '{new_truncate}'"
@@ -273,7 +317,7 @@ def apply_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     quarantine = truncates.where("reason IS NOT NULL").select("_source_file", "_line", "_raw", "reason")
 
     changes = batch.where("op <> 't'")
-    result, counts, latest_counts, effective_count = None, None, None, 0
+    result, counts, latest_counts, effective_count, versions = None, None, None, 0, 0
     if not changes.isEmpty():
         typed, fields = _typed_changes(spark, table, changes, target_schema)
         typed = typed.cache()
@@ -291,8 +335,16 @@ def apply_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
         effective_count = rows.count()
         if effective_count:
             result = engine.merge(rows, target_path, replace(SILVER_MERGE, keys=table.keys), table.partition_by)
-            engine.merge(rows.select(*table.keys, "_seq", "_op"), ledger_path, replace(LEDGER_MERGE, keys=table.keys))
+            ledger = rows.select(*table.keys, "_seq", "_op", F.coalesce(
+                "_source_ts_ms", F.unix_millis(F.col("_ingested_at").cast("timestamp"))).alias("_deleted_at_ms"))
+            engine.merge(ledger, ledger_path, replace(LEDGER_MERGE, keys=table.keys))
+        if table.history:
+            versions = apply_history(spark, engine, table, lake, typed.where("reason IS NULL"), fields,
+                                     recompute_all=bool(batch_truncate["n"]))
+    elif table.history and batch_truncate["n"]:
+        versions = apply_history(spark, engine, table, lake, None, [], recompute_all=True)
     quarantined = write_quarantine(engine, lake, table.name, quarantine, "silver", batch_id)
+    expired = _expire_tombstones(engine, lake, table)
 
     events_in, positions, kept = ((counts["events"], counts["positions"], counts["positions_after_truncate"])
                                   if counts else (0, 0, 0))
@@ -303,7 +355,74 @@ def apply_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
             "ties": int(latest_counts["ties"] or 0) if latest_counts else 0, "truncates": batch_truncate["n"],
             "inserted": result.inserted if result else 0, "updated": result.updated if result else 0,
             "deleted": (result.deleted if result else 0) + deleted_by_truncate,
+            "tombstones_expired": expired, **({"history_rows": versions} if table.history else {}),
             "quarantined": quarantined}, truncated_at
+
+
+def _expire_tombstones(engine: DeltaEngine, lake: Lake, table: TableConfig) -> int:
+    """Drop ledger entries older than the table's tombstone retention (by the delete's source time).
+    After that, a change older than the delete arriving even later can bring the row back: the
+    retention is the lateness the table promises to absorb. Default: keep them forever."""
+    if table.tombstone_retention_s is None or engine.version(lake.tombstones(table.name)) is None:
+        return 0
+    cutoff_ms = int(_now().timestamp() * 1000) - table.tombstone_retention_s * 1000
+    return engine.delete(lake.tombstones(table.name), f"_deleted_at_ms < {cutoff_ms}")
+
+
+# ---- history (SCD type 2) --------------------------------------------------------------------------
+
+TRUNCATE_LOG_MERGE = MergeSpec(keys=("_seq",), insert_when="true")
+HISTORY_META = ("_op", "_seq", "_source_ts_ms", "_ingested_at", "_batch_id")
+
+
+def apply_history(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake: Lake, events: DataFrame | None,
+                  fields: list[schemas.ImageField], recompute_all: bool) -> int:
+    """Every version of each row in `silver/<table>_history`: one row per applied event (a delete is a
+    row with `_op = 'd'` that ends the version before it), `_valid_to` = the sequence of the key's next
+    event or of the first truncate after it (for deletes: the next event only), `_is_current` for the live version. Late events slot into
+    their place: the chains of the batch's keys (all keys after a truncate) are recomputed.
+
+    Returns the number of new history rows."""
+    path = lake.history(table.name)
+    existing = engine.read(spark, path)
+    keys = list(table.keys)
+    new = None
+    if events is not None:
+        # one row per (key, position); an event already in history keeps its first-applied version
+        first = Window.partitionBy(*keys, "_seq").orderBy(F.col("_source_file").desc(), F.col("_line").desc())
+        deduped = events.withColumn("_n", F.row_number().over(first)).where("_n = 1")
+        new = _silver_rows(deduped, fields, engine.schema(path))
+        if existing is not None:
+            new = new.join(existing.select(*keys, "_seq"), [*keys, "_seq"], "left_anti")
+        new = new.cache()
+    added = new.count() if new is not None else 0
+    if not added and not recompute_all:
+        return 0
+    chains = None
+    if existing is not None:
+        old = existing.drop("_valid_to", "_is_current")
+        if not recompute_all and new is not None:
+            old = old.join(new.select(*keys).distinct(), keys, "left_semi")
+        chains = old
+    if new is not None and added:
+        chains = new if chains is None else chains.unionByName(new, allowMissingColumns=True)
+    if chains is None:
+        return 0
+    truncates = engine.read(spark, lake.truncates(table.name))
+    cuts = sorted(r["_seq"] for r in truncates.select("_seq").collect()) if truncates is not None else []
+    next_cut = F.lit(None).cast("string")
+    for cut in reversed(cuts):  # the first truncate after the event's position
+        next_cut = F.when(F.col("_seq") < cut, F.lit(cut)).otherwise(next_cut)
+    following = F.lead("_seq").over(Window.partitionBy(*keys).orderBy("_seq"))
+    # a delete is not a version: only the key's next event follows it, never a truncate
+    valid_to = F.when(F.col("_op") == "d", following).otherwise(F.least(following, next_cut))
+    versions = (chains.withColumn("_valid_to", valid_to)
+                .withColumn("_is_current", F.col("_valid_to").isNull() & (F.col("_op") != "d")))
+    engine.merge(versions, path, MergeSpec(keys=(*table.keys, "_seq"), update_when="true", insert_when="true"),
+                 table.partition_by)
+    if new is not None:
+        new.unpersist()
+    return added
 
 
 def _current_state(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: TableConfig, latest: DataFrame) -> DataFrame:

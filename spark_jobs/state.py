@@ -33,6 +33,12 @@ class Lake:
     def tombstones(self, table: str) -> str:
         return f"{self.root}/_state/tombstones/{table}"
 
+    def history(self, table: str) -> str:
+        return f"{self.root}/silver/{table}_history"
+
+    def truncates(self, table: str) -> str:
+        return f"{self.root}/_state/truncates/{table}"
+
     def progress(self, table: str) -> str:
         return f"{self.root}/_state/progress/{table}"
 

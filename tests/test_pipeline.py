@@ -205,3 +205,153 @@ def test_truncate_empties_the_table_as_of_its_position_and_later_events_apply(sp
     assert (silver["stale_ignored"], silver["inserted"]) == ("1", "1")
     assert silver_rows(spark, engine, tmp_path / "lake", "orders", ("id",)) == {
         (3,): {"id": 3, "qty": 1}, (4,): {"id": 4, "qty": 1}}
+
+
+def test_every_landing_format_reaches_silver_with_its_types(spark, engine, tmp_path, capsys):
+    """Flattened JSON (ExtractNewRecordState, rewrite deletes) gzip-compressed in the time-based
+    partitioner's folders; Parquet with the nested envelope; flattened Parquet. Each gives the source state."""
+    import datetime as dt
+    import gzip
+    from decimal import Decimal
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    config = tmp_path / "tables.yaml"
+    config.write_text("tables:\n"
+                      "  flat_json: {topic: s.public.flat_json, keys: [id]}\n"
+                      "  nested_parquet: {topic: s.public.nested_parquet, keys: [id], format: parquet}\n"
+                      "  flat_parquet: {topic: s.inv.flat_parquet, keys: [id]}\n")
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+
+    def flat(op, lsn, id, v, deleted="false"):
+        return json.dumps({"id": id, "v": v, "__op": op, "__lsn": lsn, "__deleted": deleted, "__source_ts_ms": 1})
+
+    hour = landing / "topics" / "s.public.flat_json" / "year=2026" / "month=11" / "day=22" / "hour=07"
+    hour.mkdir(parents=True)
+    (hour / "s.public.flat_json+0+0000000002.json.gz").write_bytes(gzip.compress("\n".join(
+        [flat("u", 12, 1, "b"), flat("d", 13, 2, "x", "true"), "null"]).encode() + b"\n"))
+    (hour / "s.public.flat_json+0+0000000000.json.gz").write_bytes(gzip.compress("\n".join(
+        [flat("c", 10, 1, "a"), flat("c", 11, 2, "x")]).encode()))
+
+    row = pa.struct([("id", pa.int64()), ("price", pa.decimal128(10, 2)), ("day", pa.date32())])
+    source = pa.struct([("connector", pa.string()), ("lsn", pa.int64()), ("snapshot", pa.string())])
+    envelope = pa.schema([("before", row), ("after", row), ("source", source), ("op", pa.string()), ("ts_ms", pa.int64())])
+    folder = landing / "topics" / "s.public.nested_parquet" / "partition=0"
+    folder.mkdir(parents=True)
+    day = dt.date(2026, 11, 22)
+    pq.write_table(pa.Table.from_pylist([
+        {"before": None, "after": {"id": 1, "price": Decimal("1.10"), "day": day}, "op": "r",
+         "source": {"connector": "postgresql", "lsn": 5, "snapshot": "last"}},
+        {"before": None, "after": {"id": 1, "price": Decimal("99999999.99"), "day": day}, "op": "u",
+         "source": {"connector": "postgresql", "lsn": 6, "snapshot": "false"}},
+        {"before": {"id": 2, "price": None, "day": None}, "after": None, "op": "d",
+         "source": {"connector": "postgresql", "lsn": 7, "snapshot": "false"}},
+    ], schema=envelope), folder / "s.public.nested_parquet+0+0000000000.snappy.parquet")
+    (folder / "s.public.nested_parquet+0+0000000003.json").write_text("not parquet, and format is parquet\n")
+
+    folder = landing / "topics" / "s.inv.flat_parquet" / "partition=1"
+    folder.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist([
+        {"id": 7, "name": "x", "__op": "c", "__deleted": "false", "__file": "bin.000001", "__pos": 4, "__row": 0},
+        {"id": 8, "name": "y", "__op": "c", "__deleted": "false", "__file": "bin.000001", "__pos": 4, "__row": 1},
+        {"id": 7, "name": "x", "__op": "d", "__deleted": "true", "__file": "bin.000002", "__pos": 1, "__row": 0},
+    ]), folder / "s.inv.flat_parquet+1+0000000000.parquet")
+    (folder / "s.inv.flat_parquet+1+0000000003.parquet").write_bytes(b"PAR1 truncated upload")
+
+    code, out, err = run(capsys, config, landing, lake)
+    assert (code, err) == (0, "")
+    assert silver_rows(spark, engine, lake, "flat_json", ("id",)) == {(1,): {"id": 1, "v": "b"}}
+    assert silver_rows(spark, engine, lake, "nested_parquet", ("id",)) == {
+        (1,): {"id": 1, "price": Decimal("99999999.99"), "day": day}}
+    assert engine.read(spark, Lake(str(lake)).silver("nested_parquet")).schema["price"].dataType.simpleString() == "decimal(10,2)"
+    assert silver_rows(spark, engine, lake, "flat_parquet", ("id",)) == {(8,): {"id": 8, "name": "y"}}
+    assert summary_line(out, "bronze", "flat_json")["tombstones"] == "1"
+    # files that are not of the table's format, or cannot be read, are quarantined whole, with the reason
+    quarantine = engine.read(spark, Lake(str(lake)).quarantine("nested_parquet")).collect()
+    assert [(r["_source_file"].rsplit("/", 1)[1], r["reason"]) for r in quarantine] == [
+        ("s.public.nested_parquet+0+0000000003.json", "unsupported_file: s.public.nested_parquet+0+0000000003.json")]
+    quarantine = engine.read(spark, Lake(str(lake)).quarantine("flat_parquet")).collect()
+    assert [r["reason"] for r in quarantine] == ["unreadable_file: s.inv.flat_parquet+1+0000000003.parquet"]
+
+
+def _pg_event(op, lsn, before=None, after=None, ts_ms=1):
+    source = {"connector": "postgresql", "lsn": lsn, "snapshot": "false", "ts_ms": ts_ms}
+    return json.dumps({"before": before, "after": after, "source": source, "op": op, "ts_ms": ts_ms})
+
+
+def test_history_keeps_every_version_in_order_whatever_the_arrival(spark, engine, tmp_path, capsys):
+    """SCD type 2 under late events, a primary-key change, a keyless delete and a truncate."""
+    config = tmp_path / "tables.yaml"
+    config.write_text("tables:\n  orders: {topic: shop.public.orders, keys: [id], history: true}\n")
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    folder = landing / "topics" / "shop.public.orders" / "partition=0"
+    folder.mkdir(parents=True)
+
+    def land(offset, *lines):
+        (folder / f"shop.public.orders+0+{offset:010d}.json").write_text("\n".join(lines) + "\n")
+        code, out, err = run(capsys, config, landing, lake)
+        assert (code, err) == (0, "")
+        return summary_line(out, "silver", "orders")
+
+    land(0, _pg_event("c", 10, after={"id": 1, "v": "a"}), _pg_event("c", 11, after={"id": 2, "v": "x"}))
+    # the key of row 1 changes from 1 to 3 in one transaction: a delete of the old key, a create of the new one
+    land(2, _pg_event("u", 14, after={"id": 1, "v": "b"}), _pg_event("d", 15, before={"id": 2}), "null",
+         _pg_event("d", 16, before={"id": 1}), "null", _pg_event("c", 16, after={"id": 3, "v": "b"}))
+    assert silver_rows(spark, engine, lake, "orders", ("id",)) == {(3,): {"id": 3, "v": "b"}}
+    silver = land(8, _pg_event("u", 12, after={"id": 1, "v": "late"}),  # older than its delete: history only
+                  _pg_event("d", 13),  # keyless delete: quarantined with the missing key named
+                  _pg_event("t", 20), _pg_event("c", 21, after={"id": 4, "v": "d"}))
+    assert (silver["stale_ignored"], silver["truncates"], silver["inserted"], silver["history_rows"]) == ("1", "1", "1", "2")
+    assert silver_rows(spark, engine, lake, "orders", ("id",)) == {(4,): {"id": 4, "v": "d"}}
+    quarantine = engine.read(spark, Lake(str(lake)).quarantine("orders")).collect()
+    assert [(r["layer"], r["reason"]) for r in quarantine] == [("bronze", "missing_key: id")]
+
+    def lsn(seq):
+        return None if seq is None else int(seq.split("|")[0])
+
+    history = engine.read(spark, Lake(str(lake)).history("orders")).collect()
+    got = sorted((r["id"], lsn(r["_seq"]), r["_op"], r["v"], lsn(r["_valid_to"]), r["_is_current"]) for r in history)
+    assert got == [
+        (1, 10, "c", "a", 12, False),
+        (1, 12, "u", "late", 14, False),
+        (1, 14, "u", "b", 16, False),
+        (1, 16, "d", None, None, False),
+        (2, 11, "c", "x", 15, False),
+        (2, 15, "d", None, None, False),
+        (3, 16, "c", "b", 20, False),  # closed by the truncate
+        (4, 21, "c", "d", None, True),
+    ]
+    # the same files again change nothing
+    code, out, _ = run(capsys, config, landing, lake)
+    assert code == 0 and engine.read(spark, Lake(str(lake)).history("orders")).count() == len(history)
+
+
+def test_tombstones_are_kept_by_default_and_expire_after_the_configured_retention(spark, engine, tmp_path, capsys):
+    config = tmp_path / "tables.yaml"
+    config.write_text("tables:\n"
+                      "  kept: {topic: shop.public.kept, keys: [id]}\n"
+                      "  expiring: {topic: shop.public.expiring, keys: [id], tombstone_retention: 1d}\n")
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    day_ms = 86_400_000
+
+    def land(offset, *lines):
+        for topic in ("shop.public.kept", "shop.public.expiring"):
+            folder = landing / "topics" / topic / "partition=0"
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"{topic}+0+{offset:010d}.json").write_text("\n".join(lines) + "\n")
+        code, out, err = run(capsys, config, landing, lake)
+        assert (code, err) == (0, "")
+        return out
+
+    import time
+    now_ms = int(time.time() * 1000)
+    out = land(0, _pg_event("c", 10, after={"id": 1}, ts_ms=now_ms - 9 * day_ms),
+               _pg_event("d", 12, before={"id": 1}, ts_ms=now_ms - 8 * day_ms),
+               _pg_event("c", 20, after={"id": 2}, ts_ms=now_ms), _pg_event("d", 22, before={"id": 2}, ts_ms=now_ms))
+    assert summary_line(out, "silver", "kept")["tombstones_expired"] == "0"
+    assert summary_line(out, "silver", "expiring")["tombstones_expired"] == "1"  # the 8-day-old delete only
+    # changes older than the deletes arrive late: kept tombstones stop both; an expired one no longer can
+    land(4, _pg_event("u", 11, after={"id": 1}, ts_ms=now_ms - 9 * day_ms), _pg_event("u", 21, after={"id": 2}, ts_ms=now_ms))
+    assert silver_rows(spark, engine, lake, "kept", ("id",)) == {}
+    assert silver_rows(spark, engine, lake, "expiring", ("id",)) == {(1,): {"id": 1}}
