@@ -223,27 +223,27 @@ def silver_progress(spark: SparkSession, engine: DeltaEngine, lake: Lake, table:
     return (-1, None) if row is None else (int(row["bronze_version"]), row["truncated_at"])
 
 
-def _image_fields(spark: SparkSession, table: TableConfig, events: DataFrame) -> list[schemas.ImageField]:
+def _image_fields(spark: SparkSession, table: TableConfig, events: DataFrame, has_plain: bool) -> list[schemas.ImageField]:
     """Columns of the batch's row images: from the envelope schemas, else inferred from plain JSON (with
     the table's `columns:` overrides). `__` fields are flattened records' metadata, not columns."""
     envelope_schemas = [r["_schema"] for r in events.where("_schema IS NOT NULL").select("_schema").distinct().collect()]
     lists = [schemas.fields_from_envelope(s) for s in sorted(envelope_schemas)]
-    plain = events.where("_schema IS NULL").select(transforms.key_image().alias("_image"))
-    if not plain.isEmpty():
+    if has_plain:
+        plain = events.where("_schema IS NULL").select(transforms.key_image().alias("_image"))
         lists.insert(0, schemas.with_overrides(schemas.infer_fields(plain, "_image"), table.columns))
     return [f for f in schemas.merge_fields(lists) if not f.name.startswith("__")]
 
 
-def _typed_changes(spark: SparkSession, table: TableConfig, changes: DataFrame,
-                   target: T.StructType | None) -> tuple[DataFrame, list[schemas.ImageField]]:
-    """Row events with `_seq`, the typed image in `_row`, typed key columns and a quarantine `reason`."""
-    fields = _image_fields(spark, table, changes)
+def _typed_changes(spark: SparkSession, table: TableConfig, changes: DataFrame, target: T.StructType | None,
+                   has_plain: bool) -> tuple[DataFrame, list[schemas.ImageField]]:
+    """Row events (with `_seq`) plus the typed image in `_row`, typed key columns and a quarantine `reason`."""
+    fields = _image_fields(spark, table, changes, has_plain)
     names = {f.name for f in fields}
     absent = [k for k in table.keys if k not in names]
     if absent:
         raise ValueError(f"table={table.name} layer=silver: key column(s) {', '.join(absent)} not in the "
                          f"change events' columns ({', '.join(sorted(names))})")
-    typed = schemas.parse_image(transforms.order_key(changes, table.sequence_by), transforms.key_image(), fields, "_row")
+    typed = schemas.parse_image(changes, transforms.key_image(), fields, "_row")
     typed = schemas.align(typed, "_row", target)
     for k in table.keys:
         typed = typed.withColumn(k, F.col("_row")[k])
@@ -293,20 +293,25 @@ def apply_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
 
     `truncated_at` is the position of the latest truncate already applied; returns the batch's counts
     and the truncate position in force afterwards."""
-    batch = batch.cache()
     target_path, ledger_path = lake.silver(table.name), lake.tombstones(table.name)
     target_schema = engine.schema(target_path)
+    # one pass over the batch; every later step (and each count) starts from these rows, not the batch's plan
+    ordered = transforms.order_key(batch, table.sequence_by).localCheckpoint()
+    overview = _one(ordered.agg(
+        F.count(F.when((F.col("op") == "t") & F.col("_seq").isNotNull(), 1)).alias("truncates"),
+        F.max(F.when(F.col("op") == "t", F.col("_seq"))).alias("truncated_at"),
+        F.count(F.when(F.col("op") != "t", 1)).alias("changes"),
+        F.count(F.when((F.col("op") != "t") & F.col("_schema").isNull(), 1)).alias("plain")))
 
     # truncate (op=t): the table is empty as of its position; every older event is stale
-    truncates = transforms.order_key(batch.where("op = 't'"), table.sequence_by).withColumn(
-        "reason", F.when(F.col("_seq").isNull(), NO_SEQUENCE)).cache()
-    batch_truncate = _one(truncates.where("reason IS NULL").agg(F.max("_seq").alias("t"),
-                                                                F.count(F.lit(1)).alias("n")))
-    new_truncate = batch_truncate["t"] if batch_truncate["t"] and batch_truncate["t"] > (truncated_at or "") else None
+    truncates = ordered.where("op = 't'").withColumn("reason", F.when(F.col("_seq").isNull(), NO_SEQUENCE))
+    batch_truncate = overview["truncated_at"]
+    new_truncate = batch_truncate if batch_truncate and batch_truncate > (truncated_at or "") else None
     truncated_at = new_truncate or truncated_at
-    if table.history and batch_truncate["n"]:
-        engine.merge(truncates.where("reason IS NULL").select("_seq", F.lit(batch_id).alias("_batch_id")).distinct(),
-                     lake.truncates(table.name), TRUNCATE_LOG_MERGE)
+    new_truncates = 0  # truncates history has not seen: they close versions of every key
+    if table.history and overview["truncates"]:
+        new_truncates = engine.merge(truncates.where("reason IS NULL").select("_seq", F.lit(batch_id).alias("_batch_id"))
+                                     .distinct(), lake.truncates(table.name), TRUNCATE_LOG_MERGE).inserted
     deleted_by_truncate = 0
     if new_truncate:
         predicate = f"_seq < '{new_truncate}'"
@@ -316,22 +321,20 @@ def apply_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
             engine.delete(ledger_path, predicate)
     quarantine = truncates.where("reason IS NOT NULL").select("_source_file", "_line", "_raw", "reason")
 
-    changes = batch.where("op <> 't'")
     result, counts, latest_counts, effective_count, versions = None, None, None, 0, 0
-    if not changes.isEmpty():
-        typed, fields = _typed_changes(spark, table, changes, target_schema)
-        typed = typed.cache()
+    if overview["changes"]:
+        typed, fields = _typed_changes(spark, table, ordered.where("op <> 't'"), target_schema, overview["plain"] > 0)
+        typed = typed.localCheckpoint()
         quarantine = quarantine.unionByName(typed.where("reason IS NOT NULL").select("_source_file", "_line", "_raw", "reason"))
         events = typed.where("reason IS NULL")
         after_truncate = F.col("_seq") > F.lit(truncated_at) if truncated_at else F.lit(True)
         position = F.struct(*table.keys, "_seq")
         counts = _one(events.agg(F.count(F.lit(1)).alias("events"), F.countDistinct(position).alias("positions"),
                                  F.countDistinct(F.when(after_truncate, position)).alias("positions_after_truncate")))
-        events = events.where(after_truncate)
-        latest = transforms.latest_per_key(events, table.keys).cache()
+        latest = transforms.latest_per_key(events.where(after_truncate), table.keys).localCheckpoint()
         latest_counts = _one(latest.agg(F.count(F.lit(1)).alias("keys"), F.sum(F.col("_tie").cast("int")).alias("ties")))
         state = _current_state(spark, engine, lake, table, latest)
-        rows = _silver_rows(transforms.effective_changes(latest, state, table.keys), fields, target_schema).cache()
+        rows = _silver_rows(transforms.effective_changes(latest, state, table.keys), fields, target_schema).localCheckpoint()
         effective_count = rows.count()
         if effective_count:
             result = engine.merge(rows, target_path, replace(SILVER_MERGE, keys=table.keys), table.partition_by)
@@ -339,9 +342,8 @@ def apply_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
                 "_source_ts_ms", F.unix_millis(F.col("_ingested_at").cast("timestamp"))).alias("_deleted_at_ms"))
             engine.merge(ledger, ledger_path, replace(LEDGER_MERGE, keys=table.keys))
         if table.history:
-            versions = apply_history(spark, engine, table, lake, typed.where("reason IS NULL"), fields,
-                                     recompute_all=bool(batch_truncate["n"]))
-    elif table.history and batch_truncate["n"]:
+            versions = apply_history(spark, engine, table, lake, events, fields, recompute_all=new_truncates > 0)
+    elif new_truncates:
         versions = apply_history(spark, engine, table, lake, None, [], recompute_all=True)
     quarantined = write_quarantine(engine, lake, table.name, quarantine, "silver", batch_id)
     expired = _expire_tombstones(engine, lake, table)
@@ -349,10 +351,10 @@ def apply_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     events_in, positions, kept = ((counts["events"], counts["positions"], counts["positions_after_truncate"])
                                   if counts else (0, 0, 0))
     keys = latest_counts["keys"] if latest_counts else 0
-    return {"events": events_in + batch_truncate["n"] + sum(quarantined.values()),
+    return {"events": events_in + overview["truncates"] + sum(quarantined.values()),
             "duplicates_dropped": events_in - positions, "superseded_in_batch": kept - keys,
             "stale_ignored": (positions - kept) + (keys - effective_count),
-            "ties": int(latest_counts["ties"] or 0) if latest_counts else 0, "truncates": batch_truncate["n"],
+            "ties": int(latest_counts["ties"] or 0) if latest_counts else 0, "truncates": overview["truncates"],
             "inserted": result.inserted if result else 0, "updated": result.updated if result else 0,
             "deleted": (result.deleted if result else 0) + deleted_by_truncate,
             "tombstones_expired": expired, **({"history_rows": versions} if table.history else {}),
@@ -379,8 +381,9 @@ def apply_history(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
                   fields: list[schemas.ImageField], recompute_all: bool) -> int:
     """Every version of each row in `silver/<table>_history`: one row per applied event (a delete is a
     row with `_op = 'd'` that ends the version before it), `_valid_to` = the sequence of the key's next
-    event or of the first truncate after it (for deletes: the next event only), `_is_current` for the live version. Late events slot into
-    their place: the chains of the batch's keys (all keys after a truncate) are recomputed.
+    event or of the first truncate after it (for deletes: the next event only), `_is_current` for the
+    live version. Late events slot into their place: the chains of the batch's keys (all keys after a
+    new truncate) are recomputed.
 
     Returns the number of new history rows."""
     path = lake.history(table.name)
@@ -394,7 +397,7 @@ def apply_history(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
         new = _silver_rows(deduped, fields, engine.schema(path))
         if existing is not None:
             new = new.join(existing.select(*keys, "_seq"), [*keys, "_seq"], "left_anti")
-        new = new.cache()
+        new = new.localCheckpoint()
     added = new.count() if new is not None else 0
     if not added and not recompute_all:
         return 0
@@ -420,8 +423,6 @@ def apply_history(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
                 .withColumn("_is_current", F.col("_valid_to").isNull() & (F.col("_op") != "d")))
     engine.merge(versions, path, MergeSpec(keys=(*table.keys, "_seq"), update_when="true", insert_when="true"),
                  table.partition_by)
-    if new is not None:
-        new.unpersist()
     return added
 
 

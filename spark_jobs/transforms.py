@@ -42,6 +42,13 @@ FLAT_SOURCE_FIELDS = ("connector", "name", "db", "schema", "table", "lsn", "txId
                       "gtid", "server_id", "commit_lsn", "change_lsn", "event_serial_no", "sequence", "ts_ms")
 
 
+def _flat_source_sql() -> str:
+    # `__ts_ms` is the envelope's ts_ms, not the source's: only `__source_ts_ms` goes into the source block
+    fields = ", ".join(f"'{name}', _flat['__source_{name}']" if name == "ts_ms"
+                       else f"'{name}', coalesce(_flat['__source_{name}'], _flat['__{name}'])" for name in FLAT_SOURCE_FIELDS)
+    return f"to_json(named_struct({fields}))"
+
+
 def parse_envelope(lines: DataFrame, fmt: str = "auto") -> DataFrame:
     """Parse a Debezium JSON record, with or without the schema envelope, keeping the raw line.
 
@@ -51,35 +58,39 @@ def parse_envelope(lines: DataFrame, fmt: str = "auto") -> DataFrame:
 
     Adds op, ts_ms, source, before, after (JSON text), _schema (the envelope's schema, or null) and
     _json_ok (false when the line is not valid JSON)."""
-    rec = F.from_json("_raw", _RECORD_SCHEMA)
-    payload = F.from_json(rec["payload"], _PAYLOAD_SCHEMA)
-    enveloped = rec["payload"].isNotNull() & rec["op"].isNull()
-    body = F.when(enveloped, rec["payload"]).otherwise(F.col("_raw"))
-    flat_fields = F.from_json(body, "map<string,string>")
+    # written as SQL: one expression tree built in the JVM, not hundreds of Python-side calls
+    if fmt == "json-flat":
+        flat = "true"
+    elif fmt == "auto":  # Debezium's own envelope never has `__op`/`__deleted` at its top level
+        flat = "(_flat['__op'] IS NOT NULL OR _flat['__deleted'] IS NOT NULL)"
+    else:
+        flat = "false"
+    maybe_flat = "true" if fmt == "json-flat" else """(_raw LIKE '%"\\_\\_op"%' OR _raw LIKE '%"\\_\\_deleted"%')"""
+    flat_op = ("coalesce(_flat['__op'], CASE lower(_flat['__deleted']) WHEN 'true' THEN 'd' WHEN 'false' THEN 'u' END)")
+    parsed = (
+        lines.withColumn("_rec", F.from_json("_raw", _RECORD_SCHEMA))
+        .withColumn("_env", F.expr("_rec.payload IS NOT NULL AND _rec.op IS NULL"))
+        .withColumn("_payload", F.expr(f"CASE WHEN _env THEN from_json(_rec.payload, '{_PAYLOAD_SCHEMA}') END"))
+        .withColumn("_body", F.expr("CASE WHEN _env THEN _rec.payload ELSE _raw END"))
+        .withColumn("_flat", F.expr("CASE WHEN false THEN map('', '') END") if fmt == "json" else
+                    F.expr(f"CASE WHEN {maybe_flat} THEN from_json(_body, 'map<string,string>') END"))
+        .withColumn("_is_flat", F.expr(f"coalesce({flat}, false)"))
+        .withColumn("_flat_op", F.expr(flat_op))
+    )
 
-    def meta(name: str) -> Column:
-        return flat_fields[f"__{name}"]
+    def pick(name: str) -> str:
+        return f"CASE WHEN _env THEN _payload.{name} ELSE _rec.{name} END"
 
-    has_marker = meta("op").isNotNull() | meta("deleted").isNotNull()
-    # Debezium's own envelope never has `__op`/`__deleted` at its top level
-    flat = F.lit(fmt == "json-flat") if fmt != "auto" else has_marker
-    deleted = F.lower(meta("deleted"))
-    flat_op = F.coalesce(meta("op"), F.when(deleted == "true", "d").when(deleted == "false", "u"))
-    flat_source = F.to_json(F.struct(*[F.coalesce(meta(f"source_{name}"), meta(name) if name != "ts_ms" else F.lit(None))
-                                       .alias(name) for name in FLAT_SOURCE_FIELDS]))
-
-    def pick(name: str) -> Column:
-        return F.when(enveloped, payload[name]).otherwise(rec[name])
-
-    return lines.select(
-        "*",
-        F.expr("try_parse_json(_raw)").isNotNull().alias("_json_ok"),
-        F.when(flat, flat_op).otherwise(pick("op")).alias("op"),
-        F.when(flat, F.coalesce(meta("ts_ms"), meta("source_ts_ms")).cast("long")).otherwise(pick("ts_ms")).alias("ts_ms"),
-        F.when(flat, flat_source).otherwise(pick("source")).alias("source"),
-        F.when(flat, F.when(flat_op == "d", body)).otherwise(pick("before")).alias("before"),
-        F.when(flat, F.when(flat_op != "d", body)).otherwise(pick("after")).alias("after"),
-        F.when(enveloped, rec["schema"]).alias("_schema"),
+    return parsed.selectExpr(
+        *lines.columns,
+        "try_parse_json(_raw) IS NOT NULL AS _json_ok",
+        f"CASE WHEN _is_flat THEN _flat_op ELSE {pick('op')} END AS op",
+        f"CASE WHEN _is_flat THEN CAST(coalesce(_flat['__ts_ms'], _flat['__source_ts_ms']) AS BIGINT) ELSE {pick('ts_ms')} END"
+        " AS ts_ms",
+        f"CASE WHEN _is_flat THEN {_flat_source_sql()} ELSE {pick('source')} END AS source",
+        f"CASE WHEN _is_flat THEN CASE WHEN _flat_op = 'd' THEN _body END ELSE {pick('before')} END AS before",
+        f"CASE WHEN _is_flat THEN CASE WHEN _flat_op <> 'd' THEN _body END ELSE {pick('after')} END AS after",
+        "CASE WHEN _env THEN _rec.schema END AS _schema",
     )
 
 
@@ -140,31 +151,34 @@ def _pad(col: Column, width: int = 20) -> Column:
     return F.lpad(col, width, "0")
 
 
-def _snapshot_rank() -> Column:
-    """0 for snapshot events, 1 for streaming ones: snapshot rows rank first at a shared position."""
-    is_snapshot = (F.col("op") == "r") | F.lower(F.coalesce(_src("snapshot"), F.lit("false"))).isin(*SNAPSHOT_MARKERS)
-    return F.when(is_snapshot, "0").otherwise("1")
+_SOURCE_POSITION = ("connector STRING, lsn STRING, snapshot STRING, file STRING, pos STRING, row STRING, "
+                    "commit_lsn STRING, change_lsn STRING, event_serial_no STRING")
+_SNAPSHOT_RANK = (f"CASE WHEN op = 'r' OR lower(coalesce(_src.snapshot, 'false')) IN "
+                  f"({', '.join(repr(m) for m in SNAPSHOT_MARKERS)}) THEN '0' ELSE '1' END")
+_CONNECTOR = ("coalesce(_src.connector, CASE WHEN _src.lsn IS NOT NULL THEN 'postgresql' "
+              "WHEN _src.file IS NOT NULL AND _src.pos IS NOT NULL THEN 'mysql' "
+              "WHEN _src.commit_lsn IS NOT NULL THEN 'sqlserver' END)")
+_CONNECTOR_SEQUENCE = f"""CASE
+  WHEN {_CONNECTOR} = 'postgresql' AND _src.lsn IS NOT NULL
+    THEN concat_ws('|', lpad(_src.lsn, 20, '0'), {_SNAPSHOT_RANK})
+  WHEN {_CONNECTOR} = 'mysql' AND _src.file IS NOT NULL AND _src.pos IS NOT NULL
+    THEN concat_ws('|', lpad(regexp_extract(_src.file, '([0-9]+)$', 1), 10, '0'), lpad(_src.pos, 20, '0'),
+                   {_SNAPSHOT_RANK}, lpad(coalesce(_src.row, '0'), 10, '0'))
+  WHEN {_CONNECTOR} = 'sqlserver' AND _src.commit_lsn IS NOT NULL AND _src.change_lsn IS NOT NULL
+    THEN concat_ws('|', _src.commit_lsn, _src.change_lsn, lpad(_src.event_serial_no, 20, '0'))
+END"""
 
 
-def connector_sequence() -> Column:
-    """A sortable string from the connector's log position; null when the connector has none we know.
+def connector_sequence(events: DataFrame) -> DataFrame:
+    """Adds `_seq`, a sortable string from the connector's log position; null when the connector has
+    none we know.
 
-    PostgreSQL: lsn, snapshot rank. MySQL: binlog file number, pos, snapshot rank, row.
-    SQL Server: commit_lsn, change_lsn, event_serial_no. Never ts_ms: it ties and it is a wall clock.
-    Without `source.connector` (flattened records) the connector is told by the fields present."""
-    connector = F.coalesce(_src("connector"), F.when(_src("lsn").isNotNull(), "postgresql")
-                           .when(_src("file").isNotNull() & _src("pos").isNotNull(), "mysql")
-                           .when(_src("commit_lsn").isNotNull(), "sqlserver"))
-    pg = F.concat_ws("|", _pad(_src("lsn")), _snapshot_rank())
-    binlog_no = F.regexp_extract(_src("file"), r"(\d+)$", 1)
-    row = _pad(F.coalesce(_src("row"), F.lit("0")), 10)
-    mysql = F.concat_ws("|", _pad(binlog_no, 10), _pad(_src("pos")), _snapshot_rank(), row)
-    sqlserver = F.concat_ws("|", _src("commit_lsn"), _src("change_lsn"), _pad(_src("event_serial_no")))
-    return (
-        F.when((connector == "postgresql") & _src("lsn").isNotNull(), pg)
-        .when((connector == "mysql") & _src("file").isNotNull() & _src("pos").isNotNull(), mysql)
-        .when((connector == "sqlserver") & _src("commit_lsn").isNotNull() & _src("change_lsn").isNotNull(), sqlserver)
-    )
+    PostgreSQL: lsn, snapshot rank (snapshot events first at a shared position). MySQL: binlog file
+    number, pos, snapshot rank, row. SQL Server: commit_lsn, change_lsn, event_serial_no. Never ts_ms:
+    it ties and it is a wall clock. Without `source.connector` (flattened records) the connector is
+    told by the fields present."""
+    return (events.withColumn("_src", F.from_json("source", _SOURCE_POSITION))
+            .withColumn("_seq", F.expr(_CONNECTOR_SEQUENCE)).drop("_src"))
 
 
 def configured_sequence(columns: tuple[str, ...]) -> Column:
@@ -180,8 +194,9 @@ def configured_sequence(columns: tuple[str, ...]) -> Column:
 
 def order_key(events: DataFrame, sequence_by: tuple[str, ...] | None) -> DataFrame:
     """Adds `_seq`, the event's position in the source log (DESIGN 4.1)."""
-    seq = configured_sequence(sequence_by) if sequence_by else connector_sequence()
-    return events.withColumn("_seq", seq)
+    if sequence_by:
+        return events.withColumn("_seq", configured_sequence(sequence_by))
+    return connector_sequence(events)
 
 
 def latest_per_key(events: DataFrame, keys: tuple[str, ...]) -> DataFrame:

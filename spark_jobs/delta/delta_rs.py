@@ -52,7 +52,10 @@ class DeltaRsEngine:
 
     @staticmethod
     def _arrow(df: DataFrame) -> pa.Table:
-        return df.toArrow()
+        # Spark marks columns NOT NULL from the plan (a literal, current_timestamp()); a Delta table created
+        # from that would reject later batches that legitimately hold nulls there
+        data = df.toArrow()
+        return data.cast(pa.schema([f.with_nullable(True) for f in data.schema]))
 
     def append(self, df: DataFrame, path: str, partition_by: tuple[str, ...] = ()) -> int:
         data = self._arrow(df)
