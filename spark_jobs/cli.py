@@ -151,6 +151,7 @@ def status(args: argparse.Namespace) -> int:
     lake = Lake(resolve_uri(args.lake))
     layout = [("bronze", t, lake.bronze(t)) for t in registry.tables] + \
              [("silver", t, lake.silver(t)) for t in registry.tables] + \
+             [("silver", f"{t.name}_history", lake.history(t.name)) for t in registry.tables.values() if t.history] + \
              [("gold", m, lake.gold(m)) for m in registry.gold] + \
              [("quarantine", t, lake.quarantine(t)) for t in registry.tables]
     verdicts: dict[tuple[str, str], str] = {}

@@ -292,16 +292,18 @@ def test_history_keeps_every_version_in_order_whatever_the_arrival(spark, engine
         (folder / f"shop.public.orders+0+{offset:010d}.json").write_text("\n".join(lines) + "\n")
         code, out, err = run(capsys, config, landing, lake)
         assert (code, err) == (0, "")
-        return summary_line(out, "silver", "orders")
+        return out
 
     land(0, _pg_event("c", 10, after={"id": 1, "v": "a"}), _pg_event("c", 11, after={"id": 2, "v": "x"}))
     # the key of row 1 changes from 1 to 3 in one transaction: a delete of the old key, a create of the new one
     land(2, _pg_event("u", 14, after={"id": 1, "v": "b"}), _pg_event("d", 15, before={"id": 2}), "null",
          _pg_event("d", 16, before={"id": 1}), "null", _pg_event("c", 16, after={"id": 3, "v": "b"}))
     assert silver_rows(spark, engine, lake, "orders", ("id",)) == {(3,): {"id": 3, "v": "b"}}
-    silver = land(8, _pg_event("u", 12, after={"id": 1, "v": "late"}),  # older than its delete: history only
-                  _pg_event("d", 13),  # keyless delete: quarantined with the missing key named
-                  _pg_event("t", 20), _pg_event("c", 21, after={"id": 4, "v": "d"}))
+    out = land(8, _pg_event("u", 12, after={"id": 1, "v": "late"}),  # older than its delete: history only
+               _pg_event("d", 13),  # keyless delete: quarantined with the missing key named, in the summary
+               _pg_event("t", 20), _pg_event("c", 21, after={"id": 4, "v": "d"}))
+    silver = summary_line(out, "silver", "orders")
+    assert summary_line(out, "bronze", "orders")["quarantined"] == "missing_key:1"
     assert (silver["stale_ignored"], silver["truncates"], silver["inserted"], silver["history_rows"]) == ("1", "1", "1", "2")
     assert silver_rows(spark, engine, lake, "orders", ("id",)) == {(4,): {"id": 4, "v": "d"}}
     quarantine = engine.read(spark, Lake(str(lake)).quarantine("orders")).collect()
@@ -355,3 +357,29 @@ def test_tombstones_are_kept_by_default_and_expire_after_the_configured_retentio
     land(4, _pg_event("u", 11, after={"id": 1}, ts_ms=now_ms - 9 * day_ms), _pg_event("u", 21, after={"id": 2}, ts_ms=now_ms))
     assert silver_rows(spark, engine, lake, "kept", ("id",)) == {}
     assert silver_rows(spark, engine, lake, "expiring", ("id",)) == {(1,): {"id": 1}}
+
+
+def test_added_columns_flow_in_and_unsafe_type_changes_are_quarantined(spark, engine, tmp_path, capsys):
+    config = tmp_path / "tables.yaml"
+    config.write_text("tables:\n  orders: {topic: shop.public.orders, keys: [id]}\n")
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    folder = landing / "topics" / "shop.public.orders" / "partition=0"
+    folder.mkdir(parents=True)
+
+    def land(offset, *lines):
+        (folder / f"shop.public.orders+0+{offset:010d}.json").write_text("\n".join(lines) + "\n")
+        code, out, err = run(capsys, config, landing, lake)
+        assert (code, err) == (0, "")
+        return out
+
+    land(0, _pg_event("c", 10, after={"id": 1, "qty": 1}), _pg_event("c", 11, after={"id": 2, "qty": 1}))
+    out = land(2, _pg_event("u", 12, after={"id": 1, "qty": 3, "note": "gift"}),  # a column added at the source
+               _pg_event("u", 13, after={"id": 2, "qty": "many"}),  # bigint column, now text: not castable
+               _pg_event("c", 14, after={"id": 3, "qty": 2.5}))  # a double would lose its fraction in bigint
+    assert summary_line(out, "silver", "orders")["quarantined"] == "incompatible_type:2"
+    assert silver_rows(spark, engine, lake, "orders", ("id",)) == {
+        (1,): {"id": 1, "qty": 3, "note": "gift"}, (2,): {"id": 2, "qty": 1, "note": None}}
+    quarantine = engine.read(spark, Lake(str(lake)).quarantine("orders")).orderBy("_line").collect()
+    assert [(r["_line"], r["reason"]) for r in quarantine] == [
+        # the batch's values of qty are text, a fraction and an integer: read as text, cast only where exact
+        (2, "incompatible_type: qty (string -> bigint)"), (3, "incompatible_type: qty (string -> bigint)")]
