@@ -63,12 +63,13 @@ def _reasons(rows: DataFrame) -> dict[str, int]:
 # ---- bronze ----------------------------------------------------------------------------------------
 
 
-def _landing_paths(spark: SparkSession, landing: str, files: list[LandingFile], read: DataFrame) -> DataFrame:
+def _landing_paths(spark: SparkSession, landing: str, files: list[LandingFile], read: DataFrame,
+                   with_rows: set[str]) -> DataFrame:
     """Spark names files by URI (file:/..., percent-encoded): map each back to its landing path exactly,
-    adding `_source_file`. Refuses to go on if a non-empty file cannot be matched."""
+    adding `_source_file`. Refuses to go on if a file known to hold rows (`with_rows`) cannot be matched."""
     relative = {os.path.abspath(f"{landing}/{f.path}"): f for f in files}
     uris = {unquote(urlparse(r["_uri"]).path): r["_uri"] for r in read.select("_uri").distinct().collect()}
-    lost = [f.path for local, f in relative.items() if local not in uris and f.size > 0 and f.kind == "json"]
+    lost = [f.path for local, f in relative.items() if local not in uris and f.path in with_rows]
     if lost:
         raise RuntimeError(f"landing files read by Spark under other names, refusing to lose them: {', '.join(lost)}")
     mapping = spark.createDataFrame([(uris[local], f.path) for local, f in relative.items() if local in uris],
@@ -76,14 +77,14 @@ def _landing_paths(spark: SparkSession, landing: str, files: list[LandingFile], 
     return read.join(mapping, "_uri").drop("_uri")
 
 
-def _readable_parquet(landing: str, f: LandingFile) -> bool:
+def _parquet_rows(landing: str, f: LandingFile) -> int | None:
+    """Records in a Parquet landing file from its footer; None when it is not a readable Parquet file."""
     import pyarrow.parquet as pq
 
     try:
-        pq.read_metadata(f"{landing}/{f.path}")
-        return True
+        return int(pq.read_metadata(f"{landing}/{f.path}").num_rows)
     except (OSError, ValueError):
-        return False
+        return None
 
 
 def read_landing(spark: SparkSession, landing: str, files: list[LandingFile],
@@ -95,8 +96,8 @@ def read_landing(spark: SparkSession, landing: str, files: list[LandingFile],
     (unreadable_file)."""
     wanted = {"auto": ("json", "parquet"), "json": ("json",), "json-flat": ("json",), "parquet": ("parquet",)}[fmt]
     json_files = [f for f in files if f.kind == "json" and "json" in wanted]
-    parquet_files = [f for f in files if f.kind == "parquet" and "parquet" in wanted and f.size > 0
-                     and _readable_parquet(landing, f)]
+    parquet_rows = {f: _parquet_rows(landing, f) for f in files if f.kind == "parquet" and "parquet" in wanted and f.size}
+    parquet_files = [f for f, rows in parquet_rows.items() if rows is not None]
     readable = {f.path for f in json_files + parquet_files}
     unreadable = {f: "unreadable_file" if f.kind in wanted else "unsupported_file" for f in files
                   if f.path not in readable and not (f.kind == "parquet" and f.size == 0)}
@@ -104,7 +105,7 @@ def read_landing(spark: SparkSession, landing: str, files: list[LandingFile],
     if json_files:
         raw = spark.read.text([os.path.abspath(f"{landing}/{f.path}") for f in json_files], wholetext=True).select(
             F.col("_metadata.file_path").alias("_uri"), F.col("value").alias("content"))
-        lines = transforms.split_lines(_landing_paths(spark, landing, json_files, raw))
+        lines = transforms.split_lines(_landing_paths(spark, landing, json_files, raw, {f.path for f in json_files if f.size}))
         parts.append(lines.withColumn("_typed_schema", F.lit(None).cast("string")))
     if parquet_files:
         records = spark.read.option("mergeSchema", "true").parquet(
@@ -113,7 +114,8 @@ def read_landing(spark: SparkSession, landing: str, files: list[LandingFile],
         record = F.struct(*[F.col(f"`{c}`") for c in records.columns])
         rows = records.select(F.col("_metadata.file_path").alias("_uri"), (F.col("_metadata.row_index") + 1).alias("_line"),
                               F.to_json(record, schemas.JSON_OPTIONS).alias("_raw"))
-        parts.append(_landing_paths(spark, landing, parquet_files, rows).select(
+        with_rows = {f.path for f in parquet_files if parquet_rows[f]}
+        parts.append(_landing_paths(spark, landing, parquet_files, rows, with_rows).select(
             "_source_file", "_line", "_raw", F.lit(typed).alias("_typed_schema")))
     if not parts:
         return spark.createDataFrame([], "_source_file STRING, _line BIGINT, _raw STRING, _typed_schema STRING"), unreadable
