@@ -376,7 +376,6 @@ def _expire_tombstones(engine: DeltaEngine, lake: Lake, table: TableConfig) -> i
 # ---- history (SCD type 2) --------------------------------------------------------------------------
 
 TRUNCATE_LOG_MERGE = MergeSpec(keys=("_seq",), insert_when="true")
-HISTORY_META = ("_op", "_seq", "_source_ts_ms", "_ingested_at", "_batch_id")
 
 
 def apply_history(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake: Lake, events: DataFrame | None,
