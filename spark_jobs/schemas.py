@@ -3,6 +3,7 @@ JSON (JSON types kept), then aligned with the silver table's existing columns wi
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -109,14 +110,18 @@ def _exact_cast(text: Column, target: str) -> Column:
     return cast
 
 
+def _connect_decimal(text: str, scale: int) -> Decimal:
+    """Base64 of a big-endian two's-complement unscaled value, and its scale (Kafka Connect's encoding)."""
+    return Decimal(int.from_bytes(base64.b64decode(text), "big", signed=True)).scaleb(-scale)
+
+
 def _variable_decimal(unscaled_b64: Column, scale: Column) -> Column:
     """Debezium VariableScaleDecimal: {scale, value: base64 unscaled}; each value has its own scale."""
-    import base64
 
     def decode(text: str | None, scale: int | None) -> Decimal | None:
         if text is None or scale is None:
             return None
-        value = Decimal(int.from_bytes(base64.b64decode(text), "big", signed=True)).scaleb(-scale)
+        value = _connect_decimal(text, scale)
         # only values the column type holds exactly; the rest become decode problems (quarantined)
         return value if value == value.quantize(Decimal(1).scaleb(-18)) and abs(value) < Decimal(10) ** 20 else None
 
@@ -124,12 +129,8 @@ def _variable_decimal(unscaled_b64: Column, scale: Column) -> Column:
 
 
 def _decimal_udf(precision: int, scale: int) -> Callable[[Column], Column]:
-    import base64
-
     def decode(text: str | None) -> Decimal | None:
-        if text is None:
-            return None
-        return Decimal(int.from_bytes(base64.b64decode(text), "big", signed=True)).scaleb(-scale)
+        return None if text is None else _connect_decimal(text, scale)
 
     return F.udf(decode, T.DecimalType(precision, scale))
 

@@ -72,7 +72,7 @@ def parse_envelope(lines: DataFrame, fmt: str = "auto") -> DataFrame:
         .withColumn("_env", F.expr("_rec.payload IS NOT NULL AND _rec.op IS NULL"))
         .withColumn("_payload", F.expr(f"CASE WHEN _env THEN from_json(_rec.payload, '{_PAYLOAD_SCHEMA}') END"))
         .withColumn("_body", F.expr("CASE WHEN _env THEN _rec.payload ELSE _raw END"))
-        .withColumn("_flat", F.expr("CASE WHEN false THEN map('', '') END") if fmt == "json" else
+        .withColumn("_flat", F.lit(None).cast("map<string,string>") if fmt == "json" else
                     F.expr(f"CASE WHEN {maybe_flat} THEN from_json(_body, 'map<string,string>') END"))
         .withColumn("_is_flat", F.expr(f"coalesce({flat}, false)"))
         .withColumn("_flat_op", F.expr(flat_op))
