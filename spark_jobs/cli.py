@@ -79,7 +79,7 @@ def _flat(value: Any) -> Any:
 
 
 def format_summary(s: dict[str, Any]) -> str:
-    skip = {"table", "layer", "batch_id", "docs", "sources"}
+    skip = {"table", "layer", "batch_id", "docs", "sources", "checks", "deletes"}
     fields = " ".join(f"{k}={_flat(v)}" for k, v in s.items() if k not in skip and v not in (None, {}))
     return f"{s['layer']:<6} {s['table']:<22} {fields}"
 
@@ -111,9 +111,10 @@ def run(args: argparse.Namespace) -> int:
             if os.environ.get("CDC_DEBUG"):
                 traceback.print_exc()
             line = _fail_line(table, layer, exc)
-            # the run's report shows the failure too, beside the failed gate's Data Docs
-            report.publish(lake, batch_id, {"table": table, "layer": layer, "batch_id": batch_id,
-                                            "gate": "failed" if line.startswith("gate failed") else "error", "error": line})
+            # the run's report shows the failure too, with the failed gate's findings and counts
+            counts = getattr(exc, "summary", None) or {"table": table, "layer": layer, "batch_id": batch_id}
+            report.publish(lake, batch_id, {**counts, "gate": "failed" if line.startswith("gate failed") else "error",
+                                            "error": line})
             raise LayerFailed(line) from exc
         report.publish(lake, batch_id, summary)
         print(format_summary(summary), flush=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,8 @@ import yaml
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 FORMATS = ("auto", "json", "json-flat", "parquet")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_TABLE_FIELDS = {"topic", "keys", "format", "sequence_by", "partition_by", "columns", "history", "tombstone_retention"}
+_TABLE_FIELDS = {"topic", "keys", "format", "sequence_by", "partition_by", "columns", "history", "tombstone_retention",
+                 "quality"}
 # Spark SQL types a column override may name (checked here, without importing pyspark)
 _OVERRIDE_TYPE = re.compile(
     r"^(string|boolean|tinyint|smallint|int|bigint|float|double|date|timestamp|timestamp_ntz|binary"
@@ -27,6 +28,77 @@ _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 class ConfigError(ValueError):
     """The registry or a gold model header is invalid; the message names the table and field."""
+
+
+# ---- data quality: the expectations each gate runs, and what a failure does ----------------------
+
+WARN, QUARANTINE, FAIL = "warn", "quarantine", "fail"
+ACTIONS = (WARN, QUARANTINE, FAIL)
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """A named check. Row-level checks may `quarantine` the rows that fail it (the rest go on); any check
+    may `warn` (report only) or `fail` (the gate fails)."""
+
+    name: str
+    layers: tuple[str, ...]
+    action: str  # the default
+    row_level: bool
+    doc: str
+
+    @property
+    def actions(self) -> tuple[str, ...]:
+        return ACTIONS if self.row_level else (WARN, FAIL)
+
+
+EXPECTATIONS = {e.name: e for e in (
+    Expectation("event_has_key", ("bronze",), QUARANTINE, True,
+                "every insert, update and snapshot event carries its key columns in `after`"),
+    Expectation("delete_has_key", ("bronze",), QUARANTINE, True, "every delete carries its key columns in `before`"),
+    Expectation("deleted_flag_matches_op", ("bronze",), QUARANTINE, True,
+                "in flattened records, `__deleted` agrees with `__op` (true exactly for deletes)"),
+    Expectation("tombstone_follows_delete", ("bronze",), WARN, False,
+                "every Kafka tombstone line follows a delete at the previous offset of its partition"),
+    Expectation("sequence_present", ("silver",), QUARANTINE, True, "every event has a log position to be ordered by"),
+    Expectation("sequence_increasing", ("silver",), WARN, False,
+                "per key, positions strictly increase after ordering: two different events never share one (a tie)"),
+    Expectation("key_not_null", ("silver", "gold"), FAIL, False, "primary key columns are never null"),
+    Expectation("key_unique", ("silver", "gold"), FAIL, False, "the primary key is unique"),
+    Expectation("deleted_keys_not_live", ("silver",), FAIL, False,
+                "after the merge, no key deleted in the batch is live unless re-created at a later position"),
+    Expectation("deletes_reconcile", ("silver",), FAIL, False,
+                "deletes received = rows removed + deletes of absent keys + stale + superseded in the batch"),
+    Expectation("row_count", ("gold",), FAIL, False, "the model's row count is within its configured bounds"),
+    Expectation("references", ("gold",), FAIL, False, "every configured reference finds its row in silver"),
+    Expectation("freshness", ("gold",), FAIL, False,
+                "the newest source change is at most the configured lag old (only checked when configured)"),
+)}
+DEFAULT_MAX_QUARANTINED = 0.05
+
+
+@dataclass(frozen=True)
+class Quality:
+    """Gate settings of one table or gold model: the share of a batch that may be quarantined (above it
+    the gate fails) and per-expectation actions that override the defaults."""
+
+    max_quarantined: float = DEFAULT_MAX_QUARANTINED
+    overrides: tuple[tuple[str, str], ...] = ()
+
+    def action(self, name: str) -> str:
+        return dict(self.overrides).get(name, EXPECTATIONS[name].action)
+
+
+@dataclass(frozen=True)
+class Reference:
+    """Gold referential check: the model's `columns` must exist as `to` columns of a silver table."""
+
+    columns: tuple[str, ...]
+    table: str
+    to: tuple[str, ...]
+
+    def label(self) -> str:
+        return f"{','.join(self.columns)} -> {self.table}.{','.join(self.to)}"
 
 
 @dataclass(frozen=True)
@@ -41,6 +113,7 @@ class TableConfig:
     columns: tuple[tuple[str, str], ...] = ()
     history: bool = False  # keep silver/<table>_history (SCD type 2)
     tombstone_retention_s: int | None = None  # None = keep tombstones forever
+    quality: Quality = Quality()
 
 
 @dataclass(frozen=True)
@@ -50,6 +123,10 @@ class GoldModel:
     keys: tuple[str, ...]
     sources: tuple[str, ...]
     path: Path
+    quality: Quality = Quality()
+    row_count: tuple[int, int | None] = (1, None)  # (min, max); max None = unbounded
+    freshness_s: int | None = None  # newest source change at most this old; None = not checked
+    references: tuple[Reference, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -99,18 +176,54 @@ def _flag(value: Any, table: str, field: str) -> bool:
     return value
 
 
-def _retention(value: Any, table: str) -> int | None:
-    """`forever` (the default) or a duration such as 30d, 12h, 90m, 3600s."""
-    if value == "forever":
-        return None
+def _duration(value: Any, where: str, field: str) -> int:
     match = _RETENTION.match(str(value).strip())
     if not match:
-        raise ConfigError(f"table {table!r}: field 'tombstone_retention' must be 'forever' or a duration like "
-                          f"30d, 12h, 90m, 3600s; got {value!r}")
+        raise ConfigError(f"{where}: field {field!r} must be a duration like 30d, 12h, 90m, 3600s; got {value!r}")
     return int(match.group(1)) * _SECONDS[match.group(2)]
 
 
-def parse_table(name: str, spec: Any) -> TableConfig:
+def _retention(value: Any, table: str) -> int | None:
+    """`forever` (the default) or a duration such as 30d, 12h, 90m, 3600s."""
+    return None if value == "forever" else _duration(value, f"table {table!r}", "tombstone_retention (or 'forever')")
+
+
+def _share(value: Any, where: str) -> float:
+    """`5%` or a fraction such as 0.05."""
+    text = str(value).strip()
+    try:
+        share = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        share = -1.0
+    if not 0 <= share <= 1:
+        raise ConfigError(f"{where}: field 'max_quarantined' must be a share like 5% or 0.05, got {value!r}")
+    return share
+
+
+def parse_quality(spec: Any, where: str, layers: tuple[str, ...], base: Quality = Quality()) -> Quality:
+    """`quality: {max_quarantined: 5%, checks: {expectation: warn|quarantine|fail}}` over `base`."""
+    if spec is None:
+        return base
+    if not isinstance(spec, dict) or set(spec) - {"max_quarantined", "checks"}:
+        raise ConfigError(f"{where}: field 'quality' takes max_quarantined and checks, got {spec!r}")
+    checks = spec.get("checks") or {}
+    if not isinstance(checks, dict):
+        raise ConfigError(f"{where}: 'quality.checks' must map expectation names to actions, got {checks!r}")
+    overrides = dict(base.overrides)
+    for name, action in checks.items():
+        expectation = EXPECTATIONS.get(name)
+        if expectation is None or not set(expectation.layers) & set(layers):
+            known = ", ".join(n for n, e in EXPECTATIONS.items() if set(e.layers) & set(layers))
+            raise ConfigError(f"{where}: unknown expectation {name!r} in quality.checks; known: {known}")
+        if action not in expectation.actions:
+            raise ConfigError(f"{where}: expectation {name!r} takes action {' | '.join(expectation.actions)}, "
+                              f"got {action!r}")
+        overrides[name] = action
+    share = _share(spec["max_quarantined"], where) if "max_quarantined" in spec else base.max_quarantined
+    return Quality(max_quarantined=share, overrides=tuple(sorted(overrides.items())))
+
+
+def parse_table(name: str, spec: Any, defaults: Quality = Quality()) -> TableConfig:
     if not _NAME.match(name):
         raise ConfigError(f"table {name!r}: name must be a valid identifier")
     if not isinstance(spec, dict):
@@ -130,6 +243,7 @@ def parse_table(name: str, spec: Any) -> TableConfig:
         columns=_column_types(spec.get("columns", {}), name),
         history=_flag(spec.get("history", False), name, "history"),
         tombstone_retention_s=_retention(spec.get("tombstone_retention", "forever"), name),
+        quality=parse_quality(spec.get("quality"), f"table {name!r}", ("bronze", "silver"), defaults),
         name=name,
         topic=topic,
         keys=_names(spec.get("keys"), name, "keys", required=True),
@@ -171,13 +285,52 @@ def load_registry(config_path: str | os.PathLike[str], gold_dir: str | os.PathLi
         raise ConfigError(f"table registry {path} is not valid YAML: {exc}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("tables"), dict) or not doc["tables"]:
         raise ConfigError(f"table registry {path}: expected a non-empty 'tables:' mapping")
-    extra = sorted(set(doc) - {"tables"})
+    extra = sorted(set(doc) - {"tables", "quality", "gold"})
     if extra:
         raise ConfigError(f"table registry {path}: unknown top-level field(s) {', '.join(extra)}")
-    tables = {name: parse_table(name, spec) for name, spec in doc["tables"].items()}
+    defaults = parse_quality(doc.get("quality"), "top-level quality", ("bronze", "silver", "gold"))
+    tables = {name: parse_table(name, spec, defaults) for name, spec in doc["tables"].items()}
     gold_path = Path(gold_dir) if gold_dir else path.parent / "gold"
     models = [parse_gold_model(p, tables) for p in sorted(gold_path.glob("*.sql"))] if gold_path.is_dir() else []
+    gold_specs = doc.get("gold") or {}
+    if not isinstance(gold_specs, dict):
+        raise ConfigError(f"table registry {path}: 'gold:' must map model names to their checks")
+    unknown = sorted(set(gold_specs) - {m.name for m in models})
+    if unknown:
+        raise ConfigError(f"table registry {path}: 'gold:' names unknown model(s) {', '.join(unknown)}; "
+                          f"known: {', '.join(m.name for m in models)}")
+    models = [parse_gold_settings(m, gold_specs.get(m.name), tables, defaults) for m in models]
     return Registry(tables=tables, gold={m.name: m for m in models})
+
+
+_GOLD_FIELDS = {"quality", "row_count", "freshness", "references"}
+
+
+def parse_gold_settings(model: GoldModel, spec: Any, tables: dict[str, TableConfig], defaults: Quality) -> GoldModel:
+    """A model's entry under `gold:` in tables.yaml: row count bounds, freshness, references, actions."""
+    where = f"gold model {model.name!r}"
+    spec = spec or {}
+    if not isinstance(spec, dict) or set(spec) - _GOLD_FIELDS:
+        raise ConfigError(f"{where}: takes {', '.join(sorted(_GOLD_FIELDS))}, got {spec!r}")
+    bounds = spec.get("row_count", {"min": 1})
+    if not isinstance(bounds, dict) or set(bounds) - {"min", "max"} or not all(
+            isinstance(v, int) and v >= 0 for v in bounds.values()):
+        raise ConfigError(f"{where}: field 'row_count' must be {{min: n, max: n}} with counts, got {bounds!r}")
+    references = []
+    for ref in spec.get("references") or []:
+        if not isinstance(ref, dict) or set(ref) != {"columns", "table", "to"} or ref["table"] not in tables:
+            raise ConfigError(f"{where}: each reference is {{columns: [..], table: <silver table>, to: [..]}} "
+                              f"naming a registry table, got {ref!r}")
+        cols, to = _names(ref["columns"], model.name, "references.columns", required=True), \
+            _names(ref["to"], model.name, "references.to", required=True)
+        if len(cols) != len(to):
+            raise ConfigError(f"{where}: reference {ref!r} pairs {len(cols)} column(s) with {len(to)}")
+        references.append(Reference(cols, ref["table"], to))
+    freshness = spec.get("freshness")
+    return replace(model, quality=parse_quality(spec.get("quality"), where, ("gold",), defaults),
+                   row_count=(bounds.get("min", 0), bounds.get("max")),
+                   freshness_s=None if freshness is None else _duration(freshness, where, "freshness"),
+                   references=tuple(references))
 
 
 def resolve(path: str | os.PathLike[str]) -> Path:

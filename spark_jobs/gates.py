@@ -1,9 +1,13 @@
 """Great Expectations gates between layers (GX 1.x on Spark DataFrames).
 
-A gate validates a DataFrame against the layer's suite, publishes the result to GX Data Docs under
-`<lake>/reports/data_docs/<table>/`, and raises `GateFailed` with one line naming the table, the layer,
-the expectation and the counts when any expectation fails. Each table has its own GX project under
-`<lake>/_state/gx/<table>`, so tables validated in parallel never write the same GX files.
+A gate validates one or more audit frames (the batch's events, the merged rows of its keys, its
+deletes, one row of batch counts, ...) against expectations named in the registry (config.EXPECTATIONS),
+each with its action: `warn` reports, `quarantine` has already moved the failing rows aside (the job
+did, with the expectation as reason), `fail` fails the gate. The gate also fails when more of the batch
+was quarantined than the table allows. Results go to GX Data Docs under `<lake>/reports/data_docs/<table>/`;
+a failed gate raises `GateFailed` with one line naming the table, the layer, the expectations and counts.
+Each table has its own GX project under `<lake>/_state/gx/<table>`, so tables validated in parallel never
+write the same GX files.
 """
 
 from __future__ import annotations
@@ -15,84 +19,152 @@ from typing import Any
 
 from pyspark.sql import DataFrame
 
-from spark_jobs.config import GoldModel, TableConfig
+from spark_jobs.config import FAIL, QUARANTINE, WARN, GoldModel, Quality, TableConfig
 
 # GX phones home by default; this pipeline runs offline and must not try.
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 
+NOT_NULL, IN_SET = "expect_column_values_to_not_be_null", "expect_column_values_to_be_in_set"
+BETWEEN = "expect_column_values_to_be_between"
+
 
 @dataclass(frozen=True)
 class Check:
-    """One expectation: the GX class name (snake case, as GX reports it) and its arguments."""
+    """One expectation on one audit frame: its registry name, the GX class (snake case, as GX reports it)
+    with its arguments, and the action a failure takes."""
 
+    name: str
+    frame: str
     type: str
     kwargs: dict[str, Any] = field(default_factory=dict)
+    action: str = FAIL
 
     def label(self) -> str:
-        arg = self.kwargs.get("column") or self.kwargs.get("column_list") or self.kwargs.get("min_value")
+        if self.frame == "batch":  # one row of figures: the finding shows them
+            return self.name
+        arg = self.kwargs.get("column") or self.kwargs.get("column_list") or self.kwargs.get("column_A")
         shown = ",".join(arg) if isinstance(arg, list) else arg
-        return f"{self.type}({shown})" if shown is not None else self.type
+        return f"{self.name}({shown})" if shown and not str(shown).startswith("_") else self.name
 
 
-def _key_checks(keys: tuple[str, ...]) -> list[Check]:
-    return [Check("expect_column_values_to_not_be_null", {"column": k}) for k in keys]
+def _with(quality: Quality, name: str, frame: str, type_: str, **kwargs: Any) -> Check:
+    return Check(name, frame, type_, kwargs, quality.action(name))
 
 
-def _unique(keys: tuple[str, ...]) -> Check:
-    if len(keys) == 1:
-        return Check("expect_column_values_to_be_unique", {"column": keys[0]})
-    return Check("expect_compound_columns_to_be_unique", {"column_list": list(keys)})
+def _flag(quality: Quality, name: str, frame: str, column: str) -> Check:
+    """A check the job computed per row as a boolean column (null where it does not apply)."""
+    return _with(quality, name, frame, IN_SET, column=column, value_set=[True])
+
+
+def _keys(quality: Quality, frame: str, keys: tuple[str, ...]) -> list[Check]:
+    unique = (_with(quality, "key_unique", frame, "expect_column_values_to_be_unique", column=keys[0]) if len(keys) == 1
+              else _with(quality, "key_unique", frame, "expect_compound_columns_to_be_unique", column_list=list(keys)))
+    return [*[_with(quality, "key_not_null", frame, NOT_NULL, column=k) for k in keys], unique]
+
+
+def max_quarantined(quality: Quality) -> Check:
+    """The share of the batch quarantined, from the one-row `batch` frame, at most the table's limit."""
+    return Check("max_quarantined", "batch", BETWEEN, {"column": "quarantined_share", "min_value": 0,
+                                                       "max_value": quality.max_quarantined}, FAIL)
 
 
 def bronze_checks(table: TableConfig) -> list[Check]:
-    """Bronze batch, key columns extracted: every change event has its key (truncates carry none) and
-    a known op."""
-    not_truncate = {"row_condition": "op <> 't'", "condition_parser": "spark"}
-    keys = [Check("expect_column_values_to_not_be_null", {"column": k, **not_truncate}) for k in table.keys]
-    return keys + [Check("expect_column_values_to_be_in_set", {"column": "op", "value_set": list("cudrt")})]
+    """Frames: `events` (op, key columns, `_key_present`, `_deleted_flag_agrees`), `tombstones`
+    (`_follows_delete`), `batch` (quarantined_share)."""
+    q = table.quality
+    return [
+        *[_with(q, "event_has_key", "events", NOT_NULL, column=k, row_condition="op IN ('c', 'u', 'r')",
+                condition_parser="spark") for k in table.keys],
+        *[_with(q, "delete_has_key", "events", NOT_NULL, column=k, row_condition="op = 'd'", condition_parser="spark")
+          for k in table.keys],
+        _flag(q, "deleted_flag_matches_op", "events", "_deleted_flag_agrees"),
+        _flag(q, "tombstone_follows_delete", "tombstones", "_follows_delete"),
+        max_quarantined(q),
+    ]
 
 
 def silver_checks(table: TableConfig) -> list[Check]:
-    return _key_checks(table.keys) + [_unique(table.keys)]
+    """Frames: `events` (`_seq_present`, `_no_tie` per applied event), `rows` (the merged table's rows of
+    the batch's keys), `deletes` (`_not_live_after` per delete), `batch` (quarantined_share,
+    deletes_received, deletes_accounted)."""
+    q = table.quality
+    return [
+        _flag(q, "sequence_present", "events", "_seq_present"),
+        _flag(q, "sequence_increasing", "events", "_no_tie"),
+        *_keys(q, "rows", table.keys),
+        _flag(q, "deleted_keys_not_live", "deletes", "_not_live_after"),
+        _with(q, "deletes_reconcile", "batch", "expect_column_pair_values_to_be_equal",
+              column_A="deletes_received", column_B="deletes_accounted"),
+        max_quarantined(q),
+    ]
 
 
 def gold_checks(model: GoldModel) -> list[Check]:
-    return _key_checks(model.keys) + [_unique(model.keys), Check("expect_table_row_count_to_be_between", {"min_value": 1})]
+    """Frames: `model` (the refreshed rows), `references` (`_found` per reference and row, null-free
+    values only), `batch` (lag_s, the age of the newest source change)."""
+    q = model.quality
+    low, high = model.row_count
+    checks = [*_keys(q, "model", model.keys),
+              _with(q, "row_count", "model", "expect_table_row_count_to_be_between", min_value=low, max_value=high)]
+    if model.references:
+        checks.append(_flag(q, "references", "references", "_found"))
+    if model.freshness_s is not None:
+        checks.append(_with(q, "freshness", "batch", BETWEEN, column="lag_s", max_value=model.freshness_s))
+    return checks
 
 
 @dataclass
 class Finding:
     check: str
+    action: str
     success: bool
     unexpected: int | None
     total: int | None
     observed: Any = None
+
+    def counts(self) -> str:
+        if self.unexpected is None:
+            return f"observed={self.observed}"
+        return f"unexpected={self.unexpected} of {self.total}"
 
 
 @dataclass
 class GateResult:
     table: str
     layer: str
-    success: bool
     findings: list[Finding]
     docs: str | None
 
+    @property
+    def success(self) -> bool:
+        return all(f.success for f in self.findings if f.action == FAIL)
+
+    def warnings(self) -> int:
+        """Findings that failed without failing the gate (warn, or quarantine with rows moved aside)."""
+        return sum(1 for f in self.findings if not f.success and f.action != FAIL)
+
     def verdict(self) -> str:
-        return "passed" if self.success else "failed"
+        return "failed" if not self.success else "passed" if not self.warnings() else "passed-with-warnings"
 
     def failure_line(self) -> str:
-        bad = [f for f in self.findings if not f.success]
-        parts = []
-        for f in bad:
-            counts = f"observed={f.observed}" if f.unexpected is None else f"unexpected={f.unexpected} of {f.total}"
-            parts.append(f"expectation={f.check} {counts}")
+        parts = [f"expectation={f.check} {f.counts()}" for f in self.findings if f.action == FAIL and not f.success]
+        if any(f.check == "max_quarantined" and not f.success for f in self.findings):  # quarantined by what
+            parts += [f"quarantined by {f.check} {f.counts()}" for f in self.findings
+                      if f.action == QUARANTINE and not f.success]
         return f"gate failed: table={self.table} layer={self.layer} " + "; ".join(parts)
+
+    def as_dict(self) -> list[dict[str, Any]]:
+        return [{"expectation": f.check, "action": f.action, "success": f.success, "unexpected": f.unexpected,
+                 "total": f.total, "observed": f.observed} for f in self.findings]
 
 
 class GateFailed(RuntimeError):
-    def __init__(self, result: GateResult):
+    """A gate failed; `summary` is the run summary so far (counts, findings) for the failed run's report."""
+
+    def __init__(self, result: GateResult, summary: dict[str, Any] | None = None):
         super().__init__(result.failure_line())
         self.result = result
+        self.summary = summary
 
 
 def _context(lake: str, table: str) -> Any:
@@ -117,37 +189,64 @@ def _context(lake: str, table: str) -> Any:
     return context
 
 
-def run_gate(df: DataFrame, table: str, layer: str, checks: list[Check], lake: str) -> GateResult:
-    """Validate `df`; publish Data Docs; raise GateFailed when any check fails."""
+def _figures(check: Check, row: dict[str, Any]) -> str:
+    """What a check on the batch's one row of figures saw, e.g. `quarantined_share=0.5 (max 0.05)`."""
+    shown = ", ".join(f"{row[check.kwargs[k]]}" if k == "column" else f"{check.kwargs[k]}={row[check.kwargs[k]]}"
+                      for k in ("column", "column_A", "column_B") if k in check.kwargs)
+    limit = check.kwargs.get("max_value")
+    return shown + (f" (max {limit})" if limit is not None else "")
+
+
+# GX severities shown in Data Docs for each action
+_SEVERITY = {FAIL: "critical", QUARANTINE: "warning", WARN: "info"}
+
+
+def run_gate(frames: dict[str, DataFrame], table: str, layer: str, checks: list[Check], lake: str,
+             raise_on_failure: bool = True) -> GateResult:
+    """Validate each frame against its checks, publish Data Docs, and return the verdict; raise GateFailed
+    when a `fail` check fails (unless told not to: the caller then raises after writing its evidence)."""
     import great_expectations as gx
     import great_expectations.expectations as gxe
+    from great_expectations.core.run_identifier import RunIdentifier
+    from great_expectations.data_context.types.resource_identifiers import (
+        ExpectationSuiteIdentifier,
+        ValidationResultIdentifier,
+    )
 
     context = _context(lake, table)
-    name = f"{table}.{layer}"
     source = context.data_sources.add_or_update_spark(name="lake")
-    asset = next((a for a in source.assets if a.name == name), None) or source.add_dataframe_asset(name=name)
-    batch = next((b for b in asset.batch_definitions if b.name == "batch"), None)
-    batch = batch or asset.add_batch_definition_whole_dataframe("batch")
-    suite = gx.ExpectationSuite(name=name)
-    for check in checks:
-        cls = getattr(gxe, "".join(part.title() for part in check.type.split("_")))
-        suite.add_expectation(cls(**check.kwargs))
-    suite = context.suites.add_or_update(suite)
-    definition = context.validation_definitions.add_or_update(gx.ValidationDefinition(name=name, data=batch, suite=suite))
-    checkpoint = context.checkpoints.add_or_update(gx.Checkpoint(
-        name=name, validation_definitions=[definition], result_format={"result_format": "SUMMARY"},
-        actions=[gx.checkpoint.UpdateDataDocsAction(name="publish_reports", site_names=["reports"])]))
-    outcome = checkpoint.run(batch_parameters={"dataframe": df})
-    findings = []
-    for run in outcome.run_results.values():
-        for r in run.results:
-            result = r.result or {}
-            kwargs = {k: v for k, v in r.expectation_config.kwargs.items() if k != "batch_id"}
-            label = Check(r.expectation_config.type, kwargs).label()
-            findings.append(Finding(label, bool(r.success), result.get("unexpected_count"),
-                                    result.get("element_count"), result.get("observed_value")))
+    run_id = RunIdentifier(run_name=f"{table}.{layer}")
+    findings, rendered = [], []
+    for frame, df in frames.items():
+        frame_checks = [c for c in checks if c.frame == frame]
+        if not frame_checks:
+            continue
+        name = f"{table}.{layer}.{frame}"
+        asset = next((a for a in source.assets if a.name == name), None) or source.add_dataframe_asset(name=name)
+        batch = next((b for b in asset.batch_definitions if b.name == "batch"), None)
+        batch = batch or asset.add_batch_definition_whole_dataframe("batch")
+        suite = gx.ExpectationSuite(name=name)
+        for n, check in enumerate(frame_checks):
+            cls = getattr(gxe, "".join(part.title() for part in check.type.split("_")))
+            suite.add_expectation(cls(**check.kwargs, severity=_SEVERITY[check.action],
+                                      meta={"check": check.name, "action": check.action, "n": n}))
+        suite = context.suites.add_or_update(suite)
+        definition = context.validation_definitions.add_or_update(gx.ValidationDefinition(name=name, data=batch, suite=suite))
+        outcome = definition.run(batch_parameters={"dataframe": df}, result_format={"result_format": "SUMMARY"},
+                                 run_id=run_id)
+        rendered += [ValidationResultIdentifier(ExpectationSuiteIdentifier(name), run_id, outcome.batch_id),
+                     ExpectationSuiteIdentifier(name)]
+        figures = df.first().asDict() if frame == "batch" else None  # type: ignore[union-attr]
+        for r in sorted(outcome.results, key=lambda r: r.expectation_config.meta["n"]):
+            check, result = frame_checks[r.expectation_config.meta["n"]], r.result or {}
+            if figures is None:
+                findings.append(Finding(check.label(), check.action, bool(r.success), result.get("unexpected_count"),
+                                        result.get("element_count"), result.get("observed_value")))
+            else:
+                findings.append(Finding(check.label(), check.action, bool(r.success), None, None, _figures(check, figures)))
+    context.build_data_docs(site_names=["reports"], resource_identifiers=rendered)
     docs = Path(lake) / "reports" / "data_docs" / table / "index.html"
-    gate = GateResult(table, layer, bool(outcome.success), findings, str(docs) if docs.exists() else None)
-    if not gate.success:
+    gate = GateResult(table, layer, findings, str(docs) if docs.exists() else None)
+    if raise_on_failure and not gate.success:
         raise GateFailed(gate)
     return gate

@@ -16,9 +16,9 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from spark_jobs import schemas, transforms
-from spark_jobs.config import GoldModel, TableConfig
+from spark_jobs.config import FAIL, QUARANTINE, GoldModel, TableConfig
 from spark_jobs.delta import DeltaEngine, MergeSpec
-from spark_jobs.gates import GateFailed, bronze_checks, gold_checks, run_gate, silver_checks
+from spark_jobs.gates import Check, GateFailed, GateResult, bronze_checks, gold_checks, run_gate, silver_checks
 from spark_jobs.landing import LandingFile
 from spark_jobs.state import Lake, pending_files
 
@@ -122,6 +122,27 @@ def read_landing(spark: SparkSession, landing: str, files: list[LandingFile],
     return reduce(DataFrame.unionByName, parts), unreadable
 
 
+def _lag_s(max_ts_ms: Any) -> float | None:
+    """Seconds between the newest source change (ts_ms) and now."""
+    return None if max_ts_ms is None else round(_now().timestamp() - max_ts_ms / 1000, 3)
+
+
+def _share(part: int, whole: int) -> float:
+    return round(part / whole, 6) if whole else 0.0
+
+
+def _gate(spark: SparkSession, frames: dict[str, DataFrame], batch: dict[str, Any], name: str, layer: str,
+          checks: list[Check], lake: Lake, summary: dict[str, Any]) -> GateResult:
+    """Run a gate over the audit frames plus one row of batch figures; the summary carries the findings
+    (and, when the gate fails, goes with the exception so the failed run's report still has it)."""
+    frames = {**frames, "batch": spark.createDataFrame([batch])} if batch else frames
+    result = run_gate(frames, name, layer, checks, lake.root, raise_on_failure=False)
+    summary.update(gate=result.verdict(), warnings=result.warnings(), checks=result.as_dict(), docs=result.docs)
+    if not result.success:
+        raise GateFailed(result, summary)
+    return result
+
+
 def bronze_ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, landing: str, lake: Lake,
                   batch_id: str) -> dict[str, Any]:
     recovered = _recover_unlogged_files(spark, engine, lake, table.name, batch_id)
@@ -134,7 +155,9 @@ def bronze_ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     lines, unreadable = read_landing(spark, landing, files, table.format)
     parsed = transforms.parse_envelope(lines, table.format)
     parsed = parsed.withColumn("_schema", F.coalesce("_typed_schema", "_schema")).drop("_typed_schema")
-    classified = transforms.classify(parsed, table.keys).cache()
+    to_quarantine = frozenset(n for n in ("event_has_key", "delete_has_key", "deleted_flag_matches_op")
+                              if table.quality.action(n) == QUARANTINE)
+    classified = transforms.classify(parsed, table.keys, to_quarantine).localCheckpoint()
 
     quarantine = classified.where("_kind = 'quarantine'").select("_source_file", "_line", "_raw", "reason")
     if unreadable:
@@ -143,16 +166,6 @@ def bronze_ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
             "_source_file STRING, _line BIGINT, _raw STRING, reason STRING"))
     quarantined = write_quarantine(engine, lake, table.name, quarantine, "bronze", batch_id)
 
-    events = classified.where("_kind = 'event'")
-    gate_frame = events.select("op", *[F.get_json_object(transforms.key_image(), f"$.{k}").alias(k) for k in table.keys])
-    gate = run_gate(gate_frame, table.name, "bronze", bronze_checks(table), lake.root)
-
-    version_before = engine.version(lake.bronze(table.name))
-    bronze_version = 0 if version_before is None else version_before + 1
-    rows = events.select(
-        "_source_file", "_line", "_raw", "op", "ts_ms", "source", "before", "after", "_schema",
-        F.lit(batch_id).alias("_batch_id"), F.lit(bronze_version).cast("long").alias("_bronze_version"),
-        F.lit(_now()).cast("timestamp").alias("_ingested_at"))
     per_file = {r["_source_file"]: (r["lines"], r["events"], r["tombstones"], r["quarantined"])
                 for r in classified.groupBy("_source_file").agg(
                     F.count(F.lit(1)).alias("lines"),
@@ -160,6 +173,34 @@ def bronze_ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
                     F.sum(F.when(F.col("_kind") == "tombstone", 1).otherwise(0)).alias("tombstones"),
                     F.sum(F.when(F.col("_kind") == "quarantine", 1).otherwise(0)).alias("quarantined")).collect()}
     lines_in, events_in, tombstones = (sum(stats[i] for stats in per_file.values()) for i in range(3))
+    events = classified.where("_kind = 'event'")
+    # tombstone lines that open a file follow a record of an earlier batch: look in bronze for those only
+    opening = classified.where("_kind = 'tombstone' AND _line = 1").limit(1).count() > 0
+    earlier = engine.read(spark, lake.bronze(table.name)) if opening else None
+    matched = transforms.match_tombstones(classified, earlier).localCheckpoint()
+    matched_n = matched.where("_follows_delete").count() if tombstones else 0
+    newest = _one(events.agg(F.max("ts_ms").alias("ts")))["ts"]
+    quarantined_n = sum(quarantined.values())
+    summary.update(lines=lines_in, events=events_in, tombstones=tombstones, tombstones_matched=matched_n,
+                   tombstones_unmatched=tombstones - matched_n, quarantined=quarantined,
+                   quarantined_share=_share(quarantined_n, lines_in + len(unreadable)),
+                   empty_files=sum(1 for f in files if f.size == 0), lag_s=_lag_s(newest))
+    expectation_counts = _reasons(events.where("_expectation IS NOT NULL").withColumn("reason", F.col("_expectation")))
+    if expectation_counts:
+        summary["flagged"] = expectation_counts  # events kept in the batch that fail a warn/fail expectation
+
+    change_events = classified.where(f"_kind <> 'tombstone' AND _json_ok AND op IN {transforms.OPS}")
+    audit = change_events.select("op", "_deleted_flag_agrees",
+                          *[F.get_json_object(transforms.key_image(), f"$.{k}").alias(k) for k in table.keys])
+    _gate(spark, {"events": audit, "tombstones": matched}, {"quarantined_share": summary["quarantined_share"]},
+          table.name, "bronze", bronze_checks(table), lake, summary)
+
+    version_before = engine.version(lake.bronze(table.name))
+    bronze_version = 0 if version_before is None else version_before + 1
+    rows = events.select(
+        "_source_file", "_line", "_raw", "op", "ts_ms", "source", "before", "after", "_schema",
+        F.lit(batch_id).alias("_batch_id"), F.lit(bronze_version).cast("long").alias("_bronze_version"),
+        F.lit(_now()).cast("timestamp").alias("_ingested_at"))
     committed = None
     if events_in:
         committed = engine.append(rows, lake.bronze(table.name))
@@ -170,11 +211,7 @@ def bronze_ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
         per_file[f.path] = (0, 0, 0, 1)
     _log_files(spark, engine, lake, table.name, {f.path: (f.size, f.modified_ms, *per_file.get(f.path, (0, 0, 0, 0)))
                                                  for f in files}, batch_id, committed)
-    classified.unpersist()
-    return {**summary, "lines": lines_in, "events": events_in, "tombstones": tombstones, "quarantined": quarantined,
-            "empty_files": sum(1 for f in files if f.size == 0),
-            "version": committed if committed is not None else version_before,
-            "gate": gate.verdict(), "docs": gate.docs}
+    return {**summary, "version": committed if committed is not None else version_before}
 
 
 INGEST_LOG_SCHEMA = ("table STRING, file STRING, size BIGINT, modified_ms BIGINT, lines BIGINT, events BIGINT, "
@@ -258,7 +295,7 @@ def _typed_changes(spark: SparkSession, table: TableConfig, changes: DataFrame, 
 
 
 def silver_merge(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake: Lake, batch_id: str) -> dict[str, Any]:
-    """Apply the bronze rows silver has not seen, gate silver, then record the progress."""
+    """Apply the bronze rows silver has not seen (gated inside), then record the progress."""
     summary: dict[str, Any] = {"table": table.name, "layer": "silver", "batch_id": batch_id}
     applied, truncated_at = silver_progress(spark, engine, lake, table.name)
     bronze_version = engine.version(lake.bronze(table.name))
@@ -266,50 +303,88 @@ def silver_merge(spark: SparkSession, engine: DeltaEngine, table: TableConfig, l
         return {**summary, "events": 0, "gate": "skipped (no new bronze rows)", "quarantined": {}}
     bronze = engine.read(spark, lake.bronze(table.name), version=bronze_version)
     assert bronze is not None
-    target_path = lake.silver(table.name)
-    published = {path: engine.version(path) for path in (target_path, lake.history(table.name))}
-    stats, truncated_at = apply_changes(spark, engine, table, lake, bronze.where(F.col("_bronze_version") > applied),
-                                        truncated_at, batch_id)
-    gate_result = None
-    silver = engine.read(spark, target_path)
-    if silver is not None:
-        silver = silver.cache()  # the suite computes each metric in its own Spark job
-        try:
-            gate_result = run_gate(silver, table.name, "silver", silver_checks(table), lake.root)
-        except GateFailed:
-            # write-audit-publish: a failed gate leaves the published tables at their previous version
-            for path, before in published.items():
-                if before is not None and engine.version(path) != before:
-                    engine.restore(path, before)
-            raise
+    try:
+        stats, truncated_at = apply_changes(spark, engine, table, lake, bronze.where(F.col("_bronze_version") > applied),
+                                            truncated_at, batch_id)
+    except GateFailed as failure:
+        failure.summary = {**summary, "bronze_version": bronze_version, **(failure.summary or {})}
+        raise
     _save_progress(spark, engine, lake, table.name, bronze_version, truncated_at, batch_id)
     spark.catalog.clearCache()
-    return {**summary, **stats, "bronze_version": bronze_version, "version": engine.version(target_path),
-            "gate": gate_result.verdict() if gate_result else "skipped",
-            "docs": gate_result.docs if gate_result else None}
+    return {**summary, **stats, "bronze_version": bronze_version, "version": engine.version(lake.silver(table.name))}
 
 
 def apply_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake: Lake, batch: DataFrame,
                   truncated_at: str | None, batch_id: str) -> tuple[dict[str, Any], str | None]:
-    """Apply a batch of bronze rows to silver, the tombstone ledger and quarantine (DESIGN 4).
+    """Apply a batch of bronze rows to silver, the tombstone ledger, history and quarantine (DESIGN 4),
+    gated write-audit-publish: the batch is audited before any table is written (too much quarantined,
+    or a `fail` expectation on its events: nothing but the quarantine is written), and the merged result
+    after (keys, deletes): when that fails, every table is restored to its version before the batch.
 
     `truncated_at` is the position of the latest truncate already applied; returns the batch's counts
-    and the truncate position in force afterwards."""
+    (with the gate's verdict and findings) and the truncate position in force afterwards."""
     target_path, ledger_path = lake.silver(table.name), lake.tombstones(table.name)
+    published = {path: engine.version(path) for path in
+                 (target_path, ledger_path, lake.history(table.name), lake.truncates(table.name))}
     target_schema = engine.schema(target_path)
+    checks = silver_checks(table)
     # one pass over the batch; every later step (and each count) starts from these rows, not the batch's plan
     ordered = transforms.order_key(batch, table.sequence_by).localCheckpoint()
     overview = _one(ordered.agg(
         F.count(F.when((F.col("op") == "t") & F.col("_seq").isNotNull(), 1)).alias("truncates"),
         F.max(F.when(F.col("op") == "t", F.col("_seq"))).alias("truncated_at"),
         F.count(F.when(F.col("op") != "t", 1)).alias("changes"),
-        F.count(F.when((F.col("op") != "t") & F.col("_schema").isNull(), 1)).alias("plain")))
+        F.count(F.when((F.col("op") != "t") & F.col("_schema").isNull(), 1)).alias("plain"),
+        F.max(F.get_json_object("source", "$.ts_ms").cast("long")).alias("newest_ts_ms"),
+        F.count(F.lit(1)).alias("rows")))
 
     # truncate (op=t): the table is empty as of its position; every older event is stale
     truncates = ordered.where("op = 't'").withColumn("reason", F.when(F.col("_seq").isNull(), NO_SEQUENCE))
     batch_truncate = overview["truncated_at"]
     new_truncate = batch_truncate if batch_truncate and batch_truncate > (truncated_at or "") else None
     truncated_at = new_truncate or truncated_at
+    quarantine = truncates.where("reason IS NOT NULL").select("_source_file", "_line", "_raw", "reason")
+
+    frames: dict[str, DataFrame] = {}
+    typed = counts = latest_counts = latest = rows = deletes = None
+    fields: list[schemas.ImageField] = []
+    effective_count, delete_counts = 0, {"received": 0, "before_truncate": 0, "superseded": 0, "stale": 0, "absent": 0}
+    if overview["changes"]:
+        typed, fields = _typed_changes(spark, table, ordered.where("op <> 't'"), target_schema, overview["plain"] > 0)
+        typed = typed.localCheckpoint()
+        quarantine = quarantine.unionByName(typed.where("reason IS NOT NULL").select("_source_file", "_line", "_raw", "reason"))
+        events = typed.where("reason IS NULL")
+        frames["events"] = _event_audit(typed, table.keys)
+        after_truncate = F.col("_seq") > F.lit(truncated_at) if truncated_at else F.lit(True)
+        position = F.struct(*table.keys, "_seq")
+        counts = _one(events.agg(F.count(F.lit(1)).alias("events"), F.countDistinct(position).alias("positions"),
+                                 F.countDistinct(F.when(after_truncate, position)).alias("positions_after_truncate")))
+        latest = transforms.latest_per_key(events.where(after_truncate), table.keys).localCheckpoint()
+        latest_counts = _one(latest.agg(F.count(F.lit(1)).alias("keys"), F.sum(F.col("_tie").cast("int")).alias("ties")))
+        state = _current_state(spark, engine, lake, table, latest, new_truncate)
+        rows = _silver_rows(transforms.effective_changes(latest, state.drop("_live"), table.keys), fields,
+                            target_schema).localCheckpoint()
+        effective_count = rows.count()
+        deletes = events.where("op = 'd'").select(*table.keys, "_seq").distinct().localCheckpoint()
+        delete_counts = _classify_deletes(deletes, latest, state, table.keys, truncated_at)
+    quarantined = write_quarantine(engine, lake, table.name, quarantine, "silver", batch_id)
+    quarantined_n = sum(quarantined.values())
+    events_in, positions, kept = ((counts["events"], counts["positions"], counts["positions_after_truncate"])
+                                  if counts else (0, 0, 0))
+    keys = latest_counts["keys"] if latest_counts else 0
+    stats: dict[str, Any] = {
+        "events": events_in + overview["truncates"] + quarantined_n,
+        "duplicates_dropped": events_in - positions, "superseded_in_batch": kept - keys,
+        "stale_ignored": (positions - kept) + (keys - effective_count),
+        "ties": int(latest_counts["ties"] or 0) if latest_counts else 0, "truncates": overview["truncates"],
+        "quarantined": quarantined, "quarantined_share": _share(quarantined_n, overview["rows"]),
+        "lag_s": _lag_s(overview["newest_ts_ms"])}
+    figures = {"quarantined_share": stats["quarantined_share"]}
+
+    # audit before publishing: a batch the table refuses leaves every table as it was
+    if stats["quarantined_share"] > table.quality.max_quarantined or _refused(table, typed, stats["ties"]):
+        _gate(spark, frames, figures, table.name, "silver", [c for c in checks if c.frame in ("events", "batch")
+                                                             and c.name != "deletes_reconcile"], lake, stats)
     new_truncates = 0  # truncates history has not seen: they close versions of every key
     if table.history and overview["truncates"]:
         new_truncates = engine.merge(truncates.where("reason IS NULL").select("_seq", F.lit(batch_id).alias("_batch_id"))
@@ -321,46 +396,93 @@ def apply_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
             deleted_by_truncate = engine.delete(target_path, predicate)
         if engine.version(ledger_path) is not None:
             engine.delete(ledger_path, predicate)
-    quarantine = truncates.where("reason IS NOT NULL").select("_source_file", "_line", "_raw", "reason")
-
-    result, counts, latest_counts, effective_count, versions = None, None, None, 0, 0
-    if overview["changes"]:
-        typed, fields = _typed_changes(spark, table, ordered.where("op <> 't'"), target_schema, overview["plain"] > 0)
-        typed = typed.localCheckpoint()
-        quarantine = quarantine.unionByName(typed.where("reason IS NOT NULL").select("_source_file", "_line", "_raw", "reason"))
-        events = typed.where("reason IS NULL")
-        after_truncate = F.col("_seq") > F.lit(truncated_at) if truncated_at else F.lit(True)
-        position = F.struct(*table.keys, "_seq")
-        counts = _one(events.agg(F.count(F.lit(1)).alias("events"), F.countDistinct(position).alias("positions"),
-                                 F.countDistinct(F.when(after_truncate, position)).alias("positions_after_truncate")))
-        latest = transforms.latest_per_key(events.where(after_truncate), table.keys).localCheckpoint()
-        latest_counts = _one(latest.agg(F.count(F.lit(1)).alias("keys"), F.sum(F.col("_tie").cast("int")).alias("ties")))
-        state = _current_state(spark, engine, lake, table, latest)
-        rows = _silver_rows(transforms.effective_changes(latest, state, table.keys), fields, target_schema).localCheckpoint()
-        effective_count = rows.count()
-        if effective_count:
-            result = engine.merge(rows, target_path, replace(SILVER_MERGE, keys=table.keys), table.partition_by)
-            ledger = rows.select(*table.keys, "_seq", "_op", F.coalesce(
-                "_source_ts_ms", F.unix_millis(F.col("_ingested_at").cast("timestamp"))).alias("_deleted_at_ms"))
-            engine.merge(ledger, ledger_path, replace(LEDGER_MERGE, keys=table.keys))
-        if table.history:
-            versions = apply_history(spark, engine, table, lake, events, fields, recompute_all=new_truncates > 0)
-    elif new_truncates:
+    result, versions = None, 0
+    if rows is not None and effective_count:
+        result = engine.merge(rows, target_path, replace(SILVER_MERGE, keys=table.keys), table.partition_by)
+        ledger = rows.select(*table.keys, "_seq", "_op", F.coalesce(
+            "_source_ts_ms", F.unix_millis(F.col("_ingested_at").cast("timestamp"))).alias("_deleted_at_ms"))
+        engine.merge(ledger, ledger_path, replace(LEDGER_MERGE, keys=table.keys))
+    if table.history and typed is not None:
+        versions = apply_history(spark, engine, table, lake, typed.where("reason IS NULL"), fields,
+                                 recompute_all=new_truncates > 0)
+    elif table.history and new_truncates:
         versions = apply_history(spark, engine, table, lake, None, [], recompute_all=True)
-    quarantined = write_quarantine(engine, lake, table.name, quarantine, "silver", batch_id)
     expired = _expire_tombstones(engine, lake, table)
+    removed = result.deleted if result else 0
+    stats.update(inserted=result.inserted if result else 0, updated=result.updated if result else 0,
+                 deleted=removed + deleted_by_truncate, tombstones_expired=expired,
+                 deletes={**delete_counts, "removed": removed},
+                 **({"history_rows": versions} if table.history else {}))
 
-    events_in, positions, kept = ((counts["events"], counts["positions"], counts["positions_after_truncate"])
-                                  if counts else (0, 0, 0))
-    keys = latest_counts["keys"] if latest_counts else 0
-    return {"events": events_in + overview["truncates"] + sum(quarantined.values()),
-            "duplicates_dropped": events_in - positions, "superseded_in_batch": kept - keys,
-            "stale_ignored": (positions - kept) + (keys - effective_count),
-            "ties": int(latest_counts["ties"] or 0) if latest_counts else 0, "truncates": overview["truncates"],
-            "inserted": result.inserted if result else 0, "updated": result.updated if result else 0,
-            "deleted": (result.deleted if result else 0) + deleted_by_truncate,
-            "tombstones_expired": expired, **({"history_rows": versions} if table.history else {}),
-            "quarantined": quarantined}, truncated_at
+    # audit the published result; on failure, put every table back to its version before the batch
+    accounted = removed + sum(v for k, v in delete_counts.items() if k != "received")
+    figures.update(deletes_received=delete_counts["received"], deletes_accounted=accounted)
+    if latest is not None and deletes is not None:
+        frames.update(_merged_audit(spark, engine, target_path, latest, deletes, table.keys, batch_id))
+    try:
+        _gate(spark, frames, figures, table.name, "silver", checks, lake, stats)
+    except GateFailed:
+        for path, before in published.items():
+            if before is None and engine.version(path) is not None:
+                engine.delete(path, "true")  # created by this batch: nothing to go back to but empty
+            elif before is not None and engine.version(path) != before:
+                engine.restore(path, before)
+        raise
+    return stats, truncated_at
+
+
+def _refused(table: TableConfig, typed: DataFrame | None, ties: int) -> bool:
+    """Does a `fail` row expectation fail on the batch's events (before anything is written)?"""
+    q = table.quality
+    if q.action("sequence_increasing") == FAIL and ties:
+        return True
+    return (q.action("sequence_present") == FAIL and typed is not None
+            and typed.where(F.col("_seq").isNull()).limit(1).count() > 0)
+
+
+def _event_audit(typed: DataFrame, keys: tuple[str, ...]) -> DataFrame:
+    """Per row event: `_seq_present`, and `_no_tie` (no other event of the key shares its position with
+    different content; null where the event has no key or position)."""
+    content = F.concat_ws("\u0001", "op", F.coalesce("before", F.lit("")), F.coalesce("after", F.lit("")))
+    variants = F.size(F.collect_set(content).over(Window.partitionBy(*keys, "_seq")))
+    usable = F.col("_seq").isNotNull() & reduce(lambda a, b: a & b, [F.col(k).isNotNull() for k in keys])
+    return typed.select(F.col("_seq").isNotNull().alias("_seq_present"),
+                        F.when(usable, variants == 1).alias("_no_tie"))
+
+
+def _classify_deletes(deletes: DataFrame, latest: DataFrame, state: DataFrame, keys: tuple[str, ...],
+                      truncated_at: str | None) -> dict[str, int]:
+    """Where each delete the batch received (one per key and position) goes: before the truncate in force,
+    superseded by a later event of its key in the batch, stale (the key's state is newer), or applied to
+    a key that is not live (`absent`: the ledger records it). Applied deletes of live keys are the rows
+    the merge removes: the gate checks that the merge reports exactly that many."""
+    before = F.col("_seq") <= F.lit(truncated_at) if truncated_at else F.lit(False)
+    received = _one(deletes.agg(F.count(F.lit(1)).alias("n"), F.count(F.when(before, 1)).alias("before")))
+    winners = latest.where("op = 'd'").select(*keys, "_seq").join(
+        state.select(*keys, F.col("_seq").alias("_state_seq"), "_live"), list(keys), "left")
+    newer = F.col("_state_seq").isNull() | (F.col("_seq") > F.col("_state_seq"))
+    applied = _one(winners.agg(F.count(F.lit(1)).alias("winners"), F.count(F.when(~newer, 1)).alias("stale"),
+                               F.count(F.when(newer & ~F.coalesce("_live", F.lit(False)), 1)).alias("absent")))
+    return {"received": received["n"], "before_truncate": received["before"],
+            "superseded": received["n"] - received["before"] - applied["winners"],
+            "stale": applied["stale"], "absent": applied["absent"]}
+
+
+def _merged_audit(spark: SparkSession, engine: DeltaEngine, target_path: str, latest: DataFrame, deletes: DataFrame,
+                  keys: tuple[str, ...], batch_id: str) -> dict[str, DataFrame]:
+    """Frames read back from the merged silver table: `rows`, the rows of the batch's keys and the rows
+    this batch wrote (key checks, scaled to the batch rather than the table), and `deletes`, each
+    delete of the batch with `_not_live_after`: its key is not live afterwards, unless at a later position."""
+    silver = engine.read(spark, target_path)
+    if silver is None:
+        silver = latest.select(*keys, "_seq", F.lit(batch_id).alias("_batch_id")).limit(0)
+    touched = latest.select(*keys).withColumn("_touched", F.lit(True))
+    rows = (silver.join(touched, list(keys), "left").where(F.col("_touched") | (F.col("_batch_id") == batch_id))
+            .select(*keys, "_seq"))
+    live = silver.select(*keys, F.col("_seq").alias("_live_seq"))
+    checked = deletes.join(live, list(keys), "left").select(
+        *keys, "_seq", (F.col("_live_seq").isNull() | (F.col("_live_seq") > F.col("_seq"))).alias("_not_live_after"))
+    return {"rows": rows, "deletes": checked}
 
 
 def _expire_tombstones(engine: DeltaEngine, lake: Lake, table: TableConfig) -> int:
@@ -427,17 +549,22 @@ def apply_history(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     return added
 
 
-def _current_state(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: TableConfig, latest: DataFrame) -> DataFrame:
-    """(key, _seq) of the batch's keys in silver and in the tombstone ledger; the two never share a key."""
+def _current_state(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: TableConfig, latest: DataFrame,
+                   new_truncate: str | None) -> DataFrame:
+    """(key, _seq, _live) of the batch's keys in silver (live) and in the tombstone ledger; the two never
+    share a key. Entries older than a new truncate are left out: it removes them before the merge."""
     keys = latest.select(*table.keys)
     parts = []
-    for path in (lake.silver(table.name), lake.tombstones(table.name)):
+    for path, live in ((lake.silver(table.name), True), (lake.tombstones(table.name), False)):
         current = engine.read(spark, path)
         if current is not None:
-            parts.append(current.select(*[F.col(k).cast(keys.schema[k].dataType).alias(k) for k in table.keys], "_seq")
-                         .join(keys, list(table.keys), "left_semi"))
+            if new_truncate:
+                current = current.where(F.col("_seq") >= F.lit(new_truncate))
+            parts.append(current.select(*[F.col(k).cast(keys.schema[k].dataType).alias(k) for k in table.keys], "_seq",
+                                        F.lit(live).alias("_live")).join(keys, list(table.keys), "left_semi"))
     if not parts:
-        return spark.createDataFrame([], T.StructType([*keys.schema.fields, T.StructField("_seq", T.StringType())]))
+        return spark.createDataFrame([], T.StructType([*keys.schema.fields, T.StructField("_seq", T.StringType()),
+                                                       T.StructField("_live", T.BooleanType())]))
     state = parts[0]
     for part in parts[1:]:
         state = state.unionByName(part)
@@ -469,16 +596,40 @@ def _save_progress(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: 
 
 def gold_refresh(spark: SparkSession, engine: DeltaEngine, model: GoldModel, lake: Lake,
                  batch_id: str) -> dict[str, Any]:
-    """Run the model's SQL over silver, gate the result, then overwrite the gold table (write-audit-publish)."""
+    """Run the model's SQL over silver, gate the result, then overwrite the gold table: write-audit-publish,
+    a failed gate leaves gold at its previous version."""
+    newest = None
     for source in model.sources:
         silver = engine.read(spark, lake.silver(source))
         if silver is None:
             raise ValueError(f"table={model.name} layer=gold: source silver table {source!r} does not exist yet")
         silver.createOrReplaceTempView(source)
-    result = spark.sql(model.sql).cache()
-    gate = run_gate(result, model.name, "gold", gold_checks(model), lake.root)
-    version = engine.overwrite(result, lake.gold(model.name))
+        source_newest = _one(silver.agg(F.max("_source_ts_ms").alias("ts")))["ts"]
+        newest = source_newest if newest is None or (source_newest or 0) > newest else newest
+    result = spark.sql(model.sql).localCheckpoint()
     rows = result.count()
-    result.unpersist()
-    return {"table": model.name, "layer": "gold", "batch_id": batch_id, "sources": list(model.sources),
-            "rows": rows, "version": version, "gate": gate.verdict(), "docs": gate.docs}
+    summary: dict[str, Any] = {"table": model.name, "layer": "gold", "batch_id": batch_id,
+                               "sources": list(model.sources), "rows": rows, "lag_s": _lag_s(newest)}
+    frames = {"model": result}
+    if model.references:
+        frames["references"] = _references(spark, engine, lake, model, result)
+    figures = {"lag_s": summary["lag_s"]} if model.freshness_s is not None else {}
+    _gate(spark, frames, figures, model.name, "gold", gold_checks(model), lake, summary)
+    return {**summary, "version": engine.overwrite(result, lake.gold(model.name))}
+
+
+def _references(spark: SparkSession, engine: DeltaEngine, lake: Lake, model: GoldModel, result: DataFrame) -> DataFrame:
+    """One row per reference and model row with all its columns set: `_found` when the silver table has
+    a row with those values."""
+    parts = []
+    for ref in model.references:
+        target = engine.read(spark, lake.silver(ref.table))
+        values = result.select(*[F.col(c).alias(f"_v{i}") for i, c in enumerate(ref.columns)]).dropna()
+        if target is None:
+            parts.append(values.select(F.lit(ref.label()).alias("reference"), F.lit(False).alias("_found")))
+            continue
+        present = target.select(*[F.col(c).alias(f"_v{i}") for i, c in enumerate(ref.to)]).distinct() \
+            .withColumn("_present", F.lit(True))
+        parts.append(values.join(present, [f"_v{i}" for i in range(len(ref.columns))], "left").select(
+            F.lit(ref.label()).alias("reference"), F.coalesce("_present", F.lit(False)).alias("_found")))
+    return reduce(DataFrame.unionByName, parts)

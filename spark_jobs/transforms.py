@@ -56,8 +56,8 @@ def parse_envelope(lines: DataFrame, fmt: str = "auto") -> DataFrame:
     `__op` or `__deleted`) are mapped onto the same columns: the record is the row image, `__op` (or
     `__deleted`, delete.handling.mode=rewrite) the op, and the `__` fields the source block.
 
-    Adds op, ts_ms, source, before, after (JSON text), _schema (the envelope's schema, or null) and
-    _json_ok (false when the line is not valid JSON)."""
+    Adds op, ts_ms, source, before, after (JSON text), _schema (the envelope's schema, or null),
+    _json_ok (false when the line is not valid JSON) and _deleted_flag_agrees."""
     # written as SQL: one expression tree built in the JVM, not hundreds of Python-side calls
     if fmt == "json-flat":
         flat = "true"
@@ -91,6 +91,9 @@ def parse_envelope(lines: DataFrame, fmt: str = "auto") -> DataFrame:
         f"CASE WHEN _is_flat THEN CASE WHEN _flat_op = 'd' THEN _body END ELSE {pick('before')} END AS before",
         f"CASE WHEN _is_flat THEN CASE WHEN _flat_op <> 'd' THEN _body END ELSE {pick('after')} END AS after",
         "CASE WHEN _env THEN _rec.schema END AS _schema",
+        # flattened records carrying both `__op` and `__deleted`: do they agree? (null when not both)
+        "CASE WHEN _is_flat AND _flat['__op'] IS NOT NULL AND _flat['__deleted'] IS NOT NULL "
+        "THEN (lower(_flat['__deleted']) = 'true') = (_flat['__op'] = 'd') END AS _deleted_flag_agrees",
     )
 
 
@@ -123,21 +126,68 @@ def missing_keys_typed(keys: tuple[str, ...]) -> Column:
     return F.concat_ws(",", *[F.when(F.col(k).isNull(), F.lit(k)) for k in keys])
 
 
-def classify(parsed: DataFrame, keys: tuple[str, ...]) -> DataFrame:
-    """Adds `_kind` (event | tombstone | quarantine) and `reason` for quarantined lines."""
+# Row-level bronze expectations (config.EXPECTATIONS): the first one a change event fails, with detail.
+# Quarantine is the default action; under `warn` or `fail` the event stays in the batch.
+def row_expectation_failure() -> Column:
+    """`<expectation>: <detail>` for the first row-level expectation the event fails, else null."""
+    return F.expr("""CASE
+      WHEN op IN ('c', 'u', 'r') AND _missing_key <> '' THEN concat('event_has_key: ', _missing_key)
+      WHEN op = 'd' AND _missing_key <> '' THEN concat('delete_has_key: ', _missing_key)
+      WHEN NOT _deleted_flag_agrees THEN concat('deleted_flag_matches_op: __deleted disagrees with __op=', op)
+    END""")
+
+
+def classify(parsed: DataFrame, keys: tuple[str, ...], quarantine: frozenset[str] = frozenset(
+        {"event_has_key", "delete_has_key", "deleted_flag_matches_op"})) -> DataFrame:
+    """Adds `_kind` (event | tombstone | quarantine), `reason` for quarantined lines and `_expectation`,
+    the row-level expectation a kept event fails (reported, not quarantined: its action is not in
+    `quarantine`). Lines that are no change event at all are always quarantined."""
     trimmed = F.trim(F.col("_raw"))
-    missing = missing_keys(keys)
-    reason = (
+    unusable = (
         F.when(trimmed == "", "empty_line")
         .when(~F.col("_json_ok"), "malformed_json")
         .when(F.col("op").isNull(), "not_debezium: no op field")
         .when(~F.col("op").isin(*OPS), F.concat(F.lit("unknown_op: "), F.col("op")))
-        .when((F.col("op") != "t") & (missing != ""), F.concat(F.lit("missing_key: "), missing))
     )
     # a Kafka tombstone is `null`, or with the JSON converter's schemas.enable=true, an empty envelope
     tombstone = (trimmed == "null") | trimmed.rlike(r'^\{\s*"schema"\s*:\s*null\s*,\s*"payload"\s*:\s*null\s*\}$')
-    kind = F.when(tombstone, "tombstone").when(reason.isNotNull(), "quarantine").otherwise("event")
-    return parsed.withColumn("_kind", kind).withColumn("reason", F.when(kind == "quarantine", reason))
+    failed = F.when(~tombstone & unusable.isNull(), row_expectation_failure())
+    quarantined = unusable.isNotNull() | F.split(failed, ":")[0].isin(*sorted(quarantine))
+    kind = F.when(tombstone, "tombstone").when(quarantined, "quarantine").otherwise("event")
+    return (parsed.withColumn("_missing_key", missing_keys(keys))
+            .withColumn("_kind", kind)
+            .withColumn("reason", F.when(kind == "quarantine", F.coalesce(unusable, failed)))
+            .withColumn("_expectation", F.when(kind == "event", failed))
+            .drop("_missing_key"))
+
+
+_LANDING_OFFSET = r"([^/]+)\+([0-9]+)\+([0-9]+)\.[^/]*$"
+
+
+def kafka_position(file: Column, line: Column) -> tuple[Column, Column]:
+    """(topic-partition, offset) of a landing line, from the S3 sink's `<topic>+<partition>+<start>` file
+    name; for other names, the file itself and the line number."""
+    start = F.regexp_extract(file, _LANDING_OFFSET, 3)
+    partition = F.concat_ws("+", F.regexp_extract(file, _LANDING_OFFSET, 1), F.regexp_extract(file, _LANDING_OFFSET, 2))
+    named = start != ""
+    return (F.when(named, partition).otherwise(file),
+            F.when(named, start.cast("long") + line - 1).otherwise(line))
+
+
+def match_tombstones(lines: DataFrame, earlier: DataFrame | None) -> DataFrame:
+    """Kafka tombstone lines of `lines` (classified) with `_follows_delete`: whether the record at the
+    previous offset of the partition is a delete. Debezium writes each delete's tombstone right after it.
+    The previous record is looked up in `lines` and then in `earlier` (bronze rows: _source_file, _line,
+    op), for tombstones that open a file. Columns: _source_file, _line, _follows_delete."""
+    partition, offset = kafka_position(F.col("_source_file"), F.col("_line"))
+    tombstones = lines.where("_kind = 'tombstone'").select("_source_file", "_line", partition.alias("_part"),
+                                                          (offset - 1).alias("_offset"))
+    records = lines.where("_kind <> 'tombstone'").select(partition.alias("_part"), offset.alias("_offset"), "op")
+    if earlier is not None:
+        records = records.unionByName(earlier.select(partition.alias("_part"), offset.alias("_offset"), "op"))
+    previous = records.groupBy("_part", "_offset").agg(F.max(F.col("op") == "d").alias("_is_delete"))
+    return (tombstones.join(previous, ["_part", "_offset"], "left")
+            .select("_source_file", "_line", F.coalesce("_is_delete", F.lit(False)).alias("_follows_delete")))
 
 
 # ---- silver ---------------------------------------------------------------------------------------

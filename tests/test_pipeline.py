@@ -113,7 +113,8 @@ def test_recorded_connector_output_landing_in_reverse_order_over_several_runs(sp
 
 def test_bad_input_is_counted_quarantined_and_never_fatal(spark, engine, tmp_path, capsys):
     config = tmp_path / "tables.yaml"
-    config.write_text("tables:\n  orders:\n    topic: shop.public.orders\n    keys: [id]\n")
+    # every kind of bad line in one small batch: allow any share quarantined (the default is 5%)
+    config.write_text("quality: {max_quarantined: 100%}\ntables:\n  orders:\n    topic: shop.public.orders\n    keys: [id]\n")
     landing = tmp_path / "landing 100%"  # Spark percent-encodes such paths; no file may get lost
     folder = landing / "topics" / "shop.public.orders" / "partition=0"
     folder.mkdir(parents=True)
@@ -135,9 +136,11 @@ def test_bad_input_is_counted_quarantined_and_never_fatal(spark, engine, tmp_pat
     bronze = summary_line(out, "bronze", "orders")
     assert (bronze["files"], bronze["lines"], bronze["events"], bronze["tombstones"], bronze["empty_files"]) == (
         "3", "8", "3", "1", "1")
+    assert (bronze["tombstones_matched"], bronze["quarantined_share"], bronze["gate"]) == (
+        "1", "0.555556", "passed-with-warnings")
     quarantine = engine.read(spark, Lake(str(tmp_path / "lake")).quarantine("orders"))
     assert sorted((r["_source_file"].rsplit("+", 1)[1], r["_line"], r["reason"]) for r in quarantine.collect()) == [
-        ("0000000000.json", 5, "missing_key: id"),
+        ("0000000000.json", 5, "delete_has_key: id"),
         ("0000000000.json", 6, "malformed_json"),
         ("0000000000.json", 7, "not_debezium: no op field"),
         ("0000000000.json", 8, "unknown_op: m"),
@@ -218,7 +221,7 @@ def test_every_landing_format_reaches_silver_with_its_types(spark, engine, tmp_p
     import pyarrow.parquet as pq
 
     config = tmp_path / "tables.yaml"
-    config.write_text("tables:\n"
+    config.write_text("quality: {max_quarantined: 50%}\ntables:\n"  # whole files are quarantined below
                       "  flat_json: {topic: s.public.flat_json, keys: [id]}\n"
                       "  nested_parquet: {topic: s.public.nested_parquet, keys: [id], format: parquet}\n"
                       "  flat_parquet: {topic: s.inv.flat_parquet, keys: [id]}\n")
@@ -300,7 +303,7 @@ def _orders(tmp_path, capsys, options=""):
 
 def test_history_keeps_every_version_in_order_whatever_the_arrival(spark, engine, tmp_path, capsys):
     """SCD type 2 under late events, a primary-key change, a keyless delete and a truncate."""
-    land, lake = _orders(tmp_path, capsys, ", history: true")
+    land, lake = _orders(tmp_path, capsys, ", history: true, quality: {max_quarantined: 50%}")
 
     land(0, _pg_event("c", 10, after={"id": 1, "v": "a"}), _pg_event("c", 11, after={"id": 2, "v": "x"}))
     # the key of row 1 changes from 1 to 3 in one transaction: a delete of the old key, a create of the new one
@@ -311,11 +314,11 @@ def test_history_keeps_every_version_in_order_whatever_the_arrival(spark, engine
                _pg_event("d", 13),  # keyless delete: quarantined with the missing key named, in the summary
                _pg_event("t", 20), _pg_event("c", 21, after={"id": 4, "v": "d"}))
     silver = summary_line(out, "silver", "orders")
-    assert summary_line(out, "bronze", "orders")["quarantined"] == "missing_key:1"
+    assert summary_line(out, "bronze", "orders")["quarantined"] == "delete_has_key:1"
     assert (silver["stale_ignored"], silver["truncates"], silver["inserted"], silver["history_rows"]) == ("1", "1", "1", "2")
     assert silver_rows(spark, engine, lake, "orders", ("id",)) == {(4,): {"id": 4, "v": "d"}}
     quarantine = engine.read(spark, Lake(str(lake)).quarantine("orders")).collect()
-    assert [(r["layer"], r["reason"]) for r in quarantine] == [("bronze", "missing_key: id")]
+    assert [(r["layer"], r["reason"]) for r in quarantine] == [("bronze", "delete_has_key: id")]
 
     def lsn(seq):
         return None if seq is None else int(seq.split("|")[0])
@@ -371,7 +374,7 @@ def test_tombstones_are_kept_by_default_and_expire_after_the_configured_retentio
 
 
 def test_added_columns_flow_in_and_unsafe_type_changes_are_quarantined(spark, engine, tmp_path, capsys):
-    land, lake = _orders(tmp_path, capsys)
+    land, lake = _orders(tmp_path, capsys, ", quality: {max_quarantined: 100%}")
 
     land(0, _pg_event("c", 10, after={"id": 1, "qty": 1}), _pg_event("c", 11, after={"id": 2, "qty": 1}))
     out = land(2, _pg_event("u", 12, after={"id": 1, "qty": 3, "note": "gift"}),  # a column added at the source
