@@ -18,7 +18,7 @@ export TZ := UTC
 demo: export CDC_SENSOR_TIMEOUT ?= 5
 demo: export CDC_SENSOR_POKE_INTERVAL ?= 2
 
-.PHONY: demo test lint venv java clean-demo
+.PHONY: demo test lint venv java browser clean-demo
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: requirements.txt
@@ -32,13 +32,20 @@ java:
 	  echo "Java 17 or newer is required for Spark 4 (found: $${major:-none}). Install it, e.g. apt-get install openjdk-17-jre-headless" >&2; \
 	  exit 1; fi
 
+# the reports' browser test drives Debian's chromium through its chromedriver
+browser:
+	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null; \
+	  else echo "The browser test needs Debian's chromium: sudo apt-get install chromium chromium-driver" >&2; exit 1; fi; fi
+
 demo: venv java
 	$(BIN)/python -m spark_jobs generate --landing data/landing
 	$(BIN)/airflow db migrate > $(AIRFLOW_HOME)-migrate.log 2>&1 || (cat $(AIRFLOW_HOME)-migrate.log; exit 1)
 	$(BIN)/airflow dags test cdc_pipeline > $(AIRFLOW_HOME)-dags-test.log 2>&1 || (tail -50 $(AIRFLOW_HOME)-dags-test.log; exit 1)
 	$(BIN)/python -m spark_jobs status --lake data/lake --require-tables
 
-test: venv java
+test: venv java browser
 	$(BIN)/pytest
 
 lint: venv

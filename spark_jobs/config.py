@@ -176,16 +176,17 @@ def _flag(value: Any, table: str, field: str) -> bool:
     return value
 
 
-def _duration(value: Any, where: str, field: str) -> int:
+def _duration(value: Any, where: str, field: str, alternative: str = "") -> int:
     match = _RETENTION.match(str(value).strip())
     if not match:
-        raise ConfigError(f"{where}: field {field!r} must be a duration like 30d, 12h, 90m, 3600s; got {value!r}")
+        raise ConfigError(f"{where}: field {field!r} must be {alternative}a duration like 30d, 12h, 90m, 3600s; "
+                          f"got {value!r}")
     return int(match.group(1)) * _SECONDS[match.group(2)]
 
 
 def _retention(value: Any, table: str) -> int | None:
     """`forever` (the default) or a duration such as 30d, 12h, 90m, 3600s."""
-    return None if value == "forever" else _duration(value, f"table {table!r}", "tombstone_retention (or 'forever')")
+    return None if value == "forever" else _duration(value, f"table {table!r}", "tombstone_retention", "'forever' or ")
 
 
 def _share(value: Any, where: str) -> float:

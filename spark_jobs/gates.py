@@ -1,7 +1,8 @@
 """Great Expectations gates between layers (GX 1.x on Spark DataFrames).
 
-A gate validates one or more audit frames (the batch's events, the merged rows of its keys, its
-deletes, one row of batch counts, ...) against expectations named in the registry (config.EXPECTATIONS),
+A gate validates one or two audit frames (the batch's events with per-row flags, the merged rows of
+its keys, a gold model's rows) and the batch's figures (quarantined share, delete reconciliation,
+lag) against expectations named in the registry (config.EXPECTATIONS),
 each with its action: `warn` reports, `quarantine` has already moved the failing rows aside (the job
 did, with the expectation as reason), `fail` fails the gate. The gate also fails when more of the batch
 was quarantined than the table allows. Results go to GX Data Docs under `<lake>/reports/data_docs/<table>/`;
@@ -25,7 +26,9 @@ from spark_jobs.config import FAIL, QUARANTINE, WARN, GoldModel, Quality, TableC
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 
 NOT_NULL, IN_SET = "expect_column_values_to_not_be_null", "expect_column_values_to_be_in_set"
-BETWEEN = "expect_column_values_to_be_between"
+BETWEEN, EQUAL = "expect_column_values_to_be_between", "expect_column_pair_values_to_be_equal"
+# checks on the batch's figures (a few numbers) are evaluated here, not by a Spark job per number
+FIGURES = "figures"
 
 
 @dataclass(frozen=True)
@@ -40,7 +43,7 @@ class Check:
     action: str = FAIL
 
     def label(self) -> str:
-        if self.frame == "batch":  # one row of figures: the finding shows them
+        if self.frame == FIGURES:  # the finding shows the figures themselves
             return self.name
         arg = self.kwargs.get("column") or self.kwargs.get("column_list") or self.kwargs.get("column_A")
         shown = ",".join(arg) if isinstance(arg, list) else arg
@@ -63,14 +66,14 @@ def _keys(quality: Quality, frame: str, keys: tuple[str, ...]) -> list[Check]:
 
 
 def max_quarantined(quality: Quality) -> Check:
-    """The share of the batch quarantined, from the one-row `batch` frame, at most the table's limit."""
-    return Check("max_quarantined", "batch", BETWEEN, {"column": "quarantined_share", "min_value": 0,
+    """The share of the batch quarantined at most the table's limit."""
+    return Check("max_quarantined", FIGURES, BETWEEN, {"column": "quarantined_share", "min_value": 0,
                                                        "max_value": quality.max_quarantined}, FAIL)
 
 
 def bronze_checks(table: TableConfig) -> list[Check]:
-    """Frames: `events` (op, key columns, `_key_present`, `_deleted_flag_agrees`), `tombstones`
-    (`_follows_delete`), `batch` (quarantined_share)."""
+    """Frame `events`: change events (op, key columns, `_deleted_flag_agrees`) and tombstone lines
+    (`_follows_delete`); figures: quarantined_share."""
     q = table.quality
     return [
         *[_with(q, "event_has_key", "events", NOT_NULL, column=k, row_condition="op IN ('c', 'u', 'r')",
@@ -78,22 +81,22 @@ def bronze_checks(table: TableConfig) -> list[Check]:
         *[_with(q, "delete_has_key", "events", NOT_NULL, column=k, row_condition="op = 'd'", condition_parser="spark")
           for k in table.keys],
         _flag(q, "deleted_flag_matches_op", "events", "_deleted_flag_agrees"),
-        _flag(q, "tombstone_follows_delete", "tombstones", "_follows_delete"),
+        _flag(q, "tombstone_follows_delete", "events", "_follows_delete"),
         max_quarantined(q),
     ]
 
 
 def silver_checks(table: TableConfig) -> list[Check]:
-    """Frames: `events` (`_seq_present`, `_no_tie` per applied event), `rows` (the merged table's rows of
-    the batch's keys), `deletes` (`_not_live_after` per delete), `batch` (quarantined_share,
-    deletes_received, deletes_accounted)."""
+    """Frames: `events` (`_seq_present`, `_no_tie` per row event; `_not_live_after` per delete), `rows`
+    (the merged table's rows of the batch's keys); figures: quarantined_share, deletes_received,
+    deletes_accounted."""
     q = table.quality
     return [
         _flag(q, "sequence_present", "events", "_seq_present"),
         _flag(q, "sequence_increasing", "events", "_no_tie"),
         *_keys(q, "rows", table.keys),
-        _flag(q, "deleted_keys_not_live", "deletes", "_not_live_after"),
-        _with(q, "deletes_reconcile", "batch", "expect_column_pair_values_to_be_equal",
+        _flag(q, "deleted_keys_not_live", "events", "_not_live_after"),
+        _with(q, "deletes_reconcile", FIGURES, EQUAL,
               column_A="deletes_received", column_B="deletes_accounted"),
         max_quarantined(q),
     ]
@@ -101,7 +104,7 @@ def silver_checks(table: TableConfig) -> list[Check]:
 
 def gold_checks(model: GoldModel) -> list[Check]:
     """Frames: `model` (the refreshed rows), `references` (`_found` per reference and row, null-free
-    values only), `batch` (lag_s, the age of the newest source change)."""
+    values only); figures: lag_s, the age of the newest source change."""
     q = model.quality
     low, high = model.row_count
     checks = [*_keys(q, "model", model.keys),
@@ -109,7 +112,7 @@ def gold_checks(model: GoldModel) -> list[Check]:
     if model.references:
         checks.append(_flag(q, "references", "references", "_found"))
     if model.freshness_s is not None:
-        checks.append(_with(q, "freshness", "batch", BETWEEN, column="lag_s", max_value=model.freshness_s))
+        checks.append(_with(q, "freshness", FIGURES, BETWEEN, column="lag_s", max_value=model.freshness_s))
     return checks
 
 
@@ -189,12 +192,16 @@ def _context(lake: str, table: str) -> Any:
     return context
 
 
-def _figures(check: Check, row: dict[str, Any]) -> str:
-    """What a check on the batch's one row of figures saw, e.g. `quarantined_share=0.5 (max 0.05)`."""
-    shown = ", ".join(f"{row[check.kwargs[k]]}" if k == "column" else f"{check.kwargs[k]}={row[check.kwargs[k]]}"
-                      for k in ("column", "column_A", "column_B") if k in check.kwargs)
-    limit = check.kwargs.get("max_value")
-    return shown + (f" (max {limit})" if limit is not None else "")
+def _figures(check: Check, figures: dict[str, Any]) -> Finding:
+    """A check on the batch's figures, e.g. `quarantined_share=0.5 (max 0.05)`."""
+    if check.type == EQUAL:
+        a, b = figures[check.kwargs["column_A"]], figures[check.kwargs["column_B"]]
+        ok, shown = a == b, f"{check.kwargs['column_A']}={a}, {check.kwargs['column_B']}={b}"
+    else:
+        value, low, high = figures[check.kwargs["column"]], check.kwargs.get("min_value"), check.kwargs.get("max_value")
+        ok = value is not None and (low is None or value >= low) and (high is None or value <= high)
+        shown = f"{value}" + (f" (max {high})" if high is not None else "")
+    return Finding(check.label(), check.action, bool(ok), None, None, shown)
 
 
 # GX severities shown in Data Docs for each action
@@ -202,9 +209,10 @@ _SEVERITY = {FAIL: "critical", QUARANTINE: "warning", WARN: "info"}
 
 
 def run_gate(frames: dict[str, DataFrame], table: str, layer: str, checks: list[Check], lake: str,
-             raise_on_failure: bool = True) -> GateResult:
-    """Validate each frame against its checks, publish Data Docs, and return the verdict; raise GateFailed
-    when a `fail` check fails (unless told not to: the caller then raises after writing its evidence)."""
+             raise_on_failure: bool = True, figures: dict[str, Any] | None = None) -> GateResult:
+    """Validate each frame against its checks (and `figures` against theirs), publish Data Docs, and
+    return the verdict; raise GateFailed when a `fail` check fails (unless told not to: the caller then
+    raises after writing its evidence). Checks on frames not given are not run."""
     import great_expectations as gx
     import great_expectations.expectations as gxe
     from great_expectations.core.run_identifier import RunIdentifier
@@ -236,14 +244,15 @@ def run_gate(frames: dict[str, DataFrame], table: str, layer: str, checks: list[
                                  run_id=run_id)
         rendered += [ValidationResultIdentifier(ExpectationSuiteIdentifier(name), run_id, outcome.batch_id),
                      ExpectationSuiteIdentifier(name)]
-        figures = df.first().asDict() if frame == "batch" else None  # type: ignore[union-attr]
         for r in sorted(outcome.results, key=lambda r: r.expectation_config.meta["n"]):
             check, result = frame_checks[r.expectation_config.meta["n"]], r.result or {}
-            if figures is None:
-                findings.append(Finding(check.label(), check.action, bool(r.success), result.get("unexpected_count"),
-                                        result.get("element_count"), result.get("observed_value")))
-            else:
-                findings.append(Finding(check.label(), check.action, bool(r.success), None, None, _figures(check, figures)))
+            # flags are null where they do not apply: count the rows they apply to
+            total = result.get("element_count")
+            if total is not None and check.type == IN_SET:
+                total -= result.get("missing_count") or 0
+            findings.append(Finding(check.label(), check.action, bool(r.success), result.get("unexpected_count"),
+                                    total, result.get("observed_value")))
+    findings += [_figures(c, figures) for c in checks if c.frame == FIGURES and figures is not None]
     context.build_data_docs(site_names=["reports"], resource_identifiers=rendered)
     docs = Path(lake) / "reports" / "data_docs" / table / "index.html"
     gate = GateResult(table, layer, findings, str(docs) if docs.exists() else None)

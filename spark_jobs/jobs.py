@@ -131,12 +131,11 @@ def _share(part: int, whole: int) -> float:
     return round(part / whole, 6) if whole else 0.0
 
 
-def _gate(spark: SparkSession, frames: dict[str, DataFrame], batch: dict[str, Any], name: str, layer: str,
-          checks: list[Check], lake: Lake, summary: dict[str, Any]) -> GateResult:
-    """Run a gate over the audit frames plus one row of batch figures; the summary carries the findings
-    (and, when the gate fails, goes with the exception so the failed run's report still has it)."""
-    frames = {**frames, "batch": spark.createDataFrame([batch])} if batch else frames
-    result = run_gate(frames, name, layer, checks, lake.root, raise_on_failure=False)
+def _gate(frames: dict[str, DataFrame], figures: dict[str, Any], name: str, layer: str, checks: list[Check], lake: Lake,
+          summary: dict[str, Any]) -> GateResult:
+    """Run a gate over the audit frames and the batch's figures; the summary carries the findings (and,
+    when the gate fails, goes with the exception so the failed run's report still has it)."""
+    result = run_gate(frames, name, layer, checks, lake.root, raise_on_failure=False, figures=figures)
     summary.update(gate=result.verdict(), warnings=result.warnings(), checks=result.as_dict(), docs=result.docs)
     if not result.success:
         raise GateFailed(result, summary)
@@ -190,9 +189,10 @@ def bronze_ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
         summary["flagged"] = expectation_counts  # events kept in the batch that fail a warn/fail expectation
 
     change_events = classified.where(f"_kind <> 'tombstone' AND _json_ok AND op IN {transforms.OPS}")
-    audit = change_events.select("op", "_deleted_flag_agrees",
+    audit = change_events.select("op", F.lit(None).cast("boolean").alias("_follows_delete"), "_deleted_flag_agrees",
                           *[F.get_json_object(transforms.key_image(), f"$.{k}").alias(k) for k in table.keys])
-    _gate(spark, {"events": audit, "tombstones": matched}, {"quarantined_share": summary["quarantined_share"]},
+    flags = audit.unionByName(matched.select("_follows_delete"), allowMissingColumns=True)
+    _gate({"events": flags}, {"quarantined_share": summary["quarantined_share"]},
           table.name, "bronze", bronze_checks(table), lake, summary)
 
     version_before = engine.version(lake.bronze(table.name))
@@ -383,8 +383,9 @@ def apply_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
 
     # audit before publishing: a batch the table refuses leaves every table as it was
     if stats["quarantined_share"] > table.quality.max_quarantined or _refused(table, typed, stats["ties"]):
-        _gate(spark, frames, figures, table.name, "silver", [c for c in checks if c.frame in ("events", "batch")
-                                                             and c.name != "deletes_reconcile"], lake, stats)
+        _gate(frames, figures, table.name, "silver", [c for c in checks if c.name not in (
+            "deletes_reconcile", "deleted_keys_not_live")],
+              lake, stats)
     new_truncates = 0  # truncates history has not seen: they close versions of every key
     if table.history and overview["truncates"]:
         new_truncates = engine.merge(truncates.where("reason IS NULL").select("_seq", F.lit(batch_id).alias("_batch_id"))
@@ -418,9 +419,10 @@ def apply_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     accounted = removed + sum(v for k, v in delete_counts.items() if k != "received")
     figures.update(deletes_received=delete_counts["received"], deletes_accounted=accounted)
     if latest is not None and deletes is not None:
-        frames.update(_merged_audit(spark, engine, target_path, latest, deletes, table.keys, batch_id))
+        rows_audit, deletes_audit = _merged_audit(spark, engine, target_path, latest, deletes, table.keys, batch_id)
+        frames.update(events=frames["events"].unionByName(deletes_audit, allowMissingColumns=True), rows=rows_audit)
     try:
-        _gate(spark, frames, figures, table.name, "silver", checks, lake, stats)
+        _gate(frames, figures, table.name, "silver", checks, lake, stats)
     except GateFailed:
         for path, before in published.items():
             if before is None and engine.version(path) is not None:
@@ -457,22 +459,24 @@ def _classify_deletes(deletes: DataFrame, latest: DataFrame, state: DataFrame, k
     a key that is not live (`absent`: the ledger records it). Applied deletes of live keys are the rows
     the merge removes: the gate checks that the merge reports exactly that many."""
     before = F.col("_seq") <= F.lit(truncated_at) if truncated_at else F.lit(False)
-    received = _one(deletes.agg(F.count(F.lit(1)).alias("n"), F.count(F.when(before, 1)).alias("before")))
-    winners = latest.where("op = 'd'").select(*keys, "_seq").join(
+    winners = latest.where("op = 'd'").select(*keys, F.col("_seq").alias("_winner_seq")).join(
         state.select(*keys, F.col("_seq").alias("_state_seq"), "_live"), list(keys), "left")
+    outcome = deletes.join(winners, list(keys), "left").withColumn(
+        "_winner", F.coalesce(F.col("_winner_seq") == F.col("_seq"), F.lit(False)))
     newer = F.col("_state_seq").isNull() | (F.col("_seq") > F.col("_state_seq"))
-    applied = _one(winners.agg(F.count(F.lit(1)).alias("winners"), F.count(F.when(~newer, 1)).alias("stale"),
-                               F.count(F.when(newer & ~F.coalesce("_live", F.lit(False)), 1)).alias("absent")))
-    return {"received": received["n"], "before_truncate": received["before"],
-            "superseded": received["n"] - received["before"] - applied["winners"],
-            "stale": applied["stale"], "absent": applied["absent"]}
+    counts = _one(outcome.agg(
+        F.count(F.lit(1)).alias("received"), F.count(F.when(before, 1)).alias("before_truncate"),
+        F.count(F.when(~before & ~F.col("_winner"), 1)).alias("superseded"),
+        F.count(F.when(F.col("_winner") & ~newer, 1)).alias("stale"),
+        F.count(F.when(F.col("_winner") & newer & ~F.coalesce("_live", F.lit(False)), 1)).alias("absent")))
+    return counts.asDict()
 
 
 def _merged_audit(spark: SparkSession, engine: DeltaEngine, target_path: str, latest: DataFrame, deletes: DataFrame,
-                  keys: tuple[str, ...], batch_id: str) -> dict[str, DataFrame]:
-    """Frames read back from the merged silver table: `rows`, the rows of the batch's keys and the rows
-    this batch wrote (key checks, scaled to the batch rather than the table), and `deletes`, each
-    delete of the batch with `_not_live_after`: its key is not live afterwards, unless at a later position."""
+                  keys: tuple[str, ...], batch_id: str) -> tuple[DataFrame, DataFrame]:
+    """Read back from the merged silver table: the rows of the batch's keys and the rows this batch
+    wrote (key checks, scaled to the batch rather than the table), and each delete of the batch with
+    `_not_live_after`: its key is not live afterwards, unless at a later position."""
     silver = engine.read(spark, target_path)
     if silver is None:
         silver = latest.select(*keys, "_seq", F.lit(batch_id).alias("_batch_id")).limit(0)
@@ -481,8 +485,8 @@ def _merged_audit(spark: SparkSession, engine: DeltaEngine, target_path: str, la
             .select(*keys, "_seq"))
     live = silver.select(*keys, F.col("_seq").alias("_live_seq"))
     checked = deletes.join(live, list(keys), "left").select(
-        *keys, "_seq", (F.col("_live_seq").isNull() | (F.col("_live_seq") > F.col("_seq"))).alias("_not_live_after"))
-    return {"rows": rows, "deletes": checked}
+        (F.col("_live_seq").isNull() | (F.col("_live_seq") > F.col("_seq"))).alias("_not_live_after"))
+    return rows, checked
 
 
 def _expire_tombstones(engine: DeltaEngine, lake: Lake, table: TableConfig) -> int:
@@ -614,7 +618,7 @@ def gold_refresh(spark: SparkSession, engine: DeltaEngine, model: GoldModel, lak
     if model.references:
         frames["references"] = _references(spark, engine, lake, model, result)
     figures = {"lag_s": summary["lag_s"]} if model.freshness_s is not None else {}
-    _gate(spark, frames, figures, model.name, "gold", gold_checks(model), lake, summary)
+    _gate(frames, figures, model.name, "gold", gold_checks(model), lake, summary)
     return {**summary, "version": engine.overwrite(result, lake.gold(model.name))}
 
 

@@ -1,11 +1,21 @@
 """Demo smoke test: generate files, run the DAG through Airflow (`airflow dags test`, SQLite, a fresh
-AIRFLOW_HOME, SparkSubmitOperator on local[*]), then check every layer and the report exist."""
+AIRFLOW_HOME, SparkSubmitOperator on local[*]), check every layer and the report exist, then open the
+reports inside the Airflow UI: a running API server, Airflow's login, headless chromium."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -14,6 +24,104 @@ from tests.conftest import subprocess_env
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
+# screenshots of the browser test: kept as test artifacts, outside git (see .gitignore)
+ARTIFACTS = Path(os.environ.get("CDC_TEST_ARTIFACTS", ROOT / "test-artifacts"))
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def api_server(env: dict[str, str], home: Path) -> Iterator[str]:
+    """`airflow api-server` on a free loopback port with one viewer user (reader / reader-pass)."""
+    port = _free_port()
+    (home / "passwords.json").write_text(json.dumps({"reader": "reader-pass"}))
+    env = {**env, "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "reader:viewer",
+           "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
+           "AIRFLOW__API_AUTH__JWT_SECRET": "browser-test-secret", "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}"}
+    log = (home / "api-server.log").open("w")
+    server = subprocess.Popen([str(BIN / "airflow"), "api-server", "-H", "127.0.0.1", "-p", str(port), "-w", "1"],
+                              cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert server.poll() is None, (home / "api-server.log").read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(f"{base}/api/v2/monitor/health", timeout=5):
+                    break
+            except (urllib.error.URLError, ConnectionError):
+                assert time.monotonic() < deadline, "API server did not start: " + (home / "api-server.log").read_text()[-3000:]
+                time.sleep(1)
+        yield base
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)
+        log.close()
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return None
+
+
+def _get(url: str, **headers: str) -> tuple[int, str, dict[str, str]]:
+    opener = urllib.request.build_opener(_NoRedirect)
+    try:
+        with opener.open(urllib.request.Request(url, headers=headers), timeout=30) as r:
+            return r.status, r.read().decode(), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(), dict(e.headers)
+
+
+def check_reports_behind_airflow_auth(base: str) -> None:
+    status, _, _ = _get(f"{base}/cdc-reports/", Accept="application/json")
+    assert status == 401
+    status, _, headers = _get(f"{base}/cdc-reports/", Accept="text/html")
+    assert status == 307 and "/auth/login" in headers["location"]
+    login = urllib.request.Request(f"{base}/auth/token", data=json.dumps({"username": "reader", "password": "reader-pass"})
+                                   .encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(login, timeout=30) as r:
+        token = json.loads(r.read())["access_token"]
+    status, page, _ = _get(f"{base}/cdc-reports/", Authorization=f"Bearer {token}")
+    assert status == 200 and "CDC pipeline runs" in page
+    for escape in ("..%2f..%2fpasswords.json", "%2e%2e/%2e%2e/passwords.json", "runs/..%2f..%2f..%2fpasswords.json"):
+        status, body, _ = _get(f"{base}/cdc-reports/{escape}", Authorization=f"Bearer {token}")
+        assert (status, "reader-pass" in body) == (404, False), escape
+
+
+def browse_reports_in_the_airflow_ui(base: str, screenshot: Path) -> str:
+    """Log in through Airflow's login page, open the plugin's menu entry and return the report's text."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    try:
+        wait = WebDriverWait(driver, 90)
+        driver.get(f"{base}/plugin/cdc-reports")
+        wait.until(EC.presence_of_element_located((By.NAME, "username"))).send_keys("reader")
+        driver.find_element(By.NAME, "password").send_keys("reader-pass")
+        driver.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+        wait.until(EC.frame_to_be_available_and_switch_to_it((By.TAG_NAME, "iframe")))
+        wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, "table tr td a")))
+        text = driver.find_element(By.TAG_NAME, "body").text
+        driver.switch_to.default_content()
+        screenshot.parent.mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(screenshot))
+        return text
+    finally:
+        driver.quit()
 
 
 @pytest.mark.slow
@@ -24,7 +132,8 @@ def test_airflow_runs_the_pipeline_end_to_end(tmp_path):
     shutil.copy(ROOT / "include" / "gold" / "customers_by_state.sql", tmp_path / "include" / "gold")
     env = subprocess_env(
         AIRFLOW_HOME=str(tmp_path / "airflow"), AIRFLOW__CORE__DAGS_FOLDER=str(ROOT / "dags"),
-        AIRFLOW__CORE__LOAD_EXAMPLES="False", AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[1]"}',
+        AIRFLOW__CORE__LOAD_EXAMPLES="False", AIRFLOW__CORE__PLUGINS_FOLDER=str(ROOT / "plugins"),
+        AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[1]"}',
         CDC_CONFIG=str(config), CDC_LANDING_URI=str(tmp_path / "landing"), CDC_LAKE_URI=str(tmp_path / "lake"),
         CDC_SENSOR_TIMEOUT="3", CDC_SENSOR_POKE_INTERVAL="1")
 
@@ -46,6 +155,14 @@ def test_airflow_runs_the_pipeline_end_to_end(tmp_path):
     assert table[("silver", "customers")][1] == "passed"
     assert (tmp_path / "lake" / "reports" / "index.html").is_file()
     assert (tmp_path / "lake" / "reports" / "data_docs" / "customers" / "index.html").is_file()
+
+    # the reports inside the Airflow UI, behind its login: the latest run's verdicts
+    with api_server(env, tmp_path / "airflow") as base:
+        check_reports_behind_airflow_auth(base)
+        text = browse_reports_in_the_airflow_ui(base, ARTIFACTS / "airflow-ui-cdc-reports.png")
+    latest = text.split("CDC pipeline runs", 1)[1].splitlines()
+    assert [line for line in latest if "bronze/customers" in line][0].split()[2:4] == ["passed", "0"]
+    assert "silver/customers: passed" in text and "gold/customers_by_state: passed" in text
 
     # a second run finds nothing new: the sensor skips the table, nothing is written twice
     silver_log = sorted((tmp_path / "lake" / "silver" / "customers" / "_delta_log").glob("*.json"))

@@ -5,14 +5,15 @@ Source histories: a snapshot sharing one LSN, inserts, updates, deletes (with an
 tombstone line), re-inserts, primary-key changes, streaming events at the snapshot's LSN, ts_ms ties,
 and (second test) truncates. They are cut into sink files, the files shuffled, some re-delivered under
 new offsets, and spread over several runs. Each run goes through the bronze transforms and silver's
-apply step with the history table on (the gates are covered elsewhere; they would only add minutes).
+apply step with the history table on, gated as in production: every batch must also pass the silver
+gate (keys unique, deleted keys not live, deletes received = removed + absent + stale + superseded).
 
 Every apply rule but truncate works per key, so independent histories on disjoint keys cannot affect
 each other in one table: the first test runs a bundle of HISTORIES_PER_EXAMPLE histories per example
 (each tenant's keys are its own) and checks each against its own model, which keeps Spark's fixed cost
 per run from dominating. Truncate empties the whole table, so the second test runs one history per table.
 
-Profiles: `ci` (default: 13 bundles = 520 histories, and 10 truncate histories) and `long` (10,000
+Profiles: `ci` (default: 5 bundles = 600 histories, and 8 truncate histories) and `long` (10,000
 histories and 300 truncate histories):
     HYPOTHESIS_PROFILE=long pytest tests/test_properties.py   # about 1.5 hours on 2 cores
 """
@@ -34,8 +35,8 @@ from spark_jobs.delta.delta_rs import DeltaRsEngine
 from spark_jobs.jobs import apply_changes
 from spark_jobs.state import Lake
 
-HISTORIES_PER_EXAMPLE = 40
-PROFILES = {"ci": (13, 10), "long": (250, 300)}  # (bundles, truncate histories)
+HISTORIES_PER_EXAMPLE = 120
+PROFILES = {"ci": (5, 8), "long": (84, 300)}  # (bundles, truncate histories)
 BUNDLES, TRUNCATE_HISTORIES = PROFILES[os.environ.get("HYPOTHESIS_PROFILE", "ci")]
 COMMON = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large],
           "derandomize": False}

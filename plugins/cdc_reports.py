@@ -1,0 +1,85 @@
+"""Airflow 3 plugin: the pipeline's data-quality reports inside the Airflow UI.
+
+A FastAPI app mounted on the API server at /cdc-reports serves `<lake>/reports/` (the run history,
+each run's report, GX Data Docs), and a menu entry ("CDC data quality") shows it inside the UI. Every
+request goes through Airflow's own authentication (the UI's JWT cookie or a bearer token) and needs
+the permission to view plugins; without a session the browser is sent to Airflow's login page. Paths
+are resolved inside the reports folder and cannot leave it.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from airflow.plugins_manager import AirflowPlugin
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import FileResponse, RedirectResponse, Response
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # the project root holds spark_jobs/ (the lake settings)
+    sys.path.insert(0, str(ROOT))
+
+from spark_jobs.config import env_settings, resolve_uri  # noqa: E402
+
+PREFIX = "/cdc-reports"
+app = FastAPI(title="CDC data-quality reports", docs_url=None, redoc_url=None, openapi_url=None)
+
+
+def reports_folder() -> Path:
+    """`<CDC_LAKE_URI>/reports`, read per request so a changed environment needs no restart."""
+    return Path(resolve_uri(env_settings()["lake"])) / "reports"
+
+
+async def _authorized(request: Request) -> Response | None:
+    """None when the caller may read reports; else the response to send (login redirect or 403)."""
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.models.resource_details import AccessView
+    from airflow.api_fastapi.core_api.security import get_user
+
+    auth = request.headers.get("authorization", "")
+    bearer: Any = None
+    if auth.lower().startswith("bearer "):
+        from fastapi.security import HTTPAuthorizationCredentials
+
+        bearer = HTTPAuthorizationCredentials(scheme="Bearer", credentials=auth.split(" ", 1)[1])
+    try:
+        user = await get_user(request, None, bearer)
+    except HTTPException as exc:
+        if exc.status_code in (401, 403) and "text/html" in request.headers.get("accept", ""):
+            login = get_auth_manager().get_url_login()
+            sep = "&" if "?" in login else "?"
+            return RedirectResponse(f"{login}{sep}next={quote(str(request.url), safe='')}", status_code=307)
+        return Response(exc.detail, status_code=exc.status_code)
+    if not get_auth_manager().is_authorized_view(access_view=AccessView.PLUGINS, user=user):
+        return Response("not allowed to view plugins", status_code=403)
+    return None
+
+
+@app.get("/{path:path}", include_in_schema=False)
+async def serve(path: str, request: Request) -> Response:
+    refused = await _authorized(request)
+    if refused is not None:
+        return refused
+    root = reports_folder().resolve()
+    target = (root / path).resolve()
+    if not target.is_relative_to(root):  # `..`, absolute paths and symlinks out of the folder
+        return Response("not found", status_code=404)
+    if target.is_dir():
+        if path and not path.endswith("/"):  # relative links inside the page need the trailing slash
+            return RedirectResponse(f"{PREFIX}/{path}/", status_code=307)
+        target = target / "index.html"
+    if not target.is_file():
+        if not path:
+            return Response("<p>No pipeline run has published a report yet.</p>", media_type="text/html")
+        return Response("not found", status_code=404)
+    return FileResponse(target)
+
+
+class CdcReportsPlugin(AirflowPlugin):
+    name = "cdc_reports"
+    fastapi_apps = [{"app": app, "url_prefix": PREFIX, "name": "CDC data-quality reports"}]
+    external_views = [{"name": "CDC data quality", "href": f"{PREFIX}/", "destination": "nav", "category": "browse",
+                       "url_route": "cdc-reports"}]
