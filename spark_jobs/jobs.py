@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+from collections.abc import Callable
 from dataclasses import replace
 from functools import reduce
 from typing import Any
@@ -129,6 +130,10 @@ def _lag_s(max_ts_ms: Any) -> float | None:
 
 def _share(part: int, whole: int) -> float:
     return round(part / whole, 6) if whole else 0.0
+
+
+# (audit frames, batch figures, table, layer, checks, lake, summary) -> result; raises GateFailed on failure
+Gate = Callable[[dict[str, DataFrame], dict[str, Any], str, str, list[Check], Lake, dict[str, Any]], Any]
 
 
 def _gate(frames: dict[str, DataFrame], figures: dict[str, Any], name: str, layer: str, checks: list[Check], lake: Lake,
@@ -315,14 +320,16 @@ def silver_merge(spark: SparkSession, engine: DeltaEngine, table: TableConfig, l
 
 
 def apply_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake: Lake, batch: DataFrame,
-                  truncated_at: str | None, batch_id: str) -> tuple[dict[str, Any], str | None]:
+                  truncated_at: str | None, batch_id: str, gate: Gate | None = None) -> tuple[dict[str, Any], str | None]:
     """Apply a batch of bronze rows to silver, the tombstone ledger, history and quarantine (DESIGN 4),
     gated write-audit-publish: the batch is audited before any table is written (too much quarantined,
     or a `fail` expectation on its events: nothing but the quarantine is written), and the merged result
     after (keys, deletes): when that fails, every table is restored to its version before the batch.
 
     `truncated_at` is the position of the latest truncate already applied; returns the batch's counts
-    (with the gate's verdict and findings) and the truncate position in force afterwards."""
+    (with the gate's verdict and findings) and the truncate position in force afterwards. `gate` runs the
+    checks (default: Great Expectations, publishing Data Docs) and raises GateFailed when they fail."""
+    gate = gate or _gate
     target_path, ledger_path = lake.silver(table.name), lake.tombstones(table.name)
     published = {path: engine.version(path) for path in
                  (target_path, ledger_path, lake.history(table.name), lake.truncates(table.name))}
@@ -383,9 +390,8 @@ def apply_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
 
     # audit before publishing: a batch the table refuses leaves every table as it was
     if stats["quarantined_share"] > table.quality.max_quarantined or _refused(table, typed, stats["ties"]):
-        _gate(frames, figures, table.name, "silver", [c for c in checks if c.name not in (
-            "deletes_reconcile", "deleted_keys_not_live")],
-              lake, stats)
+        pre_publish = [c for c in checks if c.name not in ("deletes_reconcile", "deleted_keys_not_live")]
+        gate(frames, figures, table.name, "silver", pre_publish, lake, stats)
     new_truncates = 0  # truncates history has not seen: they close versions of every key
     if table.history and overview["truncates"]:
         new_truncates = engine.merge(truncates.where("reason IS NULL").select("_seq", F.lit(batch_id).alias("_batch_id"))
@@ -422,7 +428,7 @@ def apply_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
         rows_audit, deletes_audit = _merged_audit(spark, engine, target_path, latest, deletes, table.keys, batch_id)
         frames.update(events=frames["events"].unionByName(deletes_audit, allowMissingColumns=True), rows=rows_audit)
     try:
-        _gate(frames, figures, table.name, "silver", checks, lake, stats)
+        gate(frames, figures, table.name, "silver", checks, lake, stats)
     except GateFailed:
         for path, before in published.items():
             if before is None and engine.version(path) is not None:
