@@ -26,7 +26,9 @@ def spark():
     from spark_jobs.session import SESSION_CONF
 
     builder = SparkSession.builder.master("local[1]").appName("cdc-tests")
-    for key, value in {**SESSION_CONF, "spark.sql.shuffle.partitions": "1"}.items():
+    # one JVM serves the whole suite: let it drop unreferenced checkpoints often, not every 30 minutes
+    test_conf = {"spark.sql.shuffle.partitions": "1", "spark.cleaner.periodicGC.interval": "1min"}
+    for key, value in {**SESSION_CONF, **test_conf}.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
