@@ -77,6 +77,11 @@ EXPECTATIONS = {e.name: e for e in (
 DEFAULT_MAX_QUARANTINED = 0.05
 
 
+def row_checks(layer: str) -> frozenset[str]:
+    """The layer's row-level expectations: the ones that can quarantine rows."""
+    return frozenset(n for n, e in EXPECTATIONS.items() if e.row_level and layer in e.layers)
+
+
 @dataclass(frozen=True)
 class Quality:
     """Gate settings of one table or gold model: the share of a batch that may be quarantined (above it

@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from spark_jobs import schemas, transforms
-from spark_jobs.config import FAIL, QUARANTINE, GoldModel, TableConfig
+from spark_jobs.config import FAIL, QUARANTINE, GoldModel, TableConfig, row_checks
 from spark_jobs.delta import DeltaEngine, MergeSpec
 from spark_jobs.gates import Check, GateFailed, GateResult, bronze_checks, gold_checks, run_gate, silver_checks
 from spark_jobs.landing import LandingFile
@@ -159,8 +159,7 @@ def bronze_ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     lines, unreadable = read_landing(spark, landing, files, table.format)
     parsed = transforms.parse_envelope(lines, table.format)
     parsed = parsed.withColumn("_schema", F.coalesce("_typed_schema", "_schema")).drop("_typed_schema")
-    to_quarantine = frozenset(n for n in ("event_has_key", "delete_has_key", "deleted_flag_matches_op")
-                              if table.quality.action(n) == QUARANTINE)
+    to_quarantine = frozenset(n for n in row_checks("bronze") if table.quality.action(n) == QUARANTINE)
     classified = transforms.classify(parsed, table.keys, to_quarantine).localCheckpoint()
 
     quarantine = classified.where("_kind = 'quarantine'").select("_source_file", "_line", "_raw", "reason")

@@ -12,6 +12,8 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from spark_jobs.config import row_checks
+
 OPS = ("c", "u", "d", "r", "t")
 SNAPSHOT_MARKERS = ("true", "first", "last", "first_in_data_collection", "last_in_data_collection")
 
@@ -137,8 +139,7 @@ def row_expectation_failure() -> Column:
     END""")
 
 
-def classify(parsed: DataFrame, keys: tuple[str, ...], quarantine: frozenset[str] = frozenset(
-        {"event_has_key", "delete_has_key", "deleted_flag_matches_op"})) -> DataFrame:
+def classify(parsed: DataFrame, keys: tuple[str, ...], quarantine: frozenset[str] = row_checks("bronze")) -> DataFrame:
     """Adds `_kind` (event | tombstone | quarantine), `reason` for quarantined lines and `_expectation`,
     the row-level expectation a kept event fails (reported, not quarantined: its action is not in
     `quarantine`). Lines that are no change event at all are always quarantined."""
