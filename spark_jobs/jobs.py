@@ -450,8 +450,7 @@ def _refused(table: TableConfig, typed: DataFrame | None, ties: int) -> bool:
 def _event_audit(typed: DataFrame, keys: tuple[str, ...]) -> DataFrame:
     """Per row event: `_seq_present`, and `_no_tie` (no other event of the key shares its position with
     different content; null where the event has no key or position)."""
-    content = F.concat_ws("\u0001", "op", F.coalesce("before", F.lit("")), F.coalesce("after", F.lit("")))
-    variants = F.size(F.collect_set(content).over(Window.partitionBy(*keys, "_seq")))
+    variants = F.size(F.collect_set(transforms.event_content()).over(Window.partitionBy(*keys, "_seq")))
     usable = F.col("_seq").isNotNull() & reduce(lambda a, b: a & b, [F.col(k).isNotNull() for k in keys])
     return typed.select(F.col("_seq").isNotNull().alias("_seq_present"),
                         F.when(usable, variants == 1).alias("_no_tie"))

@@ -250,6 +250,11 @@ def order_key(events: DataFrame, sequence_by: tuple[str, ...] | None) -> DataFra
     return connector_sequence(events)
 
 
+def event_content() -> Column:
+    """What an event says (op and both images): two events at one position with different content tie."""
+    return F.concat_ws("\u0001", F.col("op"), F.coalesce(F.col("before"), F.lit("")), F.coalesce(F.col("after"), F.lit("")))
+
+
 def latest_per_key(events: DataFrame, keys: tuple[str, ...]) -> DataFrame:
     """Keep the newest event per key: highest `_seq`, ties broken by landing file and line.
 
@@ -258,7 +263,7 @@ def latest_per_key(events: DataFrame, keys: tuple[str, ...]) -> DataFrame:
     by_key = Window.partitionBy(*keys)
     newest = Window.partitionBy(*keys).orderBy(F.col("_seq").desc(), F.col("_source_file").desc(), F.col("_line").desc())
     at_top = Window.partitionBy(*keys, "_seq")
-    content = F.concat_ws("\u0001", F.col("op"), F.coalesce(F.col("before"), F.lit("")), F.coalesce(F.col("after"), F.lit("")))
+    content = event_content()
     ranked = (
         events.withColumn("_rank", F.row_number().over(newest))
         .withColumn("_variants", F.size(F.collect_set(content).over(at_top)))
