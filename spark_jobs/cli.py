@@ -6,6 +6,7 @@ Failures print one line naming the table, the layer and the reason (CDC_DEBUG=1 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import traceback
@@ -15,10 +16,23 @@ from typing import Any
 from spark_jobs.config import ConfigError, load_registry, resolve_uri
 
 LAYERS = ("bronze", "silver", "gold")
+MODES = ("incremental", "reprocess", "rebuild")
+EXIT_TRANSIENT = 75  # EX_TEMPFAIL: worth a retry (a busy table, an unreachable store); 1 and 2 are not
 
 
 def _csv(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _file_list(value: str) -> frozenset[str]:
+    text = Path(value[1:]).read_text() if value.startswith("@") else value
+    try:
+        paths = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not a JSON list of landing paths: {exc}") from None
+    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+        raise argparse.ArgumentTypeError("not a JSON list of landing paths")
+    return frozenset(paths)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -33,6 +47,14 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--models", type=_csv, default=None,
                      help="gold models to refresh (default: every model reading one of the tables)")
     run.add_argument("--run-id", default=None, help="batch id recorded in every row and report (default: new)")
+    run.add_argument("--mode", choices=MODES, default="incremental",
+                     help="incremental: new landing files and bronze rows; reprocess: read the landing files in the "
+                          "window again, replacing their bronze rows, and apply them; rebuild: recompute silver from "
+                          "all of bronze, then gold (bronze is left alone)")
+    run.add_argument("--since", default=None, help="landing time (ISO 8601, UTC if naive) from which files are taken")
+    run.add_argument("--until", default=None, help="landing time before which files are taken")
+    run.add_argument("--files", type=_file_list, default=None,
+                     help="exactly these landing files (JSON list of landing paths, or @file holding one)")
     status = sub.add_parser("status", help="row counts per layer, latest gate verdicts, where things are")
     status.add_argument("--config", default="include/tables.yaml")
     status.add_argument("--lake", required=True)
@@ -52,7 +74,23 @@ def parser() -> argparse.ArgumentParser:
 
 
 class LayerFailed(RuntimeError):
-    pass
+    def __init__(self, line: str, transient: bool):
+        super().__init__(line)
+        self.transient = transient
+
+
+def _transient(exc: BaseException) -> bool:
+    """Failures a retry can mend: a table another run is writing, a store that did not answer."""
+    from spark_jobs.state import TableBusy
+
+    if isinstance(exc, TableBusy | ConnectionError | TimeoutError):
+        return True
+    try:
+        from botocore.exceptions import ConnectionError as BotoConnectionError
+        from botocore.exceptions import ReadTimeoutError
+    except ImportError:
+        return False
+    return isinstance(exc, BotoConnectionError | ReadTimeoutError)
 
 
 def _fail_line(table: str, layer: str, exc: BaseException) -> str:
@@ -87,8 +125,9 @@ def format_summary(s: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     from spark_jobs import jobs, report
     from spark_jobs.delta import make_engine
+    from spark_jobs.landing import LandingWindow
     from spark_jobs.session import build_session
-    from spark_jobs.state import Lake, new_batch_id
+    from spark_jobs.state import Lake, new_batch_id, writer_lock
 
     registry = load_registry(args.config)
     tables = registry.select(args.tables)
@@ -99,14 +138,20 @@ def run(args: argparse.Namespace) -> int:
               else registry.models_reading([t.name for t in tables]))
     if args.models and len(models) != len(args.models):
         raise ConfigError(f"unknown gold model(s) in {args.models}; known: {', '.join(registry.gold)}")
+    try:
+        window = LandingWindow.parse(args.since, args.until)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    selection = jobs.Selection(window, args.files, reprocess=args.mode == "reprocess")
     landing, lake = resolve_uri(args.landing), Lake(resolve_uri(args.lake))
     batch_id = args.run_id or new_batch_id()
     spark = build_session(f"cdc-{'-'.join(args.layers)}")
     engine = make_engine(spark)
 
-    def step(table: str, layer: str, fn: Any, *fn_args: Any) -> None:
+    def step(table: str, layer: str, lock: str, fn: Any, *fn_args: Any) -> None:
         try:
-            summary = fn(spark, engine, *fn_args)
+            with writer_lock(lake, lock, batch_id):
+                summary = fn(spark, engine, *fn_args)
         except Exception as exc:
             if os.environ.get("CDC_DEBUG"):
                 traceback.print_exc()
@@ -115,19 +160,21 @@ def run(args: argparse.Namespace) -> int:
             counts = getattr(exc, "summary", None) or {"table": table, "layer": layer, "batch_id": batch_id}
             report.publish(lake, batch_id, {**counts, "gate": "failed" if line.startswith("gate failed") else "error",
                                             "error": line})
-            raise LayerFailed(line) from exc
+            raise LayerFailed(line, _transient(exc)) from exc
         report.publish(lake, batch_id, summary)
         print(format_summary(summary), flush=True)
 
-    print(f"run {batch_id}: engine={engine.name} landing={landing} lake={lake.root}", flush=True)
+    print(f"run {batch_id}: mode={args.mode} engine={engine.name} landing={landing} lake={lake.root} "
+          f"window={window.describe()}", flush=True)
     for table in tables:
-        if "bronze" in args.layers:
-            step(table.name, "bronze", jobs.bronze_ingest, table, landing, lake, batch_id)
+        if "bronze" in args.layers and args.mode != "rebuild":
+            step(table.name, "bronze", table.name, jobs.bronze_ingest, table, landing, lake, batch_id, selection)
         if "silver" in args.layers:
-            step(table.name, "silver", jobs.silver_merge, table, lake, batch_id)
+            silver = jobs.silver_rebuild if args.mode == "rebuild" else jobs.silver_merge
+            step(table.name, "silver", table.name, silver, table, lake, batch_id)
     if "gold" in args.layers:
         for model in models:
-            step(model.name, "gold", jobs.gold_refresh, model, lake, batch_id)
+            step(model.name, "gold", f"gold.{model.name}", jobs.gold_refresh, model, lake, batch_id)
     return 0
 
 
@@ -187,4 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except LayerFailed as exc:
         print(str(exc), file=sys.stderr)
-        return 1
+        failure_file = os.environ.get("CDC_FAILURE_FILE")  # where the Airflow task reads the line from
+        if failure_file:
+            Path(failure_file).write_text(str(exc) + "\n")
+        return EXIT_TRANSIENT if exc.transient else 1

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import shutil
+import tempfile
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import reduce
+from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
@@ -20,8 +23,8 @@ from spark_jobs import schemas, transforms
 from spark_jobs.config import FAIL, QUARANTINE, GoldModel, TableConfig, row_checks
 from spark_jobs.delta import DeltaEngine, MergeSpec
 from spark_jobs.gates import Check, GateFailed, GateResult, bronze_checks, gold_checks, run_gate, silver_checks
-from spark_jobs.landing import LandingFile
-from spark_jobs.state import Lake, pending_files
+from spark_jobs.landing import LandingFile, LandingWindow, list_topic, stage
+from spark_jobs.state import Lake, ingested_files
 
 # Silver: apply the newest event per key when it is newer than the row (DESIGN 4.2).
 SILVER_MERGE = MergeSpec(keys=(), delete_when="s._op = 'd' AND s._seq > t._seq",
@@ -147,15 +150,48 @@ def _gate(frames: dict[str, DataFrame], figures: dict[str, Any], name: str, laye
     return result
 
 
+@dataclass(frozen=True)
+class Selection:
+    """Which landing files a bronze run takes: those in the landing-time window, only the `files` named
+    (the sensor's exact list) when given; files already in bronze are left alone unless `reprocess`,
+    which reads them again and replaces their rows."""
+
+    window: LandingWindow = LandingWindow()
+    files: frozenset[str] | None = None
+    reprocess: bool = False
+
+
+def _select(landing: str, lake: Lake, table: TableConfig, selection: Selection, recovered: set[str]) -> list[LandingFile]:
+    listed = list_topic(landing, table.topic)
+    if selection.files is not None:
+        gone = sorted(selection.files - {f.path for f in listed})
+        if gone:
+            raise FileNotFoundError(f"table={table.name} layer=bronze: {len(gone)} landing file(s) handed to this run "
+                                    f"are no longer in {landing}: {', '.join(gone[:5])}")
+        listed = [f for f in listed if f.path in selection.files]
+    done = set() if selection.reprocess else ingested_files(lake, table.name) | recovered
+    return [f for f in listed if f in selection.window and f.path not in done]
+
+
 def bronze_ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, landing: str, lake: Lake,
-                  batch_id: str) -> dict[str, Any]:
+                  batch_id: str, selection: Selection = Selection()) -> dict[str, Any]:
     recovered = _recover_unlogged_files(spark, engine, lake, table.name, batch_id)
-    files = [f for f in pending_files(landing, lake, table.name, table.topic) if f.path not in recovered]
+    files = _select(landing, lake, table, selection, recovered)
     summary: dict[str, Any] = {"table": table.name, "layer": "bronze", "batch_id": batch_id, "files": len(files),
                                "recovered_files": len(recovered)}
+    if selection.reprocess:
+        summary["mode"] = "reprocess"
     if not files:
         return {**summary, "gate": "skipped (no new files)", "lines": 0, "events": 0, "tombstones": 0, "quarantined": {}}
+    with tempfile.TemporaryDirectory(prefix=f"cdc-landing-{table.name}-") as staging:
+        return _ingest(spark, engine, table, stage(landing, files, Path(staging)), lake, batch_id, files,
+                       selection.reprocess, summary)
 
+
+def _ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, landing: str, lake: Lake, batch_id: str,
+            files: list[LandingFile], reprocess: bool, summary: dict[str, Any]) -> dict[str, Any]:
+    """Bronze for `files`, read from a local `landing` root (the landing itself, or S3 files staged)."""
+    again = _in_bronze(engine, lake, table.name, files) if reprocess else []
     lines, unreadable = read_landing(spark, landing, files, table.format)
     parsed = transforms.parse_envelope(lines, table.format)
     parsed = parsed.withColumn("_schema", F.coalesce("_typed_schema", "_schema")).drop("_typed_schema")
@@ -167,6 +203,9 @@ def bronze_ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
         quarantine = quarantine.unionByName(spark.createDataFrame(
             [(f.path, 0, "", f"{reason}: {f.path.rsplit('/', 1)[-1]}") for f, reason in unreadable.items()],
             "_source_file STRING, _line BIGINT, _raw STRING, reason STRING"))
+    if again and engine.version(lake.quarantine(table.name)) is not None:
+        # what the files' earlier reading quarantined is replaced by what this reading finds
+        engine.delete(lake.quarantine(table.name), f"layer = 'bronze' AND {_files_predicate(again)}")
     quarantined = write_quarantine(engine, lake, table.name, quarantine, "bronze", batch_id)
 
     per_file = {r["_source_file"]: (r["lines"], r["events"], r["tombstones"], r["quarantined"])
@@ -206,16 +245,31 @@ def bronze_ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
         F.lit(batch_id).alias("_batch_id"), F.lit(bronze_version).cast("long").alias("_bronze_version"),
         F.lit(_now()).cast("timestamp").alias("_ingested_at"))
     committed = None
-    if events_in:
+    if again:  # their rows, read again, replace the earlier ones in one commit: bronze never holds a line twice
+        committed = engine.replace(rows, lake.bronze(table.name), _files_predicate(again))
+    elif events_in:
         committed = engine.append(rows, lake.bronze(table.name))
-        if committed != bronze_version:
-            raise RuntimeError(f"table={table.name} layer=bronze: another writer committed version {committed - 1} "
-                               "during this run; runs of one table must be serialized")
+    if committed is not None and committed != bronze_version:
+        raise RuntimeError(f"table={table.name} layer=bronze: another writer committed version {committed - 1} "
+                           "during this run; runs of one table must be serialized")
     for f in unreadable:
         per_file[f.path] = (0, 0, 0, 1)
     _log_files(spark, engine, lake, table.name, {f.path: (f.size, f.modified_ms, *per_file.get(f.path, (0, 0, 0, 0)))
                                                  for f in files}, batch_id, committed)
     return {**summary, "version": committed if committed is not None else version_before}
+
+
+def _in_bronze(engine: DeltaEngine, lake: Lake, table: str, files: list[LandingFile]) -> list[str]:
+    """Those of `files` bronze has taken before (by the ingest log)."""
+    if engine.version(lake.bronze(table)) is None:
+        return []
+    done = ingested_files(lake, table)
+    return [f.path for f in files if f.path in done]
+
+
+def _files_predicate(paths: list[str]) -> str:
+    quoted = ", ".join("'" + p.replace("'", "''") + "'" for p in sorted(paths))
+    return f"_source_file IN ({quoted})"
 
 
 INGEST_LOG_SCHEMA = ("table STRING, file STRING, size BIGINT, modified_ms BIGINT, lines BIGINT, events BIGINT, "
@@ -314,6 +368,37 @@ def silver_merge(spark: SparkSession, engine: DeltaEngine, table: TableConfig, l
         failure.summary = {**summary, "bronze_version": bronze_version, **(failure.summary or {})}
         raise
     _save_progress(spark, engine, lake, table.name, bronze_version, truncated_at, batch_id)
+    spark.catalog.clearCache()
+    return {**summary, **stats, "bronze_version": bronze_version, "version": engine.version(lake.silver(table.name))}
+
+
+def silver_rebuild(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake: Lake,
+                   batch_id: str) -> dict[str, Any]:
+    """Recompute silver (and its ledger, history, truncate log) from all of bronze, in a staging area of
+    the lake; when the gate passes, publish each table in one commit. A failed or killed rebuild leaves
+    silver as it was, or already rebuilt: the retry starts over from bronze and ends the same."""
+    summary: dict[str, Any] = {"table": table.name, "layer": "silver", "batch_id": batch_id, "mode": "rebuild"}
+    bronze_version = engine.version(lake.bronze(table.name))
+    if bronze_version is None:
+        raise ValueError(f"table={table.name} layer=silver: no bronze table to rebuild from")
+    staged = lake.staged(table.name)
+    shutil.rmtree(str(staged.staging), ignore_errors=True)  # what a killed rebuild left
+    bronze = engine.read(spark, lake.bronze(table.name), version=bronze_version)
+    assert bronze is not None
+    try:
+        stats, truncated_at = apply_changes(spark, engine, table, staged, bronze, None, batch_id)
+    except GateFailed as failure:
+        failure.summary = {**summary, "bronze_version": bronze_version, **(failure.summary or {})}
+        raise
+    for place, partition_by in ((Lake.silver, table.partition_by), (Lake.tombstones, ()),
+                                (Lake.history, table.partition_by), (Lake.truncates, ())):
+        path, rebuilt = place(lake, table.name), engine.read(spark, place(staged, table.name))
+        if rebuilt is not None:
+            engine.overwrite(rebuilt, path, partition_by)
+        elif engine.version(path) is not None:
+            engine.delete(path, "true")
+    _save_progress(spark, engine, lake, table.name, bronze_version, truncated_at, batch_id)
+    shutil.rmtree(str(staged.staging), ignore_errors=True)
     spark.catalog.clearCache()
     return {**summary, **stats, "bronze_version": bronze_version, "version": engine.version(lake.silver(table.name))}
 

@@ -4,22 +4,39 @@ taken) and per-layer progress (which bronze version silver has applied)."""
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
+import os
 import secrets
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from spark_jobs.landing import LandingFile, list_topic
+from spark_jobs.landing import LandingFile, LandingWindow, list_topic
 
 
 @dataclass(frozen=True)
 class Lake:
+    """Paths in the lake. `staging`, when set, holds silver and its state (ledger, history, truncate log)
+    elsewhere: a rebuild computes them there and publishes them when its gate has passed."""
+
     root: str
+    staging: str | None = None
+
+    @property
+    def _silver_root(self) -> str:
+        return self.staging or self.root
+
+    def staged(self, table: str) -> Lake:
+        return Lake(self.root, f"{self.root}/_state/rebuild/{table}")
 
     def bronze(self, table: str) -> str:
         return f"{self.root}/bronze/{table}"
 
     def silver(self, table: str) -> str:
-        return f"{self.root}/silver/{table}"
+        return f"{self._silver_root}/silver/{table}"
 
     def gold(self, model: str) -> str:
         return f"{self.root}/gold/{model}"
@@ -31,13 +48,13 @@ class Lake:
         return f"{self.root}/_state/ingest_log/{table}"
 
     def tombstones(self, table: str) -> str:
-        return f"{self.root}/_state/tombstones/{table}"
+        return f"{self._silver_root}/_state/tombstones/{table}"
 
     def history(self, table: str) -> str:
-        return f"{self.root}/silver/{table}_history"
+        return f"{self._silver_root}/silver/{table}_history"
 
     def truncates(self, table: str) -> str:
-        return f"{self.root}/_state/truncates/{table}"
+        return f"{self._silver_root}/_state/truncates/{table}"
 
     def progress(self, table: str) -> str:
         return f"{self.root}/_state/progress/{table}"
@@ -84,9 +101,44 @@ def _local(uri: str) -> str:
     return uri[len("file://"):] if uri.startswith("file://") else uri
 
 
-def pending_files(landing: str, lake: Lake, table: str, topic: str) -> list[LandingFile]:
+def pending_files(landing: str, lake: Lake, table: str, topic: str, window: LandingWindow | None = None,
+                  s3_client: Any = None) -> list[LandingFile]:
+    """Landing files of the topic in the landing-time window that bronze has not taken yet."""
     done = ingested_files(lake, table)
-    return [f for f in list_topic(landing, topic) if f.path not in done]
+    return [f for f in list_topic(landing, topic, s3_client) if f.path not in done and f in (window or LandingWindow())]
+
+
+class TableBusy(RuntimeError):
+    """Another run writes the table: transient, the retry waits its turn."""
+
+
+@contextmanager
+def writer_lock(lake: Lake, name: str, holder: str, timeout_s: float | None = None) -> Iterator[None]:
+    """One writer per table (all its layers: they share quarantine and state) or gold model, whoever
+    starts it: Airflow DAGs, replays or the CLI. An OS file lock, so a killed run releases it. Waits up
+    to CDC_LOCK_TIMEOUT seconds (default 900) for the other writer."""
+    timeout_s = float(os.environ.get("CDC_LOCK_TIMEOUT", "900")) if timeout_s is None else timeout_s
+    path = ensure_dir(f"{lake.root}/_state/locks") / f"{name}.lock"
+    with open(path, "a+") as handle:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    handle.seek(0)
+                    raise TableBusy(f"{name} is being written by another run ({handle.read().strip() or 'unknown'}); "
+                                    f"waited {timeout_s:.0f}s") from None
+                time.sleep(0.5)
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"run {holder}, pid {os.getpid()}, since {dt.datetime.now(dt.UTC).isoformat()}\n")
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def ensure_dir(path: str) -> Path:

@@ -50,3 +50,49 @@ def subprocess_env(**extra: str) -> dict[str, str]:
                PATH=f"{Path(sys.executable).parent}:{env.get('PATH', '')}", CDC_SHUFFLE_PARTITIONS="1")
     env.update(extra)
     return env
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture()
+def s3_endpoint():
+    """A local S3 endpoint: moto's server mode on a free loopback port, with a `landing` bucket."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    url = f"http://127.0.0.1:{port}"
+    boto3.client("s3", endpoint_url=url, aws_access_key_id="test", aws_secret_access_key="test",
+                 region_name="us-east-1").create_bucket(Bucket="landing")
+    yield url
+    server.stop()
+
+
+def upload_landing(endpoint: str, local: Path, uri: str) -> list[str]:
+    """Land local sink files in S3 as the S3 sink would: same keys under the URI's prefix."""
+    import boto3
+
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="test", aws_secret_access_key="test",
+                          region_name="us-east-1")
+    keys = []
+    for path in sorted(p for p in local.rglob("*") if p.is_file()):
+        keys.append(f"{prefix}/{path.relative_to(local).as_posix()}")
+        client.upload_file(str(path), bucket, keys[-1])
+    return keys
+
+
+def aws_connection(endpoint: str) -> str:
+    """`aws_default` as Airflow reads it from the environment, pointing at the local endpoint."""
+    import json
+
+    return json.dumps({"conn_type": "aws", "login": "test", "password": "test",
+                       "extra": {"endpoint_url": endpoint, "region_name": "us-east-1"}})

@@ -116,3 +116,12 @@ def test_delete_removes_matching_rows_and_counts_them(any_engine, spark, tmp_pat
     any_engine.append(spark.createDataFrame([(1, "a", "02", "c"), (2, "b", "05", "c"), (3, "c", "03", "u")], SCHEMA), path)
     assert any_engine.delete(path, "_seq < '04'") == 2
     assert rows(any_engine, spark, path) == [(2, "b", "05", "c")]
+
+
+def test_replace_swaps_the_matching_rows_in_one_commit(any_engine, spark, tmp_path):
+    path = str(tmp_path / "t")
+    any_engine.append(spark.createDataFrame([(1, "a", "f1", "c"), (2, "b", "f1", "c"), (3, "c", "f'2", "u")], SCHEMA), path)
+    assert any_engine.replace(spark.createDataFrame([(1, "A", "f1", "c")], SCHEMA), path, "_seq IN ('f1')") == 1
+    assert rows(any_engine, spark, path) == [(1, "A", "f1", "c"), (3, "c", "f'2", "u")]
+    assert any_engine.replace(spark.createDataFrame([], SCHEMA), path, "_seq IN ('f''2')") == 2
+    assert rows(any_engine, spark, path) == [(1, "A", "f1", "c")]

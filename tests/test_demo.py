@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import subprocess_env
+from tests.conftest import aws_connection, free_port, subprocess_env, upload_landing
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -29,16 +29,10 @@ ARTIFACTS = Path(os.environ.get("CDC_TEST_ARTIFACTS", ROOT / "test-artifacts"))
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def api_server(env: dict[str, str], home: Path) -> Iterator[str]:
     """`airflow api-server` on a free loopback port with one viewer user (reader / reader-pass)."""
-    port = _free_port()
+    port = free_port()
     (home / "passwords.json").write_text(json.dumps({"reader": "reader-pass"}))
     env = {**env, "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "reader:viewer",
            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
@@ -124,17 +118,36 @@ def browse_reports_in_the_airflow_ui(base: str, screenshot: Path) -> str:
         driver.quit()
 
 
+def silver_table(path: Path) -> list[dict]:
+    """Rows of a Delta table read without Spark: pyarrow over the snapshot's files (DESIGN 2)."""
+    import pyarrow.parquet as pq
+    from deltalake import DeltaTable
+
+    rows = pq.read_table(DeltaTable(str(path)).file_uris()).to_pylist() if DeltaTable(str(path)).file_uris() else []
+    return sorted(rows, key=lambda r: r["custkey"])
+
+
 @pytest.mark.slow
-def test_airflow_runs_the_pipeline_end_to_end(tmp_path):
+def test_airflow_runs_the_pipeline_from_s3_and_replays_leave_it_unchanged(tmp_path, s3_endpoint):
+    """Files landing in a bucket (a local S3 server) to silver and gold through the layer DAGs, the
+    reports in the Airflow UI, then `cdc_replay` rebuild and reprocess (issue 5's "done when")."""
+    from spark_jobs.config import load_registry
+    from spark_jobs.generate import Options, generate
+    from spark_jobs.state import row_count
+
     config = tmp_path / "include" / "tables.yaml"
     (tmp_path / "include" / "gold").mkdir(parents=True)
     config.write_text("tables:\n  customers:\n    topic: burst.burst_bank.customers\n    keys: [custkey]\n")
     shutil.copy(ROOT / "include" / "gold" / "customers_by_state.sql", tmp_path / "include" / "gold")
+    landing, lake = "s3://landing/cdc", tmp_path / "lake"
+    generated = generate(load_registry(str(config)).select(None), tmp_path / "sink", Options(rows=50, changes=50))
+    upload_landing(s3_endpoint, tmp_path / "sink", landing)
     env = subprocess_env(
         AIRFLOW_HOME=str(tmp_path / "airflow"), AIRFLOW__CORE__DAGS_FOLDER=str(ROOT / "dags"),
         AIRFLOW__CORE__LOAD_EXAMPLES="False", AIRFLOW__CORE__PLUGINS_FOLDER=str(ROOT / "plugins"),
         AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[1]"}',
-        CDC_CONFIG=str(config), CDC_LANDING_URI=str(tmp_path / "landing"), CDC_LAKE_URI=str(tmp_path / "lake"),
+        AIRFLOW_CONN_AWS_DEFAULT=aws_connection(s3_endpoint),
+        CDC_CONFIG=str(config), CDC_LANDING_URI=landing, CDC_LAKE_URI=str(lake),
         CDC_SENSOR_TIMEOUT="3", CDC_SENSOR_POKE_INTERVAL="1")
 
     def sh(*args: str) -> subprocess.CompletedProcess:
@@ -142,32 +155,58 @@ def test_airflow_runs_the_pipeline_end_to_end(tmp_path):
         assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
         return done
 
-    sh(str(BIN / "python"), "-m", "spark_jobs", "generate", "--config", str(config), "--landing", str(tmp_path / "landing"),
-       "--rows", "50", "--changes", "50")
+    def dag_test(dag_id: str, *conf: str) -> str:
+        out = sh(str(BIN / "airflow"), "dags", "test", dag_id, *conf)
+        log = out.stdout + out.stderr
+        with (tmp_path / "dags-test.log").open("a") as saved:
+            saved.write(log)
+        assert "state=success" in log, log[-4000:]
+        return log
+
     sh(str(BIN / "airflow"), "db", "migrate")
-    run = sh(str(BIN / "airflow"), "dags", "test", "cdc_pipeline")
-    assert "state=success" in run.stdout + run.stderr
-    status = sh(str(BIN / "python"), "-m", "spark_jobs", "status", "--config", str(config), "--lake", str(tmp_path / "lake"),
+    bronze_log = dag_test("cdc_bronze")
+    assert "table=customers: 2 landing file(s) for bronze" in bronze_log
+    dag_test("cdc_silver_customers")
+    dag_test("cdc_gold_customers_by_state")
+    status = sh(str(BIN / "python"), "-m", "spark_jobs", "status", "--config", str(config), "--lake", str(lake),
                 "--require-tables")
     table = {tuple(line.split()[:2]): line.split()[2:] for line in status.stdout.splitlines()[1:] if line.strip()}
     assert table[("bronze", "customers")] == ["100", "passed"]
     assert table[("gold", "customers_by_state")][1] == "passed"
     assert table[("silver", "customers")][1] == "passed"
-    assert (tmp_path / "lake" / "reports" / "index.html").is_file()
-    assert (tmp_path / "lake" / "reports" / "data_docs" / "customers" / "index.html").is_file()
+    silver = silver_table(lake / "silver" / "customers")
+    final = generated[0].final_rows
+    assert {(r["custkey"],): {c: r[c] for c in r if not c.startswith("_")} for r in silver} == final
+    assert (lake / "reports" / "data_docs" / "customers" / "index.html").is_file()
 
     # the reports inside the Airflow UI, behind its login: the latest run's verdicts
     with api_server(env, tmp_path / "airflow") as base:
         check_reports_behind_airflow_auth(base)
         text = browse_reports_in_the_airflow_ui(base, ARTIFACTS / "airflow-ui-cdc-reports.png")
     latest = text.split("CDC pipeline runs", 1)[1].splitlines()
-    assert [line for line in latest if "bronze/customers" in line][0].split()[2:4] == ["passed", "0"]
-    assert "silver/customers: passed" in text and "gold/customers_by_state: passed" in text
+    assert [line for line in latest if "gold/customers_by_state" in line][0].split()[2] == "passed"
+    assert "silver/customers: passed" in text and "bronze/customers: passed" in text
 
-    # a second run finds nothing new: the sensor skips the table, nothing is written twice
-    silver_log = sorted((tmp_path / "lake" / "silver" / "customers" / "_delta_log").glob("*.json"))
-    again = sh(str(BIN / "airflow"), "dags", "test", "cdc_pipeline")
-    assert "state=success" in again.stdout + again.stderr
-    assert sorted((tmp_path / "lake" / "silver" / "customers" / "_delta_log").glob("*.json")) == silver_log
-    status = sh(str(BIN / "python"), "-m", "spark_jobs", "status", "--config", str(config), "--lake", str(tmp_path / "lake"))
-    assert "bronze     customers                    100  passed" in status.stdout
+    # a second run finds nothing new: the deferred sensor gives up after its timeout and skips the table
+    silver_log = sorted((lake / "silver" / "customers" / "_delta_log").glob("*.json"))
+    again = dag_test("cdc_bronze")
+    assert "Pausing task as DEFERRED" in again and "[DAG TEST] running trigger in line" in again
+    assert "reason='table=customers: no landing files to ingest'" in again
+    assert row_count(str(lake / "bronze" / "customers")) == 100
+
+    # replays: rebuild writes a new silver version with the same rows; reprocess re-reads every landing
+    # file and leaves bronze's row count and silver's rows as they were
+    dag_test("cdc_replay", "-c", json.dumps({"tables": ["customers"], "mode": "rebuild"}))
+    assert silver_table(lake / "silver" / "customers") == silver
+    assert len(sorted((lake / "silver" / "customers" / "_delta_log").glob("*.json"))) == len(silver_log) + 1
+    assert row_count(str(lake / "bronze" / "customers")) == 100
+    reprocess = dag_test("cdc_replay", "-c", json.dumps({"tables": ["customers"], "mode": "reprocess"}))
+    assert "mode=reprocess lines=108 events=100" in reprocess
+    assert row_count(str(lake / "bronze" / "customers")) == 100
+    assert silver_table(lake / "silver" / "customers") == silver
+
+    # bad params fail before any task runs, naming the param
+    bad = subprocess.run([str(BIN / "airflow"), "dags", "test", "cdc_replay", "-c", json.dumps({"mode": "replace"})],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0
+    assert "Invalid input for param mode: 'replace' is not one of ['reprocess', 'rebuild']" in bad.stderr + bad.stdout

@@ -68,6 +68,11 @@ class DeltaRsEngine:
                         schema_mode="overwrite", storage_options=self.storage_options)
         return self._must(path).version()
 
+    def replace(self, df: DataFrame, path: str, predicate: str, partition_by: tuple[str, ...] = ()) -> int:
+        write_deltalake(path, self._arrow(df), mode="overwrite", predicate=predicate,
+                        partition_by=list(partition_by) or None, storage_options=self.storage_options)
+        return self._must(path).version()
+
     def merge(self, df: DataFrame, path: str, spec: MergeSpec, partition_by: tuple[str, ...] = ()) -> MergeResult:
         data = self._arrow(df)
         table = self._table(path)

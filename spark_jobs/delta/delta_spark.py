@@ -49,6 +49,10 @@ class DeltaSparkEngine:
          .partitionBy(*partition_by).save(path))
         return self.version(path) or 0
 
+    def replace(self, df: DataFrame, path: str, predicate: str, partition_by: tuple[str, ...] = ()) -> int:
+        df.write.format("delta").mode("overwrite").option("replaceWhere", predicate).partitionBy(*partition_by).save(path)
+        return self.version(path) or 0
+
     def merge(self, df: DataFrame, path: str, spec: MergeSpec, partition_by: tuple[str, ...] = ()) -> MergeResult:
         if not self._exists(path):
             df.limit(0).write.format("delta").partitionBy(*partition_by).save(path)

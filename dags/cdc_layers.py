@@ -1,0 +1,90 @@
+"""CDC medallion pipeline, one DAG per layer, linked by assets (DESIGN 1):
+
+- `cdc_bronze` (every 15 minutes, or backfilled over a date range): per table, a deferrable sensor waits
+  for landing files bronze has not taken and hands their exact list to the bronze task. A backfill run
+  takes the files whose landing time falls in its data interval. Updates the asset `cdc.bronze.<table>`.
+- `cdc_silver_<table>`: scheduled by `cdc.bronze.<table>`; applies the new bronze rows to silver.
+- `cdc_gold_<model>`: scheduled by any of its sources' `cdc.silver.<table>`; refreshes the model.
+
+Every layer job is `python -m spark_jobs run` through spark-submit, gated inside (a failed gate fails the
+task with one line naming table, layer and reason). Wiring only: Spark, Great Expectations and deltalake
+are imported by the tasks when they run, never here.
+"""
+
+from __future__ import annotations
+
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # the project root holds spark_jobs/ and include/
+    sys.path.insert(0, str(ROOT))
+
+from airflow.sdk import DAG, AssetAny, Param  # noqa: E402
+from airflow.timetables.interval import DeltaDataIntervalTimetable  # noqa: E402
+
+from spark_jobs.orchestration import CdcSparkJob, LandingSensor, default_args, wiring  # noqa: E402
+
+W = wiring()
+START = datetime(2024, 1, 1, tzinfo=UTC)
+
+with DAG(
+    dag_id="cdc_bronze",
+    doc_md=__doc__,
+    schedule=DeltaDataIntervalTimetable(timedelta(minutes=15)),  # data intervals: what a backfill run covers
+    start_date=START,
+    catchup=False,
+    max_active_runs=4,  # backfill intervals may run side by side; each table's bronze task runs one at a time
+    params={"since": Param(None, type=["null", "string"], description="only files landed at or after (ISO 8601)"),
+            "until": Param(None, type=["null", "string"], description="only files landed before (ISO 8601)")},
+    tags=["cdc", "bronze", "landing"],
+    default_args=default_args(),
+):
+    for table in W.registry.tables.values():
+        sense = LandingSensor(
+            task_id=f"landing_sense_{table.name}", table=table.name, topic=table.topic, landing=W.landing, lake=W.lake,
+            timeout=W.sensor_timeout_s, poke_interval=W.sensor_poke_s, retries=1,
+            doc_md=f"Waits (deferred, on the triggerer) for files of `{table.topic}` bronze has not taken; returns "
+                   "their paths. A backfill run takes its data interval's files without waiting. Skips the table "
+                   "when nothing arrives.")
+        sense >> CdcSparkJob(
+            task_id=f"bronze_ingest_{table.name}", landing=W.landing, files_from=sense.task_id,
+            cli_args=W.cli_args("--layers", "bronze", "--tables", table.name), outlets=[W.asset("bronze", table.name)],
+            max_active_tis_per_dag=1,  # one writer per table across runs (backfills included)
+            doc_md="Ingests exactly the sensor's files: bad lines to quarantine with a reason, the rest appended "
+                   "to bronze when the bronze gate passes.")
+
+for table in W.registry.tables.values():
+    with DAG(
+        dag_id=f"cdc_silver_{table.name}",
+        doc_md=f"Silver `{table.name}`: current state per key `{', '.join(table.keys)}` from the new bronze rows "
+               "(order by log position, duplicates and stale events dropped, deletes applied), gated. Runs when "
+               f"`cdc.bronze.{table.name}` is updated; trigger it by hand to apply what bronze holds.",
+        schedule=[W.asset("bronze", table.name)],
+        start_date=START,
+        catchup=False,
+        max_active_runs=1,  # one writer per Delta table
+        tags=["cdc", "silver", f"source:{table.topic.split('.')[0]}"],
+        default_args=default_args(),
+    ):
+        CdcSparkJob(task_id=f"silver_merge_{table.name}", landing=W.landing,
+                    cli_args=W.cli_args("--layers", "silver", "--tables", table.name),
+                    outlets=[W.asset("silver", table.name)],
+                    doc_md="Applies the bronze rows silver has not seen; the gate's report is in Browse > CDC data quality.")
+
+for model in W.registry.gold.values():
+    with DAG(
+        dag_id=f"cdc_gold_{model.name}",
+        doc_md=f"Gold `{model.name}` (`include/gold/{model.name}.sql`) over silver {', '.join(model.sources)}: "
+               "recomputed and gated when any source changes.",
+        schedule=AssetAny(*[W.asset("silver", source) for source in model.sources]),
+        start_date=START,
+        catchup=False,
+        max_active_runs=1,
+        tags=["cdc", "gold", *[f"source:{W.registry.tables[s].topic.split('.')[0]}" for s in model.sources]],
+        default_args=default_args(),
+    ):
+        CdcSparkJob(task_id=f"gold_refresh_{model.name}", landing=W.landing,
+                    cli_args=W.cli_args("--layers", "gold", "--models", model.name), outlets=[W.asset("gold", model.name)],
+                    doc_md="Runs the model's SQL over silver; publishes it when the gold gate passes.")
