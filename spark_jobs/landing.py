@@ -47,7 +47,7 @@ class LandingWindow:
     @classmethod
     def parse(cls, since: str | None, until: str | None) -> LandingWindow:
         """From ISO 8601 timestamps (naive ones are UTC); raises ValueError naming the bad bound."""
-        bounds = []
+        bounds: list[int | None] = []
         for name, value in (("since", since), ("until", until)):
             if value in (None, ""):
                 bounds.append(None)

@@ -220,7 +220,7 @@ class CdcSparkJob(SparkSubmitOperator):
     def execute(self, context: Any) -> None:
         if self.files_from:
             files = context["ti"].xcom_pull(task_ids=self.files_from)
-            self.application_args = [*self.application_args, "--files", json.dumps(sorted(files))]
+            self.application_args = [*(self.application_args or []), "--files", json.dumps(sorted(files))]
         env = dict(self.env_vars or {})
         if is_remote(self.landing):
             env.update(s3_environment(s3_settings(self.aws_conn_id)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -15,6 +16,9 @@ time.tzset()
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 os.environ["CDC_SHUFFLE_PARTITIONS"] = "1"
 os.environ["CDC_DELTA_ENGINE"] = "delta-rs"
+# tests importing Airflow in this process get a throwaway home, never the project's or the user's
+os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="cdc-tests-airflow-")
+os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

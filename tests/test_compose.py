@@ -55,14 +55,18 @@ def test_airflow_services_get_the_cdc_environment_and_the_project():
         assert contract <= set(env), name
         mounts = dict(v.split(":")[:2] for v in volumes)
         assert mounts == {"./dags": "/opt/project/dags", "./spark_jobs": "/opt/project/spark_jobs",
-                          "./include": "/opt/project/include", "./plugins": "/opt/project/plugins"}
+                          "./include": "/opt/project/include", "./plugins": "/opt/project/plugins",
+                          "lake-data": "/opt/lake"}
         assert env["AIRFLOW__CORE__DAGS_FOLDER"] == mounts["./dags"]
         assert env["PYTHONPATH"] == "/opt/project"
         assert env["CDC_CONFIG"] == mounts["./include"] + "/tables.yaml"
         assert env["SPARK_CONF_DIR"] == mounts["./include"] + "/spark-conf"
-        assert env["CDC_LANDING_URI"].startswith("s3://landing/") and env["CDC_LAKE_URI"].startswith("s3://lake/")
+        # landing on S3 (MinIO, through aws_default); the lake on a volume Airflow and Spark share
+        assert env["CDC_LANDING_URI"].startswith("s3://landing/") and env["CDC_LAKE_URI"] == mounts["lake-data"]
+        assert '"endpoint_url": "http://minio:9000"' in env["AIRFLOW_CONN_AWS_DEFAULT"]
         assert '"host": "spark://spark-master"' in env["AIRFLOW_CONN_SPARK_DEFAULT"]
-    for path in [p for v in SERVICES["spark-worker"]["volumes"] for p in [v.split(":")[0]]]:
+    for path in [p for v in SERVICES["spark-worker"]["volumes"] for p in [v.split(":")[0]] if p.startswith("./")]:
         assert (ROOT / path).is_dir(), path
-    assert "mc mb --ignore-existing local/landing local/lake" in SERVICES["minio-init"]["entrypoint"][-1]
+    assert "lake-data" in COMPOSE["volumes"]
+    assert "mc mb --ignore-existing local/landing" in SERVICES["minio-init"]["entrypoint"][-1]
     assert (ROOT / "include" / "spark-conf" / "spark-defaults.conf").is_file()

@@ -16,11 +16,20 @@ PARSE = """
 import json, sys
 from airflow.models.dagbag import DagBag
 bag = DagBag(dag_folder=sys.argv[1], include_examples=False)
-dag = bag.dags.get("cdc_pipeline")
+
+def schedule(dag):
+    condition = getattr(dag.timetable, "asset_condition", None)
+    assets = sorted(a.name for _, a in condition.iter_assets()) if condition is not None else []
+    return assets or dag.timetable.summary
+
 print(json.dumps({
     "errors": {k: str(v) for k, v in bag.import_errors.items()},
-    "dags": sorted(bag.dags),
-    "edges": sorted([t.task_id, sorted(t.downstream_task_ids)] for t in dag.tasks) if dag else [],
+    "dags": {dag_id: {
+        "schedule": schedule(dag), "tags": sorted(dag.tags), "max_active_runs": dag.max_active_runs, "doc": bool(dag.doc_md),
+        "tasks": {t.task_id: {"down": sorted(t.downstream_task_ids), "outlets": [o.name for o in t.outlets],
+                              "doc": bool(t.doc_md), "retries": t.retries, "timeout": str(t.execution_timeout),
+                              "on_failure": bool(t.on_failure_callback), "type": type(t).__name__}
+                  for t in dag.tasks}} for dag_id, dag in bag.dags.items()},
     "heavy": sorted({m.split(".")[0] for m in sys.modules} & {"pyspark", "great_expectations", "deltalake"}),
 }))
 """
@@ -34,25 +43,51 @@ def parse_dags(tmp_path: Path, **env: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_dag_folder_parses_without_errors_or_heavy_imports(tmp_path):
+def test_dag_folder_parses_in_a_fresh_home_without_errors_or_heavy_imports(tmp_path):
     parsed = parse_dags(tmp_path)
-    assert (parsed["errors"], parsed["dags"], parsed["heavy"]) == ({}, ["cdc_pipeline"], [])
-    edges = dict((task, set(down)) for task, down in parsed["edges"])
-    assert edges["landing_sense_customers"] == {"bronze_ingest_customers"}
-    assert edges["bronze_ingest_customers"] == {"silver_merge_customers"}
-    assert edges["silver_merge_customers"] == {"gold_refresh_customers_by_state"}
-    assert edges["silver_merge_film"] == {"gold_refresh_films_per_actor"}
-    assert edges["silver_merge_actor"] == {"gold_refresh_films_per_actor"}
-    assert len(edges) == 6 * 3 + 4
+    assert (parsed["errors"], parsed["heavy"]) == ({}, [])
+    dags = parsed["dags"]
+    tables = ["actor", "customers", "film", "film_actor", "inventory_customers", "products"]
+    models = ["customer_email_domains", "customers_by_state", "films_per_actor", "products_by_weight"]
+    assert sorted(dags) == sorted(["cdc_bronze", "cdc_replay", *[f"cdc_silver_{t}" for t in tables],
+                                   *[f"cdc_gold_{m}" for m in models]])
+
+    bronze = dags["cdc_bronze"]
+    assert bronze["schedule"] == "0:15:00" and bronze["tags"] == ["bronze", "cdc", "landing"]
+    assert bronze["tasks"]["landing_sense_customers"] == {
+        "down": ["bronze_ingest_customers"], "outlets": [], "doc": True, "retries": 1, "timeout": "1:00:00",
+        "on_failure": True, "type": "LandingSensor"}
+    assert bronze["tasks"]["bronze_ingest_customers"] == {
+        "down": [], "outlets": ["cdc.bronze.customers"], "doc": True, "retries": 3, "timeout": "1:00:00",
+        "on_failure": True, "type": "CdcSparkJob"}
+    assert len(bronze["tasks"]) == 2 * len(tables)
+
+    # each layer's DAG is scheduled by the asset it reads, and updates the one it writes
+    silver = dags["cdc_silver_film"]
+    assert (silver["schedule"], silver["max_active_runs"], silver["tags"]) == (
+        ["cdc.bronze.film"], 1, ["cdc", "silver", "source:pagila"])
+    assert silver["tasks"]["silver_merge_film"]["outlets"] == ["cdc.silver.film"]
+    gold = dags["cdc_gold_films_per_actor"]
+    assert gold["schedule"] == ["cdc.silver.actor", "cdc.silver.film", "cdc.silver.film_actor"]
+    assert gold["tasks"]["gold_refresh_films_per_actor"]["outlets"] == ["cdc.gold.films_per_actor"]
+
+    replay = dags["cdc_replay"]
+    assert (replay["schedule"], replay["max_active_runs"]) == ("None", 1)
+    assert replay["tasks"]["replay_plan"]["down"] == sorted(
+        [f"bronze_reprocess_{t}" for t in tables] + [f"silver_replay_{t}" for t in tables])
+    assert replay["tasks"]["bronze_reprocess_customers"]["down"] == ["silver_replay_customers"]
+    assert replay["tasks"]["silver_replay_customers"]["down"] == ["gold_refresh_customers_by_state"]
+    assert all(t["doc"] and t["on_failure"] for d in dags.values() for t in d["tasks"].values())
+    assert all(d["doc"] for d in dags.values())
 
 
-def test_dag_follows_the_cdc_config_environment(tmp_path):
+def test_dags_follow_the_cdc_config_environment(tmp_path):
     config = tmp_path / "tables.yaml"
     config.write_text("tables:\n  orders:\n    topic: shop.public.orders\n    keys: [id]\n")
     parsed = parse_dags(tmp_path, CDC_CONFIG=str(config))
     assert parsed["errors"] == {}
-    assert sorted(task for task, _ in parsed["edges"]) == [
-        "bronze_ingest_orders", "landing_sense_orders", "silver_merge_orders"]
+    assert sorted(parsed["dags"]) == ["cdc_bronze", "cdc_replay", "cdc_silver_orders"]
+    assert sorted(parsed["dags"]["cdc_bronze"]["tasks"]) == ["bronze_ingest_orders", "landing_sense_orders"]
 
 
 def test_a_broken_registry_is_an_import_error_naming_the_field(tmp_path):

@@ -190,7 +190,8 @@ def test_landing_files_on_a_local_s3_server_are_listed_staged_and_ingested(spark
     assert summary_line(out, "bronze", "customers")["files"] == str(len(listed) - 1)
     assert row_count(lake.bronze("customers")) == generated.events
     silver = engine.read(spark, lake.silver("customers"))
-    assert {(r["custkey"],): r["first_name"] for r in silver.collect()} == {k: v["first_name"] for k, v in generated.final_rows.items()}
+    expected = {key: row["first_name"] for key, row in generated.final_rows.items()}
+    assert {(r["custkey"],): r["first_name"] for r in silver.collect()} == expected
 
     with pytest.raises(FileNotFoundError, match="1 landing file\\(s\\) handed to this run are no longer in"):
         jobs.bronze_ingest(spark, engine, registry.tables["customers"], "s3://landing/cdc", lake, "b3",

@@ -1,0 +1,109 @@
+"""The Airflow side (spark_jobs.orchestration) without a scheduler: which files a run takes, the landing
+trigger, replay params, and how a layer job's failure becomes a task failure (retried or not)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import os
+import stat
+from types import SimpleNamespace
+
+import pytest
+
+from tests.conftest import ROOT, subprocess_env
+
+pytest.importorskip("airflow")
+
+from airflow.exceptions import AirflowException, AirflowFailException, ParamValidationError  # noqa: E402
+from airflow.sdk import ParamsDict  # noqa: E402
+
+from spark_jobs.orchestration import CdcSparkJob, LandingTrigger, check_replay, landing_window, replay_params  # noqa: E402
+
+T0 = dt.datetime(2026, 3, 1, tzinfo=dt.UTC)
+
+
+def context(run_type: str, **params: str | None) -> dict:
+    return {"params": params, "dag_run": SimpleNamespace(run_type=run_type),
+            "data_interval_start": T0, "data_interval_end": T0 + dt.timedelta(minutes=15)}
+
+
+def ms(moment: dt.datetime) -> int:
+    return int(moment.timestamp() * 1000)
+
+
+def test_a_backfill_run_takes_its_data_interval_and_other_runs_everything_pending():
+    assert landing_window(context("backfill")) == (ms(T0), ms(T0 + dt.timedelta(minutes=15)))
+    assert landing_window(context("scheduled")) == (None, None)
+    assert landing_window(context("manual")) == (None, None)
+    assert landing_window(context("scheduled", since="2026-03-01", until=None)) == (ms(T0), None)
+    assert landing_window(context("backfill", since=None, until="2026-03-01T00:00:00Z")) == (None, ms(T0))
+
+
+def test_replay_params_are_checked_before_any_work_naming_the_param():
+    params = ParamsDict(replay_params(["customers", "orders"]))
+    assert params.validate() == {"tables": ["customers", "orders"], "mode": "reprocess", "since": None, "until": None}
+    for bad, name in (({"tables": ["nope"]}, "tables"), ({"tables": []}, "tables"), ({"mode": "replace"}, "mode"),
+                      ({"since": "last tuesday"}, "since")):
+        with pytest.raises(ParamValidationError, match=f"Invalid input for param {name}:"):
+            ParamsDict(replay_params(["customers", "orders"])).update(bad)
+    known = ["customers", "orders"]
+    with pytest.raises(AirflowFailException, match=r"^param since \(2026-03-02\) must be before until \(2026-03-01\)$"):
+        check_replay({"tables": known, "mode": "reprocess", "since": "2026-03-02", "until": "2026-03-01"}, known)
+    with pytest.raises(AirflowFailException, match="^param since/until: a rebuild recomputes from all of bronze"):
+        check_replay({"tables": known, "mode": "rebuild", "since": "2026-03-01", "until": None}, known)
+    assert check_replay({"tables": ["orders"], "mode": "reprocess", "since": "2026-03-01", "until": None}, known) == {
+        "tables": ["orders"], "mode": "reprocess", "window": "[2026-03-01T00:00:00+00:00, ...)"}
+
+
+def test_the_landing_trigger_hands_over_pending_files_or_nothing_after_waiting(tmp_path):
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    folder = landing / "topics" / "db.s.t" / "partition=0"
+    folder.mkdir(parents=True)
+
+    def first_event(**overrides: object) -> dict:
+        kwargs = {"landing": str(landing), "lake": str(lake), "table": "t", "topic": "db.s.t", "since_ms": None,
+                  "until_ms": None, "wait_s": 1.0, "poke_s": 0.2, "aws_conn_id": "aws_default", **overrides}
+        trigger = LandingTrigger(**kwargs)
+        assert LandingTrigger(**trigger.serialize()[1]).serialize() == trigger.serialize()
+
+        async def first() -> dict:
+            async for event in trigger.run():
+                return dict(event.payload)
+            raise AssertionError("no event")
+        return asyncio.run(first())
+
+    assert first_event() == {"files": []}  # nothing landed within wait_s
+    (folder / "db.s.t+0+0000000000.json").write_text("{}\n")
+    (folder / ".db.s.t+0+0000000001.json.tmp").write_text("")
+    assert first_event() == {"files": ["topics/db.s.t/partition=0/db.s.t+0+0000000000.json"]}
+    assert first_event(until_ms=1) == {"files": []}  # landed after the window
+    assert first_event(landing="ftp://elsewhere")["error"].startswith("ValueError: landing ftp://elsewhere: use a local path")
+
+
+@pytest.mark.parametrize("exit_code, failure_line, raised, message", [
+    (1, "gate failed: table=t layer=bronze expectation=key_not_null", AirflowFailException,
+     "gate failed: table=t layer=bronze expectation=key_not_null"),
+    (75, "table=t layer=bronze failed: TableBusy: t is being written by another run", AirflowException,
+     "table=t layer=bronze failed: TableBusy: t is being written by another run"),
+    (137, None, AirflowException, "spark-submit exited 137"),
+])
+def test_a_failed_layer_job_fails_its_task_with_the_cause_and_only_transient_ones_are_retried(
+        tmp_path, monkeypatch, exit_code, failure_line, raised, message):
+    fake = tmp_path / "bin" / "spark-submit"  # stands in for Spark: what the job would print and exit with
+    fake.parent.mkdir()
+    write = f'echo "{failure_line}" > "$CDC_FAILURE_FILE"; ' if failure_line else ""
+    fake.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path}/args\n{write}exit {exit_code}\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    for name, value in subprocess_env(PATH=f"{fake.parent}:{os.environ['PATH']}",
+                                      AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[1]"}').items():
+        monkeypatch.setenv(name, value)
+    job = CdcSparkJob(task_id="bronze_ingest_t", landing=str(tmp_path / "landing"), files_from="landing_sense_t",
+                      cli_args=["--layers", "bronze", "--tables", "t"])
+    ti = SimpleNamespace(xcom_pull=lambda task_ids: ["topics/t/b.json", "topics/t/a.json"])
+    with pytest.raises(raised) as failed:
+        job.execute({"ti": ti})
+    assert type(failed.value) is raised and str(failed.value).startswith(message)
+    args = (tmp_path / "args").read_text()
+    assert str(ROOT / "spark_jobs" / "__main__.py") in args
+    assert args.rstrip().endswith('--files ["topics/t/a.json", "topics/t/b.json"]')
