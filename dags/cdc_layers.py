@@ -21,10 +21,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # the project root holds spark_jobs/ and include/
     sys.path.insert(0, str(ROOT))
 
-from airflow.sdk import DAG, AssetAny, Param  # noqa: E402
+from airflow.sdk import DAG, AssetAny  # noqa: E402
 from airflow.timetables.interval import DeltaDataIntervalTimetable  # noqa: E402
 
-from spark_jobs.orchestration import CdcSparkJob, LandingSensor, default_args, wiring  # noqa: E402
+from spark_jobs.orchestration import CdcSparkJob, LandingSensor, default_args, window_params, wiring  # noqa: E402
 
 W = wiring()
 START = datetime(2024, 1, 1, tzinfo=UTC)
@@ -36,8 +36,7 @@ with DAG(
     start_date=START,
     catchup=False,
     max_active_runs=4,  # backfill intervals may run side by side; each table's bronze task runs one at a time
-    params={"since": Param(None, type=["null", "string"], description="only files landed at or after (ISO 8601)"),
-            "until": Param(None, type=["null", "string"], description="only files landed before (ISO 8601)")},
+    params=window_params("taken by a manual run (a backfill run takes its data interval)"),
     tags=["cdc", "bronze", "landing"],
     default_args=default_args(),
 ):

@@ -243,19 +243,26 @@ class CdcSparkJob(SparkSubmitOperator):
 REPLAY_MODES = ("reprocess", "rebuild")
 
 
+ISO_TIME = "^\\d{4}-\\d{2}-\\d{2}([T ]\\d{2}:\\d{2}(:\\d{2}(\\.\\d+)?)?)?(Z|[+-]\\d{2}:?\\d{2})?$"
+
+
+def window_params(what: str) -> dict[str, Param]:
+    """`since`, `until`: a landing-time window (ISO 8601, UTC when naive), validated with the run."""
+    return {"since": Param(None, type=["null", "string"], pattern=ISO_TIME, title="Since",
+                           description=f"landing time from which files are {what} (ISO 8601, UTC if naive)"),
+            "until": Param(None, type=["null", "string"], pattern=ISO_TIME, title="Until",
+                           description=f"landing time before which files are {what}")}
+
+
 def replay_params(tables: list[str]) -> dict[str, Param]:
     """Validated when the run is created (the UI form, the API, `dags test -c`)."""
-    iso = "^\\d{4}-\\d{2}-\\d{2}([T ]\\d{2}:\\d{2}(:\\d{2}(\\.\\d+)?)?)?(Z|[+-]\\d{2}:?\\d{2})?$"
     return {
         "tables": Param(list(tables), type="array", items={"type": "string", "enum": list(tables)}, minItems=1,
                         uniqueItems=True, title="Tables", description="Tables to replay (default: all)"),
         "mode": Param("reprocess", type="string", enum=list(REPLAY_MODES), title="Mode",
                       description="reprocess: read the landing files in the window again (replacing their bronze "
                                   "rows) and apply them; rebuild: recompute silver, then gold, from all of bronze"),
-        "since": Param(None, type=["null", "string"], pattern=iso, title="Since",
-                       description="landing time from which files are reprocessed (ISO 8601, UTC if naive)"),
-        "until": Param(None, type=["null", "string"], pattern=iso, title="Until",
-                       description="landing time before which files are reprocessed"),
+        **window_params("reprocessed"),
     }
 
 
