@@ -144,6 +144,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(str(exc)) from None
     selection = jobs.Selection(window, args.files, reprocess=args.mode == "reprocess")
     landing, lake = resolve_uri(args.landing), Lake(resolve_uri(args.lake))
+    if "://" in lake.root:
+        raise ConfigError(f"lake {lake.root}: the lake must be a filesystem path (local or shared); s3:// is not supported")
     batch_id = args.run_id or new_batch_id()
     spark = build_session(f"cdc-{'-'.join(args.layers)}")
     engine = make_engine(spark)
@@ -230,11 +232,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return commands[args.command](args)
     except ConfigError as exc:
-        print(f"config error: {exc}", file=sys.stderr)
-        return 2
+        return _failed(f"config error: {exc}", 2)
     except LayerFailed as exc:
-        print(str(exc), file=sys.stderr)
-        failure_file = os.environ.get("CDC_FAILURE_FILE")  # where the Airflow task reads the line from
-        if failure_file:
-            Path(failure_file).write_text(str(exc) + "\n")
-        return EXIT_TRANSIENT if exc.transient else 1
+        return _failed(str(exc), EXIT_TRANSIENT if exc.transient else 1)
+
+
+def _failed(line: str, code: int) -> int:
+    print(line, file=sys.stderr)
+    failure_file = os.environ.get("CDC_FAILURE_FILE")  # where the Airflow task reads the line from
+    if failure_file:
+        Path(failure_file).write_text(line + "\n")
+    return code

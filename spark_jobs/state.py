@@ -104,8 +104,8 @@ def _local(uri: str) -> str:
 def pending_files(landing: str, lake: Lake, table: str, topic: str, window: LandingWindow | None = None,
                   s3_client: Any = None) -> list[LandingFile]:
     """Landing files of the topic in the landing-time window that bronze has not taken yet."""
-    done = ingested_files(lake, table)
-    return [f for f in list_topic(landing, topic, s3_client) if f.path not in done and f in (window or LandingWindow())]
+    done, window = ingested_files(lake, table), window or LandingWindow()
+    return [f for f in list_topic(landing, topic, s3_client) if f.path not in done and f in window]
 
 
 class TableBusy(RuntimeError):

@@ -196,3 +196,17 @@ def test_landing_files_on_a_local_s3_server_are_listed_staged_and_ingested(spark
     with pytest.raises(FileNotFoundError, match="1 landing file\\(s\\) handed to this run are no longer in"):
         jobs.bronze_ingest(spark, engine, registry.tables["customers"], "s3://landing/cdc", lake, "b3",
                            jobs.Selection(files=frozenset(["topics/gone.json"])))
+
+
+def test_an_s3_lake_and_a_bad_window_are_config_errors_the_task_reads(tmp_path, capsys, monkeypatch):
+    config = write_config(tmp_path, gold=False)
+    failure = tmp_path / "failure.txt"
+    monkeypatch.setenv("CDC_FAILURE_FILE", str(failure))
+    code, _, err = run(capsys, config, tmp_path / "landing", "s3://lake/cdc")
+    assert (code, err) == (2, "config error: lake s3://lake/cdc: the lake must be a filesystem path (local or shared); "
+                              "s3:// is not supported\n")
+    assert failure.read_text() == err
+    code, _, err = run(capsys, config, tmp_path / "landing", tmp_path / "lake", "--since", "2026-03-02", "--until", "2026-03-01")
+    assert (code, err) == (2, "config error: since (2026-03-02) must be before until (2026-03-01)\n")
+    code, _, err = run(capsys, config, tmp_path / "landing", tmp_path / "lake", "--until", "soon")
+    assert (code, err) == (2, "config error: until: 'soon' is not an ISO 8601 date or timestamp\n")
