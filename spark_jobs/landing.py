@@ -70,7 +70,6 @@ class LandingWindow:
 
 class Store(Protocol):
     def walk(self, prefix: str) -> Iterator[tuple[str, int, int]]: ...  # (path under the root, size, modified_ms)
-    def download(self, path: str, dest: Path) -> None: ...
 
 
 class LocalStore:
@@ -85,9 +84,6 @@ class LocalStore:
                 full = Path(dirpath) / name
                 stat = full.stat()
                 yield full.relative_to(self.root).as_posix(), stat.st_size, int(stat.st_mtime * 1000)
-
-    def download(self, path: str, dest: Path) -> None:
-        raise NotImplementedError("local landing files are read in place")
 
 
 class S3Store:
@@ -142,7 +138,7 @@ def stage(landing: str, files: list[LandingFile], dest: Path, s3_client: Any = N
     a copy in `dest` (Spark on the embedded default has no S3 filesystem)."""
     if not is_remote(landing):
         return landing
-    store = open_store(landing, s3_client)
+    store = S3Store(landing, s3_client)
     for f in files:
         store.download(f.path, dest / f.path)
     return str(dest)

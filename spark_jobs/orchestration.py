@@ -26,7 +26,6 @@ from spark_jobs.landing import is_remote
 
 ROOT = Path(__file__).resolve().parent.parent
 ENTRY_POINT = str(ROOT / "spark_jobs" / "__main__.py")
-EXIT_TRANSIENT = 75  # spark_jobs.cli: the job failed for a reason a retry can mend
 AWS_CONN_ID = os.environ.get("CDC_AWS_CONN_ID", "aws_default")
 
 
@@ -101,11 +100,11 @@ def _s3_client(settings: dict[str, str] | None) -> Any:
 
 
 def pending_landing_files(landing: str, lake: str, table: str, topic: str, since_ms: int | None, until_ms: int | None,
-                          settings: dict[str, str] | None) -> list[str]:
+                          s3_client: Any) -> list[str]:
     from spark_jobs.landing import LandingWindow
     from spark_jobs.state import Lake, pending_files
 
-    files = pending_files(landing, Lake(lake), table, topic, LandingWindow(since_ms, until_ms), _s3_client(settings))
+    files = pending_files(landing, Lake(lake), table, topic, LandingWindow(since_ms, until_ms), s3_client)
     return [f.path for f in files]
 
 
@@ -151,9 +150,10 @@ class LandingTrigger(BaseTrigger):
         try:
             # connections are read through Airflow's own (synchronous) channel, once
             settings = await sync_to_async(s3_settings)(self.aws_conn_id) if is_remote(self.landing) else None
+            client = await asyncio.to_thread(_s3_client, settings)  # one client for every poll
             while True:
                 files = await asyncio.to_thread(pending_landing_files, self.landing, self.lake, self.table, self.topic,
-                                                self.since_ms, self.until_ms, settings)
+                                                self.since_ms, self.until_ms, client)
                 if files or time.monotonic() >= deadline:
                     yield TriggerEvent({"files": files})
                     return
@@ -176,7 +176,8 @@ class LandingSensor(BaseSensorOperator):
     def execute(self, context: Any) -> list[str]:
         since_ms, until_ms = landing_window(context)
         settings = s3_settings(self.aws_conn_id) if is_remote(self.landing) else None
-        files = pending_landing_files(self.landing, self.lake, self.table, self.topic, since_ms, until_ms, settings)
+        files = pending_landing_files(self.landing, self.lake, self.table, self.topic, since_ms, until_ms,
+                                      _s3_client(settings))
         if files or until_ms is not None:  # a closed window gets no new files by waiting
             return self._hand_over(files)
         self.defer(trigger=LandingTrigger(landing=self.landing, lake=self.lake, table=self.table, topic=self.topic,
