@@ -107,3 +107,25 @@ def test_a_failed_layer_job_fails_its_task_with_the_cause_and_only_transient_one
     args = (tmp_path / "args").read_text()
     assert str(ROOT / "spark_jobs" / "__main__.py") in args
     assert args.rstrip().endswith('--files ["topics/t/a.json", "topics/t/b.json"]')
+
+
+CALLED: list[dict] = []
+
+
+def record_failure(context: dict) -> None:  # the hook CDC_ON_FAILURE_CALLBACK names in the test below
+    CALLED.append(context)
+
+
+def test_the_failure_callback_logs_the_cause_in_one_line_and_calls_the_configured_hook(monkeypatch, capsys):
+    from spark_jobs.orchestration import on_failure
+
+    context = {"ti": SimpleNamespace(dag_id="cdc_silver_orders", task_id="silver_merge_orders"), "run_id": "r1",
+               "exception": AirflowFailException("gate failed: table=orders layer=silver expectation=key_unique\ndetail")}
+    on_failure(context)
+    assert CALLED == []  # no hook configured: only the line
+    monkeypatch.setenv("CDC_ON_FAILURE_CALLBACK", "tests.test_orchestration:record_failure")
+    on_failure(context)
+    assert CALLED == [context]
+    assert capsys.readouterr().out.splitlines() == [
+        "cdc task failed: dag=cdc_silver_orders task=silver_merge_orders run=r1 "
+        "cause=gate failed: table=orders layer=silver expectation=key_unique"] * 2
