@@ -38,7 +38,7 @@ from spark_jobs.jobs import apply_changes
 from spark_jobs.state import Lake
 
 HISTORIES_PER_EXAMPLE = 40  # more makes Hypothesis overrun its buffer and draw shorter histories
-PROFILES = {"ci": (6, 5), "long": (250, 300)}  # (bundles, truncate histories)
+PROFILES = {"ci": (5, 5), "long": (250, 300)}  # (bundles, truncate histories)
 BUNDLES, TRUNCATE_HISTORIES = PROFILES[os.environ.get("HYPOTHESIS_PROFILE", "ci")]
 COMMON = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large],
           "derandomize": False}
