@@ -17,7 +17,7 @@ import datetime as dt
 import gzip
 import json
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -194,6 +194,10 @@ class Options:
     compress: bool = False  # .json.gz instead of .json
     start_offset: int = 0  # first Kafka offset (continue a topic across generate calls)
     start_ms: int = 1_700_000_000_000
+    batches: int = 0  # > 0: the snapshot lands first, then the changes in this many batches of files
+    redeliver: float = 0.0  # share of change events the sink receives twice (at-least-once delivery)
+    shuffle: bool = False  # change events of a batch land in random order, not in commit order
+    mix: tuple[int, int, int] = (20, 70, 10)  # percent of change events that insert, update, delete
 
 
 @dataclass
@@ -204,6 +208,7 @@ class GeneratedTable:
     events: int = 0
     tombstones: int = 0
     files: list[str] = field(default_factory=list)
+    batches: list[list[str]] = field(default_factory=list)  # files landed per phase (snapshot, then batches)
 
 
 class _Log:
@@ -253,92 +258,119 @@ def _envelope_schema(profile: SourceProfile) -> dict[str, Any]:
 
 
 Record = tuple[tuple[Any, ...], dict[str, Any] | None]  # (Kafka key, value); value None = tombstone
+# One change event as the sink receives it: its record and, for a PostgreSQL delete, the tombstone after it
+Unit = list[Record]
 
 
 State = dict[tuple[Any, ...], dict[str, Any]]  # key -> row (logical values)
 
 
-def history(profile: SourceProfile, opts: Options, rng: random.Random) -> tuple[list[Record], State]:
-    """The table's change log as (key, value) Kafka records in commit order, and the final state."""
+def history(profile: SourceProfile, opts: Options, rng: random.Random, state: State) -> Iterator[tuple[int, Unit]]:
+    """The table's change log in commit order, as (phase, unit): phase 0 is the snapshot, phases 1..batches
+    the change batches (everything is phase 0 when `opts.batches` is 0). `state` ends as the final state."""
     log = _Log(profile.connector, rng)
     encode = {c.name: c.encode for c in profile.columns}
-    state: State = {}
-    records: list[Record] = []
+    live: list[tuple[Any, ...]] = []  # the keys of `state` in insertion order, indexable for random picks
     clock = opts.start_ms
     next_key = 0
+    insert_below, update_below = opts.mix[0] / 100, (opts.mix[0] + opts.mix[1]) / 100
 
     def image(row: dict[str, Any] | None) -> dict[str, Any] | None:
         return None if row is None else {c.name: encode[c.name](row.get(c.name)) for c in profile.columns}
 
-    def emit(op: str, key: tuple[Any, ...], before: dict[str, Any] | None, after: dict[str, Any] | None,
-             snapshot: str, row: int, commit_ms: int) -> None:
+    def record(op: str, key: tuple[Any, ...], before: dict[str, Any] | None, after: dict[str, Any] | None,
+               snapshot: str, row: int, commit_ms: int) -> Record:
         payload = {"before": image(before), "after": image(after),
                    "source": log.source(profile.topic, commit_ms, snapshot, row), "op": op,
                    "ts_ms": commit_ms + rng.randint(5, 400), "transaction": None}
-        records.append((key, payload))
+        return key, payload
+
+    def insert() -> tuple[Any, ...]:
+        nonlocal next_key
+        key = profile.new_key(rng, next_key)
+        next_key += 1
+        state[key] = profile.row(rng, key)
+        live.append(key)
+        return key
 
     # snapshot: every row at one log position (pg: one lsn; mysql: one binlog pos)
     log.begin()
     for i in range(opts.rows):
-        key = profile.new_key(rng, next_key)
-        next_key += 1
-        state[key] = profile.row(rng, key)
+        key = insert()
         marker = "first" if i == 0 else "last" if i == opts.rows - 1 else "true"
         clock += rng.randint(0, 1)  # the snapshot reads many rows per millisecond: ts_ms ties
-        emit("r", key, None, state[key], marker, 0, clock)
+        yield 0, [record("r", key, None, state[key], marker, 0, clock)]
 
     done = 0
     while done < opts.changes:
         log.begin()
         clock += rng.randint(1, 2_000)
         for row_in_tx in range(min(rng.randint(1, 5), opts.changes - done)):
+            phase = 1 + done * opts.batches // opts.changes if opts.batches else 0
             roll = rng.random()
-            live = list(state)
-            if roll < 0.2 or len(live) < 2:
-                key = profile.new_key(rng, next_key)
-                next_key += 1
-                state[key] = profile.row(rng, key)
-                emit("c", key, None, state[key], "false", row_in_tx, clock)
-            elif roll < 0.9:
-                key = rng.choice(live)
+            if roll < insert_below or len(live) < 2:
+                key = insert()
+                yield phase, [record("c", key, None, state[key], "false", row_in_tx, clock)]
+            elif roll < update_below:
+                key = live[rng.randrange(len(live))]  # the same draw as rng.choice(live)
                 fresh = profile.row(rng, key)
                 state[key] = {**state[key], **{c: fresh[c] for c in profile.mutable}}
-                emit("u", key, None, state[key], "false", row_in_tx, clock)  # default replica identity
+                # default replica identity: no before image
+                yield phase, [record("u", key, None, state[key], "false", row_in_tx, clock)]
             else:
-                key = rng.choice(live)
+                index = rng.randrange(len(live))
+                key = live.pop(index)
                 del state[key]
                 key_only = dict(zip(profile.keys, key, strict=False))
-                emit("d", key, key_only, None, "false", row_in_tx, clock)
+                unit = [record("d", key, key_only, None, "false", row_in_tx, clock)]
                 if profile.connector == "postgresql":  # tombstones.on.delete=true (the default)
-                    records.append((key, None))
+                    unit.append((key, None))
+                yield phase, unit
             done += 1
-    return records, state
 
 
-def write_topic(profile: SourceProfile, records: list[Record],
-                landing: Path, opts: Options) -> list[str]:
-    """Cut the records into sink files: a key always lands in one partition, files hold flush.size records."""
-    schema = _envelope_schema(profile) if profile.envelope else None
-    by_partition: dict[int, list[str]] = {p: [] for p in range(opts.partitions)}
-    for key, payload in records:
-        line = "null" if payload is None else json.dumps(
-            {"schema": schema, "payload": payload} if schema else payload, separators=(",", ":"))
-        by_partition[_partition(key, opts.partitions)].append(line)
-    ext = ".json.gz" if opts.compress else ".json"
-    files = []
-    for partition, lines in by_partition.items():
-        folder = landing / "topics" / profile.topic / f"partition={partition}"
+class _Sink:
+    """Writes records as the S3 sink does: a key always lands in one partition; per partition, a file per
+    flush.size records, named by its first Kafka offset. `flush` writes partial files (the end of a batch)."""
+
+    def __init__(self, profile: SourceProfile, landing: Path, opts: Options):
+        self.profile, self.landing, self.opts = profile, landing, opts
+        self.schema = _envelope_schema(profile) if profile.envelope else None
+        self.offsets = {p: opts.start_offset for p in range(opts.partitions)}
+        self.pending: dict[int, list[str]] = {p: [] for p in range(opts.partitions)}
+        self.written: list[str] = []
+
+    def line(self, key: tuple[Any, ...], payload: dict[str, Any] | None) -> tuple[int, str]:
+        text = "null" if payload is None else json.dumps(
+            {"schema": self.schema, "payload": payload} if self.schema else payload, separators=(",", ":"))
+        return _partition(key, self.opts.partitions), text
+
+    def add(self, partition: int, text: str) -> None:
+        self.pending[partition].append(text)
+        if len(self.pending[partition]) == self.opts.records_per_file:
+            self._write(partition)
+
+    def flush(self) -> list[str]:
+        """Write what is pending; returns the files written since the last flush, sorted by path."""
+        for partition in self.pending:
+            if self.pending[partition]:
+                self._write(partition)
+        files, self.written = sorted(self.written), []
+        return files
+
+    def _write(self, partition: int) -> None:
+        lines, self.pending[partition] = self.pending[partition], []
+        folder = self.landing / "topics" / self.profile.topic / f"partition={partition}"
         folder.mkdir(parents=True, exist_ok=True)
-        for start in range(0, len(lines), opts.records_per_file):
-            offset = opts.start_offset + start
-            path = folder / f"{profile.topic}+{partition}+{offset:010d}{ext}"
-            text = "\n".join(lines[start:start + opts.records_per_file]) + "\n"
-            if opts.compress:
-                path.write_bytes(gzip.compress(text.encode(), mtime=0))
-            else:
-                path.write_text(text)
-            files.append(str(path))
-    return files
+        ext = ".json.gz" if self.opts.compress else ".json"
+        path = folder / f"{self.profile.topic}+{partition}+{self.offsets[partition]:010d}{ext}"
+        self.offsets[partition] += len(lines)
+        text = "\n".join(lines) + "\n"
+        if self.opts.compress:
+            path.write_bytes(gzip.compress(text.encode(), mtime=0))
+        else:
+            path.write_text(text)
+        self.written.append(str(path))
 
 
 def _partition(key: tuple[Any, ...], partitions: int) -> int:
@@ -346,17 +378,53 @@ def _partition(key: tuple[Any, ...], partitions: int) -> int:
     return sum(ord(ch) for ch in json.dumps(list(key))) % partitions
 
 
+def write_table(profile: SourceProfile, table: str, landing: Path, opts: Options, index: int) -> GeneratedTable:
+    """Generate the table's history and land it phase by phase (`batches`: the files of each phase). Within a
+    phase, `redeliver` sends a share of the change events again later (a connector restart: the same events
+    at new offsets) and `shuffle` lands the change events in random order (a delete keeps its tombstone)."""
+    rng = random.Random(opts.seed * 1_000 + index)
+    delivery = random.Random(f"{opts.seed}-delivery-{index}")  # apart, so the history is the same either way
+    state: State = {}
+    sink, out = _Sink(profile, landing, opts), GeneratedTable(table, profile.topic, state)
+    held: list[list[tuple[int, str]]] = []  # the phase's change events, when they are re-sent or reordered
+
+    def send(unit: list[tuple[int, str]]) -> None:
+        for partition, text in unit:
+            sink.add(partition, text)
+            out.events += text != "null"
+            out.tombstones += text == "null"
+
+    def land() -> None:
+        held.extend([unit for unit in held if delivery.random() < opts.redeliver] if opts.redeliver else [])
+        if opts.shuffle:
+            delivery.shuffle(held)
+        for unit in held:
+            send(unit)
+        held.clear()
+        out.batches.append(sink.flush())
+
+    current = 0
+    for phase, unit in history(profile, opts, rng, state):
+        if phase != current:
+            land()
+            current = phase
+        lines = [sink.line(key, payload) for key, payload in unit]
+        is_change = unit[0][1] is not None and unit[0][1]["op"] != "r"
+        if is_change and (opts.redeliver or opts.shuffle):
+            held.append(lines)
+        else:
+            send(lines)
+    land()
+    out.files = sorted(f for batch in out.batches for f in batch)
+    return out
+
+
 def generate(tables: list[TableConfig], landing: str | Path, opts: Options) -> list[GeneratedTable]:
-    landing = Path(landing)
     out = []
     for index, table in enumerate(tables):
         profile = PROFILES.get(table.topic)
         if profile is None:
             raise ValueError(f"table {table.name!r}: no sample profile for topic {table.topic!r} "
                              f"(known: {', '.join(PROFILES)})")
-        rng = random.Random(opts.seed * 1_000 + index)
-        records, state = history(profile, opts, rng)
-        files = write_topic(profile, records, landing, opts)
-        tombstones = sum(1 for _, payload in records if payload is None)
-        out.append(GeneratedTable(table.name, table.topic, state, len(records) - tombstones, tombstones, files))
+        out.append(write_table(profile, table.name, Path(landing), opts, index))
     return out
