@@ -15,10 +15,26 @@ SESSION_CONF = {
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.sources.partitionColumnTypeInference.enabled": "false",
+    # Parquet written for delta-rs (the engine's scratch files) keeps microsecond timestamps, as Delta does
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
 }
 
 
+# Spark Connect: a long-lived Spark server (`python -m spark_jobs spark-server`) that jobs attach to, so a
+# run pays neither a JVM start nor its warm-up; unset, each run starts its own Spark
+REMOTE_ENV = "CDC_SPARK_REMOTE"
+# settings a Spark Connect client cannot change for its session (the server's own start-up sets them)
+STATIC_CONF = ("spark.ui.enabled", "spark.ui.showConsoleProgress")
+
+
 def build_session(app_name: str) -> SparkSession:
+    remote = os.environ.get(REMOTE_ENV)
+    if remote:
+        spark = SparkSession.builder.remote(remote).getOrCreate()
+        for key, value in SESSION_CONF.items():
+            if key not in STATIC_CONF:
+                spark.conf.set(key, value)
+        return spark
     builder = SparkSession.builder.appName(app_name)
     # Under spark-submit (the DAG tasks) the JVM is already up with --master; only bare CLI runs choose one.
     if "PYSPARK_GATEWAY_PORT" not in os.environ:

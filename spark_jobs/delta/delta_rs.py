@@ -1,14 +1,27 @@
 """delta-rs engine: Spark computes, delta-rs commits.
 
 Reads never go through delta-rs' pyarrow-dataset readers (they abort the interpreter at exit about half
-the time here, DESIGN 2): Spark reads the snapshot's Parquet file list directly."""
+the time here, DESIGN 2): Spark reads the snapshot's Parquet file list directly.
+
+Writes hand delta-rs the rows as Arrow without collecting them into Spark's driver: Spark writes them to
+a scratch Parquet folder (CDC_SPILL_DIR, default the system's temp folder) and delta-rs reads it back a
+row group at a time, so memory stays bounded whatever the batch's size. A merge source up to
+CDC_MERGE_SOURCE_MB (default 256) is held in memory, which lets delta-rs prune the target's files by the
+source's key range; a larger one is streamed."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 from pyspark.sql import DataFrame, SparkSession
@@ -50,38 +63,61 @@ class DeltaRsEngine:
         # basePath lets Spark take partition values from the hive-style folders delta-rs writes
         return spark.read.schema(schema).option("basePath", path).parquet(*files)
 
-    @staticmethod
-    def _arrow(df: DataFrame) -> pa.Table:
-        # Spark marks columns NOT NULL from the plan (a literal, current_timestamp()); a Delta table created
-        # from that would reject later batches that legitimately hold nulls there
-        data = df.toArrow()
-        return data.cast(pa.schema([f.with_nullable(True) for f in data.schema]))
+    @contextmanager
+    def _rows(self, df: DataFrame) -> Iterator[tuple[pa.RecordBatchReader, int]]:
+        """The DataFrame's rows as a stream of Arrow batches, and their size in bytes on disk (see above)."""
+        folder = Path(tempfile.mkdtemp(prefix="cdc-spill-", dir=os.environ.get("CDC_SPILL_DIR")))
+        try:
+            df.write.mode("overwrite").parquet(str(folder))
+            files = sorted(folder.glob("part-*.parquet"))
+            # Spark marks columns NOT NULL from the plan (a literal, current_timestamp()); a Delta table
+            # created from that would reject later batches that legitimately hold nulls there
+            schema = pa.schema([f.with_nullable(True) for f in
+                                (pq.read_schema(files[0]) if files else df.limit(0).toArrow().schema)])
+
+            def batches() -> Iterator[pa.RecordBatch]:
+                for f in files:
+                    for batch in pq.ParquetFile(f).iter_batches(batch_size=65_536):
+                        yield batch.cast(schema)
+
+            yield pa.RecordBatchReader.from_batches(schema, batches()), sum(f.stat().st_size for f in files)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def append(self, df: DataFrame, path: str, partition_by: tuple[str, ...] = ()) -> int:
-        data = self._arrow(df)
-        write_deltalake(path, data, mode="append", partition_by=list(partition_by) or None,
-                        schema_mode="merge", storage_options=self.storage_options)
+        with self._rows(df) as (rows, _):
+            write_deltalake(path, rows, mode="append", partition_by=list(partition_by) or None,
+                            schema_mode="merge", storage_options=self.storage_options)
         return self._must(path).version()
 
     def overwrite(self, df: DataFrame, path: str, partition_by: tuple[str, ...] = ()) -> int:
-        write_deltalake(path, self._arrow(df), mode="overwrite", partition_by=list(partition_by) or None,
-                        schema_mode="overwrite", storage_options=self.storage_options)
+        with self._rows(df) as (rows, _):
+            write_deltalake(path, rows, mode="overwrite", partition_by=list(partition_by) or None,
+                            schema_mode="overwrite", storage_options=self.storage_options)
         return self._must(path).version()
 
     def replace(self, df: DataFrame, path: str, predicate: str, partition_by: tuple[str, ...] = ()) -> int:
-        write_deltalake(path, self._arrow(df), mode="overwrite", predicate=predicate,
-                        partition_by=list(partition_by) or None, storage_options=self.storage_options)
+        with self._rows(df) as (rows, _):
+            write_deltalake(path, rows, mode="overwrite", predicate=predicate,
+                            partition_by=list(partition_by) or None, storage_options=self.storage_options)
         return self._must(path).version()
 
     def merge(self, df: DataFrame, path: str, spec: MergeSpec, partition_by: tuple[str, ...] = ()) -> MergeResult:
-        data = self._arrow(df)
+        with self._rows(df) as (rows, size):
+            return self._merge(rows, size, path, spec, partition_by)
+
+    def _merge(self, rows: pa.RecordBatchReader, size: int, path: str, spec: MergeSpec,
+               partition_by: tuple[str, ...]) -> MergeResult:
         table = self._table(path)
         if table is None:  # first batch: create the table with the source's schema, then merge as usual
-            write_deltalake(path, data.slice(0, 0), partition_by=list(partition_by) or None,
+            write_deltalake(path, rows.schema.empty_table(), partition_by=list(partition_by) or None,
                             storage_options=self.storage_options)
             table = self._must(path)
-        merger = table.merge(data, predicate=key_predicate(spec.keys, '"'), source_alias="s", target_alias="t",
-                             merge_schema=True)
+        # in memory, delta-rs prunes the target's files by the source's key range; streamed, it cannot
+        in_memory = size <= int(os.environ.get("CDC_MERGE_SOURCE_MB", "256")) * 2**20
+        source: Any = rows.read_all() if in_memory else rows
+        merger = table.merge(source, predicate=key_predicate(spec.keys, '"'), source_alias="s", target_alias="t",
+                             merge_schema=True, streamed_exec=not in_memory)
         if spec.delete_when:
             merger = merger.when_matched_delete(predicate=spec.delete_when)
         if spec.update_when:
