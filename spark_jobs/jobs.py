@@ -24,7 +24,7 @@ from spark_jobs.config import FAIL, QUARANTINE, GoldModel, TableConfig, row_chec
 from spark_jobs.delta import DeltaEngine, MergeSpec
 from spark_jobs.gates import Check, GateFailed, GateResult, bronze_checks, gold_checks, run_gate, silver_checks
 from spark_jobs.landing import LandingFile, LandingWindow, list_topic, stage
-from spark_jobs.state import Lake, ingested_files
+from spark_jobs.state import Lake, ingest_log, ingested_files
 
 # Silver: apply the newest event per key when it is newer than the row (DESIGN 4.2).
 SILVER_MERGE = MergeSpec(keys=(), delete_when="s._op = 'd' AND s._seq > t._seq",
@@ -217,8 +217,9 @@ def _ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, landin
     lines_in, events_in, tombstones = (sum(stats[i] for stats in per_file.values()) for i in range(3))
     events = classified.where("_kind = 'event'")
     # tombstone lines that open a file follow a record of an earlier batch: look in bronze for those only
-    opening = classified.where("_kind = 'tombstone' AND _line = 1").limit(1).count() > 0
-    earlier = engine.read(spark, lake.bronze(table.name)) if opening else None
+    opening = [r["_source_file"] for r in classified.where("_kind = 'tombstone' AND _line = 1").select("_source_file")
+               .distinct().collect()]
+    earlier = _preceding_rows(spark, engine, lake, table.name, opening) if opening else None
     matched = transforms.match_tombstones(classified, earlier).localCheckpoint()
     matched_n = matched.where("_follows_delete").count() if tombstones else 0
     newest = _one(events.agg(F.max("ts_ms").alias("ts")))["ts"]
@@ -257,6 +258,29 @@ def _ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, landin
     _log_files(spark, engine, lake, table.name, {f.path: (f.size, f.modified_ms, *per_file.get(f.path, (0, 0, 0, 0)))
                                                  for f in files}, batch_id, committed)
     return {**summary, "version": committed if committed is not None else version_before}
+
+
+def _preceding_rows(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: str, opening: list[str]) -> DataFrame | None:
+    """Bronze rows of the files that precede `opening` in their Kafka partition (the sink names files by
+    topic, partition and first offset): a tombstone opening a file follows the previous file's last record.
+    Read from the bronze versions holding those files (by the ingest log), never all of bronze."""
+    log = ingest_log(lake, table, ["file", "bronze_version"])
+    taken: dict[str, list[tuple[int, str, int]]] = {}
+    for path, version in zip(log["file"], log["bronze_version"], strict=True):
+        position = transforms.landing_offset(path)
+        if position is not None and version is not None:
+            taken.setdefault(position[0], []).append((position[1], path, version))
+    wanted: dict[str, int] = {}
+    for path in opening:
+        position = transforms.landing_offset(path)
+        earlier = [f for f in taken.get(position[0], []) if f[0] < position[1]] if position else []
+        if earlier:
+            _, previous, version = max(earlier)
+            wanted[previous] = version
+    bronze = engine.read(spark, lake.bronze(table)) if wanted else None
+    if bronze is None:
+        return None
+    return bronze.where(F.col("_bronze_version").isin(sorted(set(wanted.values()))) & F.col("_source_file").isin(sorted(wanted)))
 
 
 def _in_bronze(engine: DeltaEngine, lake: Lake, table: str, files: list[LandingFile]) -> list[str]:

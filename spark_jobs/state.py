@@ -69,9 +69,10 @@ def new_batch_id() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ") + "-" + secrets.token_hex(2)
 
 
-def ingested_files(lake: Lake, table: str) -> set[str]:
-    """Landing files already in bronze, read without Spark (the sensor calls this) and without
-    delta-rs' dataset readers: pyarrow.parquet over the log's active files."""
+def ingest_log(lake: Lake, table: str, columns: list[str]) -> dict[str, list[Any]]:
+    """Columns of the ingest log (which landing files bronze took, in which bronze version), read without
+    Spark (the sensor calls this) and without delta-rs' dataset readers: pyarrow.parquet over the log's
+    active files."""
     import pyarrow.parquet as pq
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
@@ -79,10 +80,15 @@ def ingested_files(lake: Lake, table: str) -> set[str]:
     try:
         files = DeltaTable(lake.ingest_log(table)).file_uris()
     except TableNotFoundError:
-        return set()
+        files = []
     if not files:
-        return set()
-    return set(pq.read_table([_local(f) for f in files], columns=["file"]).column("file").to_pylist())
+        return {c: [] for c in columns}
+    return pq.read_table([_local(f) for f in files], columns=columns).to_pydict()
+
+
+def ingested_files(lake: Lake, table: str) -> set[str]:
+    """Landing files already in bronze."""
+    return set(ingest_log(lake, table, ["file"])["file"])
 
 
 def row_count(path: str) -> int | None:

@@ -6,6 +6,7 @@ Silver: `order_key` -> `latest_per_key` -> `typed_rows` -> `effective_changes` a
 
 from __future__ import annotations
 
+import re
 from functools import reduce
 
 from pyspark.sql import Column, DataFrame, Window
@@ -163,6 +164,12 @@ def classify(parsed: DataFrame, keys: tuple[str, ...], quarantine: frozenset[str
 
 
 _LANDING_OFFSET = r"([^/]+)\+([0-9]+)\+([0-9]+)\.[^/]*$"
+
+
+def landing_offset(path: str) -> tuple[str, int] | None:
+    """(topic+partition, first offset) from an S3 sink file name; None for other names."""
+    match = re.search(_LANDING_OFFSET, path)
+    return None if match is None else (f"{match.group(1)}+{match.group(2)}", int(match.group(3)))
 
 
 def kafka_position(file: Column, line: Column) -> tuple[Column, Column]:
