@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,13 @@ EXIT_TRANSIENT = 75  # EX_TEMPFAIL: worth a retry (a busy table, an unreachable 
 
 def _csv(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _mix(value: str) -> tuple[int, int, int]:
+    parts = _csv(value)
+    if len(parts) != 3 or not all(p.isdigit() for p in parts) or sum(int(p) for p in parts) != 100:
+        raise argparse.ArgumentTypeError("three whole percentages adding up to 100, e.g. 20,70,10")
+    return int(parts[0]), int(parts[1]), int(parts[2])
 
 
 def _file_list(value: str) -> frozenset[str]:
@@ -60,6 +68,11 @@ def parser() -> argparse.ArgumentParser:
     status.add_argument("--lake", required=True)
     status.add_argument("--require-tables", action="store_true",
                         help="exit 1 unless every layer holds non-empty tables and an HTML report exists")
+    server = sub.add_parser("spark-server", help="run a long-lived Spark Connect server for runs to attach to "
+                                                 "(CDC_SPARK_REMOTE=sc://localhost:PORT)")
+    server.add_argument("--port", type=int, default=15002)
+    server.add_argument("--master", default=os.environ.get("CDC_SPARK_MASTER", "local[*]"))
+    server.add_argument("--driver-memory", default="2g")
     gen = sub.add_parser("generate", help="write sample Debezium change files in the S3 sink layout")
     gen.add_argument("--config", default="include/tables.yaml")
     gen.add_argument("--landing", required=True)
@@ -70,6 +83,11 @@ def parser() -> argparse.ArgumentParser:
     gen.add_argument("--records-per-file", type=int, default=250, help="the sink's flush.size")
     gen.add_argument("--partitions", type=int, default=2, help="Kafka partitions per topic")
     gen.add_argument("--compress", action="store_true", help="write .json.gz files")
+    gen.add_argument("--batches", type=int, default=0,
+                     help="land the snapshot first, then the changes in this many batches of files (0: all at once)")
+    gen.add_argument("--redeliver", type=float, default=0.0, help="share of change events delivered twice")
+    gen.add_argument("--shuffle", action="store_true", help="change events land in random order within a batch")
+    gen.add_argument("--mix", type=_mix, default=(20, 70, 10), help="percent of changes that insert,update,delete")
     return p
 
 
@@ -124,7 +142,7 @@ def format_summary(s: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from spark_jobs import jobs, report
-    from spark_jobs.delta import make_engine
+    from spark_jobs.delta import is_remote_session, make_engine
     from spark_jobs.landing import LandingWindow
     from spark_jobs.session import build_session
     from spark_jobs.state import Lake, new_batch_id, writer_lock
@@ -147,13 +165,17 @@ def run(args: argparse.Namespace) -> int:
     if "://" in lake.root:
         raise ConfigError(f"lake {lake.root}: the lake must be a filesystem path (local or shared); s3:// is not supported")
     batch_id = args.run_id or new_batch_id()
+    started = time.monotonic()
     spark = build_session(f"cdc-{'-'.join(args.layers)}")
     engine = make_engine(spark)
+    session_s = time.monotonic() - started
 
     def step(table: str, layer: str, lock: str, fn: Any, *fn_args: Any) -> None:
         try:
             with writer_lock(lake, lock, batch_id):
+                started = time.monotonic()
                 summary = fn(spark, engine, *fn_args)
+                summary["seconds"] = round(time.monotonic() - started, 3)  # the layer's work, without the lock wait
         except Exception as exc:
             if os.environ.get("CDC_DEBUG"):
                 traceback.print_exc()
@@ -167,17 +189,42 @@ def run(args: argparse.Namespace) -> int:
         print(format_summary(summary), flush=True)
 
     print(f"run {batch_id}: mode={args.mode} engine={engine.name} landing={landing} lake={lake.root} "
-          f"window={window.describe()}", flush=True)
-    for table in tables:
-        if "bronze" in args.layers and args.mode != "rebuild":
-            step(table.name, "bronze", table.name, jobs.bronze_ingest, table, landing, lake, batch_id, selection)
-        if "silver" in args.layers:
-            silver = jobs.silver_rebuild if args.mode == "rebuild" else jobs.silver_merge
-            step(table.name, "silver", table.name, silver, table, lake, batch_id)
-    if "gold" in args.layers:
-        for model in models:
-            step(model.name, "gold", f"gold.{model.name}", jobs.gold_refresh, model, lake, batch_id)
+          f"window={window.describe()} session_s={session_s:.3f} session_ready_at={time.time():.3f}", flush=True)
+    try:
+        for table in tables:
+            if "bronze" in args.layers and args.mode != "rebuild":
+                step(table.name, "bronze", table.name, jobs.bronze_ingest, table, landing, lake, batch_id, selection)
+            if "silver" in args.layers:
+                silver = jobs.silver_rebuild if args.mode == "rebuild" else jobs.silver_merge
+                step(table.name, "silver", table.name, silver, table, lake, batch_id)
+        if "gold" in args.layers:
+            for model in models:
+                step(model.name, "gold", f"gold.{model.name}", jobs.gold_refresh, model, lake, batch_id)
+    finally:
+        if is_remote_session(spark):  # the server keeps a session (and its checkpoints) until it is released
+            spark.stop()
     return 0
+
+
+def spark_server(args: argparse.Namespace) -> int:
+    """Replaces this process with a Spark Connect server (pyspark's own jars) set up as every run's session:
+    runs attach to it and skip the JVM start and warm-up they would otherwise pay each time."""
+    import pyspark
+
+    from spark_jobs.config import PROJECT_ROOT
+    from spark_jobs.session import SESSION_CONF
+
+    home = Path(pyspark.__file__).parent
+    conf = {**SESSION_CONF, "spark.connect.grpc.binding.port": str(args.port), "spark.driver.memory": args.driver_memory,
+            "spark.pyspark.python": sys.executable,  # Python UDF workers run the project's interpreter
+            "spark.cleaner.periodicGC.interval": "1min"}  # long-lived: drop finished runs' checkpoints soon
+    command = [str(home / "bin" / "spark-submit"), "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
+               "--master", args.master, "--name", "cdc-spark-server",
+               *[part for key, value in conf.items() for part in ("--conf", f"{key}={value}")], "spark-internal"]
+    path = os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    print(f"Spark Connect server ({args.master}) on port {args.port}: runs attach with "
+          f"CDC_SPARK_REMOTE=sc://localhost:{args.port}", flush=True)
+    os.execve(command[0], command, {**os.environ, "SPARK_HOME": str(home), "PYTHONPATH": path})
 
 
 def generate(args: argparse.Namespace) -> int:
@@ -186,10 +233,11 @@ def generate(args: argparse.Namespace) -> int:
 
     registry = load_registry(args.config)
     opts = Options(rows=args.rows, changes=args.changes, seed=args.seed, records_per_file=args.records_per_file,
-                   partitions=args.partitions, compress=args.compress)
+                   partitions=args.partitions, compress=args.compress, batches=args.batches,
+                   redeliver=args.redeliver, shuffle=args.shuffle, mix=args.mix)
     for t in write_files(registry.select(args.tables), resolve_uri(args.landing), opts):
         print(f"{t.table:<22} topic={t.topic} events={t.events} tombstones={t.tombstones} files={len(t.files)} "
-              f"final_rows={len(t.final_rows)}")
+              f"final_rows={len(t.final_rows)}" + (f" batches={len(t.batches) - 1}" if args.batches else ""))
     return 0
 
 
@@ -228,7 +276,7 @@ def status(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    commands = {"run": run, "generate": generate, "status": status}
+    commands = {"run": run, "generate": generate, "status": status, "spark-server": spark_server}
     try:
         return commands[args.command](args)
     except ConfigError as exc:

@@ -9,6 +9,8 @@ import asyncio
 import datetime as dt
 import json
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -27,6 +29,7 @@ from spark_jobs.landing import is_remote
 ROOT = Path(__file__).resolve().parent.parent
 ENTRY_POINT = str(ROOT / "spark_jobs" / "__main__.py")
 AWS_CONN_ID = os.environ.get("CDC_AWS_CONN_ID", "aws_default")
+REMOTE_ENV = "CDC_SPARK_REMOTE"  # as spark_jobs.session reads it (not imported here: it imports pyspark)
 
 
 # ---- wiring shared by the DAG files ----------------------------------------------------------------
@@ -202,7 +205,8 @@ class LandingSensor(BaseSensorOperator):
 
 
 class CdcSparkJob(SparkSubmitOperator):
-    """`python -m spark_jobs run ...` for one table (or gold model) and layer, through spark-submit.
+    """`python -m spark_jobs run ...` for one table (or gold model) and layer, through spark-submit, or,
+    when CDC_SPARK_REMOTE names a Spark Connect server, as a plain process attached to it.
 
     S3 credentials go to the job as AWS_* variables from the Airflow connection (set at run time, never
     rendered in the UI). The bronze task takes the sensor's file list from XCom (`files_from`). A failing
@@ -228,15 +232,40 @@ class CdcSparkJob(SparkSubmitOperator):
         with tempfile.TemporaryDirectory(prefix="cdc-task-") as scratch:
             failure = Path(scratch) / "failure.txt"
             self.env_vars = {**env, "CDC_FAILURE_FILE": str(failure)}
-            try:
-                super().execute(context)
-            except AirflowException as exc:
-                process = getattr(self._hook, "_submit_sp", None)
-                code = getattr(process, "returncode", None)
-                cause = failure.read_text().strip() if failure.exists() else f"spark-submit exited {code}: {exc}"
+            remote = os.environ.get(REMOTE_ENV)
+            if remote:
+                code = self._attached(remote)
+                exited = f"the job exited {code}"
+            else:
+                try:
+                    super().execute(context)
+                    code = 0
+                except AirflowException as exc:
+                    code = getattr(getattr(self._hook, "_submit_sp", None), "returncode", None) or -1
+                    exited = f"spark-submit exited {code}: {exc}"
+            if code != 0:
+                cause = failure.read_text().strip() if failure.exists() else exited
                 if code in (1, 2):  # a gate failed, bad input or config: the same run would fail again
-                    raise AirflowFailException(cause) from None
-                raise AirflowException(cause) from None
+                    raise AirflowFailException(cause)
+                raise AirflowException(cause)
+
+    def _attached(self, remote: str) -> int:
+        """The job as a plain Python process on the long-lived Spark Connect server (no spark-submit, no JVM
+        of its own); its output goes to the task's log. Returns its exit code."""
+        self._process = subprocess.Popen([sys.executable, ENTRY_POINT, *(self.application_args or [])],
+                                         env={**os.environ, **(self.env_vars or {}), REMOTE_ENV: remote}, cwd=ROOT,
+                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert self._process.stdout is not None
+        for line in self._process.stdout:
+            self.log.info("%s", line.rstrip())
+        return self._process.wait()
+
+    def on_kill(self) -> None:
+        process = getattr(self, "_process", None)
+        if process is not None and process.poll() is None:
+            process.terminate()
+        else:
+            super().on_kill()
 
 
 # ---- replays ----------------------------------------------------------------------------------------

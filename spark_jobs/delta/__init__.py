@@ -50,6 +50,8 @@ class DeltaEngine(Protocol):
 
 
 def delta_jars_present(spark: SparkSession) -> bool:
+    if is_remote_session(spark):  # no JVM to ask: the server's session is set up for Delta or not
+        return "DeltaSparkSessionExtension" in (spark.conf.get("spark.sql.extensions", "") or "")
     jvm = getattr(spark.sparkContext, "_jvm", None)
     if jvm is None:
         return False
@@ -58,6 +60,10 @@ def delta_jars_present(spark: SparkSession) -> bool:
         return True
     except Exception:  # py4j raises Py4JJavaError(ClassNotFoundException): the jars are absent
         return False
+
+
+def is_remote_session(spark: SparkSession) -> bool:
+    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 def make_engine(spark: SparkSession, choice: str | None = None) -> DeltaEngine:
