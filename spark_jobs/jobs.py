@@ -469,7 +469,8 @@ def apply_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
         typed = typed.localCheckpoint()
         quarantine = quarantine.unionByName(typed.where("reason IS NOT NULL").select("_source_file", "_line", "_raw", "reason"))
         events = typed.where("reason IS NULL")
-        frames["events"] = _event_audit(typed, table.keys)
+        # audit frames are materialised once: the gate computes each expectation with its own Spark job
+        frames["events"] = _event_audit(typed, table.keys).localCheckpoint()
         after_truncate = F.col("_seq") > F.lit(truncated_at) if truncated_at else F.lit(True)
         position = F.struct(*table.keys, "_seq")
         counts = _one(events.agg(F.count(F.lit(1)).alias("events"), F.countDistinct(position).alias("positions"),
@@ -534,7 +535,8 @@ def apply_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     figures.update(deletes_received=delete_counts["received"], deletes_accounted=accounted)
     if latest is not None and deletes is not None:
         rows_audit, deletes_audit = _merged_audit(spark, engine, target_path, latest, deletes, table.keys, batch_id)
-        frames.update(events=frames["events"].unionByName(deletes_audit, allowMissingColumns=True), rows=rows_audit)
+        frames.update(events=frames["events"].unionByName(deletes_audit, allowMissingColumns=True).localCheckpoint(),
+                      rows=rows_audit.localCheckpoint())
     try:
         gate(frames, figures, table.name, "silver", checks, lake, stats)
     except GateFailed:
