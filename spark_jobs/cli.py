@@ -6,9 +6,11 @@ Failures print one line naming the table, the layer and the reason (CDC_DEBUG=1 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -166,6 +168,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"lake {lake.root}: the lake must be a filesystem path (local or shared); s3:// is not supported")
     batch_id = args.run_id or new_batch_id()
     started = time.monotonic()
+    # Great Expectations takes seconds to import: let that overlap the JVM's start instead of following it
+    threading.Thread(target=importlib.import_module, args=("great_expectations",), daemon=True).start()
     spark = build_session(f"cdc-{'-'.join(args.layers)}")
     engine = make_engine(spark)
     session_s = time.monotonic() - started
