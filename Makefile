@@ -23,7 +23,7 @@ export LAYER_DAGS := from spark_jobs.config import env_settings, load_registry, 
 r = load_registry(resolve(env_settings()["config"])); \
 print(" ".join(["cdc_bronze", *("cdc_silver_" + t for t in r.tables), *("cdc_gold_" + m for m in r.gold)]))
 
-.PHONY: demo test lint venv java browser clean-demo
+.PHONY: demo test lint bench venv java browser clean-demo
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: requirements.txt
@@ -56,6 +56,11 @@ demo: venv java
 # test waiting on each other, so the suite runs in about 12 minutes instead of 18)
 test: venv java browser
 	$(BIN)/pytest -n 2 --dist loadfile
+
+# the pipeline against the single-node floor, every workload of tests/benchmarks (not part of `make test`);
+# at scale 1.0 (issue 6's sizes) it takes hours here: e.g. `make bench BENCH_ARGS="--scale 0.1 --runs 2"`
+bench: venv java
+	$(BIN)/python -m tests.benchmarks $(BENCH_ARGS)
 
 lint: venv
 	$(BIN)/ruff check .

@@ -1,0 +1,376 @@
+"""`make bench`: the pipeline against the single-node floor (tests/benchmarks/floor.py) on the same files.
+
+    python -m tests.benchmarks [--scale 1.0] [--runs 3] [--workloads W1,W2,W3,W4,W5] [--workdir data/bench]
+
+Every workload generates its change files with the project's generator (pagila's `actor`, PostgreSQL,
+without the schema envelope), runs the project's CLI and the floor as separate processes on the same
+files, checks that both silver tables are equal (and equal to the generator's final state), and prints
+each figure with the ratio project/floor. `--scale` multiplies table and batch sizes (1.0 = the sizes
+of issue 6); the results go to tests/benchmarks/RESULTS.md and results.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+CONFIG = HERE / "config" / "tables.yaml"
+TABLE, KEYS, MODEL = "actor", ("actor_id",), "actors_by_last_name"
+FLUSH_SIZE = 20_000  # the S3 sink's flush.size: records per landing file
+MIX = (20, 70, 10)  # insert, update, delete (percent of change events)
+
+
+@dataclass
+class Figure:
+    workload: str
+    name: str
+    project: float
+    floor: float | None = None
+    target: str = ""
+    met: bool | None = None
+    note: str = ""
+
+    @property
+    def ratio(self) -> float | None:
+        return None if not self.floor else self.project / self.floor
+
+
+@dataclass
+class Bench:
+    workdir: Path
+    scale: float
+    runs: int
+    remote: str  # the long-lived Spark Connect server of the "attached" figures
+    figures: list[Figure] = field(default_factory=list)
+    seeds: dict[int, tuple[Path, float]] = field(default_factory=dict)  # rows -> (seeded lake, seconds)
+
+    def n(self, full: int, least: int = 100) -> int:
+        return max(least, int(full * self.scale))
+
+    def add(self, figure: Figure) -> None:
+        self.figures.append(figure)
+        ratio = f"  ratio {figure.ratio:5.2f}" if figure.ratio else ""
+        floor = f"  floor {figure.floor:8.2f}s" if figure.floor is not None else ""
+        verdict = "" if figure.met is None else f"  target {figure.target}: {'met' if figure.met else 'MISSED'}"
+        print(f"{figure.workload} {figure.name:<44} project {figure.project:8.2f}s{floor}{ratio}{verdict}", flush=True)
+
+
+def env() -> dict[str, str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_", "CDC_", "AIRFLOW"))}
+    return {**clean, "PYTHONPATH": str(ROOT), "TZ": "UTC", "GX_ANALYTICS_ENABLED": "false"}
+
+
+def timed(cmd: list[str], extra_env: dict[str, str] | None = None, cwd: Path = ROOT) -> tuple[float, str]:
+    """Run a command to completion; (wall seconds, stdout). A failure stops the benchmark with its output."""
+    started = time.perf_counter()
+    done = subprocess.run(cmd, cwd=cwd, env={**env(), **(extra_env or {})}, capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:6])} ... exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return seconds, done.stdout
+
+
+@contextmanager
+def spark_server(workdir: Path) -> Iterator[str]:
+    """`python -m spark_jobs spark-server` on a free port: the long-lived Spark runs attach to."""
+    from tests.conftest import free_port
+
+    port = free_port()
+    log = (workdir / "spark-server.log").open("w")
+    server = subprocess.Popen([sys.executable, "-m", "spark_jobs", "spark-server", "--port", str(port)], cwd=ROOT,
+                              env=env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while "Spark Connect server started" not in (workdir / "spark-server.log").read_text():
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("Spark Connect server did not start: " + (workdir / "spark-server.log").read_text()[-3000:])
+            time.sleep(0.5)
+        yield f"sc://localhost:{port}"
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)
+        log.close()
+
+
+def file_list(path: Path, landing: Path, files: list[str]) -> str:
+    path.write_text(json.dumps([os.path.relpath(f, landing) for f in files]))
+    return f"@{path}"
+
+
+def project_run(landing: Path, lake: Path, files: str, remote: str | None = None) -> tuple[float, str]:
+    """The project's CLI, bronze and silver, as a fresh process: starting its own Spark, or attached to the
+    long-lived one at `remote`."""
+    return timed([sys.executable, "-m", "spark_jobs", "run", "--config", str(CONFIG), "--landing", str(landing),
+                  "--lake", str(lake), "--layers", "bronze,silver", "--tables", TABLE, "--files", files],
+                 {"CDC_SPARK_REMOTE": remote} if remote else None)
+
+
+def floor_run(landing: Path, silver: Path, files: str) -> float:
+    return timed([sys.executable, "-m", "tests.benchmarks.floor", "apply", "--landing", str(landing), "--files", files,
+                  "--silver", str(silver), "--keys", ",".join(KEYS)])[0]
+
+
+def generate(landing: Path, rows: int, changes: int, batches: int, mix: tuple[int, int, int] = MIX,
+             redeliver: float = 0.05) -> Any:
+    from spark_jobs.config import load_registry
+    from spark_jobs.generate import Options
+    from spark_jobs.generate import generate as write
+
+    shutil.rmtree(landing, ignore_errors=True)
+    opts = Options(rows=rows, changes=changes, batches=batches, redeliver=redeliver, shuffle=True, mix=mix,
+                   records_per_file=FLUSH_SIZE, seed=7)
+    return write(load_registry(str(CONFIG)).select([TABLE]), landing, opts)[0]
+
+
+def read_table(path: Path) -> Any:
+    """A Delta table as one Arrow table through pyarrow.parquet on its file list (the project's safe read
+    path: no delta-rs dataset reader), sorted by key."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from deltalake import DeltaTable
+
+    files = [u.removeprefix("file://") for u in DeltaTable(str(path)).file_uris()]
+    table = pq.read_table(files)
+    plain = pa.schema([f.with_type(pa.string()) if f.type == pa.string_view() else f for f in table.schema])
+    return table.cast(plain).sort_by([(k, "ascending") for k in KEYS])
+
+
+def check_equal(project_silver: Path, floor_silver: Path | None, generated: Any) -> None:
+    """Silver equals the floor's (source columns, op, position) and the generator's final state."""
+    from spark_jobs.generate import PROFILES
+
+    project = read_table(project_silver)
+    columns = [c for c in project.column_names if not c.startswith("_") or c in ("_op", "_seq", "_source_ts_ms")]
+    if floor_silver is not None:
+        floor = read_table(floor_silver)
+        if not project.select(columns).equals(floor.select(columns).cast(project.select(columns).schema)):
+            raise AssertionError(f"silver differs from the floor's: {project.num_rows} rows against {floor.num_rows}")
+    columns_out = PROFILES[generated.topic].columns  # without the envelope, silver keeps the JSON values
+    expected = {k: {c.name: c.encode(row[c.name]) for c in columns_out} for k, row in generated.final_rows.items()}
+    got = {tuple(r[k] for k in KEYS): r for r in project.select([c.name for c in columns_out]).to_pylist()}
+    if got != expected:
+        raise AssertionError(f"silver differs from the source's final state ({len(got)} rows against "
+                             f"{len(generated.final_rows)})")
+
+
+def seeded(bench: Bench, rows: int, landing: Path, generated: Any) -> Path:
+    """A lake whose bronze and silver hold the snapshot of `rows` rows, loaded by the project's CLI once per
+    size (the snapshot files are the same in every landing of that size: same seed)."""
+    if rows not in bench.seeds:
+        lake = bench.workdir / f"seed-{rows}"
+        shutil.rmtree(lake, ignore_errors=True)
+        seconds, _ = project_run(landing, lake, file_list(bench.workdir / f"seed-{rows}.json", landing, generated.batches[0]))
+        bench.seeds[rows] = (lake, seconds)
+        bench.add(Figure("setup", f"initial load of {rows:,} rows (bronze+silver)", seconds))
+    return bench.seeds[rows][0]
+
+
+def fresh_copy(seed: Path, dest: Path) -> Path:
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(seed, dest)
+    return dest
+
+
+MODES = (("", "own Spark"), ("attached", "attached to a warm Spark Connect server"))
+
+
+def one_batch(bench: Bench, label: str, rows: int, changes: int) -> dict[str, float]:
+    """Median seconds of the project's CLI (bronze+silver: with its own Spark, and attached to the warm
+    server) and of the floor, for one shuffled batch of `changes` events into a `rows`-row table, every
+    run from a copy of the same seeded lake."""
+    landing = bench.workdir / f"landing-{label}"
+    generated = generate(landing, rows, changes, batches=1)
+    seed = seeded(bench, rows, landing, generated)
+    files = file_list(bench.workdir / f"{label}.json", landing, generated.batches[1])
+    seconds: dict[str, list[float]] = {"": [], "attached": [], "floor": []}
+    for _ in range(bench.runs):
+        for mode, _ in MODES:
+            lake = fresh_copy(seed, bench.workdir / f"lake-{label}")
+            seconds[mode].append(project_run(landing, lake, files, bench.remote if mode else None)[0])
+            floor_silver = fresh_copy(seed / "silver" / TABLE, bench.workdir / f"floor-{label}")
+            if mode:  # the floor once per run
+                seconds["floor"].append(floor_run(landing, floor_silver, files))
+            check_equal(lake / "silver" / TABLE, floor_silver if mode else None, generated)
+    return {mode: statistics.median(values) for mode, values in seconds.items()}
+
+
+def w1(bench: Bench) -> None:
+    rows, changes = bench.n(1_000_000), bench.n(100_000)
+    seconds = one_batch(bench, "w1", rows, changes)
+    for mode, how in MODES:
+        figure = Figure("W1", f"{changes:,} events into {rows:,} rows, {how}", seconds[mode], seconds["floor"],
+                        "<= 3x floor")
+        figure.met = figure.project <= 3 * seconds["floor"]
+        bench.add(figure)
+
+
+def w2(bench: Bench) -> None:
+    rows, batches, per_batch = bench.n(1_000_000), max(5, round(50 * min(1.0, bench.scale))), 1_000
+    landing = bench.workdir / "landing-w2"
+    generated = generate(landing, rows, batches * per_batch, batches=batches)
+    seed = seeded(bench, rows, landing, generated)
+    floor_silver = fresh_copy(seed / "silver" / TABLE, bench.workdir / "floor-w2")
+    seconds: dict[str, list[float]] = {"": [], "attached": [], "floor": []}
+    lakes = {mode: fresh_copy(seed, bench.workdir / f"lake-w2{mode}") for mode, _ in MODES}
+    for n, files in enumerate(generated.batches[1:], start=1):
+        listed = file_list(bench.workdir / f"w2-{n}.json", landing, files)
+        for mode, _ in MODES:
+            seconds[mode].append(project_run(landing, lakes[mode], listed, bench.remote if mode else None)[0])
+        seconds["floor"].append(floor_run(landing, floor_silver, listed))
+    for mode, _ in MODES:
+        check_equal(lakes[mode] / "silver" / TABLE, floor_silver, generated)
+    for mode, how in MODES:
+        for name, share in (("p50", 0.5), ("p95", 0.95)):
+            # the first batch of each warms the page cache (and the server's JIT): "once warm" leaves it out
+            p, f = percentile(seconds[mode][1:], share), percentile(seconds["floor"][1:], share)
+            figure = Figure("W2", f"{name} per batch of {per_batch:,} ({batches} batches, {rows:,} rows), {how}", p, f,
+                            "p50 <= 3 s" if name == "p50" else "")
+            figure.met = p <= 3 if name == "p50" else None
+            bench.add(figure)
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))]
+
+
+def w3(bench: Bench) -> None:
+    """The same batch (1% of the smaller table) into two table sizes: the cost should follow the batch."""
+    small, large, changes = bench.n(1_000_000), bench.n(10_000_000), bench.n(10_000)
+    at = {rows: one_batch(bench, f"w3-{rows}", rows, changes) for rows in (small, large)}
+    for mode, how in MODES:
+        for rows in (small, large):
+            bench.add(Figure("W3", f"{changes:,} events into {rows:,} rows, {how}", at[rows][mode], at[rows]["floor"]))
+        growth = Figure("W3", f"growth {small:,} -> {large:,} rows, {how} (floor: x)", at[large][mode] / at[small][mode],
+                        at[large]["floor"] / at[small]["floor"], "<= 3x", note="ratios of run times, not seconds")
+        growth.met = growth.project <= 3
+        bench.add(growth)
+
+
+def w4(bench: Bench) -> None:
+    """Dedupe only: Spark's latest_per_key (the pipeline's transform, warm session) against DuckDB's
+    QUALIFY row_number(), both reading the same Parquet of parsed events and writing Parquet."""
+    keys, events = bench.n(1_000_000), bench.n(10_000_000)
+    landing = bench.workdir / "landing-w4"
+    generated = generate(landing, keys, events - keys, batches=1, mix=(0, 100, 0), redeliver=0.0)
+    parsed = bench.workdir / "w4-events.parquet"
+    _parse_events(generated.files, parsed)
+    spark_s = _spark_dedupe(parsed, bench.workdir / "w4-spark", bench.runs)
+    duck_s = []
+    for n in range(bench.runs):
+        out = bench.workdir / f"w4-duckdb-{n}.parquet"
+        duck_s.append(json.loads(timed([sys.executable, "-m", "tests.benchmarks.floor", "dedupe", "--events", str(parsed),
+                                        "--out", str(out), "--keys", ",".join(KEYS)])[1])["seconds"])
+    import pyarrow.parquet as pq
+
+    spark_rows = pq.read_table(bench.workdir / "w4-spark", columns=[*KEYS, "_seq"]).sort_by(KEYS[0])
+    duck_rows = pq.read_table(out, columns=[*KEYS, "_seq"]).sort_by(KEYS[0])
+    if not spark_rows.equals(duck_rows.cast(spark_rows.schema)):
+        raise AssertionError("Spark's and DuckDB's latest events per key differ")
+    figure = Figure("W4", f"latest per key, {events:,} events over {keys:,} keys", statistics.median(spark_s),
+                    statistics.median(duck_s), "<= 3x floor")
+    figure.met = figure.ratio is not None and figure.ratio <= 3
+    bench.add(figure)
+
+
+def _parse_events(files: list[str], out: Path) -> None:
+    """The events as the pipeline's silver step sees them: key, position, file, line, op, images."""
+    from tests.benchmarks.floor import connect, sequence_sql
+
+    connect().execute(f"""
+        COPY (SELECT CAST((CASE WHEN j->>'op' = 'd' THEN j->'before' ELSE j->'after' END)->>'actor_id' AS BIGINT) AS actor_id,
+                     {sequence_sql("j->>'op'", "(j->'source')")} AS _seq,
+                     _source_file, _line, j->>'op' AS op, CAST(j->'before' AS VARCHAR) AS before,
+                     CAST(j->'after' AS VARCHAR) AS after
+              FROM (SELECT filename AS _source_file, json AS j,
+                           row_number() OVER (PARTITION BY filename) AS _line
+                    FROM read_json_objects({files!r}, format = 'newline_delimited', filename = true))
+              WHERE json_type(j) = 'OBJECT')
+        TO '{out}' (FORMAT parquet)""")
+
+
+def _spark_dedupe(parsed: Path, out: Path, runs: int) -> list[float]:
+    """Seconds of transforms.latest_per_key written to Parquet, in one warm session (a first, untimed run
+    warms the JVM)."""
+    from spark_jobs import transforms
+    from spark_jobs.session import build_session
+
+    spark = build_session("bench-w4")
+    seconds = []
+    for n in range(runs + 1):
+        started = time.perf_counter()
+        events = spark.read.parquet(str(parsed))
+        transforms.latest_per_key(events, KEYS).write.mode("overwrite").parquet(str(out))
+        if n:
+            seconds.append(time.perf_counter() - started)
+    spark.stop()
+    return seconds
+
+
+WORKLOADS: dict[str, Callable[[Bench], None]] = {"W1": w1, "W2": w2, "W3": w3, "W4": w4}
+
+
+def machine() -> dict[str, str]:
+    from importlib.metadata import version
+
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    memory = next((line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
+                   if line.startswith("MemTotal")), "0")
+    java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr.splitlines()[0]
+    return {"cpu": f"{os.cpu_count()} x {cpu}", "memory": f"{int(memory) // 1024**2} GiB", "python": platform.python_version(),
+            "java": java, **{name: version(name) for name in ("pyspark", "deltalake", "duckdb", "apache-airflow",
+                                                               "great_expectations", "pyarrow")}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tests.benchmarks.airflow_e2e import w5
+    from tests.benchmarks.results import write_results
+
+    WORKLOADS["W5"] = w5
+    p = argparse.ArgumentParser(prog="python -m tests.benchmarks", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--scale", type=float, default=1.0, help="table and batch sizes relative to issue 6's (1.0)")
+    p.add_argument("--runs", type=int, default=3, help="runs per figure (medians are reported)")
+    p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated, of W1..W5")
+    p.add_argument("--workdir", default=str(ROOT / "data" / "bench"), help="generated files and lakes (deleted first)")
+    p.add_argument("--results", default=str(HERE / "RESULTS.md"), help="the results file ('' to skip writing it)")
+    args = p.parse_args(argv)
+    chosen = [w.strip().upper() for w in args.workloads.split(",") if w.strip()]
+    unknown = [w for w in chosen if w not in WORKLOADS]
+    if unknown:
+        p.error(f"unknown workload(s) {', '.join(unknown)}")
+    workdir = Path(args.workdir)
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    info = machine()
+    print(f"bench: scale={args.scale} runs={args.runs} workloads={','.join(chosen)} on {info['cpu']}, {info['memory']}",
+          flush=True)
+    started = time.perf_counter()
+    with spark_server(workdir) as remote:
+        bench = Bench(workdir, args.scale, args.runs, remote)
+        for name in chosen:
+            WORKLOADS[name](bench)
+    print(f"bench: done in {time.perf_counter() - started:.0f}s", flush=True)
+    if args.results:
+        write_results(Path(args.results), bench, info, chosen, time.perf_counter() - started)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""The benchmark's results file: a Markdown table of every figure (README links it) and the same as JSON."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+
+def _seconds(value: float | None, ratio_only: bool) -> str:
+    if value is None:
+        return ""
+    return f"{value:.2f}x" if ratio_only else f"{value:.2f} s"
+
+
+def write_results(path: Path, bench: Any, info: dict[str, str], workloads: list[str], elapsed_s: float) -> None:
+    when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        "# Benchmark results",
+        "",
+        f"Written by `make bench` on {when}: `python -m tests.benchmarks --scale {bench.scale} --runs {bench.runs} "
+        f"--workloads {','.join(workloads)}`, {elapsed_s / 60:.0f} minutes. Scale 1.0 is issue 6's sizes; "
+        "this run's sizes are in each row.",
+        "",
+        "Machine: " + ", ".join(f"{k} {v}" for k, v in info.items()),
+        "",
+        "Project: `python -m spark_jobs run` as a fresh process (spark-submit-like: the JVM and the imports each time), "
+        "delta-rs engine. Floor: DuckDB + a delta-rs merge with the same conditions (`tests/benchmarks/floor.py`), "
+        "also a fresh process. Figures are medians of the runs (W2: percentiles over its batches). Every workload "
+        "checks that the project's silver equals the floor's and the generator's final state.",
+        "",
+        "| workload | figure | project | floor | project / floor | target | met |",
+        "| --- | --- | ---: | ---: | ---: | --- | --- |",
+    ]
+    for f in bench.figures:
+        ratio_only = bool(f.note)
+        ratio = "" if f.ratio is None or ratio_only else f"{f.ratio:.1f}x"
+        met = "" if f.met is None else ("yes" if f.met else "**no**")
+        lines.append(f"| {f.workload} | {f.name} | {_seconds(f.project, ratio_only)} | {_seconds(f.floor, ratio_only)} "
+                     f"| {ratio} | {f.target} | {met} |")
+    notes = [f for f in bench.figures if f.note]
+    if notes:
+        lines += ["", *[f"- {f.workload} {f.name}: {f.note}" for f in notes]]
+    existing = path.read_text() if path.exists() else ""
+    analysis = existing[existing.index("## Analysis"):] if "## Analysis" in existing else ""
+    path.write_text("\n".join(lines) + "\n\n" + analysis)
+    raw = {"written": when, "scale": bench.scale, "runs": bench.runs, "machine": info,
+           "figures": [{**asdict(f), "ratio": f.ratio} for f in bench.figures]}
+    path.with_name("results.json").write_text(json.dumps(raw, indent=2) + "\n")
