@@ -267,13 +267,13 @@ def latest_per_key(events: DataFrame, keys: tuple[str, ...]) -> DataFrame:
 
     Adds `_tie` (true when another event with different content shares the winner's sequence) and
     `_events` (how many events the key had in the batch)."""
+    # every window is partitioned by the key alone: one shuffle for the batch (per (key, _seq) would be two)
     by_key = Window.partitionBy(*keys)
-    newest = Window.partitionBy(*keys).orderBy(F.col("_seq").desc(), F.col("_source_file").desc(), F.col("_line").desc())
-    at_top = Window.partitionBy(*keys, "_seq")
-    content = event_content()
+    newest = by_key.orderBy(F.col("_seq").desc(), F.col("_source_file").desc(), F.col("_line").desc())
+    at_top = F.col("_seq").eqNullSafe(F.max("_seq").over(by_key))
     ranked = (
         events.withColumn("_rank", F.row_number().over(newest))
-        .withColumn("_variants", F.size(F.collect_set(content).over(at_top)))
+        .withColumn("_variants", F.size(F.collect_set(F.when(at_top, event_content())).over(by_key)))
         .withColumn("_events", F.count(F.lit(1)).over(by_key))
     )
     return ranked.where("_rank = 1").withColumn("_tie", F.col("_variants") > 1).drop("_rank", "_variants")
