@@ -16,7 +16,15 @@ def _seconds(value: float | None, ratio_only: bool) -> str:
 
 
 def write_results(path: Path, bench: Any, info: dict[str, str], workloads: list[str], elapsed_s: float) -> None:
+    """Writes this run's figures; figures of other workloads from an earlier run at the same scale are kept
+    (so one workload can be run again on its own), each row saying when it was measured."""
     when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    raw_path = path.with_name("results.json")
+    earlier = json.loads(raw_path.read_text()) if raw_path.exists() else {}
+    kept = [{"measured": earlier.get("written", ""), **f} for f in earlier.get("figures", [])
+            if f["workload"] not in workloads and earlier.get("scale") == bench.scale]
+    current = [{**asdict(f), "ratio": f.ratio, "measured": when} for f in bench.figures]
+    figures = sorted(kept + current, key=lambda f: f["workload"] if f["workload"] != "setup" else "")
     lines = [
         "# Benchmark results",
         "",
@@ -31,21 +39,20 @@ def write_results(path: Path, bench: Any, info: dict[str, str], workloads: list[
         "also a fresh process. Figures are medians of the runs (W2: percentiles over its batches). Every workload "
         "checks that the project's silver equals the floor's and the generator's final state.",
         "",
-        "| workload | figure | project | floor | project / floor | target | met |",
-        "| --- | --- | ---: | ---: | ---: | --- | --- |",
+        "| workload | figure | project | floor | project / floor | target | met | measured |",
+        "| --- | --- | ---: | ---: | ---: | --- | --- | --- |",
     ]
-    for f in bench.figures:
-        ratio_only = bool(f.note)
-        ratio = "" if f.ratio is None or ratio_only else f"{f.ratio:.1f}x"
-        met = "" if f.met is None else ("yes" if f.met else "**no**")
-        lines.append(f"| {f.workload} | {f.name} | {_seconds(f.project, ratio_only)} | {_seconds(f.floor, ratio_only)} "
-                     f"| {ratio} | {f.target} | {met} |")
-    notes = [f for f in bench.figures if f.note]
+    for f in figures:
+        ratio_only = bool(f["note"])
+        ratio = "" if f["ratio"] is None or ratio_only else f"{f['ratio']:.1f}x"
+        met = "" if f["met"] is None else ("yes" if f["met"] else "**no**")
+        lines.append(f"| {f['workload']} | {f['name']} | {_seconds(f['project'], ratio_only)} "
+                     f"| {_seconds(f['floor'], ratio_only)} | {ratio} | {f['target']} | {met} | {f['measured']} |")
+    notes = [f for f in figures if f["note"]]
     if notes:
-        lines += ["", *[f"- {f.workload} {f.name}: {f.note}" for f in notes]]
+        lines += ["", *[f"- {f['workload']} {f['name']}: {f['note']}" for f in notes]]
     existing = path.read_text() if path.exists() else ""
     analysis = existing[existing.index("## Analysis"):] if "## Analysis" in existing else ""
     path.write_text("\n".join(lines) + "\n\n" + analysis)
-    raw = {"written": when, "scale": bench.scale, "runs": bench.runs, "machine": info,
-           "figures": [{**asdict(f), "ratio": f.ratio} for f in bench.figures]}
-    path.with_name("results.json").write_text(json.dumps(raw, indent=2) + "\n")
+    raw = {"written": when, "scale": bench.scale, "runs": bench.runs, "machine": info, "figures": figures}
+    raw_path.write_text(json.dumps(raw, indent=2) + "\n")
