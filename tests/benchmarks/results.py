@@ -30,7 +30,7 @@ def write_results(path: Path, bench: Any, info: dict[str, str], workloads: list[
         "",
         f"Written by `make bench` on {when}: `python -m tests.benchmarks --scale {bench.scale} --runs {bench.runs} "
         f"--workloads {','.join(workloads)}`, {elapsed_s / 60:.0f} minutes. Scale 1.0 is issue 6's sizes; "
-        "this run's sizes are in each row.",
+        "this run's sizes are in each row; rows measured by an earlier run at the same scale are dated apart.",
         "",
         "Machine: " + ", ".join(f"{k} {v}" for k, v in info.items()),
         "",
