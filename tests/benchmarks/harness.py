@@ -366,9 +366,9 @@ def main(argv: list[str] | None = None) -> int:
         bench = Bench(workdir, args.scale, args.runs, remote)
         for name in chosen:
             WORKLOADS[name](bench)
+            if args.results:  # after each workload, so a long run's figures so far are kept
+                write_results(Path(args.results), bench, info, chosen, time.perf_counter() - started)
     print(f"bench: done in {time.perf_counter() - started:.0f}s", flush=True)
-    if args.results:
-        write_results(Path(args.results), bench, info, chosen, time.perf_counter() - started)
     return 0
 
 
