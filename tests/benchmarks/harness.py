@@ -17,6 +17,7 @@ import os
 import platform
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -88,9 +89,9 @@ def timed(cmd: list[str], extra_env: dict[str, str] | None = None, cwd: Path = R
 @contextmanager
 def spark_server(workdir: Path) -> Iterator[str]:
     """`python -m spark_jobs spark-server` on a free port: the long-lived Spark runs attach to."""
-    from tests.conftest import free_port
-
-    port = free_port()
+    with socket.socket() as probe:  # (not tests.conftest's helper: importing it sets the test suite's environment)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
     log = (workdir / "spark-server.log").open("w")
     server = subprocess.Popen([sys.executable, "-m", "spark_jobs", "spark-server", "--port", str(port)], cwd=ROOT,
                               env=env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
