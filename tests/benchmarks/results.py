@@ -16,21 +16,22 @@ def _seconds(value: float | None, ratio_only: bool) -> str:
 
 
 def write_results(path: Path, bench: Any, info: dict[str, str], workloads: list[str], elapsed_s: float) -> None:
-    """Writes this run's figures; figures of other workloads from an earlier run at the same scale are kept
-    (so one workload can be run again on its own), each row saying when it was measured."""
+    """Writes this run's figures; earlier figures of other workloads, or of other scales, are kept (so one
+    workload can be run again on its own, or at full size), each row saying its scale and when it was measured."""
     when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     raw_path = path.with_name("results.json")
     earlier = json.loads(raw_path.read_text()) if raw_path.exists() else {}
-    kept = [{"measured": earlier.get("written", ""), **f} for f in earlier.get("figures", [])
-            if f["workload"] not in workloads and earlier.get("scale") == bench.scale]
-    current = [{**asdict(f), "ratio": f.ratio, "measured": when} for f in bench.figures]
-    figures = sorted(kept + current, key=lambda f: f["workload"] if f["workload"] != "setup" else "")
+    kept = [{"measured": earlier.get("written", ""), "scale": earlier.get("scale"), **f}
+            for f in earlier.get("figures", [])]
+    kept = [f for f in kept if f["workload"] not in workloads or f["scale"] != bench.scale]
+    current = [{**asdict(f), "ratio": f.ratio, "scale": bench.scale, "measured": when} for f in bench.figures]
+    figures = sorted(kept + current, key=lambda f: (f["workload"] if f["workload"] != "setup" else "", f["scale"]))
     lines = [
         "# Benchmark results",
         "",
         f"Written by `make bench` on {when}: `python -m tests.benchmarks --scale {bench.scale} --runs {bench.runs} "
-        f"--workloads {','.join(workloads)}`, {elapsed_s / 60:.0f} minutes. Scale 1.0 is issue 6's sizes; "
-        "this run's sizes are in each row; rows measured by an earlier run at the same scale are dated apart.",
+        f"--workloads {','.join(workloads)}`, {elapsed_s / 60:.0f} minutes; rows measured by earlier runs are dated "
+        "apart. Scale 1.0 is issue 6's sizes; each row gives its sizes and scale.",
         "",
         "Machine: " + ", ".join(f"{k} {v}" for k, v in info.items()),
         "",
@@ -39,15 +40,15 @@ def write_results(path: Path, bench: Any, info: dict[str, str], workloads: list[
         "also a fresh process. Figures are medians of the runs (W2: percentiles over its batches). Every workload "
         "checks that the project's silver equals the floor's and the generator's final state.",
         "",
-        "| workload | figure | project | floor | project / floor | target | met | measured |",
-        "| --- | --- | ---: | ---: | ---: | --- | --- | --- |",
+        "| workload | figure | project | floor | project / floor | target | met | scale | measured |",
+        "| --- | --- | ---: | ---: | ---: | --- | --- | ---: | --- |",
     ]
     for f in figures:
         ratio_only = bool(f["note"])
         ratio = "" if f["ratio"] is None or ratio_only else f"{f['ratio']:.1f}x"
         met = "" if f["met"] is None else ("yes" if f["met"] else "**no**")
         lines.append(f"| {f['workload']} | {f['name']} | {_seconds(f['project'], ratio_only)} "
-                     f"| {_seconds(f['floor'], ratio_only)} | {ratio} | {f['target']} | {met} | {f['measured']} |")
+                     f"| {_seconds(f['floor'], ratio_only)} | {ratio} | {f['target']} | {met} | {f['scale']} | {f['measured']} |")
     notes = [f for f in figures if f["note"]]
     if notes:
         lines += ["", *[f"- {f['workload']} {f['name']}: {f['note']}" for f in notes]]
