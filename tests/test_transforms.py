@@ -151,17 +151,28 @@ def test_sequence_by_uses_image_columns_and_source_fields(spark):
 
 def test_latest_per_key_picks_highest_sequence_and_flags_ties(spark):
     df = spark.createDataFrame([
-        (1, "0001", "a.json", 1, "u", None, '{"v":1}'),
-        (1, "0003", "a.json", 2, "u", None, '{"v":3}'),
-        (1, "0002", "a.json", 3, "u", None, '{"v":2}'),
-        (2, "0005", "a.json", 4, "u", None, '{"v":"x"}'),
-        (2, "0005", "b.json", 1, "u", None, '{"v":"y"}'),  # same position, other content: a tie
-        (3, "0007", "a.json", 5, "d", '{"k":3}', None),
-        (3, "0007", "c.json", 9, "d", '{"k":3}', None),  # re-delivered duplicate: not a tie
-    ], "k INT, _seq STRING, _source_file STRING, _line BIGINT, op STRING, before STRING, after STRING")
-    got = [(r["k"], r["_seq"], r["_source_file"], r["_line"], r["_tie"], r["_events"])
-           for r in transforms.latest_per_key(df, ("k",)).orderBy("k").collect()]
-    assert got == [(1, "0003", "a.json", 2, False, 3), (2, "0005", "b.json", 1, True, 2), (3, "0007", "c.json", 9, False, 2)]
+        (1, "0001", "a.json", 1, "u", None, '{"v":1}', {"n": "1"}),
+        (1, "0003", "a.json", 2, "u", None, '{"v":3}', {"n": "3"}),
+        (1, "0002", "a.json", 3, "u", None, '{"v":2}', {"n": "2"}),
+        (1, None, "z.json", 9, "u", None, '{"v":0}', {"n": "0"}),  # no position: never the newest
+        (2, "0005", "a.json", 4, "u", None, '{"v":"y"}', {}),
+        (2, "0005", "b.json", 1, "u", None, '{"v":"x"}', {}),  # same position, other content: a tie
+        (3, "0007", "a.json", 5, "d", '{"k":3}', None, None),
+        (3, "0007", "c.json", 9, "d", '{"k":3}', None, None),  # re-delivered duplicate: not a tie
+        (4, "0009", "a.json", 6, "u", None, '{"v":"b"}', None),  # the newest has the smallest content ...
+        (4, "0009", "a.json", 7, "u", None, '{"v":"a"}', None),
+        (4, "0009", "a.json", 8, "u", None, '{"v":"a"}', None),
+        (4, "0008", "a.json", 9, "u", None, '{"v":"c"}', None),  # ... and an older one the largest
+    ], "k INT, _seq STRING, _source_file STRING, _line BIGINT, op STRING, before STRING, after STRING, "
+       "m MAP<STRING, STRING>")
+    latest = transforms.latest_per_key(df, ("k",))
+    assert latest.columns == [*df.columns, "_events", "_tie"]
+    got = [(r["k"], r["_seq"], r["_source_file"], r["_line"], r["after"], r["m"], r["_tie"], r["_events"])
+           for r in latest.orderBy("k").collect()]
+    assert got == [(1, "0003", "a.json", 2, '{"v":3}', {"n": "3"}, False, 4),
+                   (2, "0005", "b.json", 1, '{"v":"x"}', {}, True, 2),
+                   (3, "0007", "c.json", 9, None, None, False, 2),
+                   (4, "0009", "a.json", 8, '{"v":"a"}', None, True, 4)]
 
 
 def test_effective_changes_drop_events_older_than_the_row_or_its_delete(spark):
