@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 os.environ["TZ"] = "UTC"
 time.tzset()
@@ -54,14 +56,6 @@ def subprocess_env(**extra: str) -> dict[str, str]:
                PATH=f"{Path(sys.executable).parent}:{env.get('PATH', '')}", CDC_SHUFFLE_PARTITIONS="1")
     env.update(extra)
     return env
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture()

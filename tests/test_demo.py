@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import aws_connection, free_port, subprocess_env, upload_landing
+from tests.conftest import aws_connection, subprocess_env, upload_landing
+from tests.support import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent

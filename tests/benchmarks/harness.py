@@ -17,7 +17,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tests.support import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -89,9 +90,7 @@ def timed(cmd: list[str], extra_env: dict[str, str] | None = None, cwd: Path = R
 @contextmanager
 def spark_server(workdir: Path) -> Iterator[str]:
     """`python -m spark_jobs spark-server` on a free port: the long-lived Spark runs attach to."""
-    with socket.socket() as probe:  # (not tests.conftest's helper: importing it sets the test suite's environment)
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     log = (workdir / "spark-server.log").open("w")
     server = subprocess.Popen([sys.executable, "-m", "spark_jobs", "spark-server", "--port", str(port)], cwd=ROOT,
                               env=env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
