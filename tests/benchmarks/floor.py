@@ -21,7 +21,8 @@ import duckdb
 import pyarrow as pa
 from deltalake import DeltaTable
 
-# spark_jobs.jobs.SILVER_MERGE, restated so the floor imports no pyspark (the harness checks they agree)
+# spark_jobs.jobs.SILVER_MERGE, restated so the floor imports no pyspark (the harness checks they agree:
+# check_floor_restates_the_pipeline)
 DELETE_WHEN = "s._op = 'd' AND s._seq > t._seq"
 UPDATE_WHEN = "s._op <> 'd' AND s._seq > t._seq"
 INSERT_WHEN = "s._op <> 'd'"

@@ -120,6 +120,18 @@ def project_run(landing: Path, lake: Path, files: str, remote: str | None = None
                  {"CDC_SPARK_REMOTE": remote} if remote else None)
 
 
+def check_floor_restates_the_pipeline() -> None:
+    """The floor restates the pipeline's merge conditions and snapshot markers (it must not import pyspark,
+    whose import would count in its time): stop if they have drifted apart."""
+    from spark_jobs.jobs import SILVER_MERGE
+    from spark_jobs.transforms import SNAPSHOT_MARKERS
+    from tests.benchmarks import floor
+
+    restated = (floor.DELETE_WHEN, floor.UPDATE_WHEN, floor.INSERT_WHEN, floor.SNAPSHOT_MARKERS)
+    if restated != (SILVER_MERGE.delete_when, SILVER_MERGE.update_when, SILVER_MERGE.insert_when, SNAPSHOT_MARKERS):
+        raise AssertionError("tests/benchmarks/floor.py no longer restates SILVER_MERGE and SNAPSHOT_MARKERS exactly")
+
+
 def floor_run(landing: Path, silver: Path, files: str) -> float:
     return timed([sys.executable, "-m", "tests.benchmarks.floor", "apply", "--landing", str(landing), "--files", files,
                   "--silver", str(silver), "--keys", ",".join(KEYS)])[0]
@@ -355,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [w for w in chosen if w not in WORKLOADS]
     if unknown:
         p.error(f"unknown workload(s) {', '.join(unknown)}")
+    check_floor_restates_the_pipeline()
     workdir = Path(args.workdir)
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
