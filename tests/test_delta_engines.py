@@ -125,3 +125,22 @@ def test_replace_swaps_the_matching_rows_in_one_commit(any_engine, spark, tmp_pa
     assert rows(any_engine, spark, path) == [(1, "A", "f1", "c"), (3, "c", "f'2", "u")]
     assert any_engine.replace(spark.createDataFrame([], SCHEMA), path, "_seq IN ('f''2')") == 2
     assert rows(any_engine, spark, path) == [(1, "A", "f1", "c")]
+
+
+@pytest.mark.parametrize("source_mb", ["256", "0"], ids=["in-memory", "streamed"])
+def test_delta_rs_writes_through_scratch_parquet_held_or_streamed_and_leaves_nothing(engine, spark, tmp_path,
+                                                                                       monkeypatch, source_mb):
+    # CDC_MERGE_SOURCE_MB=0 streams every merge source; several Spark partitions make several scratch files
+    monkeypatch.setenv("CDC_MERGE_SOURCE_MB", source_mb)
+    monkeypatch.setenv("CDC_SPILL_DIR", str(tmp_path / "spill"))
+    (tmp_path / "spill").mkdir()
+    path, spec = str(tmp_path / "t"), replace(SILVER_MERGE, keys=("k",))
+    first = spark.createDataFrame([(k, f"v{k}", "05", "c") for k in range(1, 7)], SCHEMA).repartition(3)
+    assert (engine.merge(first, path, spec).inserted, engine.append(first.limit(0), path)) == (6, 2)
+    second = spark.createDataFrame([(2, "w2", "06", "u"), (3, None, "07", "d"), (7, "v7", "01", "c"), (4, "old", "04", "u")],
+                                   SCHEMA).repartition(3)
+    result = engine.merge(second, path, spec)
+    assert (result.inserted, result.updated, result.deleted) == (1, 1, 1)
+    assert rows(engine, spark, path) == [(1, "v1", "05", "c"), (2, "w2", "06", "u"), (4, "v4", "05", "c"),
+                                         (5, "v5", "05", "c"), (6, "v6", "05", "c"), (7, "v7", "01", "c")]
+    assert list((tmp_path / "spill").iterdir()) == []  # every scratch folder removed

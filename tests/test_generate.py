@@ -7,6 +7,8 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from spark_jobs.config import load_registry
 from spark_jobs.generate import Options, generate
 
@@ -40,3 +42,13 @@ def test_batches_redelivery_and_shuffling_land_the_same_events_and_state(tmp_pat
             assert line != "null" or json.loads(lines[i - 1])["payload"]["op"] == "d"
     assert batched.events == sum(1 for lines in [snapshot, *events] for line in lines if line != "null")
     assert sorted(batched.files) == sorted(f for files in batched.batches for f in files)
+
+
+def test_the_change_mix_must_be_three_whole_percentages_adding_up_to_100(capsys):
+    from spark_jobs.cli import parser
+
+    assert parser().parse_args(["generate", "--landing", "l", "--mix", "0, 100, 0"]).mix == (0, 100, 0)
+    for bad in ("50,50,10", "20,70", "20.5,69.5,10", "-10,100,10"):
+        with pytest.raises(SystemExit):
+            parser().parse_args(["generate", "--landing", "l", f"--mix={bad}"])
+        assert "three whole percentages adding up to 100" in capsys.readouterr().err
