@@ -164,6 +164,16 @@ def _names(value: Any, table: str, field: str, *, required: bool) -> tuple[str, 
     return tuple(value)
 
 
+def _sequence_by(value: Any, table: str) -> tuple[str, ...]:
+    """Row columns, or `source.<field>` for a field of the event's source block."""
+    parts = [value] if isinstance(value, str) else value
+    if not isinstance(parts, list) or not parts or not all(
+            isinstance(v, str) and _NAME.match(v.removeprefix("source.")) for v in parts):
+        raise ConfigError(f"table {table!r}: field 'sequence_by' must be 'auto' or a non-empty list of column names "
+                          f"or source.<field> names, got {value!r}")
+    return tuple(parts)
+
+
 def _column_types(value: Any, table: str) -> tuple[tuple[str, str], ...]:
     if not isinstance(value, dict) or not all(isinstance(k, str) and _NAME.match(k) for k in value):
         raise ConfigError(f"table {table!r}: field 'columns' must map column names to types, got {value!r}")
@@ -244,7 +254,7 @@ def parse_table(name: str, spec: Any, defaults: Quality = Quality()) -> TableCon
     if fmt not in FORMATS:
         raise ConfigError(f"table {name!r}: field 'format' must be one of {', '.join(FORMATS)}, got {fmt!r}")
     seq = spec.get("sequence_by", "auto")
-    sequence_by = None if seq == "auto" else _names(seq, name, "sequence_by", required=True)
+    sequence_by = None if seq == "auto" else _sequence_by(seq, name)
     return TableConfig(
         columns=_column_types(spec.get("columns", {}), name),
         history=_flag(spec.get("history", False), name, "history"),

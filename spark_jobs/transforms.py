@@ -14,10 +14,10 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.types import StructType
 
+from spark_jobs import connectors
 from spark_jobs.config import row_checks
 
 OPS = ("c", "u", "d", "r", "t")
-SNAPSHOT_MARKERS = ("true", "first", "last", "first_in_data_collection", "last_in_data_collection")
 
 # Parsed with string leaves: Spark keeps nested objects as their JSON text, so every table shares one
 # bronze schema and the images are typed later, in silver, from the schema or the data.
@@ -42,8 +42,8 @@ def split_lines(files: DataFrame) -> DataFrame:
 
 # Debezium's ExtractNewRecordState puts source fields at the top level as `__<field>` (or
 # `__source_<field>` when added as `source.<field>`); these are the ones ordering and lineage read.
-FLAT_SOURCE_FIELDS = ("connector", "name", "db", "schema", "table", "lsn", "txId", "snapshot", "file", "pos", "row",
-                      "gtid", "server_id", "commit_lsn", "change_lsn", "event_serial_no", "sequence", "ts_ms")
+FLAT_SOURCE_FIELDS = tuple(dict.fromkeys((*connectors.SOURCE_FIELDS, "name", "db", "schema", "table", "txId", "gtid",
+                                          "server_id", "sequence", "ts_ms")))
 
 
 def _flat_source_sql() -> str:
@@ -210,34 +210,15 @@ def _pad(col: Column, width: int = 20) -> Column:
     return F.lpad(col, width, "0")
 
 
-_SOURCE_POSITION = ("connector STRING, lsn STRING, snapshot STRING, file STRING, pos STRING, row STRING, "
-                    "commit_lsn STRING, change_lsn STRING, event_serial_no STRING")
-_SNAPSHOT_RANK = (f"CASE WHEN op = 'r' OR lower(coalesce(_src.snapshot, 'false')) IN "
-                  f"({', '.join(repr(m) for m in SNAPSHOT_MARKERS)}) THEN '0' ELSE '1' END")
-_CONNECTOR = ("coalesce(_src.connector, CASE WHEN _src.lsn IS NOT NULL THEN 'postgresql' "
-              "WHEN _src.file IS NOT NULL AND _src.pos IS NOT NULL THEN 'mysql' "
-              "WHEN _src.commit_lsn IS NOT NULL THEN 'sqlserver' END)")
-_CONNECTOR_SEQUENCE = f"""CASE
-  WHEN {_CONNECTOR} = 'postgresql' AND _src.lsn IS NOT NULL
-    THEN concat_ws('|', lpad(_src.lsn, 20, '0'), {_SNAPSHOT_RANK})
-  WHEN {_CONNECTOR} = 'mysql' AND _src.file IS NOT NULL AND _src.pos IS NOT NULL
-    THEN concat_ws('|', lpad(regexp_extract(_src.file, '([0-9]+)$', 1), 10, '0'), lpad(_src.pos, 20, '0'),
-                   {_SNAPSHOT_RANK}, lpad(coalesce(_src.row, '0'), 10, '0'))
-  WHEN {_CONNECTOR} = 'sqlserver' AND _src.commit_lsn IS NOT NULL AND _src.change_lsn IS NOT NULL
-    THEN concat_ws('|', _src.commit_lsn, _src.change_lsn, lpad(_src.event_serial_no, 20, '0'))
-END"""
+_SOURCE_POSITION = ", ".join(f"{name} STRING" for name in connectors.SOURCE_FIELDS)
 
 
 def connector_sequence(events: DataFrame) -> DataFrame:
-    """Adds `_seq`, a sortable string from the connector's log position; null when the connector has
-    none we know.
-
-    PostgreSQL: lsn, snapshot rank (snapshot events first at a shared position). MySQL: binlog file
-    number, pos, snapshot rank, row. SQL Server: commit_lsn, change_lsn, event_serial_no. Never ts_ms:
-    it ties and it is a wall clock. Without `source.connector` (flattened records) the connector is
+    """Adds `_seq`, a sortable string from the connector's log position (spark_jobs.connectors); null
+    when the connector has none we know. Without `source.connector` (flattened records) the connector is
     told by the fields present."""
     return (events.withColumn("_src", F.from_json("source", _SOURCE_POSITION))
-            .withColumn("_seq", F.expr(_CONNECTOR_SEQUENCE)).drop("_src"))
+            .withColumn("_seq", F.expr(connectors.sequence_sql())).drop("_src"))
 
 
 def configured_sequence(columns: tuple[str, ...]) -> Column:

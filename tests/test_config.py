@@ -38,6 +38,13 @@ def test_history_retention_and_column_overrides_are_read():
     assert table.columns == (("price", "decimal(10, 2)"), ("born", "date"))
 
 
+def test_sequence_by_takes_source_fields_as_the_readme_documents():
+    table = parse_table("t", {"topic": "x", "keys": "id", "sequence_by": ["source.txn", "version"]})
+    assert table.sequence_by == ("source.txn", "version")
+    with pytest.raises(ConfigError, match="sequence_by"):
+        parse_table("t", {"topic": "x", "keys": "id", "sequence_by": ["source."]})
+
+
 def test_sequence_by_and_partition_by_are_read():
     table = parse_table("t", {"topic": "x", "keys": "id", "sequence_by": ["version"], "partition_by": ["region"]})
     assert (table.keys, table.sequence_by, table.partition_by) == (("id",), ("version",), ("region",))

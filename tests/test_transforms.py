@@ -137,6 +137,56 @@ def test_sqlserver_and_unknown_connectors(spark):
     assert sorted([1, 2, 3], key=lambda line: got[line]) == [3, 2, 1]
 
 
+def ordered_lines(spark, rows):
+    df = events(spark, [("f", i + 1, op, json.dumps(source), None, "{}") for i, (op, source) in enumerate(rows)])
+    got = transforms.order_key(df, None).orderBy("_seq").collect()
+    assert [r["_line"] for r in got if r["_seq"] is None] == []  # every event has a position
+    return [r["_line"] for r in got]
+
+
+def test_sqlserver_snapshot_events_have_no_change_lsn_and_come_first_at_their_commit(spark):
+    def sql(commit, change=None, serial=None, snapshot="false"):
+        return {"connector": "sqlserver", "commit_lsn": commit, "change_lsn": change, "event_serial_no": serial,
+                "snapshot": snapshot}
+    # every Debezium version: snapshot rows carry commit_lsn only
+    assert ordered_lines(spark, [
+        ("u", sql("0000002b:00000358:0003", "0000002b:00000358:0002", 1)),
+        ("r", sql("0000002b:00000358:0003", snapshot="last")),
+        ("r", sql("0000002b:00000358:0003", snapshot="true")),
+        ("u", sql("0000002c:00000010:0001", "0000002c:00000010:0001", 1)),
+    ]) == [2, 3, 1, 4]
+
+
+def test_oracle_orders_by_commit_scn_then_scn_redo_record_and_sql_sequence(spark):
+    def ora(scn, commit=None, rs_id=None, ssn=None, snapshot="false"):
+        return {"connector": "oracle", "scn": scn, "commit_scn": commit, "rs_id": rs_id, "ssn": ssn, "snapshot": snapshot}
+    assert ordered_lines(spark, [
+        ("u", ora("1000", "1005", " 0x000011.000000a0.0010 ", 1)),
+        ("u", ora("1000", "1005", " 0x000011.000000a0.0010 ", 0)),
+        ("u", ora("999", "1005", " 0x000011.0000009f.0010 ", 0)),  # earlier change in the same transaction
+        ("c", ora("998", "1001", " 0x000010.00000001.0010 ", 0)),  # an earlier transaction
+        ("r", ora("900", snapshot="true")),  # snapshot rows: scn only
+        ("u", ora("990", "10000", " 0x000012.00000001.0010 ", 0)),  # numeric, not lexicographic
+    ]) == [5, 4, 3, 2, 1, 6]
+
+
+def test_db2_orders_by_commit_lsn_then_change_lsn_snapshot_first(spark):
+    def db2(commit, change=None):
+        return {"connector": "db2", "commit_lsn": commit, "change_lsn": change}
+    assert ordered_lines(spark, [
+        ("u", db2("00000000:0000e2a8:0000000000020a01", "00000000:0000e2a8:0000000000020a00")),
+        ("r", db2("00000000:0000e2a8:0000000000020a01")),
+        ("u", db2("00000000:0000e2a0:0000000000000001", "00000000:0000e2a0:0000000000000001")),
+    ]) == [3, 2, 1]
+
+
+def test_mariadb_is_ordered_like_mysql(spark):
+    def maria(file, pos, row):
+        return {"connector": "mariadb", "file": file, "pos": pos, "row": row}
+    assert ordered_lines(spark, [("u", maria("mariadb-bin.000004", 4, 0)), ("u", maria("mariadb-bin.000003", 900, 0))]) \
+        == [2, 1]
+
+
 def test_sequence_by_uses_image_columns_and_source_fields(spark):
     df = events(spark, [
         ("f", 1, "u", json.dumps({"txn": 7}), None, '{"version": 10}'),
