@@ -13,7 +13,6 @@ from dataclasses import dataclass, replace
 from functools import reduce
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 from pyspark.sql import DataFrame, Row, SparkSession, Window
 from pyspark.sql import functions as F
@@ -23,7 +22,7 @@ from spark_jobs import schemas, transforms
 from spark_jobs.config import FAIL, QUARANTINE, GoldModel, TableConfig, row_checks
 from spark_jobs.delta import DeltaEngine, MergeSpec
 from spark_jobs.gates import Check, GateFailed, GateResult, bronze_checks, gold_checks, run_gate, silver_checks
-from spark_jobs.landing import LandingFile, LandingWindow, list_topic, stage
+from spark_jobs.landing import LandingFile, LandingWindow, landing_read_problem, list_topic, split_exact, stage
 from spark_jobs.state import Lake, ingest_log, ingested_files
 
 # Silver: apply the newest event per key when it is newer than the row (DESIGN 4.2).
@@ -67,63 +66,98 @@ def _reasons(rows: DataFrame) -> dict[str, int]:
 # ---- bronze ----------------------------------------------------------------------------------------
 
 
-def _landing_paths(spark: SparkSession, landing: str, files: list[LandingFile], read: DataFrame,
-                   with_rows: set[str]) -> DataFrame:
-    """Spark names files by URI (file:/..., percent-encoded): map each back to its landing path exactly,
-    adding `_source_file`. Refuses to go on if a file known to hold rows (`with_rows`) cannot be matched."""
-    relative = {os.path.abspath(f"{landing}/{f.path}"): f for f in files}
-    uris = {unquote(urlparse(r["_uri"]).path): r["_uri"] for r in read.select("_uri").distinct().collect()}
-    lost = [f.path for local, f in relative.items() if local not in uris and f.path in with_rows]
-    if lost:
-        raise RuntimeError(f"landing files read by Spark under other names, refusing to lose them: {', '.join(lost)}")
-    mapping = spark.createDataFrame([(uris[local], f.path) for local, f in relative.items() if local in uris],
-                                    "_uri STRING, _source_file STRING")
-    return read.join(mapping, "_uri").drop("_uri")
+def _staged_to_landing(spark: SparkSession, staged: dict[str, LandingFile], read: DataFrame) -> DataFrame:
+    """Spark names each file by its staged URI: `_source_file`, the landing path it stands for, replaces it."""
+    mapping = spark.createDataFrame([(Path(path).name, f.path) for path, f in staged.items()],
+                                    "_staged STRING, _source_file STRING")
+    named = read.withColumn("_staged", F.element_at(F.split(F.col("_uri"), "/"), -1)).drop("_uri")
+    return named.join(F.broadcast(mapping), "_staged").drop("_staged")
 
 
-def _parquet_rows(landing: str, f: LandingFile) -> int | None:
+def _parquet_rows(path: str) -> int | None:
     """Records in a Parquet landing file from its footer; None when it is not a readable Parquet file."""
     import pyarrow.parquet as pq
 
     try:
-        return int(pq.read_metadata(f"{landing}/{f.path}").num_rows)
+        return int(pq.read_metadata(path).num_rows)
     except (OSError, ValueError):
         return None
 
 
-def read_landing(spark: SparkSession, landing: str, files: list[LandingFile],
+def max_line_bytes() -> int:
+    """CDC_MAX_LINE_BYTES (default 16 MiB): a longer line is quarantined as line_too_large, never parsed."""
+    return int(os.environ.get("CDC_MAX_LINE_BYTES", str(16 * 2**20)))
+
+
+def read_landing(spark: SparkSession, staged: dict[str, LandingFile], files: list[LandingFile],
                  fmt: str = "auto") -> tuple[DataFrame, dict[LandingFile, str]]:
-    """Landing files as lines: (_source_file, _line, _raw, _typed_schema). JSON files (plain or gzip) give
-    one row per text line; Parquet files one row per record, as its JSON text, with `_typed_schema` holding
-    the record's column types. Files that cannot be read are returned apart with the reason, to be
-    quarantined whole: not of the table's format (unsupported_file) or not a valid Parquet file
-    (unreadable_file)."""
+    """Landing files as lines: (_source_file, _line, _raw, _line_problem, _typed_schema), checkpointed.
+    JSON files (plain or gzip) give one row per text line; Parquet files one row per record, as its JSON
+    text, with `_typed_schema` holding the record's column types. `staged` maps Spark-safe paths to the
+    landing files (landing.stage).
+
+    Files that cannot be read are returned apart with the reason, to be quarantined whole while the rest
+    of the batch goes on: not of the table's format (unsupported_file), or unreadable_file (cannot be
+    opened, not valid gzip or Parquet, cut short). Lines of a file holding bytes that are not UTF-8 are
+    read again byte for byte: Spark's line split would replace those bytes."""
     wanted = {"auto": ("json", "parquet"), "json": ("json",), "json-flat": ("json",), "parquet": ("parquet",)}[fmt]
-    json_files = [f for f in files if f.kind == "json" and "json" in wanted]
-    parquet_rows = {f: _parquet_rows(landing, f) for f in files if f.kind == "parquet" and "parquet" in wanted and f.size}
-    parquet_files = [f for f, rows in parquet_rows.items() if rows is not None]
-    readable = {f.path for f in json_files + parquet_files}
-    unreadable = {f: "unreadable_file" if f.kind in wanted else "unsupported_file" for f in files
-                  if f.path not in readable and not (f.kind == "parquet" and f.size == 0)}
+    by_kind: dict[str, dict[str, LandingFile]] = {"json": {}, "parquet": {}}
+    for path, f in staged.items():
+        if f.kind in wanted:
+            by_kind[f.kind][path] = f
+    parquet_rows = {path: _parquet_rows(path) for path, f in by_kind["parquet"].items() if f.size}
+    unreadable = {f: f"unsupported_file: {_name(f)}" for f in files if f.kind not in wanted}
+    unreadable |= {f: f"unreadable_file: {_name(f)}: {f.problem}" for f in files if f.problem and f.kind in wanted}
+    unreadable |= {by_kind["parquet"][path]: f"unreadable_file: {_name(by_kind['parquet'][path])}: not a valid Parquet file"
+                   for path, rows in parquet_rows.items() if rows is None}
     parts = []
-    if json_files:
-        raw = spark.read.text([os.path.abspath(f"{landing}/{f.path}") for f in json_files], wholetext=True).select(
+    if by_kind["json"]:
+        # a file Spark cannot read (bad gzip, cut short) yields no row instead of failing the batch; such
+        # files are found below and quarantined whole (wholetext: a file is one row or none, never part)
+        raw = spark.read.option("ignoreCorruptFiles", "true").text(list(by_kind["json"]), wholetext=True).select(
             F.col("_metadata.file_path").alias("_uri"), F.col("value").alias("content"))
-        lines = transforms.split_lines(_landing_paths(spark, landing, json_files, raw, {f.path for f in json_files if f.size}))
+        lines = transforms.split_lines(_staged_to_landing(spark, by_kind["json"], raw), max_line_bytes()).localCheckpoint()
+        lines, broken = _exact_lines(spark, lines, by_kind["json"])
+        unreadable |= broken
         parts.append(lines.withColumn("_typed_schema", F.lit(None).cast("string")))
-    if parquet_files:
-        records = spark.read.option("mergeSchema", "true").parquet(
-            *[os.path.abspath(f"{landing}/{f.path}") for f in parquet_files])
+    readable_parquet = {path: f for path, f in by_kind["parquet"].items() if parquet_rows.get(path)}
+    if readable_parquet:
+        records = spark.read.option("mergeSchema", "true").parquet(*readable_parquet)
         typed = schemas.envelope_from_spark(transforms.parquet_image_type(records.schema))
         record = F.struct(*[F.col(f"`{c}`") for c in records.columns])
         rows = records.select(F.col("_metadata.file_path").alias("_uri"), (F.col("_metadata.row_index") + 1).alias("_line"),
                               F.to_json(record, schemas.JSON_OPTIONS).alias("_raw"))
-        with_rows = {f.path for f in parquet_files if parquet_rows[f]}
-        parts.append(_landing_paths(spark, landing, parquet_files, rows, with_rows).select(
-            "_source_file", "_line", "_raw", F.lit(typed).alias("_typed_schema")))
+        parts.append(_staged_to_landing(spark, readable_parquet, rows).select(
+            "_source_file", "_line", "_raw", F.lit(None).cast("string").alias("_line_problem"),
+            F.lit(typed).alias("_typed_schema")))
     if not parts:
-        return spark.createDataFrame([], "_source_file STRING, _line BIGINT, _raw STRING, _typed_schema STRING"), unreadable
+        return spark.createDataFrame(
+            [], "_source_file STRING, _line BIGINT, _raw STRING, _line_problem STRING, _typed_schema STRING"), unreadable
     return reduce(DataFrame.unionByName, parts), unreadable
+
+
+def _name(f: LandingFile) -> str:
+    return f.path.rsplit("/", 1)[-1]
+
+
+def _exact_lines(spark: SparkSession, lines: DataFrame, staged: dict[str, LandingFile]) -> tuple[DataFrame, dict[LandingFile, str]]:
+    """Files that gave Spark no text although they hold bytes are unreadable (the reason comes from
+    opening them here); files holding bytes that are not UTF-8 are split again here, byte for byte."""
+    health = {r["_source_file"]: r["utf8"] for r in
+              lines.groupBy("_source_file").agg(F.min("_file_utf8_ok").alias("utf8")).collect()}
+    broken, invalid = {}, {}
+    for path, f in staged.items():
+        if f.path not in health and f.size:
+            broken[f] = f"unreadable_file: {_name(f)}: {landing_read_problem(path)}"
+        elif health.get(f.path) is False:
+            invalid[path] = f
+    lines = lines.drop("_file_utf8_ok")
+    if not invalid:
+        return lines, broken
+    exact = [(f.path, *line) for path, f in invalid.items() for line in split_exact(path, max_line_bytes())]
+    redone = spark.createDataFrame(exact, "_source_file STRING, _line BIGINT, _raw STRING, _line_problem STRING")
+    kept = lines.where(~F.col("_source_file").isin([f.path for f in invalid.values()]))
+    return kept.unionByName(redone).localCheckpoint(), broken
 
 
 def _lag_s(max_ts_ms: Any) -> float | None:
@@ -188,11 +222,11 @@ def bronze_ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
                        selection.reprocess, summary)
 
 
-def _ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, landing: str, lake: Lake, batch_id: str,
-            files: list[LandingFile], reprocess: bool, summary: dict[str, Any]) -> dict[str, Any]:
-    """Bronze for `files`, read from a local `landing` root (the landing itself, or S3 files staged)."""
+def _ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, staged: dict[str, LandingFile], lake: Lake,
+            batch_id: str, files: list[LandingFile], reprocess: bool, summary: dict[str, Any]) -> dict[str, Any]:
+    """Bronze for `files`, read from their `staged` copies or links (landing.stage)."""
     again = _in_bronze(engine, lake, table.name, files) if reprocess else []
-    lines, unreadable = read_landing(spark, landing, files, table.format)
+    lines, unreadable = read_landing(spark, staged, files, table.format)
     parsed = transforms.parse_envelope(lines, table.format)
     parsed = parsed.withColumn("_schema", F.coalesce("_typed_schema", "_schema")).drop("_typed_schema")
     to_quarantine = frozenset(n for n in row_checks("bronze") if table.quality.action(n) == QUARANTINE)
@@ -201,7 +235,7 @@ def _ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, landin
     quarantine = classified.where("_kind = 'quarantine'").select("_source_file", "_line", "_raw", "reason")
     if unreadable:
         quarantine = quarantine.unionByName(spark.createDataFrame(
-            [(f.path, 0, "", f"{reason}: {f.path.rsplit('/', 1)[-1]}") for f, reason in unreadable.items()],
+            [(f.path, 0, "", reason) for f, reason in unreadable.items()],
             "_source_file STRING, _line BIGINT, _raw STRING, reason STRING"))
     if again and engine.version(lake.quarantine(table.name)) is not None:
         # what the files' earlier reading quarantined is replaced by what this reading finds

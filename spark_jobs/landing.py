@@ -6,7 +6,9 @@ roles); the Airflow tasks turn the `aws_default` connection into those (spark_jo
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
+import gzip
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,6 +25,7 @@ class LandingFile:
     path: str  # relative to the landing root: topics/<topic>/.../<file>
     size: int
     modified_ms: int  # the landing time: when the sink wrote the file (S3 LastModified, local mtime)
+    problem: str | None = None  # why the file cannot be opened (a dangling link, a link loop), found when listing
 
     @property
     def kind(self) -> str:
@@ -69,21 +72,27 @@ class LandingWindow:
 
 
 class Store(Protocol):
-    def walk(self, prefix: str) -> Iterator[tuple[str, int, int]]: ...  # (path under the root, size, modified_ms)
+    # (path under the root, size, modified_ms, problem opening it or None)
+    def walk(self, prefix: str) -> Iterator[tuple[str, int, int, str | None]]: ...
 
 
 class LocalStore:
     def __init__(self, root: str):
         self.root = Path(root)
 
-    def walk(self, prefix: str) -> Iterator[tuple[str, int, int]]:
+    def walk(self, prefix: str) -> Iterator[tuple[str, int, int, str | None]]:
         base = self.root / prefix
         for dirpath, dirnames, filenames in os.walk(base):
             dirnames[:] = [d for d in dirnames if not d.startswith((".", "_"))]
             for name in filenames:
                 full = Path(dirpath) / name
-                stat = full.stat()
-                yield full.relative_to(self.root).as_posix(), stat.st_size, int(stat.st_mtime * 1000)
+                relative = full.relative_to(self.root).as_posix()
+                try:
+                    stat = full.stat()
+                except OSError as exc:  # a dangling link or a link loop: listed, to be quarantined by name
+                    yield relative, 0, int(full.lstat().st_mtime * 1000), f"cannot open: {exc.strerror}"
+                    continue
+                yield relative, stat.st_size, int(stat.st_mtime * 1000), None
 
 
 class S3Store:
@@ -99,13 +108,13 @@ class S3Store:
     def _key(self, path: str) -> str:
         return f"{self.prefix}/{path}" if self.prefix else path
 
-    def walk(self, prefix: str) -> Iterator[tuple[str, int, int]]:
+    def walk(self, prefix: str) -> Iterator[tuple[str, int, int, str | None]]:
         start = len(self.prefix) + 1 if self.prefix else 0
         for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self._key(prefix) + "/"):
             for obj in page.get("Contents", []):
                 if any(part.startswith((".", "_")) for part in obj["Key"][start:].split("/")[:-1]):
                     continue  # temp/marker folders, as os.walk skips locally
-                yield obj["Key"][start:], int(obj["Size"]), int(obj["LastModified"].timestamp() * 1000)
+                yield obj["Key"][start:], int(obj["Size"]), int(obj["LastModified"].timestamp() * 1000), None
 
     def download(self, path: str, dest: Path) -> None:
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -127,18 +136,78 @@ def open_store(landing: str, s3_client: Any = None) -> Store:
 def list_topic(landing: str, topic: str, s3_client: Any = None) -> list[LandingFile]:
     """Every data file under <landing>/topics/<topic>/, both partitioner layouts, sorted by path.
     Names starting with '.' or '_' are writer temp/marker files, not data."""
-    files = [LandingFile(path, size, modified) for path, size, modified in
+    files = [LandingFile(path, size, modified, problem) for path, size, modified, problem in
              open_store(landing, s3_client).walk(f"topics/{topic}")
              if not path.rsplit("/", 1)[-1].startswith((".", "_"))]
     return sorted(files, key=lambda f: f.path)
 
 
-def stage(landing: str, files: list[LandingFile], dest: Path, s3_client: Any = None) -> str:
-    """A local landing root holding `files` under their landing paths: the landing itself when local, else
-    a copy in `dest` (Spark on the embedded default has no S3 filesystem)."""
-    if not is_remote(landing):
-        return landing
-    store = S3Store(landing, s3_client)
-    for f in files:
-        store.download(f.path, dest / f.path)
-    return str(dest)
+def staged_name(index: int, f: LandingFile) -> str:
+    """A file's name for Spark: its number and its extension only. Spark takes paths as Hadoop paths and
+    glob patterns, so a landing name holding `*`, `?`, `[`, `{`, `\\` or `:` would be expanded or refused;
+    these names are read literally whatever the landing names are."""
+    ext = next((e for e in (*JSON_EXTENSIONS, *PARQUET_EXTENSIONS) if f.path.endswith(e)), "")
+    return f"{index:07d}{ext}"
+
+
+def stage(landing: str, files: list[LandingFile], dest: Path, s3_client: Any = None) -> dict[str, LandingFile]:
+    """`files` in the local folder `dest` under Spark-safe names (`staged_name`), mapped back to the landing
+    file each one is: links to a local landing, downloads from S3 (Spark on the embedded default has no
+    S3 filesystem). Files that cannot be opened are left out."""
+    store = S3Store(landing, s3_client) if is_remote(landing) else None
+    staged = {}
+    for index, f in enumerate(files):
+        if f.problem:
+            continue
+        target = dest / staged_name(index, f)
+        if store is None:
+            target.symlink_to(os.path.abspath(os.path.join(landing.removeprefix("file://"), f.path)))
+        else:
+            store.download(f.path, target)
+        staged[str(target)] = f
+    return staged
+
+
+def _read_bytes(path: str) -> bytes:
+    with open(path, "rb") as handle:
+        data = handle.read()
+    return gzip.decompress(data) if path.endswith(".gz") else data
+
+
+def landing_read_problem(path: str) -> str:
+    """Why a landing file Spark could not read cannot be read, in words (`Not a gzipped file`, `Compressed
+    file ended before the end-of-stream marker was reached`). A file that reads here is not quarantined:
+    Spark's failure was something else, and the batch fails with it."""
+    try:
+        _read_bytes(path)
+    except (OSError, EOFError, ValueError) as exc:
+        return str(exc) or type(exc).__name__
+    raise RuntimeError(f"Spark read no text from {path}, which reads here: refusing to quarantine a readable file")
+
+
+EXCERPT_BYTES = 1024  # what a quarantine row keeps of a line too large to parse (the whole line stays in its file)
+
+
+def split_exact(path: str, max_line_bytes: int) -> list[tuple[int, str, str | None]]:
+    """(line number, text, problem) for each line of a landing file, byte for byte: a line that is not valid
+    UTF-8 keeps its bytes as base64 with the problem `invalid_utf8`; a leading byte-order mark is dropped."""
+    data = _read_bytes(path).removeprefix(b"\xef\xbb\xbf")
+    chunks = data.split(b"\n")
+    if chunks and chunks[-1] == b"":
+        chunks.pop()  # the newline that ends the file makes no line
+    lines: list[tuple[int, str, str | None]] = []
+    for number, chunk in enumerate(chunks, start=1):
+        chunk = chunk.removesuffix(b"\r")
+        if len(chunk) > max_line_bytes:
+            lines.append((number, chunk[:EXCERPT_BYTES].decode("utf-8", "replace"), line_too_large(len(chunk), max_line_bytes)))
+            continue
+        try:
+            lines.append((number, chunk.decode("utf-8"), None))
+        except UnicodeDecodeError as exc:
+            lines.append((number, base64.b64encode(chunk).decode("ascii"),
+                          f"invalid_utf8: byte {exc.start} is not UTF-8; the line's bytes are kept as base64 in _raw"))
+    return lines
+
+
+def line_too_large(size: int | str, limit: int) -> str:
+    return f"line_too_large: {size} bytes (max {limit}, CDC_MAX_LINE_BYTES); the line stays whole in its landing file"

@@ -15,6 +15,8 @@ from pyspark.sql import types as T
 from pyspark.sql.types import StructType
 
 from spark_jobs import connectors
+from spark_jobs.landing import EXCERPT_BYTES as EXCERPT_CHARS
+from spark_jobs.landing import line_too_large
 from spark_jobs.config import row_checks
 
 OPS = ("c", "u", "d", "r", "t")
@@ -25,18 +27,30 @@ _RECORD_SCHEMA = "schema STRING, payload STRING, before STRING, after STRING, so
 _PAYLOAD_SCHEMA = "before STRING, after STRING, source STRING, op STRING, ts_ms BIGINT"
 
 
-def split_lines(files: DataFrame) -> DataFrame:
-    """(_source_file, content) -> one row per line with its 1-based line number.
+def split_lines(files: DataFrame, max_line_bytes: int = 16 * 2**20) -> DataFrame:
+    """(_source_file, content) -> one row per line with its 1-based line number, and
+    `_line_problem`: why the line is not parsed (line_too_large, when longer than `max_line_bytes`: the
+    row keeps an excerpt). `_file_utf8_ok` says whether the whole file was valid UTF-8 (the split here
+    replaces other bytes: such files are split again byte for byte, landing.split_exact).
 
     The newline that ends the file does not make an extra empty line; blank lines inside a file do
-    (they are quarantined, never dropped)."""
-    lines = files.select("_source_file", F.posexplode(F.split("content", "\n")).alias("_pos", "_raw"))
+    (they are quarantined, never dropped). A byte-order mark opening the file is dropped."""
+    lines = files.select("_source_file", F.expr("is_valid_utf8(content)").alias("_file_utf8_ok"),
+                         F.posexplode(F.split("content", "\n")).alias("_pos", "_raw"))
     last = F.max("_pos").over(Window.partitionBy("_source_file"))
+    text = F.regexp_replace("_raw", "\r$", "")
+    text = F.when(F.col("_pos") == 0, F.regexp_replace(text, "^\ufeff", "")).otherwise(text)
+    size = F.octet_length("_text")
+    too_large = size > max_line_bytes
+    before, after = line_too_large("\0", max_line_bytes).split("\0")
+    problem = F.concat(F.lit(before), size.cast("string"), F.lit(after))
     return (
         lines.withColumn("_last", last)
         .where(~((F.col("_pos") == F.col("_last")) & (F.col("_raw") == "")))
+        .withColumn("_text", text)
         .select("_source_file", (F.col("_pos") + 1).cast("long").alias("_line"),
-                F.regexp_replace("_raw", "\r$", "").alias("_raw"))
+                F.when(too_large, F.substring("_text", 1, EXCERPT_CHARS)).otherwise(F.col("_text")).alias("_raw"),
+                F.when(too_large, problem).alias("_line_problem"), "_file_utf8_ok")
     )
 
 
@@ -61,7 +75,8 @@ def parse_envelope(lines: DataFrame, fmt: str = "auto") -> DataFrame:
     `__deleted`, delete.handling.mode=rewrite) the op, and the `__` fields the source block.
 
     Adds op, ts_ms, source, before, after (JSON text), _schema (the envelope's schema, or null),
-    _json_ok (false when the line is not valid JSON) and _deleted_flag_agrees."""
+    _json_ok (false when the line is not valid JSON), _json_single (false when more follows the first
+    JSON value) and _deleted_flag_agrees."""
     # written as SQL: one expression tree built in the JVM, not hundreds of Python-side calls
     if fmt == "json-flat":
         flat = "true"
@@ -69,13 +84,16 @@ def parse_envelope(lines: DataFrame, fmt: str = "auto") -> DataFrame:
         flat = "(_flat['__op'] IS NOT NULL OR _flat['__deleted'] IS NOT NULL)"
     else:
         flat = "false"
-    maybe_flat = "true" if fmt == "json-flat" else """(_raw LIKE '%"\\_\\_op"%' OR _raw LIKE '%"\\_\\_deleted"%')"""
+    maybe_flat = "true" if fmt == "json-flat" else """(_text LIKE '%"\\_\\_op"%' OR _text LIKE '%"\\_\\_deleted"%')"""
     flat_op = ("coalesce(_flat['__op'], CASE lower(_flat['__deleted']) WHEN 'true' THEN 'd' WHEN 'false' THEN 'u' END)")
+    # a line with a problem found when it was read (too large, not UTF-8) is not parsed
+    text = F.col("_raw") if "_line_problem" not in lines.columns else F.when(F.col("_line_problem").isNull(), F.col("_raw"))
     parsed = (
-        lines.withColumn("_rec", F.from_json("_raw", _RECORD_SCHEMA))
+        lines.withColumn("_text", text)
+        .withColumn("_rec", F.from_json("_text", _RECORD_SCHEMA))
         .withColumn("_env", F.expr("_rec.payload IS NOT NULL AND _rec.op IS NULL"))
         .withColumn("_payload", F.expr(f"CASE WHEN _env THEN from_json(_rec.payload, '{_PAYLOAD_SCHEMA}') END"))
-        .withColumn("_body", F.expr("CASE WHEN _env THEN _rec.payload ELSE _raw END"))
+        .withColumn("_body", F.expr("CASE WHEN _env THEN _rec.payload ELSE _text END"))
         .withColumn("_flat", F.lit(None).cast("map<string,string>") if fmt == "json" else
                     F.expr(f"CASE WHEN {maybe_flat} THEN from_json(_body, 'map<string,string>') END"))
         .withColumn("_is_flat", F.expr(f"coalesce({flat}, false)"))
@@ -87,7 +105,11 @@ def parse_envelope(lines: DataFrame, fmt: str = "auto") -> DataFrame:
 
     return parsed.selectExpr(
         *lines.columns,
-        "try_parse_json(_raw) IS NOT NULL AS _json_ok",
+        "try_parse_json(_text) IS NOT NULL AS _json_ok",
+        # Spark's JSON readers stop after the first value: anything after it would vanish unseen. Inside an
+        # array, `v,0` has two items and `0,v` two exactly when v is one JSON value with nothing after it
+        "coalesce(json_array_length(concat('[', _text, ',0]')) = 2 AND json_array_length(concat('[0,', _text, ']')) = 2,"
+        " false) AS _json_single",
         f"CASE WHEN _is_flat THEN _flat_op ELSE {pick('op')} END AS op",
         f"CASE WHEN _is_flat THEN CAST(coalesce(_flat['__ts_ms'], _flat['__source_ts_ms']) AS BIGINT) ELSE {pick('ts_ms')} END"
         " AS ts_ms",
@@ -125,6 +147,15 @@ def missing_keys(keys: tuple[str, ...]) -> Column:
     return F.concat_ws(",", *parts)
 
 
+def nested_keys(keys: tuple[str, ...]) -> Column:
+    """Comma-separated key columns whose value is a JSON object or array ('' when none): such a key would
+    become its JSON text in silver, a key no source row has."""
+    image = F.expr("try_parse_json(CASE WHEN op = 'd' THEN before ELSE after END)")
+    parts = [F.when(F.split(F.schema_of_variant(F.try_variant_get(image, f"$.{k}", "variant")), "<")[0]
+                    .isin("OBJECT", "ARRAY"), F.lit(k)) for k in keys]
+    return F.concat_ws(",", *parts)
+
+
 def missing_keys_typed(keys: tuple[str, ...]) -> Column:
     """Like `missing_keys`, on typed key columns (a key that did not parse to its type is missing)."""
     return F.concat_ws(",", *[F.when(F.col(k).isNull(), F.lit(k)) for k in keys])
@@ -141,27 +172,43 @@ def row_expectation_failure() -> Column:
     END""")
 
 
+def _overflowed() -> Column:
+    """Spark keeps `before`/`after` as JSON text it writes again, and writes a number beyond a double's range
+    as the string "Infinity": more such strings in them than in the line itself means a number overflowed."""
+    def infinities(text: Column) -> Column:
+        return F.size(F.split(F.coalesce(text, F.lit("")), '"-?Infinity"')) - 1
+    return infinities(F.col("before")) + infinities(F.col("after")) > infinities(F.col("_raw"))
+
+
 def classify(parsed: DataFrame, keys: tuple[str, ...], quarantine: frozenset[str] = row_checks("bronze")) -> DataFrame:
     """Adds `_kind` (event | tombstone | quarantine), `reason` for quarantined lines and `_expectation`,
     the row-level expectation a kept event fails (reported, not quarantined: its action is not in
     `quarantine`). Lines that are no change event at all are always quarantined."""
     trimmed = F.trim(F.col("_raw"))
+    problem = F.col("_line_problem") if "_line_problem" in parsed.columns else F.lit(None).cast("string")
     unusable = (
-        F.when(trimmed == "", "empty_line")
+        F.when(problem.isNotNull(), problem)
+        .when(trimmed == "", "empty_line")
         .when(~F.col("_json_ok"), "malformed_json")
+        .when(~F.col("_json_single"), "malformed_json: content after the JSON record")
         .when(F.col("op").isNull(), "not_debezium: no op field")
         .when(~F.col("op").isin(*OPS), F.concat(F.lit("unknown_op: "), F.col("op")))
+        .when(_overflowed(), "number_out_of_range: a number in the record is beyond a double's range (about 1.8e308)")
+        .when(F.col("_nested_key") != "", F.concat(F.lit("invalid_key: "), F.col("_nested_key"),
+                                                   F.lit(" (an object or array, not a value)")))
     )
     # a Kafka tombstone is `null`, or with the JSON converter's schemas.enable=true, an empty envelope
-    tombstone = (trimmed == "null") | trimmed.rlike(r'^\{\s*"schema"\s*:\s*null\s*,\s*"payload"\s*:\s*null\s*\}$')
+    tombstone = problem.isNull() & ((trimmed == "null") | trimmed.rlike(
+        r'^\{\s*"schema"\s*:\s*null\s*,\s*"payload"\s*:\s*null\s*\}$'))
     failed = F.when(~tombstone & unusable.isNull(), row_expectation_failure())
     quarantined = unusable.isNotNull() | F.split(failed, ":")[0].isin(*sorted(quarantine))
     kind = F.when(tombstone, "tombstone").when(quarantined, "quarantine").otherwise("event")
     return (parsed.withColumn("_missing_key", missing_keys(keys))
+            .withColumn("_nested_key", nested_keys(keys))
             .withColumn("_kind", kind)
             .withColumn("reason", F.when(kind == "quarantine", F.coalesce(unusable, failed)))
             .withColumn("_expectation", F.when(kind == "event", failed))
-            .drop("_missing_key"))
+            .drop("_missing_key", "_nested_key"))
 
 
 _LANDING_OFFSET = r"([^/]+)\+([0-9]+)\+([0-9]+)\.[^/]*$"

@@ -20,9 +20,15 @@ def events(spark, rows):
 
 
 def test_split_lines_numbers_lines_and_keeps_blank_ones_but_not_the_final_newline(spark):
-    files = spark.createDataFrame([("a.json", "x\n\ny\r\n"), ("b.json", "z")], "_source_file STRING, content STRING")
-    got = [tuple(r) for r in transforms.split_lines(files).orderBy("_source_file", "_line").collect()]
-    assert got == [("a.json", 1, "x"), ("a.json", 2, ""), ("a.json", 3, "y"), ("b.json", 1, "z")]
+    files = spark.createDataFrame([("a.json", "x\n\ny\r\n"), ("b.json", "z"), ("c.json", "\ufeff{}\n\ufeff{}\n0123456789")],
+                                  "_source_file STRING, content STRING")
+    got = [tuple(r) for r in transforms.split_lines(files, max_line_bytes=9).orderBy("_source_file", "_line").collect()]
+    too_large = "line_too_large: 10 bytes (max 9, CDC_MAX_LINE_BYTES); the line stays whole in its landing file"
+    assert got == [("a.json", 1, "x", None, True), ("a.json", 2, "", None, True), ("a.json", 3, "y", None, True),
+                   ("b.json", 1, "z", None, True),
+                   # a byte-order mark opening the file is dropped; anywhere else it is content
+                   ("c.json", 1, "{}", None, True), ("c.json", 2, "\ufeff{}", None, True),
+                   ("c.json", 3, "0123456789", too_large, True)]
 
 
 def test_parse_and_classify_every_kind_of_line(spark):
