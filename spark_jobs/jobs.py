@@ -140,7 +140,8 @@ def _name(f: LandingFile) -> str:
     return f.path.rsplit("/", 1)[-1]
 
 
-def _exact_lines(spark: SparkSession, lines: DataFrame, staged: dict[str, LandingFile]) -> tuple[DataFrame, dict[LandingFile, str]]:
+def _exact_lines(spark: SparkSession, lines: DataFrame,
+                 staged: dict[str, LandingFile]) -> tuple[DataFrame, dict[LandingFile, str]]:
     """Files that gave Spark no text although they hold bytes are unreadable (the reason comes from
     opening them here); files holding bytes that are not UTF-8 are split again here, byte for byte."""
     health = {r["_source_file"]: r["utf8"] for r in

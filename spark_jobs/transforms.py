@@ -15,9 +15,9 @@ from pyspark.sql import types as T
 from pyspark.sql.types import StructType
 
 from spark_jobs import connectors
+from spark_jobs.config import row_checks
 from spark_jobs.landing import EXCERPT_BYTES as EXCERPT_CHARS
 from spark_jobs.landing import line_too_large
-from spark_jobs.config import row_checks
 
 OPS = ("c", "u", "d", "r", "t")
 

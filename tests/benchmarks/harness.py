@@ -123,8 +123,8 @@ def project_run(landing: Path, lake: Path, files: str, remote: str | None = None
 def check_floor_restates_the_pipeline() -> None:
     """The floor restates the pipeline's merge conditions and snapshot markers (it must not import pyspark,
     whose import would count in its time): stop if they have drifted apart."""
-    from spark_jobs.jobs import SILVER_MERGE
     from spark_jobs.connectors import SNAPSHOT_MARKERS
+    from spark_jobs.jobs import SILVER_MERGE
     from tests.benchmarks import floor
 
     restated = (floor.DELETE_WHEN, floor.UPDATE_WHEN, floor.INSERT_WHEN, floor.SNAPSHOT_MARKERS)
