@@ -106,7 +106,7 @@ def test_lines_are_never_altered_what_cannot_be_kept_as_is_is_quarantined_with_i
         (f"{TOPIC}+0+0000000000.json", 2, "malformed_json: content after the JSON record",
          event(2, 11) + ' {"op":"d"}'),
         (f"{TOPIC}+0+0000000000.json", 3,
-         f"invalid_utf8: byte {invalid.index(b'\xe9')} is not UTF-8; the line's bytes are kept as base64 in _raw",
+         f"invalid_utf8: byte {invalid.index(0xE9)} is not UTF-8; the line's bytes are kept as base64 in _raw",
          base64.b64encode(invalid).decode()),
         (f"{TOPIC}+0+0000000000.json", 5, "invalid_key: id (an object or array, not a value)", event({"a": 1}, 14)),
         (f"{TOPIC}+0+0000000000.json", 6, "invalid_key: id (an object or array, not a value)", event([5], 15)),
