@@ -17,7 +17,9 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 FORMATS = ("auto", "json", "json-flat", "parquet")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TABLE_FIELDS = {"topic", "keys", "format", "sequence_by", "partition_by", "columns", "history", "tombstone_retention",
-                 "quality"}
+                 "quality", "unavailable_value_placeholder"}
+# what Debezium's PostgreSQL connector sends for an unchanged TOASTed column (unavailable.value.placeholder)
+UNAVAILABLE_PLACEHOLDER = "__debezium_unavailable_value"
 # Spark SQL types a column override may name (checked here, without importing pyspark)
 _OVERRIDE_TYPE = re.compile(
     r"^(string|boolean|tinyint|smallint|int|bigint|float|double|date|timestamp|timestamp_ntz|binary"
@@ -119,6 +121,7 @@ class TableConfig:
     history: bool = False  # keep silver/<table>_history (SCD type 2)
     tombstone_retention_s: int | None = None  # None = keep tombstones forever
     quality: Quality = Quality()
+    unavailable_value_placeholder: str = UNAVAILABLE_PLACEHOLDER
 
 
 @dataclass(frozen=True)
@@ -172,6 +175,13 @@ def _sequence_by(value: Any, table: str) -> tuple[str, ...]:
         raise ConfigError(f"table {table!r}: field 'sequence_by' must be 'auto' or a non-empty list of column names "
                           f"or source.<field> names, got {value!r}")
     return tuple(parts)
+
+
+def _placeholder(value: Any, table: str) -> str:
+    if not isinstance(value, str) or not value or '"' in value or "\\" in value:
+        raise ConfigError(f"table {table!r}: field 'unavailable_value_placeholder' must be the connector's "
+                          f"unavailable.value.placeholder text (no quotes or backslashes), got {value!r}")
+    return value
 
 
 def _column_types(value: Any, table: str) -> tuple[tuple[str, str], ...]:
@@ -260,6 +270,7 @@ def parse_table(name: str, spec: Any, defaults: Quality = Quality()) -> TableCon
         history=_flag(spec.get("history", False), name, "history"),
         tombstone_retention_s=_retention(spec.get("tombstone_retention", "forever"), name),
         quality=parse_quality(spec.get("quality"), f"table {name!r}", ("bronze", "silver"), defaults),
+        unavailable_value_placeholder=_placeholder(spec.get("unavailable_value_placeholder", UNAVAILABLE_PLACEHOLDER), name),
         name=name,
         topic=topic,
         keys=_names(spec.get("keys"), name, "keys", required=True),

@@ -170,26 +170,33 @@ class GateFailed(RuntimeError):
         self.summary = summary
 
 
-def _context(lake: str, table: str) -> Any:
-    import great_expectations as gx
-    from great_expectations.data_context.types.base import ProgressBarsConfig
+ATOMIC_BACKEND = {"class_name": "AtomicFilesystemStoreBackend", "module_name": "spark_jobs.gx_store"}
 
-    root = Path(lake) / "_state" / "gx" / table
-    context = gx.get_context(mode="file", project_root_dir=str(root))
-    context.variables.progress_bars = ProgressBarsConfig(globally=False)
+
+def _context(lake: str, table: str) -> Any:
+    """The table's GX context. Its configuration is built here on every run from the registry (nothing of
+    it is kept in a project file a killed run could leave half-written); suites, validation results and
+    Data Docs are files under `_state/gx/<table>/gx` and the reports, each written atomically."""
+    import great_expectations as gx
+    from great_expectations.data_context.types.base import (
+        DataContextConfig,
+        FilesystemStoreBackendDefaults,
+        ProgressBarsConfig,
+    )
+
+    defaults = FilesystemStoreBackendDefaults(root_directory=str(Path(lake) / "_state" / "gx" / table / "gx"))
+    for store in defaults.stores.values():
+        store["store_backend"].update(ATOMIC_BACKEND)
     docs_dir = Path(lake) / "reports" / "data_docs" / table
     site: Any = {
         "class_name": "SiteBuilder",
         "show_how_to_buttons": False,
-        "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(docs_dir)},
+        "store_backend": {**ATOMIC_BACKEND, "base_directory": str(docs_dir)},
         "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
     }
-    sites = context.variables.data_docs_sites or {}
-    if sites.get("reports") != site or len(sites) != 1:
-        for name in list(sites):
-            context.delete_data_docs_site(name)
-        context.add_data_docs_site(site_name="reports", site_config=site)
-    return context
+    config = DataContextConfig(store_backend_defaults=defaults, data_docs_sites={"reports": site},
+                               progress_bars=ProgressBarsConfig(globally=False))
+    return gx.get_context(project_config=config, mode="ephemeral")
 
 
 def _figures(check: Check, figures: dict[str, Any]) -> Finding:

@@ -274,6 +274,7 @@ def _ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, staged
     _gate({"events": flags}, {"quarantined_share": summary["quarantined_share"]},
           table.name, "bronze", bronze_checks(table), lake, summary)
 
+    summary["tombstones_matched_late"] = _track_pending_tombstones(spark, engine, lake, table.name, classified, matched)
     version_before = engine.version(lake.bronze(table.name))
     bronze_version = 0 if version_before is None else version_before + 1
     rows = events.select(
@@ -293,6 +294,29 @@ def _ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, staged
     _log_files(spark, engine, lake, table.name, {f.path: (f.size, f.modified_ms, *per_file.get(f.path, (0, 0, 0, 0)))
                                                  for f in files}, batch_id, committed)
     return {**summary, "version": committed if committed is not None else version_before}
+
+
+PENDING_TOMBSTONES = MergeSpec(keys=("_source_file", "_line"), insert_when="true")
+
+
+def _track_pending_tombstones(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: str, classified: DataFrame,
+                              matched: DataFrame) -> int:
+    """Tombstones whose previous record is in no batch yet wait in the lake; each batch settles those whose
+    previous record it brings. Returns how many of them follow a delete (matched late)."""
+    path = lake.pending_tombstones(table)
+    settled_late = 0
+    if engine.version(path) is not None:
+        pending = engine.read(spark, path)
+        assert pending is not None
+        settled = transforms.resolve_pending_tombstones(pending, classified).localCheckpoint()
+        settled_late = settled.where("_follows_delete").count()
+        if settled.limit(1).count():
+            engine.merge(settled.select("_source_file", "_line"), path,
+                         MergeSpec(keys=("_source_file", "_line"), delete_when="true"))
+    waiting = matched.where("_previous_unseen AND _part <> _source_file").select("_source_file", "_line", "_part", "_offset")
+    if waiting.limit(1).count():
+        engine.merge(waiting, path, PENDING_TOMBSTONES)
+    return settled_late
 
 
 def _preceding_rows(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: str, opening: list[str]) -> DataFrame | None:
@@ -391,8 +415,12 @@ def _image_fields(spark: SparkSession, table: TableConfig, events: DataFrame, ha
 
 
 def _typed_changes(spark: SparkSession, table: TableConfig, changes: DataFrame, target: T.StructType | None,
-                   has_plain: bool) -> tuple[DataFrame, list[schemas.ImageField]]:
-    """Row events (with `_seq`) plus the typed image in `_row`, typed key columns and a quarantine `reason`."""
+                   has_plain: bool, unavailable: bool) -> tuple[DataFrame, list[schemas.ImageField]]:
+    """Row events (with `_seq`) plus the typed image in `_row`, typed key columns and a quarantine `reason`.
+    With `unavailable`, placeholders of unchanged TOASTed values are listed in `_unavailable` and typed as
+    null (transforms.mark_unavailable), to be filled in by `_fill_unavailable`."""
+    if unavailable:
+        changes = transforms.mark_unavailable(changes, table.unavailable_value_placeholder)
     fields = _image_fields(spark, table, changes, has_plain)
     names = {f.name for f in fields}
     absent = [k for k in table.keys if k not in names]
@@ -486,7 +514,8 @@ def apply_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
         F.count(F.when(F.col("op") != "t", 1)).alias("changes"),
         F.count(F.when((F.col("op") != "t") & F.col("_schema").isNull(), 1)).alias("plain"),
         F.max(F.get_json_object("source", "$.ts_ms").cast("long")).alias("newest_ts_ms"),
-        F.count(F.lit(1)).alias("rows")))
+        F.count(F.lit(1)).alias("rows"),
+        F.count(F.when(transforms.holds_placeholder(table.unavailable_value_placeholder), 1)).alias("unavailable")))
 
     # truncate (op=t): the table is empty as of its position; every older event is stale
     truncates = ordered.where("op = 't'").withColumn("reason", F.when(F.col("_seq").isNull(), NO_SEQUENCE))
@@ -496,11 +525,14 @@ def apply_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     quarantine = truncates.where("reason IS NOT NULL").select("_source_file", "_line", "_raw", "reason")
 
     frames: dict[str, DataFrame] = {}
-    typed = counts = latest_counts = latest = rows = deletes = None
+    typed = counts = latest_counts = latest = rows = deletes = state = None
     fields: list[schemas.ImageField] = []
     effective_count, delete_counts = 0, {"received": 0, "before_truncate": 0, "superseded": 0, "stale": 0, "absent": 0}
     if overview["changes"]:
-        typed, fields = _typed_changes(spark, table, ordered.where("op <> 't'"), target_schema, overview["plain"] > 0)
+        typed, fields = _typed_changes(spark, table, ordered.where("op <> 't'"), target_schema, overview["plain"] > 0,
+                                       overview["unavailable"] > 0)
+        if overview["unavailable"]:
+            typed = _fill_unavailable(spark, engine, lake, table, typed.localCheckpoint())
         typed = typed.localCheckpoint()
         quarantine = quarantine.unionByName(typed.where("reason IS NOT NULL").select("_source_file", "_line", "_raw", "reason"))
         events = typed.where("reason IS NULL")
@@ -513,7 +545,8 @@ def apply_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
         latest = transforms.latest_per_key(events.where(after_truncate), table.keys).localCheckpoint()
         latest_counts = _one(latest.agg(F.count(F.lit(1)).alias("keys"), F.sum(F.col("_tie").cast("int")).alias("ties")))
         state = _current_state(spark, engine, lake, table, latest, new_truncate)
-        rows = _silver_rows(transforms.effective_changes(latest, state.drop("_live"), table.keys), fields,
+        state = state.localCheckpoint()
+        rows = _silver_rows(transforms.effective_changes(latest, state.select(*table.keys, "_seq"), table.keys), fields,
                             target_schema).localCheckpoint()
         effective_count = rows.count()
         deletes = events.where("op = 'd'").select(*table.keys, "_seq").distinct().localCheckpoint()
@@ -550,9 +583,16 @@ def apply_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     result, versions = None, 0
     if rows is not None and effective_count:
         result = engine.merge(rows, target_path, replace(SILVER_MERGE, keys=table.keys), table.partition_by)
+    if rows is not None and state is not None:
         ledger = rows.select(*table.keys, "_seq", "_op", F.coalesce(
             "_source_ts_ms", F.unix_millis(F.col("_ingested_at").cast("timestamp"))).alias("_deleted_at_ms"))
-        engine.merge(ledger, ledger_path, replace(LEDGER_MERGE, keys=table.keys))
+        # a ledger entry older than the key's live row (left by a run killed between the two merges) goes:
+        # as a live event at the row's position, the ledger merge clears it like any newer upsert
+        behind = state.where("_ledger_behind").select(*table.keys, "_seq", F.lit("u").alias("_op"),
+                                                      F.lit(None).cast("long").alias("_deleted_at_ms"))
+        ledger = ledger.unionByName(behind.join(rows.select(*table.keys), list(table.keys), "left_anti"))
+        if effective_count or behind.limit(1).count():
+            engine.merge(ledger, ledger_path, replace(LEDGER_MERGE, keys=table.keys))
     if table.history and typed is not None:
         versions = apply_history(spark, engine, table, lake, typed.where("reason IS NULL"), fields,
                                  recompute_all=new_truncates > 0)
@@ -582,6 +622,34 @@ def apply_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
                 engine.restore(path, before)
         raise
     return stats, truncated_at
+
+
+def _fill_unavailable(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: TableConfig,
+                      typed: DataFrame) -> DataFrame:
+    """An unchanged TOASTed column (PostgreSQL, REPLICA IDENTITY DEFAULT) keeps the key's previous value:
+    the value of the key's last earlier event in the batch that carried it, else of its live silver row.
+    With neither, the value is unknown here: the event is quarantined (`unavailable_value`), never
+    applied with a placeholder or a null in place of the value."""
+    columns = sorted({r[0] for r in typed.select(F.explode("_unavailable")).distinct().collect()})
+    keys = list(table.keys)
+    earlier = Window.partitionBy(*keys).orderBy("_seq", "_source_file", "_line").rowsBetween(Window.unboundedPreceding, -1)
+    silver = engine.read(spark, lake.silver(table.name))
+    in_silver = [c for c in columns if silver is not None and c in silver.columns]
+    if in_silver and silver is not None:
+        typed = typed.join(silver.select(*keys, F.struct(*[F.struct(F.col(c).alias("v")).alias(c) for c in in_silver])
+                                         .alias("_live")), keys, "left")
+    unresolved = []
+    for c in columns:
+        missing = F.array_contains("_unavailable", c)
+        previous = F.last(F.when(~missing, F.struct(F.col("_row")[c].alias("v"))), ignorenulls=True).over(earlier)
+        live = F.col("_live")[c] if c in in_silver else F.lit(None)
+        known = F.coalesce(previous, live)
+        typed = typed.withColumn("_row", F.col("_row").withField(c, F.when(missing, known["v"]).otherwise(F.col("_row")[c])))
+        unresolved.append(F.when(missing & known.isNull(), F.lit(c)))
+    lost = F.concat_ws(", ", *unresolved)
+    reason = F.coalesce("reason", F.when(lost != "", F.concat(
+        F.lit("unavailable_value: "), lost, F.lit(" (an unchanged TOASTed value, and no earlier value of the key here)"))))
+    return typed.withColumn("reason", reason).drop("_unavailable", *(["_live"] if in_silver else []))
 
 
 def _refused(table: TableConfig, typed: DataFrame | None, ties: int) -> bool:
@@ -705,8 +773,11 @@ def apply_history(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
 
 def _current_state(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: TableConfig, latest: DataFrame,
                    new_truncate: str | None) -> DataFrame:
-    """(key, _seq, _live) of the batch's keys in silver (live) and in the tombstone ledger; the two never
-    share a key. Entries older than a new truncate are left out: it removes them before the merge."""
+    """(key, _seq, _live, _ledger_behind) of the batch's keys: the newest of the key's live silver row and
+    its tombstone-ledger entry. The two are written by separate commits, so a run killed between them
+    leaves a key in both; the newer one is the key's state, and `_ledger_behind` marks a ledger entry older
+    than the live row, for the ledger merge to drop. Entries older than a new truncate are left out: it
+    removes them before the merge."""
     keys = latest.select(*table.keys)
     parts = []
     for path, live in ((lake.silver(table.name), True), (lake.tombstones(table.name), False)):
@@ -718,11 +789,13 @@ def _current_state(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: 
                                         F.lit(live).alias("_live")).join(keys, list(table.keys), "left_semi"))
     if not parts:
         return spark.createDataFrame([], T.StructType([*keys.schema.fields, T.StructField("_seq", T.StringType()),
-                                                       T.StructField("_live", T.BooleanType())]))
-    state = parts[0]
-    for part in parts[1:]:
-        state = state.unionByName(part)
-    return state
+                                                       T.StructField("_live", T.BooleanType()),
+                                                       T.StructField("_ledger_behind", T.BooleanType())]))
+    entries = reduce(DataFrame.unionByName, parts)
+    newest = F.max(F.struct("_seq", "_live"))
+    return entries.groupBy(*table.keys).agg(newest["_seq"].alias("_seq"), newest["_live"].alias("_live"),
+                                            (F.count(F.lit(1)) > 1).alias("_both")).select(
+        *table.keys, "_seq", "_live", (F.col("_both") & F.col("_live")).alias("_ledger_behind"))
 
 
 def _silver_rows(effective: DataFrame, fields: list[schemas.ImageField], target: T.StructType | None) -> DataFrame:

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from spark_jobs.state import Lake, ensure_dir
+from spark_jobs.state import Lake, ensure_dir, write_atomic
 
 STYLE = ("body{font-family:system-ui,sans-serif;margin:1.5em;color:#1b1f24}td,th{padding:3px 10px;text-align:left;"
          "vertical-align:top}th{background:#eef1f4}table{border-collapse:collapse;margin:.4em 0 1.2em}"
@@ -27,7 +27,7 @@ def publish(lake: Lake, run_id: str, summary: dict[str, Any]) -> Path:
     folder = ensure_dir(f"{lake.reports}/runs/{run_id}")
     path = folder / f"{summary['table']}.{summary['layer']}.json"
     stamped = {**summary, "published_at": dt.datetime.now(dt.UTC).isoformat()}
-    path.write_text(json.dumps(stamped, indent=2, sort_keys=True, default=str))
+    write_atomic(path, json.dumps(stamped, indent=2, sort_keys=True, default=str))
     render_run(lake, run_id)
     render_index(lake)
     return path
@@ -110,7 +110,7 @@ def render_run(lake: Lake, run_id: str) -> Path:
     body = (f"<p><a href='../../index.html'>← all runs</a></p><h1>Run {_e(run_id)} — "
             f"{_verdict(run_verdict(summaries))}</h1>" + "".join(_section(s) for s in summaries))
     path = Path(lake.reports) / "runs" / run_id / "index.html"
-    path.write_text(_page(f"CDC run {run_id}", body))
+    write_atomic(path, _page(f"CDC run {run_id}", body))
     return path
 
 
@@ -127,5 +127,5 @@ def render_index(lake: Lake) -> Path:
             "Great Expectations Data Docs of its tables.</p><table><tr><th>run</th><th>started</th><th>verdict</th>"
             "<th>quarantined</th><th>gates</th></tr>" + "".join(rows) + "</table>")
     path = Path(lake.reports) / "index.html"
-    path.write_text(_page("CDC pipeline runs", body))
+    write_atomic(path, _page("CDC pipeline runs", body))
     return path

@@ -56,6 +56,10 @@ class Lake:
     def truncates(self, table: str) -> str:
         return f"{self._silver_root}/_state/truncates/{table}"
 
+    def pending_tombstones(self, table: str) -> str:
+        """Kafka tombstone lines whose previous record (the delete they follow) has not landed yet."""
+        return f"{self.root}/_state/pending_tombstones/{table}"
+
     def progress(self, table: str) -> str:
         return f"{self.root}/_state/progress/{table}"
 
@@ -145,6 +149,17 @@ def writer_lock(lake: Lake, name: str, holder: str, timeout_s: float | None = No
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write aside, then rename over: a reader (or a run killed mid-write) sees the old file or the new one,
+    never a truncated one."""
+    aside = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(aside, "wb") as handle:
+        handle.write(data.encode() if isinstance(data, str) else data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(aside, path)
 
 
 def ensure_dir(path: str) -> Path:

@@ -6,6 +6,7 @@ Silver: `order_key` -> `latest_per_key` -> `typed_rows` -> `effective_changes` a
 
 from __future__ import annotations
 
+import base64
 import re
 from functools import reduce
 
@@ -136,6 +137,28 @@ def parquet_image_type(schema: StructType) -> StructType:
                        ("op" in names and f.name in ENVELOPE_FIELDS)])
 
 
+def _placeholder_forms(placeholder: str) -> tuple[str, str]:
+    """The placeholder as text, and as bytes columns carry it (base64, the JSON converter's encoding)."""
+    return placeholder, base64.b64encode(placeholder.encode()).decode()
+
+
+def holds_placeholder(placeholder: str) -> Column:
+    """Does the event's `after` image hold an unavailable-value placeholder (checked before typing)?"""
+    return reduce(lambda a, b: a | b, [F.coalesce(F.instr("after", f'"{form}"') > 0, F.lit(False))
+                                       for form in _placeholder_forms(placeholder)])
+
+
+def mark_unavailable(changes: DataFrame, placeholder: str) -> DataFrame:
+    """Adds `_unavailable`, the columns whose value in `after` is the placeholder (text, bytes as base64, or
+    an array holding only it), and replaces those values by null in `after` so they type like any column."""
+    text, encoded = _placeholder_forms(placeholder)
+    values = F.from_json("after", "map<string,string>")
+    unavailable = F.filter(F.map_keys(values), lambda k: values[k].isin(text, encoded, f'["{text}"]'))
+    pattern = rf'\[\s*"\Q{text}\E"\s*\]|"\Q{text}\E"|"\Q{encoded}\E"'
+    return (changes.withColumn("_unavailable", F.coalesce(unavailable, F.array().cast("array<string>")))
+            .withColumn("after", F.regexp_replace("after", pattern, "null")))
+
+
 def key_image() -> Column:
     """The image the key comes from: `before` for deletes, `after` for c/u/r (DESIGN 4.2)."""
     return F.when(F.col("op") == "d", F.col("before")).otherwise(F.col("after"))
@@ -234,7 +257,8 @@ def match_tombstones(lines: DataFrame, earlier: DataFrame | None) -> DataFrame:
     """Kafka tombstone lines of `lines` (classified) with `_follows_delete`: whether the record at the
     previous offset of the partition is a delete. Debezium writes each delete's tombstone right after it.
     The previous record is looked up in `lines` and then in `earlier` (bronze rows: _source_file, _line,
-    op), for tombstones that open a file. Columns: _source_file, _line, _follows_delete."""
+    op), for tombstones that open a file. Columns: _source_file, _line, _part and _offset (where the previous
+    record is), _follows_delete, and _previous_unseen (that record is in neither: it may land later)."""
     partition, offset = kafka_position(F.col("_source_file"), F.col("_line"))
     tombstones = lines.where("_kind = 'tombstone'").select("_source_file", "_line", partition.alias("_part"),
                                                           (offset - 1).alias("_offset"))
@@ -243,7 +267,19 @@ def match_tombstones(lines: DataFrame, earlier: DataFrame | None) -> DataFrame:
         records = records.unionByName(earlier.select(partition.alias("_part"), offset.alias("_offset"), "op"))
     previous = records.groupBy("_part", "_offset").agg(F.max(F.col("op") == "d").alias("_is_delete"))
     return (tombstones.join(previous, ["_part", "_offset"], "left")
-            .select("_source_file", "_line", F.coalesce("_is_delete", F.lit(False)).alias("_follows_delete")))
+            .select("_source_file", "_line", "_part", "_offset",
+                    F.coalesce("_is_delete", F.lit(False)).alias("_follows_delete"),
+                    F.col("_is_delete").isNull().alias("_previous_unseen")))
+
+
+def resolve_pending_tombstones(pending: DataFrame, lines: DataFrame) -> DataFrame:
+    """Earlier batches' tombstones whose previous record had not arrived (`_part`, `_offset` = its place),
+    against the records of `lines` (classified): those whose previous record is here, with
+    `_follows_delete`. Files land out of order, so a tombstone can arrive before its delete."""
+    partition, offset = kafka_position(F.col("_source_file"), F.col("_line"))
+    records = lines.where("_kind <> 'tombstone'").select(partition.alias("_part"), offset.alias("_offset"), "op") \
+        .groupBy("_part", "_offset").agg(F.max(F.col("op") == "d").alias("_follows_delete"))
+    return pending.join(records, ["_part", "_offset"]).select("_source_file", "_line", "_follows_delete")
 
 
 # ---- silver ---------------------------------------------------------------------------------------

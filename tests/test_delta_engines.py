@@ -1,6 +1,7 @@
 """One contract suite for every Delta engine present (DESIGN 5). delta-spark needs Delta's jars on
 Spark's classpath; they come from Maven Central, which this machine cannot reach, so it skips here."""
 
+import os
 import datetime as dt
 from dataclasses import replace
 from decimal import Decimal
@@ -144,3 +145,19 @@ def test_delta_rs_writes_through_scratch_parquet_held_or_streamed_and_leaves_not
     assert rows(engine, spark, path) == [(1, "v1", "05", "c"), (2, "w2", "06", "u"), (4, "v4", "05", "c"),
                                          (5, "v5", "05", "c"), (6, "v6", "05", "c"), (7, "v7", "01", "c")]
     assert list((tmp_path / "spill").iterdir()) == []  # every scratch folder removed
+
+
+def test_scratch_left_by_a_killed_run_is_removed_and_a_live_runs_is_kept(spark, tmp_path, monkeypatch):
+    import subprocess
+
+    from spark_jobs.delta.delta_rs import DeltaRsEngine
+
+    monkeypatch.setenv("CDC_SPILL_DIR", str(tmp_path))
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a process that has exited: its pid names a killed run's scratch
+    (tmp_path / f"cdc-spill-{dead.pid}-abc").mkdir()
+    (tmp_path / f"cdc-spill-{dead.pid}-abc" / "part-0.parquet").write_bytes(b"rows")
+    (tmp_path / f"cdc-spill-{os.getpid()}-def").mkdir()  # this live process's
+    (tmp_path / "other").mkdir()
+    DeltaRsEngine()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"cdc-spill-{os.getpid()}-def", "other"]

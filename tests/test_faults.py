@@ -130,3 +130,44 @@ def test_out_of_range_numbers_without_the_envelope_are_quarantined_not_turned_in
         (1,): {"id": 1, "amount": 2.5}, (3,): {"id": 3, "amount": -7.0}}
     assert dict((f.name, f.dataType.simpleString()) for f in engine.schema(str(Lake(str(tmp_path / "lake")).silver("orders")))
                 )["amount"] == "double"
+
+
+def test_a_tombstone_landing_before_its_delete_is_matched_when_the_delete_lands(spark, engine, tmp_path, capsys):
+    config, folder = setup(tmp_path)
+    (folder / f"{TOPIC}+0+0000000002.json").write_text("null\n")  # the tombstone of the delete at offset 1
+    code, out, err = run(capsys, config, tmp_path / "landing", tmp_path / "lake")
+    bronze = summary_line(out, "bronze", "orders")
+    assert (code, bronze["tombstones"], bronze["tombstones_unmatched"], bronze["tombstones_matched_late"]) == (0, "1", "1", "0")
+    (folder / f"{TOPIC}+0+0000000000.json").write_text(event(1, 10) + "\n" + event(1, 11, op="d") + "\n")
+    code, out, err = run(capsys, config, tmp_path / "landing", tmp_path / "lake")
+    bronze = summary_line(out, "bronze", "orders")
+    assert (code, bronze["tombstones"], bronze["tombstones_matched_late"]) == (0, "0", "1")
+    pending = engine.read(spark, Lake(str(tmp_path / "lake")).pending_tombstones("orders"))
+    assert pending.count() == 0  # settled: nothing waits any more
+    assert silver_rows(spark, engine, tmp_path / "lake", "orders", ("id",)) == {}
+
+
+def test_unchanged_toasted_values_keep_the_keys_previous_value_never_the_placeholder(spark, engine, tmp_path, capsys):
+    config, folder = setup(tmp_path, CONFIG.replace("keys: [id]\n", "keys: [id]\n    history: true\n"))
+    unavailable = "__debezium_unavailable_value"
+    as_bytes = base64.b64encode(unavailable.encode()).decode()
+    (folder / f"{TOPIC}+0+0000000000.json").write_text(
+        event(1, 10, op="r", bio="long text", data="AQI=", tags=["a", "b"], n=1) + "\n")
+    code, _, err = run(capsys, config, tmp_path / "landing", tmp_path / "lake")
+    assert (code, err) == (0, "")
+    (folder / f"{TOPIC}+0+0000000001.json").write_text("\n".join([
+        event(1, 20, op="u", bio=unavailable, data=as_bytes, tags=[unavailable], n=2),  # from silver's row
+        event(2, 21, bio="b2", data="AwQ=", tags=["c"], n=1),
+        event(2, 22, op="u", bio=unavailable, data="BQY=", tags=[unavailable], n=3),  # from the event before it
+        event(3, 23, op="u", bio=unavailable, data="Bwg=", tags=["d"], n=4),  # no earlier value anywhere
+    ]) + "\n")
+    code, out, err = run(capsys, config, tmp_path / "landing", tmp_path / "lake")
+    assert (code, err) == (0, "")
+    assert silver_rows(spark, engine, tmp_path / "lake", "orders", ("id",)) == {
+        (1,): {"id": 1, "bio": "long text", "data": "AQI=", "tags": '["a","b"]', "n": 2},
+        (2,): {"id": 2, "bio": "b2", "data": "BQY=", "tags": '["c"]', "n": 3}}
+    assert [(r[1], r[2]) for r in quarantine_rows(spark, engine, tmp_path / "lake")] == [
+        (4, "unavailable_value: bio (an unchanged TOASTed value, and no earlier value of the key here)")]
+    history = engine.read(spark, Lake(str(tmp_path / "lake")).history("orders")).collect()
+    assert sorted((r["id"], r["n"], r["bio"], r["tags"]) for r in history) == [
+        (1, 1, "long text", '["a","b"]'), (1, 2, "long text", '["a","b"]'), (2, 1, "b2", '["c"]'), (2, 3, "b2", '["c"]')]

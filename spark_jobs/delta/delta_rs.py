@@ -30,11 +30,34 @@ from pyspark.sql import types as T
 from spark_jobs.delta import MergeResult, MergeSpec, key_predicate
 
 
+SPILL_PREFIX = "cdc-spill-"
+
+
+def _remove_dead_runs_scratch() -> None:
+    """Scratch folders of runs that were killed (their process is gone) hold copies of a batch's rows:
+    remove them. A folder is named after the process that made it, so a live run's is left alone."""
+    for folder in Path(os.environ.get("CDC_SPILL_DIR") or tempfile.gettempdir()).glob(f"{SPILL_PREFIX}*-*"):
+        pid = folder.name[len(SPILL_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class DeltaRsEngine:
     name = "delta-rs"
 
     def __init__(self, storage_options: dict[str, str] | None = None):
         self.storage_options = storage_options
+        _remove_dead_runs_scratch()
 
     def _table(self, path: str, version: int | None = None) -> DeltaTable | None:
         try:
@@ -66,7 +89,7 @@ class DeltaRsEngine:
     @contextmanager
     def _rows(self, df: DataFrame) -> Iterator[tuple[pa.RecordBatchReader, int]]:
         """The DataFrame's rows as a stream of Arrow batches, and their size in bytes on disk (see above)."""
-        folder = Path(tempfile.mkdtemp(prefix="cdc-spill-", dir=os.environ.get("CDC_SPILL_DIR")))
+        folder = Path(tempfile.mkdtemp(prefix=f"{SPILL_PREFIX}{os.getpid()}-", dir=os.environ.get("CDC_SPILL_DIR")))
         try:
             df.write.mode("overwrite").parquet(str(folder))
             files = sorted(folder.glob("part-*.parquet"))
