@@ -1,8 +1,8 @@
 """One contract suite for every Delta engine present (DESIGN 5). delta-spark needs Delta's jars on
 Spark's classpath; they come from Maven Central, which this machine cannot reach, so it skips here."""
 
-import os
 import datetime as dt
+import os
 from dataclasses import replace
 from decimal import Decimal
 

@@ -29,7 +29,6 @@ from pyspark.sql import types as T
 
 from spark_jobs.delta import MergeResult, MergeSpec, key_predicate
 
-
 SPILL_PREFIX = "cdc-spill-"
 
 
