@@ -186,7 +186,8 @@ def _context(lake: str, table: str) -> Any:
 
     defaults = FilesystemStoreBackendDefaults(root_directory=str(Path(lake) / "_state" / "gx" / table / "gx"))
     for store in defaults.stores.values():
-        store["store_backend"].update(ATOMIC_BACKEND)
+        backend: dict[str, Any] = store["store_backend"]  # type: ignore[index,assignment]
+        backend.update(ATOMIC_BACKEND)
     docs_dir = Path(lake) / "reports" / "data_docs" / table
     site: Any = {
         "class_name": "SiteBuilder",

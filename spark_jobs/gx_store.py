@@ -15,7 +15,7 @@ from spark_jobs.state import write_atomic
 
 
 class AtomicFilesystemStoreBackend(TupleFilesystemStoreBackend):
-    def _set(self, key: Any, value: Any, **kwargs: Any) -> str:
+    def _set(self, key: Any, value: Any, **kwargs: Any) -> str:  # type: ignore[override]  # as GX's own returns the path
         if not isinstance(key, tuple):
             key = key.to_tuple()
         path = Path(self.full_base_directory) / self._convert_key_to_filepath(key)
