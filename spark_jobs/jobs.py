@@ -283,7 +283,9 @@ def _ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, staged
         F.lit(_now()).cast("timestamp").alias("_ingested_at"))
     committed = None
     if again:  # their rows, read again, replace the earlier ones in one commit: bronze never holds a line twice
-        committed = engine.replace(rows, lake.bronze(table.name), _files_predicate(again))
+        # every file read is in the predicate: files landed since the last run are read too, and a replace
+        # refuses rows its predicate does not cover
+        committed = engine.replace(rows, lake.bronze(table.name), _files_predicate([f.path for f in files]))
     elif events_in:
         committed = engine.append(rows, lake.bronze(table.name))
     if committed is not None and committed != bronze_version:
