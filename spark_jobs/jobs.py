@@ -394,15 +394,48 @@ def _recover_unlogged_files(spark: SparkSession, engine: DeltaEngine, lake: Lake
 
 # ---- silver ----------------------------------------------------------------------------------------
 
-PROGRESS_SCHEMA = "layer STRING, bronze_version BIGINT, truncated_at STRING, _batch_id STRING, updated_at TIMESTAMP"
+PROGRESS_SCHEMA = ("layer STRING, bronze_version BIGINT, truncated_at STRING, _batch_id STRING, updated_at TIMESTAMP, "
+                   "silver_version BIGINT")
 NO_SEQUENCE = "missing_sequence: no log position for this connector; set sequence_by"
 
 
-def silver_progress(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: str) -> tuple[int, str | None]:
-    """(bronze version silver has applied, -1 if none; sequence of the latest truncate applied, if any)."""
+@dataclass(frozen=True)
+class SilverProgress:
+    bronze_version: int = -1  # the bronze version silver has applied; -1 when none
+    truncated_at: str | None = None  # the position of the latest truncate applied
+    # silver's version when progress was last recorded: later commits are an interrupted run's (None: not known)
+    silver_version: int | None = None
+
+
+def silver_progress(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: str) -> SilverProgress:
     progress = engine.read(spark, lake.progress(table))
     row = None if progress is None else progress.where("layer = 'silver'").first()
-    return (-1, None) if row is None else (int(row["bronze_version"]), row["truncated_at"])
+    if row is None:
+        return SilverProgress()
+    return SilverProgress(int(row["bronze_version"]), row["truncated_at"], row.asDict().get("silver_version"))
+
+
+# operation metrics as delta-rs and delta-spark name them
+_METRICS = {"inserted": ("num_target_rows_inserted", "numTargetRowsInserted"),
+            "updated": ("num_target_rows_updated", "numTargetRowsUpdated"),
+            "deleted": ("num_target_rows_deleted", "numTargetRowsDeleted", "num_deleted_rows", "numDeletedRows")}
+
+
+def interrupted_work(engine: DeltaEngine, path: str, since_version: int | None) -> dict[str, int]:
+    """What silver commits after `since_version` (the last recorded progress) applied: a run killed before
+    recording its progress. Its retry finds those events already applied and would report nothing of them."""
+    current = engine.version(path)
+    if since_version is None or current is None or current <= since_version:
+        return {}
+    totals = {"recovered_commits": 0, "inserted": 0, "updated": 0, "deleted": 0}
+    for commit in engine.history(path, current - since_version):
+        if int(commit["version"]) <= since_version or commit.get("operation") not in ("MERGE", "DELETE"):
+            continue
+        metrics = commit.get("operationMetrics") or {}
+        totals["recovered_commits"] += 1
+        for figure, names in _METRICS.items():
+            totals[figure] += sum(int(metrics.get(name) or 0) for name in names)
+    return totals
 
 
 def _image_fields(spark: SparkSession, table: TableConfig, events: DataFrame, has_plain: bool) -> list[schemas.ImageField]:
@@ -444,18 +477,24 @@ def _typed_changes(spark: SparkSession, table: TableConfig, changes: DataFrame, 
 def silver_merge(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake: Lake, batch_id: str) -> dict[str, Any]:
     """Apply the bronze rows silver has not seen (gated inside), then record the progress."""
     summary: dict[str, Any] = {"table": table.name, "layer": "silver", "batch_id": batch_id}
-    applied, truncated_at = silver_progress(spark, engine, lake, table.name)
+    progress = silver_progress(spark, engine, lake, table.name)
     bronze_version = engine.version(lake.bronze(table.name))
-    if bronze_version is None or bronze_version <= applied:
+    if bronze_version is None or bronze_version <= progress.bronze_version:
         return {**summary, "events": 0, "gate": "skipped (no new bronze rows)", "quarantined": {}}
     bronze = engine.read(spark, lake.bronze(table.name), version=bronze_version)
     assert bronze is not None
+    recovered = interrupted_work(engine, lake.silver(table.name), progress.silver_version)
     try:
-        stats, truncated_at = apply_changes(spark, engine, table, lake, bronze.where(F.col("_bronze_version") > applied),
-                                            truncated_at, batch_id)
+        stats, truncated_at = apply_changes(spark, engine, table, lake,
+                                            bronze.where(F.col("_bronze_version") > progress.bronze_version),
+                                            progress.truncated_at, batch_id)
     except GateFailed as failure:
         failure.summary = {**summary, "bronze_version": bronze_version, **(failure.summary or {})}
+        # the failed batch's commits were undone: what silver holds now is what progress says
+        _save_progress(spark, engine, lake, table.name, progress.bronze_version, progress.truncated_at, batch_id)
         raise
+    for figure, value in recovered.items():  # what an interrupted run applied of these events counts here
+        stats[figure] = stats.get(figure, 0) + value
     _save_progress(spark, engine, lake, table.name, bronze_version, truncated_at, batch_id)
     spark.catalog.clearCache()
     return {**summary, **stats, "bronze_version": bronze_version, "version": engine.version(lake.silver(table.name))}
@@ -816,7 +855,8 @@ def _silver_rows(effective: DataFrame, fields: list[schemas.ImageField], target:
 
 def _save_progress(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: str, bronze_version: int,
                    truncated_at: str | None, batch_id: str) -> None:
-    row = spark.createDataFrame([("silver", bronze_version, truncated_at, batch_id, _now())], PROGRESS_SCHEMA)
+    row = spark.createDataFrame([("silver", bronze_version, truncated_at, batch_id, _now(),
+                                  engine.version(lake.silver(table)))], PROGRESS_SCHEMA)
     engine.merge(row, lake.progress(table), MergeSpec(("layer",), update_when="true", insert_when="true"))
 
 
