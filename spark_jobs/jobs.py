@@ -122,12 +122,20 @@ def read_landing(spark: SparkSession, staged: dict[str, LandingFile], files: lis
         parts.append(lines.withColumn("_typed_schema", F.lit(None).cast("string")))
     readable_parquet = {path: f for path, f in by_kind["parquet"].items() if parquet_rows.get(path)}
     if readable_parquet:
-        records = spark.read.option("mergeSchema", "true").parquet(*readable_parquet)
+        # as with JSON, a file that breaks while being read is not fatal: it gives fewer rows than its
+        # footer counts, and is then quarantined whole
+        records = spark.read.option("mergeSchema", "true").option("ignoreCorruptFiles", "true").parquet(*readable_parquet)
         typed = schemas.envelope_from_spark(transforms.parquet_image_type(records.schema))
         record = F.struct(*[F.col(f"`{c}`") for c in records.columns])
         rows = records.select(F.col("_metadata.file_path").alias("_uri"), (F.col("_metadata.row_index") + 1).alias("_line"),
                               F.to_json(record, schemas.JSON_OPTIONS).alias("_raw"))
-        parts.append(_staged_to_landing(spark, readable_parquet, rows).select(
+        rows = _staged_to_landing(spark, readable_parquet, rows).localCheckpoint()
+        read = {r["_source_file"]: r["n"] for r in rows.groupBy("_source_file").agg(F.count(F.lit(1)).alias("n")).collect()}
+        short = {f: (read.get(f.path, 0), parquet_rows[path]) for path, f in readable_parquet.items()
+                 if read.get(f.path, 0) != parquet_rows[path]}
+        unreadable |= {f: f"unreadable_file: {_name(f)}: corrupt, {got} of {expected} records readable"
+                       for f, (got, expected) in short.items()}
+        parts.append(rows.where(~F.col("_source_file").isin([f.path for f in short])).select(
             "_source_file", "_line", "_raw", F.lit(None).cast("string").alias("_line_problem"),
             F.lit(typed).alias("_typed_schema")))
     if not parts:

@@ -240,3 +240,24 @@ def test_the_retry_of_a_run_killed_before_its_progress_reports_what_the_killed_r
     assert (silver["inserted"], silver["updated"], silver["deleted"], silver["recovered_commits"]) == ("1", "1", "1", "1")
     assert silver_rows(spark, engine, tmp_path / "lake", "orders", ("id",)) == {
         (1,): {"id": 1, "note": "x"}, (3,): {"id": 3, "note": None}, (4,): {"id": 4, "note": None}}
+
+
+def test_a_parquet_file_corrupt_inside_is_quarantined_whole_and_the_rest_goes_on(spark, engine, tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    config, folder = setup(tmp_path)
+    records = pa.table({"id": list(range(1, 201)), "note": [f"note {i}" * 20 for i in range(1, 201)],
+                        "__op": ["c"] * 200, "__lsn": list(range(10, 210))})
+    corrupt = folder / f"{TOPIC}+0+0000000000.parquet"
+    pq.write_table(records, corrupt, compression="snappy")
+    data = bytearray(corrupt.read_bytes())
+    middle = len(data) // 3
+    data[middle:middle + 64] = b"\xff" * 64  # the footer (at the end) stays valid: only reading finds it
+    corrupt.write_bytes(bytes(data))
+    (folder / f"{TOPIC}+0+0000000200.json").write_text(event(500, 300) + "\n")
+    code, out, err = run(capsys, config, tmp_path / "landing", tmp_path / "lake")
+    assert (code, err) == (0, "")
+    assert [(r[0], r[1], r[2]) for r in quarantine_rows(spark, engine, tmp_path / "lake")] == [
+        (corrupt.name, 0, f"unreadable_file: {corrupt.name}: corrupt, 0 of 200 records readable")]
+    assert silver_rows(spark, engine, tmp_path / "lake", "orders", ("id",)) == {(500,): {"id": 500}}

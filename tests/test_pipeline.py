@@ -275,7 +275,8 @@ def test_every_landing_format_reaches_silver_with_its_types(spark, engine, tmp_p
     assert [(r["_source_file"].rsplit("/", 1)[1], r["reason"]) for r in quarantine] == [
         ("s.public.nested_parquet+0+0000000003.json", "unsupported_file: s.public.nested_parquet+0+0000000003.json")]
     quarantine = engine.read(spark, Lake(str(lake)).quarantine("flat_parquet")).collect()
-    assert [r["reason"] for r in quarantine] == ["unreadable_file: s.inv.flat_parquet+1+0000000003.parquet: not a valid Parquet file"]
+    assert [r["reason"] for r in quarantine] == [
+        "unreadable_file: s.inv.flat_parquet+1+0000000003.parquet: not a valid Parquet file"]
 
 
 def _pg_event(op, lsn, before=None, after=None, ts_ms=1):
