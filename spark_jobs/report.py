@@ -20,7 +20,8 @@ STYLE = ("body{font-family:system-ui,sans-serif;margin:1.5em;color:#1b1f24}td,th
          ".passed-with-warnings{color:#9a6700}.error{color:#b00020}code{font-size:90%}")
 COUNTS = ("files", "lines", "events", "rows", "inserted", "updated", "deleted", "duplicates_dropped",
           "superseded_in_batch", "stale_ignored", "ties", "truncates", "tombstones", "tombstones_matched",
-          "tombstones_unmatched", "quarantined_share", "lag_s", "version", "bronze_version", "history_rows", "seconds")
+          "tombstones_unmatched", "tombstones_matched_late", "recovered_commits", "quarantined_share", "lag_s", "version",
+          "bronze_version", "history_rows", "seconds")
 
 
 def publish(lake: Lake, run_id: str, summary: dict[str, Any]) -> Path:
