@@ -27,7 +27,6 @@ class Connector:
     names: tuple[str, ...]  # values of source.connector
     detect: str  # SQL over `_src`: the connector told by its fields, for records without source.connector
     position: str  # SQL over `_src`: the sortable position; null when the event lacks one
-    summary: str  # for the README's ordering table
 
 
 def _num(field: str, width: int = 20) -> str:
@@ -37,33 +36,28 @@ def _num(field: str, width: int = 20) -> str:
 CONNECTORS = (
     Connector(
         "postgresql", ("postgresql",), "_src.lsn IS NOT NULL",
-        f"CASE WHEN _src.lsn IS NOT NULL THEN concat_ws('|', {_num('lsn')}, {SNAPSHOT_RANK}) END",
-        "`lsn`; snapshot events before streaming ones at the same LSN"),
+        f"CASE WHEN _src.lsn IS NOT NULL THEN concat_ws('|', {_num('lsn')}, {SNAPSHOT_RANK}) END"),
     Connector(
         "mysql", ("mysql", "mariadb"), "_src.file IS NOT NULL AND _src.pos IS NOT NULL",
         "CASE WHEN _src.file IS NOT NULL AND _src.pos IS NOT NULL THEN concat_ws('|', "
         f"lpad(regexp_extract(_src.file, '([0-9]+)$', 1), 10, '0'), {_num('pos')}, {SNAPSHOT_RANK}, "
-        "lpad(coalesce(_src.row, '0'), 10, '0')) END",
-        "binlog file number, `pos`, `row`; snapshot rows (also old connectors' op=c + `snapshot=true`) first"),
+        "lpad(coalesce(_src.row, '0'), 10, '0')) END"),
     # snapshot events carry commit_lsn only (change_lsn and event_serial_no are null): 'commit|' is a prefix
     # of every change's text at that commit, so it sorts first; streaming events keep the text they always had
     Connector(
         "sqlserver", ("sqlserver",), "_src.commit_lsn IS NOT NULL AND _src.scn IS NULL",
         "CASE WHEN _src.commit_lsn IS NOT NULL AND _src.change_lsn IS NULL THEN concat(_src.commit_lsn, '|') "
         "WHEN _src.commit_lsn IS NOT NULL THEN concat_ws('|', _src.commit_lsn, _src.change_lsn, "
-        "lpad(coalesce(_src.event_serial_no, '0'), 20, '0')) END",
-        "`commit_lsn`, `change_lsn`, `event_serial_no`; snapshot events (no `change_lsn`) first at their commit"),
+        "lpad(coalesce(_src.event_serial_no, '0'), 20, '0')) END"),
     Connector(
         "db2", ("db2",), "false",  # its fields are SQL Server's: without source.connector, that rule orders it alike
-        "CASE WHEN _src.commit_lsn IS NOT NULL THEN concat(_src.commit_lsn, '|', coalesce(_src.change_lsn, '')) END",
-        "`commit_lsn`, `change_lsn`; snapshot events (no `change_lsn`) first at their commit"),
+        "CASE WHEN _src.commit_lsn IS NOT NULL THEN concat(_src.commit_lsn, '|', coalesce(_src.change_lsn, '')) END"),
     # LogMiner emits a transaction's changes at its commit: commit_scn orders transactions, then scn, the
     # redo record (rs_id) and SQL sequence (ssn) order the changes inside one. Snapshot events have only scn.
     Connector(
         "oracle", ("oracle",), "_src.scn IS NOT NULL",
         f"CASE WHEN _src.scn IS NOT NULL THEN concat_ws('|', lpad(coalesce(_src.commit_scn, _src.scn), 20, '0'), "
-        f"{SNAPSHOT_RANK}, {_num('scn')}, coalesce(trim(_src.rs_id), ''), lpad(coalesce(_src.ssn, '0'), 10, '0')) END",
-        "`commit_scn`, `scn`, `rs_id`, `ssn`; snapshot events (`scn` only) first at their SCN"),
+        f"{SNAPSHOT_RANK}, {_num('scn')}, coalesce(trim(_src.rs_id), ''), lpad(coalesce(_src.ssn, '0'), 10, '0')) END"),
 )
 
 # every source field a rule reads, parsed once per event
