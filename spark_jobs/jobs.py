@@ -23,7 +23,7 @@ from spark_jobs.config import FAIL, QUARANTINE, GoldModel, TableConfig, row_chec
 from spark_jobs.delta import DeltaEngine, MergeSpec
 from spark_jobs.gates import Check, GateFailed, GateResult, bronze_checks, gold_checks, run_gate, silver_checks
 from spark_jobs.landing import LandingFile, LandingWindow, landing_read_problem, list_topic, split_exact, stage
-from spark_jobs.state import Lake, ingest_log, ingested_files
+from spark_jobs.state import Lake, ensure_dir, ingest_log, ingested_files
 
 # Silver: apply the newest event per key when it is newer than the row (DESIGN 4.2).
 SILVER_MERGE = MergeSpec(keys=(), delete_when="s._op = 'd' AND s._seq > t._seq",
@@ -226,7 +226,12 @@ def bronze_ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
         summary["mode"] = "reprocess"
     if not files:
         return {**summary, "gate": "skipped (no new files)", "lines": 0, "events": 0, "tombstones": 0, "quarantined": {}}
-    with tempfile.TemporaryDirectory(prefix=f"cdc-landing-{table.name}-") as staging:
+    # staged in the lake, which a cluster's executors see as the driver does (a shared volume); what a
+    # killed run staged goes first (one writer per table: no live run of this table has a folder here)
+    staging_root = ensure_dir(lake.staging_files)
+    for left in staging_root.glob(f"{table.name}-*"):
+        shutil.rmtree(left, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix=f"{table.name}-", dir=staging_root) as staging:
         return _ingest(spark, engine, table, stage(landing, files, Path(staging)), lake, batch_id, files,
                        selection.reprocess, summary)
 

@@ -60,6 +60,11 @@ class Lake:
         """Kafka tombstone lines whose previous record (the delete they follow) has not landed yet."""
         return f"{self.root}/_state/pending_tombstones/{table}"
 
+    @property
+    def staging_files(self) -> str:
+        """Landing files staged for a bronze run (links or S3 downloads under Spark-safe names)."""
+        return f"{self.root}/_state/staging"
+
     def progress(self, table: str) -> str:
         return f"{self.root}/_state/progress/{table}"
 

@@ -261,3 +261,16 @@ def test_a_parquet_file_corrupt_inside_is_quarantined_whole_and_the_rest_goes_on
     assert [(r[0], r[1], r[2]) for r in quarantine_rows(spark, engine, tmp_path / "lake")] == [
         (corrupt.name, 0, f"unreadable_file: {corrupt.name}: corrupt, 0 of 200 records readable")]
     assert silver_rows(spark, engine, tmp_path / "lake", "orders", ("id",)) == {(500,): {"id": 500}}
+
+
+def test_landing_files_are_staged_in_the_lake_and_a_killed_runs_staging_is_cleared(spark, engine, tmp_path, capsys):
+    config, folder = setup(tmp_path)
+    (folder / f"{TOPIC}+0+0000000000.json").write_text(event(1, 10) + "\n")
+    left = tmp_path / "lake" / "_state" / "staging" / "orders-killed"  # what a killed bronze step left
+    left.mkdir(parents=True)
+    (left / "0000000.json").symlink_to(folder / f"{TOPIC}+0+0000000000.json")
+    other = tmp_path / "lake" / "_state" / "staging" / "orders2-running"  # another table's: left alone
+    other.mkdir()
+    code, out, err = run(capsys, config, tmp_path / "landing", tmp_path / "lake")
+    assert (code, err, summary_line(out, "bronze", "orders")["events"]) == (0, "", "1")
+    assert [p.name for p in (tmp_path / "lake" / "_state" / "staging").iterdir()] == ["orders2-running"]
