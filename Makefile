@@ -10,7 +10,6 @@ export AIRFLOW__CORE__DAGS_FOLDER := $(ROOT)/dags
 export AIRFLOW__CORE__PLUGINS_FOLDER := $(ROOT)/plugins
 export AIRFLOW__CORE__LOAD_EXAMPLES := False
 export AIRFLOW_CONN_SPARK_DEFAULT ?= {"conn_type": "spark", "host": "local[*]"}
-export PYTHONPATH := $(ROOT)
 export PATH := $(BIN):$(PATH)
 export GX_ANALYTICS_ENABLED := false
 export TZ := UTC
@@ -19,16 +18,18 @@ demo: export CDC_SENSOR_TIMEOUT ?= 5
 demo: export CDC_SENSOR_POKE_INTERVAL ?= 2
 
 # the layer DAGs in the order assets would run them: cdc_bronze, cdc_silver_<table>..., cdc_gold_<model>...
-export LAYER_DAGS := from spark_jobs.config import env_settings, load_registry, resolve; \
-r = load_registry(resolve(env_settings()["config"])); \
+export LAYER_DAGS := from spark_jobs.registry import load_registry; from spark_jobs.settings import settings; \
+r = load_registry(settings().config); \
 print(" ".join(["cdc_bronze", *("cdc_silver_" + t for t in r.tables), *("cdc_gold_" + m for m in r.gold)]))
 
 .PHONY: demo test lint bench venv java browser clean-demo
 
 venv: $(VENV)/.installed
-$(VENV)/.installed: requirements.txt
+# the pinned set, then the project itself, editable (spark_jobs and plugins/cdc_airflow; `cdc-pipeline`)
+$(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-build-isolation --no-deps -e .
 	touch $@
 
 java:
@@ -64,7 +65,7 @@ bench: venv java
 
 lint: venv
 	$(BIN)/ruff check .
-	$(BIN)/mypy spark_jobs dags
+	$(BIN)/mypy spark_jobs plugins dags
 
 clean-demo:
 	rm -rf data .airflow .airflow-*.log

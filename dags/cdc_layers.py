@@ -1,4 +1,4 @@
-"""CDC medallion pipeline, one DAG per layer, linked by assets (DESIGN 1):
+"""CDC medallion pipeline, one DAG per layer, linked by assets (docs/architecture.md):
 
 - `cdc_bronze` (every 15 minutes, or backfilled over a date range): per table, a deferrable sensor waits
   for landing files bronze has not taken and hands their exact list to the bronze task. A backfill run
@@ -13,18 +13,15 @@ are imported by the tasks when they run, never here.
 
 from __future__ import annotations
 
-import sys
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # the project root holds spark_jobs/ and include/
-    sys.path.insert(0, str(ROOT))
+from airflow.sdk import DAG, AssetAny
+from airflow.timetables.interval import DeltaDataIntervalTimetable
 
-from airflow.sdk import DAG, AssetAny  # noqa: E402
-from airflow.timetables.interval import DeltaDataIntervalTimetable  # noqa: E402
-
-from spark_jobs.orchestration import CdcSparkJob, LandingSensor, default_args, window_params, wiring  # noqa: E402
+from cdc_airflow.operators import CdcSparkJob
+from cdc_airflow.params import window_params
+from cdc_airflow.sensors import LandingSensor
+from cdc_airflow.wiring import default_args, wiring
 
 W = wiring()
 START = datetime(2024, 1, 1, tzinfo=UTC)

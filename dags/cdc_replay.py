@@ -13,16 +13,11 @@ at a time with the other DAGs (a lock per table), so it is safe to trigger at an
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+from airflow.sdk import DAG, TriggerRule, get_current_context, task
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # the project root holds spark_jobs/ and include/
-    sys.path.insert(0, str(ROOT))
-
-from airflow.sdk import DAG, TriggerRule, get_current_context, task  # noqa: E402
-
-from spark_jobs.orchestration import CdcSparkJob, check_replay, default_args, replay_params, wiring  # noqa: E402
+from cdc_airflow.operators import CdcSparkJob
+from cdc_airflow.params import check_replay, replay_params
+from cdc_airflow.wiring import default_args, wiring
 
 W = wiring()
 TABLES = list(W.registry.tables)

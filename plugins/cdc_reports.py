@@ -9,7 +9,6 @@ are resolved inside the reports folder and cannot leave it.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -18,11 +17,8 @@ from airflow.plugins_manager import AirflowPlugin
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import FileResponse, RedirectResponse, Response
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # the project root holds spark_jobs/ (the lake settings)
-    sys.path.insert(0, str(ROOT))
-
-from spark_jobs.config import env_settings, resolve_uri  # noqa: E402
+from spark_jobs.lake import Lake
+from spark_jobs.settings import resolve_uri, settings
 
 PREFIX = "/cdc-reports"
 app = FastAPI(title="CDC data-quality reports", docs_url=None, redoc_url=None, openapi_url=None)
@@ -30,7 +26,7 @@ app = FastAPI(title="CDC data-quality reports", docs_url=None, redoc_url=None, o
 
 def reports_folder() -> Path:
     """`<CDC_LAKE_URI>/reports`, read per request so a changed environment needs no restart."""
-    return Path(resolve_uri(env_settings()["lake"])) / "reports"
+    return Path(Lake(resolve_uri(settings().lake_uri)).reports)
 
 
 async def _authorized(request: Request) -> Response | None:

@@ -1,4 +1,5 @@
-"""`python -m spark_jobs run|generate`: the same code path the DAG tasks run (DESIGN 3.3).
+"""`python -m spark_jobs run|generate|status|spark-server` (or `cdc-pipeline ...`): the same code path the
+DAG tasks run (docs/architecture.md, "Command line").
 
 Exit 0 on success; 1 when a gate fails or input cannot be processed; 2 on bad arguments or config.
 Failures print one line naming the table, the layer and the reason (CDC_DEBUG=1 adds the traceback)."""
@@ -16,7 +17,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from spark_jobs.config import ConfigError, load_registry, resolve_uri
+from spark_jobs.errors import ConfigError, LayerFailed, is_transient
+from spark_jobs.registry import GoldModel, Registry, TableConfig, load_registry
+from spark_jobs.settings import PROJECT_ROOT, resolve_uri, settings
 
 LAYERS = ("bronze", "silver", "gold")
 MODES = ("incremental", "reprocess", "rebuild")
@@ -73,7 +76,7 @@ def parser() -> argparse.ArgumentParser:
     server = sub.add_parser("spark-server", help="run a long-lived Spark Connect server for runs to attach to "
                                                  "(CDC_SPARK_REMOTE=sc://localhost:PORT)")
     server.add_argument("--port", type=int, default=15002)
-    server.add_argument("--master", default=os.environ.get("CDC_SPARK_MASTER", "local[*]"))
+    server.add_argument("--master", default=None, help="Spark master (default: CDC_SPARK_MASTER, else local[*])")
     server.add_argument("--driver-memory", default="2g")
     gen = sub.add_parser("generate", help="write sample Debezium change files in the S3 sink layout")
     gen.add_argument("--config", default="include/tables.yaml")
@@ -91,37 +94,6 @@ def parser() -> argparse.ArgumentParser:
     gen.add_argument("--shuffle", action="store_true", help="change events land in random order within a batch")
     gen.add_argument("--mix", type=_mix, default=(20, 70, 10), help="percent of changes that insert,update,delete")
     return p
-
-
-class LayerFailed(RuntimeError):
-    def __init__(self, line: str, transient: bool):
-        super().__init__(line)
-        self.transient = transient
-
-
-def _transient(exc: BaseException) -> bool:
-    """Failures a retry can mend: a table another run is writing, a store that did not answer."""
-    from spark_jobs.state import TableBusy
-
-    if isinstance(exc, TableBusy | ConnectionError | TimeoutError):
-        return True
-    try:
-        from botocore.exceptions import ConnectionError as BotoConnectionError
-        from botocore.exceptions import ReadTimeoutError
-    except ImportError:
-        return False
-    return isinstance(exc, BotoConnectionError | ReadTimeoutError)
-
-
-def _fail_line(table: str, layer: str, exc: BaseException) -> str:
-    from spark_jobs.gates import GateFailed
-
-    if isinstance(exc, GateFailed):
-        return str(exc)
-    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if "table=" in message:
-        return message
-    return f"table={table} layer={layer} failed: {type(exc).__name__}: {message}"
 
 
 def _flat(value: Any) -> Any:
@@ -142,14 +114,7 @@ def format_summary(s: dict[str, Any]) -> str:
     return f"{s['layer']:<6} {s['table']:<22} {fields}"
 
 
-def run(args: argparse.Namespace) -> int:
-    from spark_jobs import jobs, report
-    from spark_jobs.delta import is_remote_session, make_engine
-    from spark_jobs.landing import LandingWindow
-    from spark_jobs.session import build_session
-    from spark_jobs.state import Lake, new_batch_id, writer_lock
-
-    registry = load_registry(args.config)
+def _selected(registry: Registry, args: argparse.Namespace) -> tuple[list[TableConfig], list[GoldModel]]:
     tables = registry.select(args.tables)
     bad_layers = [layer for layer in args.layers if layer not in LAYERS]
     if bad_layers:
@@ -158,11 +123,23 @@ def run(args: argparse.Namespace) -> int:
               else registry.models_reading([t.name for t in tables]))
     if args.models and len(models) != len(args.models):
         raise ConfigError(f"unknown gold model(s) in {args.models}; known: {', '.join(registry.gold)}")
+    return tables, models
+
+
+def run(args: argparse.Namespace) -> int:
+    from spark_jobs.delta import is_remote_session, make_engine
+    from spark_jobs.lake import Lake
+    from spark_jobs.landing import LandingWindow
+    from spark_jobs.layers import bronze, gold, silver
+    from spark_jobs.session import build_session
+    from spark_jobs.state import new_batch_id
+
+    tables, models = _selected(load_registry(args.config), args)
     try:
         window = LandingWindow.parse(args.since, args.until)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    selection = jobs.Selection(window, args.files, reprocess=args.mode == "reprocess")
+    selection = bronze.Selection(window, args.files, reprocess=args.mode == "reprocess")
     landing, lake = resolve_uri(args.landing), Lake(resolve_uri(args.lake))
     if "://" in lake.root:
         raise ConfigError(f"lake {lake.root}: the lake must be a filesystem path (local or shared); s3:// is not supported")
@@ -172,42 +149,55 @@ def run(args: argparse.Namespace) -> int:
     threading.Thread(target=importlib.import_module, args=("great_expectations",), daemon=True).start()
     spark = build_session(f"cdc-{'-'.join(args.layers)}")
     engine = make_engine(spark)
-    session_s = time.monotonic() - started
-
-    def step(table: str, layer: str, lock: str, fn: Any, *fn_args: Any) -> None:
-        try:
-            with writer_lock(lake, lock, batch_id):
-                started = time.monotonic()
-                summary = fn(spark, engine, *fn_args)
-                summary["seconds"] = round(time.monotonic() - started, 3)  # the layer's work, without the lock wait
-        except Exception as exc:
-            if os.environ.get("CDC_DEBUG"):
-                traceback.print_exc()
-            line = _fail_line(table, layer, exc)
-            # the run's report shows the failure too, with the failed gate's findings and counts
-            counts = getattr(exc, "summary", None) or {"table": table, "layer": layer, "batch_id": batch_id}
-            report.publish(lake, batch_id, {**counts, "gate": "failed" if line.startswith("gate failed") else "error",
-                                            "error": line})
-            raise LayerFailed(line, _transient(exc)) from exc
-        report.publish(lake, batch_id, summary)
-        print(format_summary(summary), flush=True)
-
     print(f"run {batch_id}: mode={args.mode} engine={engine.name} landing={landing} lake={lake.root} "
-          f"window={window.describe()} session_s={session_s:.3f} session_ready_at={time.time():.3f}", flush=True)
+          f"window={window.describe()} session_s={time.monotonic() - started:.3f} session_ready_at={time.time():.3f}",
+          flush=True)
+    steps = Steps(spark, engine, lake, batch_id)
     try:
         for table in tables:
             if "bronze" in args.layers and args.mode != "rebuild":
-                step(table.name, "bronze", table.name, jobs.bronze_ingest, table, landing, lake, batch_id, selection)
+                steps.run(table.name, "bronze", table.name, bronze.bronze_ingest, table, landing, lake, batch_id, selection)
             if "silver" in args.layers:
-                silver = jobs.silver_rebuild if args.mode == "rebuild" else jobs.silver_merge
-                step(table.name, "silver", table.name, silver, table, lake, batch_id)
+                layer_step = silver.silver_rebuild if args.mode == "rebuild" else silver.silver_merge
+                steps.run(table.name, "silver", table.name, layer_step, table, lake, batch_id)
         if "gold" in args.layers:
             for model in models:
-                step(model.name, "gold", f"gold.{model.name}", jobs.gold_refresh, model, lake, batch_id)
+                steps.run(model.name, "gold", f"gold.{model.name}", gold.gold_refresh, model, lake, batch_id)
     finally:
         if is_remote_session(spark):  # the server keeps a session (and its checkpoints) until it is released
             spark.stop()
     return 0
+
+
+class Steps:
+    """Runs layer steps one at a time, each under its table's writer lock, and publishes each summary
+    (a failed step's too, with its cause) to the run's report."""
+
+    def __init__(self, spark: Any, engine: Any, lake: Any, batch_id: str):
+        self.spark, self.engine, self.lake, self.batch_id = spark, engine, lake, batch_id
+
+    def run(self, table: str, layer: str, lock: str, fn: Any, *fn_args: Any) -> None:
+        from spark_jobs import report
+        from spark_jobs.layers.summary import LayerSummary
+        from spark_jobs.state import writer_lock
+
+        try:
+            with writer_lock(self.lake, lock, self.batch_id):
+                started = time.monotonic()
+                summary = fn(self.spark, self.engine, *fn_args)
+                summary.seconds = round(time.monotonic() - started, 3)  # the layer's work, without the lock wait
+        except Exception as exc:
+            if settings().debug:
+                traceback.print_exc()
+            failed = LayerFailed(table, layer, exc, is_transient(exc), getattr(exc, "summary", None))
+            # the run's report shows the failure too, with the failed gate's findings and counts
+            counts = failed.summary or LayerSummary(table=table, layer=layer, batch_id=self.batch_id)
+            counts.gate = "failed" if str(failed).startswith("gate failed") else "error"
+            counts.error = str(failed)
+            report.publish(self.lake, self.batch_id, counts.as_dict())
+            raise failed from exc
+        report.publish(self.lake, self.batch_id, summary.as_dict())
+        print(format_summary(summary.as_dict()), flush=True)
 
 
 def spark_server(args: argparse.Namespace) -> int:
@@ -215,18 +205,18 @@ def spark_server(args: argparse.Namespace) -> int:
     runs attach to it and skip the JVM start and warm-up they would otherwise pay each time."""
     import pyspark
 
-    from spark_jobs.config import PROJECT_ROOT
     from spark_jobs.session import SESSION_CONF
 
     home = Path(pyspark.__file__).parent
+    master = args.master or settings().spark_master
     conf = {**SESSION_CONF, "spark.connect.grpc.binding.port": str(args.port), "spark.driver.memory": args.driver_memory,
             "spark.pyspark.python": sys.executable,  # Python UDF workers run the project's interpreter
             "spark.cleaner.periodicGC.interval": "1min"}  # long-lived: drop finished runs' checkpoints soon
     command = [str(home / "bin" / "spark-submit"), "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
-               "--master", args.master, "--name", "cdc-spark-server",
+               "--master", master, "--name", "cdc-spark-server",
                *[part for key, value in conf.items() for part in ("--conf", f"{key}={value}")], "spark-internal"]
     path = os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    print(f"Spark Connect server ({args.master}) on port {args.port}: runs attach with "
+    print(f"Spark Connect server ({master}) on port {args.port}: runs attach with "
           f"CDC_SPARK_REMOTE=sc://localhost:{args.port}", flush=True)
     os.execve(command[0], command, {**os.environ, "SPARK_HOME": str(home), "PYTHONPATH": path})
 
@@ -246,8 +236,8 @@ def generate(args: argparse.Namespace) -> int:
 
 
 def status(args: argparse.Namespace) -> int:
+    from spark_jobs.lake import Lake, row_count
     from spark_jobs.report import load_runs
-    from spark_jobs.state import Lake, row_count
 
     registry = load_registry(args.config)
     lake = Lake(resolve_uri(args.lake))
@@ -291,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _failed(line: str, code: int) -> int:
     print(line, file=sys.stderr)
-    failure_file = os.environ.get("CDC_FAILURE_FILE")  # where the Airflow task reads the line from
+    failure_file = settings().failure_file  # where the Airflow task reads the line from
     if failure_file:
         Path(failure_file).write_text(line + "\n")
     return code

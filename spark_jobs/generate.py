@@ -23,7 +23,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from spark_jobs.config import TableConfig
+from spark_jobs.registry import TableConfig
 
 EPOCH = dt.date(1970, 1, 1)
 FIRST_NAMES = ["Anne", "Bob", "Chen", "Dana", "Edward", "Fatima", "Gus", "Hana", "Ivan", "Jo", "Kemal", "Lea",

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from spark_jobs.state import Lake, ensure_dir, write_atomic
+from spark_jobs.lake import Lake, ensure_dir, write_atomic
 
 STYLE = ("body{font-family:system-ui,sans-serif;margin:1.5em;color:#1b1f24}td,th{padding:3px 10px;text-align:left;"
          "vertical-align:top}th{background:#eef1f4}table{border-collapse:collapse;margin:.4em 0 1.2em}"
@@ -25,7 +25,7 @@ COUNTS = ("files", "lines", "events", "rows", "inserted", "updated", "deleted", 
 
 
 def publish(lake: Lake, run_id: str, summary: dict[str, Any]) -> Path:
-    folder = ensure_dir(f"{lake.reports}/runs/{run_id}")
+    folder = ensure_dir(lake.run_reports(run_id))
     path = folder / f"{summary['table']}.{summary['layer']}.json"
     stamped = {**summary, "published_at": dt.datetime.now(dt.UTC).isoformat()}
     write_atomic(path, json.dumps(stamped, indent=2, sort_keys=True, default=str))
@@ -36,13 +36,13 @@ def publish(lake: Lake, run_id: str, summary: dict[str, Any]) -> Path:
 
 def load_run(lake: Lake, run_id: str) -> list[dict[str, Any]]:
     order = {"bronze": 0, "silver": 1, "gold": 2}
-    summaries = [json.loads(f.read_text()) for f in (Path(lake.reports) / "runs" / run_id).glob("*.json")]
+    summaries = [json.loads(f.read_text()) for f in Path(lake.run_reports(run_id)).glob("*.json")]
     return sorted(summaries, key=lambda s: (s.get("published_at", ""), order.get(s.get("layer", ""), 3)))
 
 
 def load_runs(lake: Lake, newest: int = 200) -> list[tuple[str, list[dict[str, Any]]]]:
     """The newest runs first (by when their first summary was published), each with its summaries."""
-    runs_dir = Path(lake.reports) / "runs"
+    runs_dir = Path(lake.runs_reports)
     if not runs_dir.is_dir():
         return []
     runs = [(p.name, load_run(lake, p.name)) for p in runs_dir.iterdir() if p.is_dir()]
@@ -110,7 +110,7 @@ def render_run(lake: Lake, run_id: str) -> Path:
     summaries = load_run(lake, run_id)
     body = (f"<p><a href='../../index.html'>← all runs</a></p><h1>Run {_e(run_id)} — "
             f"{_verdict(run_verdict(summaries))}</h1>" + "".join(_section(s) for s in summaries))
-    path = Path(lake.reports) / "runs" / run_id / "index.html"
+    path = Path(lake.run_reports(run_id)) / "index.html"
     write_atomic(path, _page(f"CDC run {run_id}", body))
     return path
 

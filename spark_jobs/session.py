@@ -6,11 +6,13 @@ import os
 
 from pyspark.sql import SparkSession
 
+from spark_jobs.settings import settings
+
 # Settings every job relies on: UTC so Debezium's epoch-based times decode to the same instants
 # everywhere; small shuffles because CDC batches are small next to the table; no UI or progress bars.
 SESSION_CONF = {
     "spark.sql.session.timeZone": "UTC",
-    "spark.sql.shuffle.partitions": os.environ.get("CDC_SHUFFLE_PARTITIONS", "8"),
+    "spark.sql.shuffle.partitions": str(settings().shuffle_partitions),
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
@@ -21,14 +23,13 @@ SESSION_CONF = {
 
 
 # Spark Connect: a long-lived Spark server (`python -m spark_jobs spark-server`) that jobs attach to, so a
-# run pays neither a JVM start nor its warm-up; unset, each run starts its own Spark
-REMOTE_ENV = "CDC_SPARK_REMOTE"
+# run pays neither a JVM start nor its warm-up (CDC_SPARK_REMOTE); unset, each run starts its own Spark
 # settings a Spark Connect client cannot change for its session (the server's own start-up sets them)
 STATIC_CONF = ("spark.ui.enabled", "spark.ui.showConsoleProgress")
 
 
 def build_session(app_name: str) -> SparkSession:
-    remote = os.environ.get(REMOTE_ENV)
+    remote = settings().spark_remote
     if remote:
         spark = SparkSession.builder.remote(remote).getOrCreate()
         for key, value in SESSION_CONF.items():
@@ -38,9 +39,9 @@ def build_session(app_name: str) -> SparkSession:
     builder = SparkSession.builder.appName(app_name)
     # Under spark-submit (the DAG tasks) the JVM is already up with --master; only bare CLI runs choose one.
     if "PYSPARK_GATEWAY_PORT" not in os.environ:
-        builder = builder.master(os.environ.get("CDC_SPARK_MASTER", "local[*]"))
+        builder = builder.master(settings().spark_master)
     for key, value in SESSION_CONF.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel(os.environ.get("CDC_SPARK_LOG_LEVEL", "ERROR"))
+    spark.sparkContext.setLogLevel(settings().spark_log_level)
     return spark

@@ -3,14 +3,11 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
-
-ENGINE_ENV = "CDC_DELTA_ENGINE"  # auto | delta-rs | delta-spark
 
 
 @dataclass(frozen=True)
@@ -67,7 +64,9 @@ def is_remote_session(spark: SparkSession) -> bool:
 
 
 def make_engine(spark: SparkSession, choice: str | None = None) -> DeltaEngine:
-    choice = choice or os.environ.get(ENGINE_ENV, "auto")
+    from spark_jobs.settings import settings
+
+    choice = choice or settings().delta_engine
     if choice == "auto":
         choice = "delta-spark" if delta_jars_present(spark) else "delta-rs"
     if choice == "delta-rs":
@@ -78,7 +77,7 @@ def make_engine(spark: SparkSession, choice: str | None = None) -> DeltaEngine:
         from spark_jobs.delta.delta_spark import DeltaSparkEngine
 
         return DeltaSparkEngine(spark)
-    raise ValueError(f"{ENGINE_ENV} must be auto, delta-rs or delta-spark, got {choice!r}")
+    raise ValueError(f"CDC_DELTA_ENGINE must be auto, delta-rs or delta-spark, got {choice!r}")
 
 
 def key_predicate(keys: tuple[str, ...], quote: str) -> str:

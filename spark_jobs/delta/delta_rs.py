@@ -28,6 +28,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from spark_jobs.delta import MergeResult, MergeSpec, key_predicate
+from spark_jobs.settings import settings
 
 SPILL_PREFIX = "cdc-spill-"
 
@@ -35,7 +36,7 @@ SPILL_PREFIX = "cdc-spill-"
 def _remove_dead_runs_scratch() -> None:
     """Scratch folders of runs that were killed (their process is gone) hold copies of a batch's rows:
     remove them. A folder is named after the process that made it, so a live run's is left alone."""
-    for folder in Path(os.environ.get("CDC_SPILL_DIR") or tempfile.gettempdir()).glob(f"{SPILL_PREFIX}*-*"):
+    for folder in Path(settings().spill_dir or tempfile.gettempdir()).glob(f"{SPILL_PREFIX}*-*"):
         pid = folder.name[len(SPILL_PREFIX):].split("-", 1)[0]
         if pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
@@ -88,7 +89,7 @@ class DeltaRsEngine:
     @contextmanager
     def _rows(self, df: DataFrame) -> Iterator[tuple[pa.RecordBatchReader, int]]:
         """The DataFrame's rows as a stream of Arrow batches, and their size in bytes on disk (see above)."""
-        folder = Path(tempfile.mkdtemp(prefix=f"{SPILL_PREFIX}{os.getpid()}-", dir=os.environ.get("CDC_SPILL_DIR")))
+        folder = Path(tempfile.mkdtemp(prefix=f"{SPILL_PREFIX}{os.getpid()}-", dir=settings().spill_dir or None))
         try:
             df.write.mode("overwrite").parquet(str(folder))
             files = sorted(folder.glob("part-*.parquet"))
@@ -136,7 +137,7 @@ class DeltaRsEngine:
                             storage_options=self.storage_options)
             table = self._must(path)
         # in memory, delta-rs prunes the target's files by the source's key range; streamed, it cannot
-        in_memory = size <= int(os.environ.get("CDC_MERGE_SOURCE_MB", "256")) * 2**20
+        in_memory = size <= settings().merge_source_mb * 2**20
         source: Any = rows.read_all() if in_memory else rows
         merger = table.merge(source, predicate=key_predicate(spec.keys, '"'), source_alias="s", target_alias="t",
                              merge_schema=True, streamed_exec=not in_memory)

@@ -21,12 +21,12 @@ import duckdb
 import pyarrow as pa
 from deltalake import DeltaTable
 
-# spark_jobs.jobs.SILVER_MERGE, restated so the floor imports no pyspark (the harness checks they agree:
+# spark_jobs.layers.silver.SILVER_MERGE, restated so the floor imports no pyspark (the harness checks they agree:
 # check_floor_restates_the_pipeline)
 DELETE_WHEN = "s._op = 'd' AND s._seq > t._seq"
 UPDATE_WHEN = "s._op <> 'd' AND s._seq > t._seq"
 INSERT_WHEN = "s._op <> 'd'"
-# PostgreSQL's log position as spark_jobs.transforms orders it: the LSN, then snapshot events first
+# PostgreSQL's log position as spark_jobs.debezium.ordering orders it: the LSN, then snapshot events first
 SNAPSHOT_MARKERS = ("true", "first", "last", "first_in_data_collection", "last_in_data_collection")
 
 

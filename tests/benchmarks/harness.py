@@ -123,8 +123,8 @@ def project_run(landing: Path, lake: Path, files: str, remote: str | None = None
 def check_floor_restates_the_pipeline() -> None:
     """The floor restates the pipeline's merge conditions and snapshot markers (it must not import pyspark,
     whose import would count in its time): stop if they have drifted apart."""
-    from spark_jobs.connectors import SNAPSHOT_MARKERS
-    from spark_jobs.jobs import SILVER_MERGE
+    from spark_jobs.debezium.connectors import SNAPSHOT_MARKERS
+    from spark_jobs.layers.silver import SILVER_MERGE
     from tests.benchmarks import floor
 
     restated = (floor.DELETE_WHEN, floor.UPDATE_WHEN, floor.INSERT_WHEN, floor.SNAPSHOT_MARKERS)
@@ -139,9 +139,9 @@ def floor_run(landing: Path, silver: Path, files: str) -> float:
 
 def generate(landing: Path, rows: int, changes: int, batches: int, mix: tuple[int, int, int] = MIX,
              redeliver: float = 0.05) -> Any:
-    from spark_jobs.config import load_registry
     from spark_jobs.generate import Options
     from spark_jobs.generate import generate as write
+    from spark_jobs.registry import load_registry
 
     shutil.rmtree(landing, ignore_errors=True)
     opts = Options(rows=rows, changes=changes, batches=batches, redeliver=redeliver, shuffle=True, mix=mix,
@@ -317,9 +317,9 @@ def _parse_events(files: list[str], out: Path) -> None:
 
 
 def _spark_dedupe(parsed: Path, out: Path, runs: int) -> list[float]:
-    """Seconds of transforms.latest_per_key written to Parquet, in one warm session (a first, untimed run
+    """Seconds of changes.latest_per_key written to Parquet, in one warm session (a first, untimed run
     warms the JVM)."""
-    from spark_jobs import transforms
+    from spark_jobs.layers import changes
     from spark_jobs.session import build_session
 
     spark = build_session("bench-w4")
@@ -327,7 +327,7 @@ def _spark_dedupe(parsed: Path, out: Path, runs: int) -> list[float]:
     for n in range(runs + 1):
         started = time.perf_counter()
         events = spark.read.parquet(str(parsed))
-        transforms.latest_per_key(events, KEYS).write.mode("overwrite").parquet(str(out))
+        changes.latest_per_key(events, KEYS).write.mode("overwrite").parquet(str(out))
         if n:
             seconds.append(time.perf_counter() - started)
     spark.stop()

@@ -1,0 +1,88 @@
+"""The operator that runs a layer job (`python -m spark_jobs run ...`) through spark-submit, or attached to a
+long-lived Spark Connect server."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from airflow.exceptions import AirflowException, AirflowFailException
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+import spark_jobs
+from cdc_airflow.hooks import s3_environment, s3_settings
+from spark_jobs.landing import is_remote
+from spark_jobs.settings import PROJECT_ROOT, Settings, settings
+
+# spark-submit runs the package's entry point as a script
+ENTRY_POINT = str(Path(spark_jobs.__file__).parent / "__main__.py")
+REMOTE_ENV = Settings.variable("spark_remote")
+
+
+class CdcSparkJob(SparkSubmitOperator):
+    """`python -m spark_jobs run ...` for one table (or gold model) and layer, through spark-submit, or,
+    when CDC_SPARK_REMOTE names a Spark Connect server, as a plain process attached to it.
+
+    S3 credentials go to the job as AWS_* variables from the Airflow connection (set at run time, never
+    rendered in the UI). The bronze task takes the sensor's file list from XCom (`files_from`). A failing
+    job fails the task with its one-line cause (table, layer, reason); only transient failures (a busy
+    table, an unreachable store, a killed process) are retried."""
+
+    def __init__(self, *, cli_args: list[str], landing: str, files_from: str | None = None,
+                 aws_conn_id: str | None = None, **kwargs: Any):
+        kwargs.setdefault("conn_id", "spark_default")
+        kwargs.setdefault("conf", {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"})
+        kwargs.setdefault("env_vars", {"GX_ANALYTICS_ENABLED": "false"})
+        super().__init__(application=ENTRY_POINT, application_args=["run", *cli_args, "--run-id", "{{ run_id }}"],
+                         name=f"cdc-{kwargs['task_id']}", **kwargs)
+        self.landing, self.files_from, self.aws_conn_id = landing, files_from, aws_conn_id or settings().aws_conn_id
+
+    def execute(self, context: Any) -> None:
+        if self.files_from:
+            files = context["ti"].xcom_pull(task_ids=self.files_from)
+            self.application_args = [*(self.application_args or []), "--files", json.dumps(sorted(files))]
+        env = dict(self.env_vars or {})
+        if is_remote(self.landing):
+            env.update(s3_environment(s3_settings(self.aws_conn_id)))
+        with tempfile.TemporaryDirectory(prefix="cdc-task-") as scratch:
+            failure = Path(scratch) / "failure.txt"
+            self.env_vars = {**env, Settings.variable("failure_file"): str(failure)}
+            remote = settings().spark_remote
+            if remote:
+                code = self._attached(remote)
+                exited = f"the job exited {code}"
+            else:
+                try:
+                    super().execute(context)
+                    code = 0
+                except AirflowException as exc:
+                    code = getattr(getattr(self._hook, "_submit_sp", None), "returncode", None) or -1
+                    exited = f"spark-submit exited {code}: {exc}"
+            if code != 0:
+                cause = failure.read_text().strip() if failure.exists() else exited
+                if code in (1, 2):  # a gate failed, bad input or config: the same run would fail again
+                    raise AirflowFailException(cause)
+                raise AirflowException(cause)
+
+    def _attached(self, remote: str) -> int:
+        """The job as a plain Python process on the long-lived Spark Connect server (no spark-submit, no JVM
+        of its own); its output goes to the task's log. Returns its exit code."""
+        self._process = subprocess.Popen([sys.executable, ENTRY_POINT, *(self.application_args or [])],
+                                         env={**os.environ, **(self.env_vars or {}), REMOTE_ENV: remote}, cwd=PROJECT_ROOT,
+                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert self._process.stdout is not None
+        for line in self._process.stdout:
+            self.log.info("%s", line.rstrip())
+        return self._process.wait()
+
+    def on_kill(self) -> None:
+        process = getattr(self, "_process", None)
+        if process is not None and process.poll() is None:
+            process.terminate()
+        else:
+            super().on_kill()

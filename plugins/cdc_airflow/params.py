@@ -1,0 +1,54 @@
+"""Run params of the DAGs (a landing-time window; a replay's tables and mode), validated when the run
+is created, and the checks JSON schema cannot express."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.exceptions import AirflowFailException
+from airflow.sdk import Param
+
+REPLAY_MODES = ("reprocess", "rebuild")
+
+
+ISO_TIME = "^\\d{4}-\\d{2}-\\d{2}([T ]\\d{2}:\\d{2}(:\\d{2}(\\.\\d+)?)?)?(Z|[+-]\\d{2}:?\\d{2})?$"
+
+
+def window_params(what: str) -> dict[str, Param]:
+    """`since`, `until`: a landing-time window (ISO 8601, UTC when naive), validated with the run."""
+    return {"since": Param(None, type=["null", "string"], pattern=ISO_TIME, title="Since",
+                           description=f"landing time from which files are {what} (ISO 8601, UTC if naive)"),
+            "until": Param(None, type=["null", "string"], pattern=ISO_TIME, title="Until",
+                           description=f"landing time before which files are {what}")}
+
+
+def replay_params(tables: list[str]) -> dict[str, Param]:
+    """Validated when the run is created (the UI form, the API, `dags test -c`)."""
+    return {
+        "tables": Param(list(tables), type="array", items={"type": "string", "enum": list(tables)}, minItems=1,
+                        uniqueItems=True, title="Tables", description="Tables to replay (default: all)"),
+        "mode": Param("reprocess", type="string", enum=list(REPLAY_MODES), title="Mode",
+                      description="reprocess: read the landing files in the window again (replacing their bronze "
+                                  "rows) and apply them; rebuild: recompute silver, then gold, from all of bronze"),
+        **window_params("reprocessed"),
+    }
+
+
+def check_replay(params: dict[str, Any], known: Sequence[str]) -> dict[str, Any]:
+    """What JSON schema cannot say: the window's order, a window only with reprocess. Raises with the
+    param's name; returns the replay's plan."""
+    from spark_jobs.landing import LandingWindow
+
+    unknown = [t for t in params["tables"] if t not in known]
+    if unknown:
+        raise AirflowFailException(f"param tables: unknown table(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    if params["mode"] not in REPLAY_MODES:
+        raise AirflowFailException(f"param mode: {params['mode']!r} is not one of {', '.join(REPLAY_MODES)}")
+    try:
+        window = LandingWindow.parse(params.get("since"), params.get("until"))
+    except ValueError as exc:
+        raise AirflowFailException(f"param {exc}") from None
+    if params["mode"] == "rebuild" and (window.since_ms or window.until_ms):
+        raise AirflowFailException("param since/until: a rebuild recomputes from all of bronze; a window is for reprocess")
+    return {"tables": list(params["tables"]), "mode": params["mode"], "window": window.describe()}

@@ -1,0 +1,48 @@
+"""The deferrable landing sensor's trigger: lists the landing on the triggerer, holding no worker slot."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from cdc_airflow.hooks import _s3_client, pending_landing_files, s3_settings
+from spark_jobs.landing import is_remote
+
+
+class LandingTrigger(BaseTrigger):
+    """Runs on the triggerer: lists the landing until files of the table are there that bronze has not
+    taken (or `wait_s` has passed), then hands their paths back to the sensor."""
+
+    def __init__(self, *, landing: str, lake: str, table: str, topic: str, since_ms: int | None, until_ms: int | None,
+                 wait_s: float, poke_s: float, aws_conn_id: str):
+        super().__init__()
+        self.landing, self.lake, self.table, self.topic = landing, lake, table, topic
+        self.since_ms, self.until_ms, self.wait_s, self.poke_s, self.aws_conn_id = since_ms, until_ms, wait_s, poke_s, aws_conn_id
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (f"{type(self).__module__}.{type(self).__qualname__}",
+                {"landing": self.landing, "lake": self.lake, "table": self.table, "topic": self.topic,
+                 "since_ms": self.since_ms, "until_ms": self.until_ms, "wait_s": self.wait_s, "poke_s": self.poke_s,
+                 "aws_conn_id": self.aws_conn_id})
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        from asgiref.sync import sync_to_async
+
+        deadline = time.monotonic() + self.wait_s
+        try:
+            # connections are read through Airflow's own (synchronous) channel, once
+            settings = await sync_to_async(s3_settings)(self.aws_conn_id) if is_remote(self.landing) else None
+            client = await asyncio.to_thread(_s3_client, settings)  # one client for every poll
+            while True:
+                files = await asyncio.to_thread(pending_landing_files, self.landing, self.lake, self.table, self.topic,
+                                                self.since_ms, self.until_ms, client)
+                if files or time.monotonic() >= deadline:
+                    yield TriggerEvent({"files": files})
+                    return
+                await asyncio.sleep(self.poke_s)
+        except Exception as exc:  # the sensor turns it into the task's failure, with the cause
+            yield TriggerEvent({"error": f"{type(exc).__name__}: {exc}"})

@@ -1,0 +1,49 @@
+"""What the DAG files share: the CDC_* settings resolved, the table registry they name, the assets of
+each layer's tables, and the tasks' default arguments."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any
+
+from airflow.sdk import Asset
+
+from cdc_airflow.callbacks import on_failure
+from spark_jobs.lake import Lake
+from spark_jobs.registry import Registry, load_registry
+from spark_jobs.settings import resolve, resolve_uri, settings
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """The CDC_* environment, resolved, and the table registry it names (docs/architecture.md, "Environment")."""
+
+    config: str
+    landing: str
+    lake: str
+    registry: Registry
+    sensor_timeout_s: float
+    sensor_poke_s: float
+
+    def cli_args(self, *selection: str) -> list[str]:
+        return ["--config", self.config, "--landing", self.landing, "--lake", self.lake, *selection]
+
+    def asset(self, layer: str, name: str) -> Asset:
+        """A table (or gold model) of a layer; its URI is the Delta table's location."""
+        return Asset(name=f"cdc.{layer}.{name}", uri=Lake(self.lake).table_uri(layer, name), group="cdc")
+
+
+def wiring() -> Wiring:
+    env = settings()
+    config = str(resolve(env.config))
+    return Wiring(config, resolve_uri(env.landing_uri), resolve_uri(env.lake_uri), load_registry(config),
+                  env.sensor_timeout, env.sensor_poke_interval)
+
+
+def default_args(**extra: Any) -> dict[str, Any]:
+    """Retries with exponential backoff (CdcSparkJob retries only transient failures), a timeout per
+    task, and the failure hook."""
+    return {"owner": "data-engineering", "retries": 3, "retry_delay": dt.timedelta(seconds=30),
+            "retry_exponential_backoff": True, "max_retry_delay": dt.timedelta(minutes=10),
+            "execution_timeout": dt.timedelta(hours=1), "on_failure_callback": on_failure, **extra}

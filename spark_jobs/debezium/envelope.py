@@ -1,0 +1,280 @@
+"""The Debezium envelope, as pure transforms (DataFrame -> DataFrame; nothing here reads or writes):
+landing text -> lines (`split_lines`) -> envelope fields (`parse_envelope`) -> change events, tombstone
+lines or quarantine rows with a reason (`classify`); Kafka tombstones matched to the deletes they follow
+(`match_tombstones`); key images and TOAST placeholders."""
+
+from __future__ import annotations
+
+import base64
+import re
+from functools import reduce
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
+
+from spark_jobs.debezium import connectors
+from spark_jobs.landing import EXCERPT_BYTES as EXCERPT_CHARS
+from spark_jobs.landing import line_too_large
+from spark_jobs.quality.expectations import row_checks
+
+OPS = ("c", "u", "d", "r", "t")
+
+# Parsed with string leaves: Spark keeps nested objects as their JSON text, so every table shares one
+# bronze schema and the images are typed later, in silver, from the schema or the data.
+_RECORD_SCHEMA = "schema STRING, payload STRING, before STRING, after STRING, source STRING, op STRING, ts_ms BIGINT"
+_PAYLOAD_SCHEMA = "before STRING, after STRING, source STRING, op STRING, ts_ms BIGINT"
+
+
+def split_lines(files: DataFrame, max_line_bytes: int = 16 * 2**20) -> DataFrame:
+    """(_source_file, content) -> one row per line with its 1-based line number, and
+    `_line_problem`: why the line is not parsed (line_too_large, when longer than `max_line_bytes`: the
+    row keeps an excerpt). `_file_utf8_ok` says whether the whole file was valid UTF-8 (the split here
+    replaces other bytes: such files are split again byte for byte, landing.split_exact).
+
+    The newline that ends the file does not make an extra empty line; blank lines inside a file do
+    (they are quarantined, never dropped). A byte-order mark opening the file is dropped."""
+    lines = files.select("_source_file", F.expr("is_valid_utf8(content)").alias("_file_utf8_ok"),
+                         F.posexplode(F.split("content", "\n")).alias("_pos", "_raw"))
+    last = F.max("_pos").over(Window.partitionBy("_source_file"))
+    text = F.regexp_replace("_raw", "\r$", "")
+    text = F.when(F.col("_pos") == 0, F.regexp_replace(text, "^\ufeff", "")).otherwise(text)
+    size = F.octet_length("_text")
+    too_large = size > max_line_bytes
+    before, after = line_too_large("\0", max_line_bytes).split("\0")
+    problem = F.concat(F.lit(before), size.cast("string"), F.lit(after))
+    return (
+        lines.withColumn("_last", last)
+        .where(~((F.col("_pos") == F.col("_last")) & (F.col("_raw") == "")))
+        .withColumn("_text", text)
+        .select("_source_file", (F.col("_pos") + 1).cast("long").alias("_line"),
+                F.when(too_large, F.substring("_text", 1, EXCERPT_CHARS)).otherwise(F.col("_text")).alias("_raw"),
+                F.when(too_large, problem).alias("_line_problem"), "_file_utf8_ok")
+    )
+
+
+# Debezium's ExtractNewRecordState puts source fields at the top level as `__<field>` (or
+# `__source_<field>` when added as `source.<field>`); these are the ones ordering and lineage read.
+FLAT_SOURCE_FIELDS = tuple(dict.fromkeys((*connectors.SOURCE_FIELDS, "name", "db", "schema", "table", "txId", "gtid",
+                                          "server_id", "sequence", "ts_ms")))
+
+
+def _flat_source_sql() -> str:
+    # `__ts_ms` is the envelope's ts_ms, not the source's: only `__source_ts_ms` goes into the source block
+    fields = ", ".join(f"'{name}', _flat['__source_{name}']" if name == "ts_ms"
+                       else f"'{name}', coalesce(_flat['__source_{name}'], _flat['__{name}'])" for name in FLAT_SOURCE_FIELDS)
+    return f"to_json(named_struct({fields}))"
+
+
+def parse_envelope(lines: DataFrame, fmt: str = "auto") -> DataFrame:
+    """Parse a Debezium JSON record, with or without the schema envelope, keeping the raw line.
+
+    Flattened records (ExtractNewRecordState, `format: json-flat`, or with `auto` any record carrying
+    `__op` or `__deleted`) are mapped onto the same columns: the record is the row image, `__op` (or
+    `__deleted`, delete.handling.mode=rewrite) the op, and the `__` fields the source block.
+
+    Adds op, ts_ms, source, before, after (JSON text), _schema (the envelope's schema, or null),
+    _json_ok (false when the line is not valid JSON), _json_single (false when more follows the first
+    JSON value) and _deleted_flag_agrees."""
+    # written as SQL: one expression tree built in the JVM, not hundreds of Python-side calls
+    if fmt == "json-flat":
+        flat = "true"
+    elif fmt == "auto":  # Debezium's own envelope never has `__op`/`__deleted` at its top level
+        flat = "(_flat['__op'] IS NOT NULL OR _flat['__deleted'] IS NOT NULL)"
+    else:
+        flat = "false"
+    maybe_flat = "true" if fmt == "json-flat" else """(_text LIKE '%"\\_\\_op"%' OR _text LIKE '%"\\_\\_deleted"%')"""
+    flat_op = ("coalesce(_flat['__op'], CASE lower(_flat['__deleted']) WHEN 'true' THEN 'd' WHEN 'false' THEN 'u' END)")
+    # a line with a problem found when it was read (too large, not UTF-8) is not parsed
+    text = F.col("_raw") if "_line_problem" not in lines.columns else F.when(F.col("_line_problem").isNull(), F.col("_raw"))
+    parsed = (
+        lines.withColumn("_text", text)
+        .withColumn("_rec", F.from_json("_text", _RECORD_SCHEMA))
+        .withColumn("_env", F.expr("_rec.payload IS NOT NULL AND _rec.op IS NULL"))
+        .withColumn("_payload", F.expr(f"CASE WHEN _env THEN from_json(_rec.payload, '{_PAYLOAD_SCHEMA}') END"))
+        .withColumn("_body", F.expr("CASE WHEN _env THEN _rec.payload ELSE _text END"))
+        .withColumn("_flat", F.lit(None).cast("map<string,string>") if fmt == "json" else
+                    F.expr(f"CASE WHEN {maybe_flat} THEN from_json(_body, 'map<string,string>') END"))
+        .withColumn("_is_flat", F.expr(f"coalesce({flat}, false)"))
+        .withColumn("_flat_op", F.expr(flat_op))
+    )
+
+    def pick(name: str) -> str:
+        return f"CASE WHEN _env THEN _payload.{name} ELSE _rec.{name} END"
+
+    return parsed.selectExpr(
+        *lines.columns,
+        "try_parse_json(_text) IS NOT NULL AS _json_ok",
+        # Spark's JSON readers stop after the first value: anything after it would vanish unseen. Inside an
+        # array, `v,0` has two items and `0,v` two exactly when v is one JSON value with nothing after it
+        "coalesce(json_array_length(concat('[', _text, ',0]')) = 2 AND json_array_length(concat('[0,', _text, ']')) = 2,"
+        " false) AS _json_single",
+        f"CASE WHEN _is_flat THEN _flat_op ELSE {pick('op')} END AS op",
+        f"CASE WHEN _is_flat THEN CAST(coalesce(_flat['__ts_ms'], _flat['__source_ts_ms']) AS BIGINT) ELSE {pick('ts_ms')} END"
+        " AS ts_ms",
+        f"CASE WHEN _is_flat THEN {_flat_source_sql()} ELSE {pick('source')} END AS source",
+        f"CASE WHEN _is_flat THEN CASE WHEN _flat_op = 'd' THEN _body END ELSE {pick('before')} END AS before",
+        f"CASE WHEN _is_flat THEN CASE WHEN _flat_op <> 'd' THEN _body END ELSE {pick('after')} END AS after",
+        "CASE WHEN _env THEN _rec.schema END AS _schema",
+        # flattened records carrying both `__op` and `__deleted`: do they agree? (null when not both)
+        "CASE WHEN _is_flat AND _flat['__op'] IS NOT NULL AND _flat['__deleted'] IS NOT NULL "
+        "THEN (lower(_flat['__deleted']) = 'true') = (_flat['__op'] = 'd') END AS _deleted_flag_agrees",
+    )
+
+
+ENVELOPE_FIELDS = ("before", "after", "source", "op", "ts_ms", "transaction")
+
+
+def parquet_image_type(schema: StructType) -> StructType:
+    """The row image's columns in a Parquet landing file: the `after` struct of a Debezium envelope, or a
+    flattened record's own columns (without the `__` metadata ones)."""
+    names = set(schema.fieldNames())
+    if "after" in names and isinstance(schema["after"].dataType, StructType):
+        return schema["after"].dataType
+    return StructType([f for f in schema.fields if not f.name.startswith("__") and not
+                       ("op" in names and f.name in ENVELOPE_FIELDS)])
+
+
+def _placeholder_forms(placeholder: str) -> tuple[str, str]:
+    """The placeholder as text, and as bytes columns carry it (base64, the JSON converter's encoding)."""
+    return placeholder, base64.b64encode(placeholder.encode()).decode()
+
+
+def holds_placeholder(placeholder: str) -> Column:
+    """Does the event's `after` image hold an unavailable-value placeholder (checked before typing)?"""
+    return reduce(lambda a, b: a | b, [F.coalesce(F.instr("after", f'"{form}"') > 0, F.lit(False))
+                                       for form in _placeholder_forms(placeholder)])
+
+
+def mark_unavailable(changes: DataFrame, placeholder: str) -> DataFrame:
+    """Adds `_unavailable`, the columns whose value in `after` is the placeholder (text, bytes as base64, or
+    an array holding only it), and replaces those values by null in `after` so they type like any column."""
+    text, encoded = _placeholder_forms(placeholder)
+    values = F.from_json("after", "map<string,string>")
+    unavailable = F.filter(F.map_keys(values), lambda k: values[k].isin(text, encoded, f'["{text}"]'))
+    pattern = rf'\[\s*"\Q{text}\E"\s*\]|"\Q{text}\E"|"\Q{encoded}\E"'
+    return (changes.withColumn("_unavailable", F.coalesce(unavailable, F.array().cast("array<string>")))
+            .withColumn("after", F.regexp_replace("after", pattern, "null")))
+
+
+def key_image() -> Column:
+    """The image the key comes from: `before` for deletes, `after` for c/u/r (DESIGN 4.2)."""
+    return F.when(F.col("op") == "d", F.col("before")).otherwise(F.col("after"))
+
+
+def missing_keys(keys: tuple[str, ...]) -> Column:
+    """Comma-separated key columns that are null or absent in the key image ('' when all present)."""
+    parts = [F.when(F.get_json_object(key_image(), f"$.{k}").isNull(), F.lit(k)) for k in keys]
+    return F.concat_ws(",", *parts)
+
+
+def nested_keys(keys: tuple[str, ...]) -> Column:
+    """Comma-separated key columns whose value is a JSON object or array ('' when none): such a key would
+    become its JSON text in silver, a key no source row has."""
+    image = F.expr("try_parse_json(CASE WHEN op = 'd' THEN before ELSE after END)")
+    parts = [F.when(F.split(F.schema_of_variant(F.try_variant_get(image, f"$.{k}", "variant")), "<")[0]
+                    .isin("OBJECT", "ARRAY"), F.lit(k)) for k in keys]
+    return F.concat_ws(",", *parts)
+
+
+def missing_keys_typed(keys: tuple[str, ...]) -> Column:
+    """Like `missing_keys`, on typed key columns (a key that did not parse to its type is missing)."""
+    return F.concat_ws(",", *[F.when(F.col(k).isNull(), F.lit(k)) for k in keys])
+
+
+# Row-level bronze expectations (config.EXPECTATIONS): the first one a change event fails, with detail.
+# Quarantine is the default action; under `warn` or `fail` the event stays in the batch.
+def row_expectation_failure() -> Column:
+    """`<expectation>: <detail>` for the first row-level expectation the event fails, else null."""
+    return F.expr("""CASE
+      WHEN op IN ('c', 'u', 'r') AND _missing_key <> '' THEN concat('event_has_key: ', _missing_key)
+      WHEN op = 'd' AND _missing_key <> '' THEN concat('delete_has_key: ', _missing_key)
+      WHEN NOT _deleted_flag_agrees THEN concat('deleted_flag_matches_op: __deleted disagrees with __op=', op)
+    END""")
+
+
+def _overflowed() -> Column:
+    """Spark keeps `before`/`after` as JSON text it writes again, and writes a number beyond a double's range
+    as the string "Infinity": more such strings in them than in the line itself means a number overflowed."""
+    def infinities(text: Column) -> Column:
+        return F.size(F.split(F.coalesce(text, F.lit("")), '"-?Infinity"')) - 1
+    return infinities(F.col("before")) + infinities(F.col("after")) > infinities(F.col("_raw"))
+
+
+def classify(parsed: DataFrame, keys: tuple[str, ...], quarantine: frozenset[str] = row_checks("bronze")) -> DataFrame:
+    """Adds `_kind` (event | tombstone | quarantine), `reason` for quarantined lines and `_expectation`,
+    the row-level expectation a kept event fails (reported, not quarantined: its action is not in
+    `quarantine`). Lines that are no change event at all are always quarantined."""
+    trimmed = F.trim(F.col("_raw"))
+    problem = F.col("_line_problem") if "_line_problem" in parsed.columns else F.lit(None).cast("string")
+    unusable = (
+        F.when(problem.isNotNull(), problem)
+        .when(trimmed == "", "empty_line")
+        .when(~F.col("_json_ok"), "malformed_json")
+        .when(~F.col("_json_single"), "malformed_json: content after the JSON record")
+        .when(F.col("op").isNull(), "not_debezium: no op field")
+        .when(~F.col("op").isin(*OPS), F.concat(F.lit("unknown_op: "), F.col("op")))
+        .when(_overflowed(), "number_out_of_range: a number in the record is beyond a double's range (about 1.8e308)")
+        .when(F.col("_nested_key") != "", F.concat(F.lit("invalid_key: "), F.col("_nested_key"),
+                                                   F.lit(" (an object or array, not a value)")))
+    )
+    # a Kafka tombstone is `null`, or with the JSON converter's schemas.enable=true, an empty envelope
+    tombstone = problem.isNull() & ((trimmed == "null") | trimmed.rlike(
+        r'^\{\s*"schema"\s*:\s*null\s*,\s*"payload"\s*:\s*null\s*\}$'))
+    failed = F.when(~tombstone & unusable.isNull(), row_expectation_failure())
+    quarantined = unusable.isNotNull() | F.split(failed, ":")[0].isin(*sorted(quarantine))
+    kind = F.when(tombstone, "tombstone").when(quarantined, "quarantine").otherwise("event")
+    return (parsed.withColumn("_missing_key", missing_keys(keys))
+            .withColumn("_nested_key", nested_keys(keys))
+            .withColumn("_kind", kind)
+            .withColumn("reason", F.when(kind == "quarantine", F.coalesce(unusable, failed)))
+            .withColumn("_expectation", F.when(kind == "event", failed))
+            .drop("_missing_key", "_nested_key"))
+
+
+_LANDING_OFFSET = r"([^/]+)\+([0-9]+)\+([0-9]+)\.[^/]*$"
+
+
+def landing_offset(path: str) -> tuple[str, int] | None:
+    """(topic+partition, first offset) from an S3 sink file name; None for other names."""
+    match = re.search(_LANDING_OFFSET, path)
+    return None if match is None else (f"{match.group(1)}+{match.group(2)}", int(match.group(3)))
+
+
+def kafka_position(file: Column, line: Column) -> tuple[Column, Column]:
+    """(topic-partition, offset) of a landing line, from the S3 sink's `<topic>+<partition>+<start>` file
+    name; for other names, the file itself and the line number."""
+    start = F.regexp_extract(file, _LANDING_OFFSET, 3)
+    partition = F.concat_ws("+", F.regexp_extract(file, _LANDING_OFFSET, 1), F.regexp_extract(file, _LANDING_OFFSET, 2))
+    named = start != ""
+    return (F.when(named, partition).otherwise(file),
+            F.when(named, start.cast("long") + line - 1).otherwise(line))
+
+
+def match_tombstones(lines: DataFrame, earlier: DataFrame | None) -> DataFrame:
+    """Kafka tombstone lines of `lines` (classified) with `_follows_delete`: whether the record at the
+    previous offset of the partition is a delete. Debezium writes each delete's tombstone right after it.
+    The previous record is looked up in `lines` and then in `earlier` (bronze rows: _source_file, _line,
+    op), for tombstones that open a file. Columns: _source_file, _line, _part and _offset (where the previous
+    record is), _follows_delete, and _previous_unseen (that record is in neither: it may land later)."""
+    partition, offset = kafka_position(F.col("_source_file"), F.col("_line"))
+    tombstones = lines.where("_kind = 'tombstone'").select("_source_file", "_line", partition.alias("_part"),
+                                                          (offset - 1).alias("_offset"))
+    records = lines.where("_kind <> 'tombstone'").select(partition.alias("_part"), offset.alias("_offset"), "op")
+    if earlier is not None:
+        records = records.unionByName(earlier.select(partition.alias("_part"), offset.alias("_offset"), "op"))
+    previous = records.groupBy("_part", "_offset").agg(F.max(F.col("op") == "d").alias("_is_delete"))
+    return (tombstones.join(previous, ["_part", "_offset"], "left")
+            .select("_source_file", "_line", "_part", "_offset",
+                    F.coalesce("_is_delete", F.lit(False)).alias("_follows_delete"),
+                    F.col("_is_delete").isNull().alias("_previous_unseen")))
+
+
+def resolve_pending_tombstones(pending: DataFrame, lines: DataFrame) -> DataFrame:
+    """Earlier batches' tombstones whose previous record had not arrived (`_part`, `_offset` = its place),
+    against the records of `lines` (classified): those whose previous record is here, with
+    `_follows_delete`. Files land out of order, so a tombstone can arrive before its delete."""
+    partition, offset = kafka_position(F.col("_source_file"), F.col("_line"))
+    records = lines.where("_kind <> 'tombstone'").select(partition.alias("_part"), offset.alias("_offset"), "op") \
+        .groupBy("_part", "_offset").agg(F.max(F.col("op") == "d").alias("_follows_delete"))
+    return pending.join(records, ["_part", "_offset"]).select("_source_file", "_line", "_follows_delete")

@@ -1,0 +1,118 @@
+"""The lake's layout: every path of a table, its state, locks, GX stores and reports comes from `Lake`
+(docs/architecture.md, "Lake layout"), and the small file helpers that write into it. Pure Python."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Lake:
+    """Paths in the lake. `staging`, when set, holds silver and its state (ledger, history, truncate log)
+    elsewhere: a rebuild computes them there and publishes them when its gate has passed."""
+
+    root: str
+    staging: str | None = None
+
+    @property
+    def _silver_root(self) -> str:
+        return self.staging or self.root
+
+    def staged(self, table: str) -> Lake:
+        return Lake(self.root, f"{self.root}/_state/rebuild/{table}")
+
+    def bronze(self, table: str) -> str:
+        return f"{self.root}/bronze/{table}"
+
+    def silver(self, table: str) -> str:
+        return f"{self._silver_root}/silver/{table}"
+
+    def gold(self, model: str) -> str:
+        return f"{self.root}/gold/{model}"
+
+    def quarantine(self, table: str) -> str:
+        return f"{self.root}/quarantine/{table}"
+
+    def ingest_log(self, table: str) -> str:
+        return f"{self.root}/_state/ingest_log/{table}"
+
+    def tombstones(self, table: str) -> str:
+        return f"{self._silver_root}/_state/tombstones/{table}"
+
+    def history(self, table: str) -> str:
+        return f"{self._silver_root}/silver/{table}_history"
+
+    def truncates(self, table: str) -> str:
+        return f"{self._silver_root}/_state/truncates/{table}"
+
+    def pending_tombstones(self, table: str) -> str:
+        """Kafka tombstone lines whose previous record (the delete they follow) has not landed yet."""
+        return f"{self.root}/_state/pending_tombstones/{table}"
+
+    @property
+    def staging_files(self) -> str:
+        """Landing files staged for a bronze run (links or S3 downloads under Spark-safe names)."""
+        return f"{self.root}/_state/staging"
+
+    def progress(self, table: str) -> str:
+        return f"{self.root}/_state/progress/{table}"
+
+    @property
+    def reports(self) -> str:
+        """The run pages (index.html), each run's summaries and page (runs/<run id>/), GX Data Docs."""
+        return f"{self.root}/reports"
+
+    def run_reports(self, run_id: str) -> str:
+        return f"{self.reports}/runs/{run_id}"
+
+    @property
+    def runs_reports(self) -> str:
+        return f"{self.reports}/runs"
+
+    def data_docs(self, table: str) -> str:
+        """The GX Data Docs site of one table (or gold model)."""
+        return f"{self.reports}/data_docs/{table}"
+
+    def gx_stores(self, table: str) -> str:
+        """GX's suites and validation results of one table (its own folder: tables validate in parallel)."""
+        return f"{self.root}/_state/gx/{table}/gx"
+
+    def lock(self, name: str) -> str:
+        """The writer lock of a table (all its layers) or of a gold model (`gold.<model>`)."""
+        return f"{self.root}/_state/locks/{name}.lock"
+
+    def table_uri(self, layer: str, name: str) -> str:
+        """A layer's table as a URI (an Airflow asset's): file:// for a local lake."""
+        location = self.root if "://" in self.root else f"file://{self.root}"
+        return f"{location}/{layer}/{name}"
+
+
+def row_count(path: str) -> int | None:
+    """Rows in a Delta table from its file statistics (no data read, no JVM); None when absent."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        actions = DeltaTable(path).get_add_actions(flatten=True)
+    except TableNotFoundError:
+        return None
+    return sum(v for v in actions.column("num_records").to_pylist() if v is not None)
+
+
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write aside, then rename over: a reader (or a run killed mid-write) sees the old file or the new one,
+    never a truncated one."""
+    aside = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(aside, "wb") as handle:
+        handle.write(data.encode() if isinstance(data, str) else data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(aside, path)
+
+
+def ensure_dir(path: str) -> Path:
+    p = Path(path)
+    p.mkdir(parents=True, exist_ok=True)
+    return p

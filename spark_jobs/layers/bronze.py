@@ -1,0 +1,277 @@
+"""Bronze: landing files -> the raw change events of each table, appended once per file (docs/architecture.md,
+"Bronze"). Bad lines and unreadable files go to quarantine with a reason; the ingest log records every
+file taken, so a file is never appended twice, even after a crash between the two commits."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from spark_jobs.debezium import envelope
+from spark_jobs.delta import DeltaEngine, MergeSpec
+from spark_jobs.errors import ConcurrentWrite, PipelineError
+from spark_jobs.lake import Lake, ensure_dir
+from spark_jobs.landing import LandingFile, LandingWindow, list_topic, stage
+from spark_jobs.layers.common import gate, lag_seconds, now, one_row, reasons, share, write_quarantine
+from spark_jobs.layers.landing_reader import read_landing
+from spark_jobs.layers.summary import BronzeSummary
+from spark_jobs.quality.expectations import QUARANTINE, row_checks
+from spark_jobs.quality.gates import bronze_checks
+from spark_jobs.registry import TableConfig
+from spark_jobs.state import ingest_log, ingested_files
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which landing files a bronze run takes: those in the landing-time window, only the `files` named
+    (the sensor's exact list) when given; files already in bronze are left alone unless `reprocess`,
+    which reads them again and replaces their rows."""
+
+    window: LandingWindow = LandingWindow()
+    files: frozenset[str] | None = None
+    reprocess: bool = False
+
+
+def _select(landing: str, lake: Lake, table: TableConfig, selection: Selection, recovered: set[str]) -> list[LandingFile]:
+    listed = list_topic(landing, table.topic)
+    if selection.files is not None:
+        gone = sorted(selection.files - {f.path for f in listed})
+        if gone:
+            raise PipelineError(table.name, "bronze", f"{len(gone)} landing file(s) handed to this run are no longer "
+                                f"in {landing}: {', '.join(gone[:5])}")
+        listed = [f for f in listed if f.path in selection.files]
+    done = set() if selection.reprocess else ingested_files(lake, table.name) | recovered
+    return [f for f in listed if f in selection.window and f.path not in done]
+
+
+def bronze_ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, landing: str, lake: Lake,
+                  batch_id: str, selection: Selection = Selection()) -> BronzeSummary:
+    recovered = _recover_unlogged_files(spark, engine, lake, table.name, batch_id)
+    files = _select(landing, lake, table, selection, recovered)
+    summary = BronzeSummary(table=table.name, batch_id=batch_id, files=len(files), recovered_files=len(recovered),
+                            mode="reprocess" if selection.reprocess else None)
+    if not files:
+        summary.gate, summary.lines, summary.events, summary.tombstones = "skipped (no new files)", 0, 0, 0
+        return summary
+    # staged in the lake, which a cluster's executors see as the driver does (a shared volume); what a
+    # killed run staged goes first (one writer per table: no live run of this table has a folder here)
+    staging_root = ensure_dir(lake.staging_files)
+    for left in staging_root.glob(f"{table.name}-*"):
+        shutil.rmtree(left, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix=f"{table.name}-", dir=staging_root) as staging:
+        batch = _Batch(table, lake, batch_id, files, _in_bronze(engine, lake, table.name, files) if selection.reprocess else [])
+        _ingest(spark, engine, batch, stage(landing, files, Path(staging)), summary)
+    return summary
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """The landing files one bronze run takes; `again` those of them bronze holds already (a reprocess)."""
+
+    table: TableConfig
+    lake: Lake
+    batch_id: str
+    files: list[LandingFile]
+    again: list[str]
+
+
+def _ingest(spark: SparkSession, engine: DeltaEngine, batch: _Batch, staged: dict[str, LandingFile],
+            summary: BronzeSummary) -> None:
+    """Bronze for the batch's files, read from their `staged` copies or links (landing.stage): read and
+    classify, quarantine, audit, then append (or replace, for a reprocess) and log the files."""
+    table, lake = batch.table, batch.lake
+    lines, unreadable = read_landing(spark, staged, batch.files, table.format)
+    parsed = envelope.parse_envelope(lines, table.format)
+    parsed = parsed.withColumn("_schema", F.coalesce("_typed_schema", "_schema")).drop("_typed_schema")
+    to_quarantine = frozenset(n for n in row_checks("bronze") if table.quality.action(n) == QUARANTINE)
+    classified = envelope.classify(parsed, table.keys, to_quarantine).localCheckpoint()
+    _quarantine(spark, engine, batch, classified, unreadable, summary)
+    per_file = _per_file(classified)
+    # tombstone lines that open a file follow a record of an earlier batch: look in bronze for those only
+    opening = [r["_source_file"] for r in classified.where("_kind = 'tombstone' AND _line = 1").select("_source_file")
+               .distinct().collect()]
+    earlier = _preceding_rows(spark, engine, lake, table.name, opening) if opening else None
+    matched = envelope.match_tombstones(classified, earlier).localCheckpoint()
+    _count(classified, matched, per_file, batch, len(unreadable), summary)
+    _audit(classified, matched, batch, summary)
+    summary.tombstones_matched_late = _track_pending_tombstones(spark, engine, lake, table.name, classified, matched)
+    committed = _commit(engine, classified.where("_kind = 'event'"), batch, summary)
+    for f in unreadable:
+        per_file[f.path] = (0, 0, 0, 1)
+    _log_files(spark, engine, lake, table.name, {f.path: (f.size, f.modified_ms, *per_file.get(f.path, (0, 0, 0, 0)))
+                                                 for f in batch.files}, batch.batch_id, committed)
+
+
+def _quarantine(spark: SparkSession, engine: DeltaEngine, batch: _Batch, classified: DataFrame,
+                unreadable: dict[LandingFile, str], summary: BronzeSummary) -> None:
+    """Bad lines, and unreadable files whole (line 0), to quarantine; a reprocess replaces what the files'
+    earlier reading quarantined."""
+    quarantine = classified.where("_kind = 'quarantine'").select("_source_file", "_line", "_raw", "reason")
+    if unreadable:
+        quarantine = quarantine.unionByName(spark.createDataFrame(
+            [(f.path, 0, "", reason) for f, reason in unreadable.items()],
+            "_source_file STRING, _line BIGINT, _raw STRING, reason STRING"))
+    path = batch.lake.quarantine(batch.table.name)
+    if batch.again and engine.version(path) is not None:
+        engine.delete(path, f"layer = 'bronze' AND {_files_predicate(batch.again)}")
+    summary.quarantined = write_quarantine(engine, batch.lake, batch.table.name, quarantine, "bronze", batch.batch_id)
+
+
+def _per_file(classified: DataFrame) -> dict[str, tuple[int, int, int, int]]:
+    """(lines, events, tombstones, quarantined) of each landing file, for the ingest log."""
+    return {r["_source_file"]: (r["lines"], r["events"], r["tombstones"], r["quarantined"])
+            for r in classified.groupBy("_source_file").agg(
+                F.count(F.lit(1)).alias("lines"),
+                F.sum(F.when(F.col("_kind") == "event", 1).otherwise(0)).alias("events"),
+                F.sum(F.when(F.col("_kind") == "tombstone", 1).otherwise(0)).alias("tombstones"),
+                F.sum(F.when(F.col("_kind") == "quarantine", 1).otherwise(0)).alias("quarantined")).collect()}
+
+
+def _count(classified: DataFrame, matched: DataFrame, per_file: dict[str, tuple[int, int, int, int]], batch: _Batch,
+           unreadable: int, summary: BronzeSummary) -> None:
+    lines_in, events_in, tombstones = (sum(stats[i] for stats in per_file.values()) for i in range(3))
+    events = classified.where("_kind = 'event'")
+    matched_n = matched.where("_follows_delete").count() if tombstones else 0
+    newest = one_row(events.agg(F.max("ts_ms").alias("ts")))["ts"]
+    summary.lines, summary.events, summary.tombstones = lines_in, events_in, tombstones
+    summary.tombstones_matched, summary.tombstones_unmatched = matched_n, tombstones - matched_n
+    summary.quarantined_share = share(sum((summary.quarantined or {}).values()), lines_in + unreadable)
+    summary.empty_files = sum(1 for f in batch.files if f.size == 0)
+    summary.lag_s = lag_seconds(newest)
+    flagged = reasons(events.where("_expectation IS NOT NULL").withColumn("reason", F.col("_expectation")))
+    summary.flagged = flagged or None
+
+
+def _audit(classified: DataFrame, matched: DataFrame, batch: _Batch, summary: BronzeSummary) -> None:
+    """The bronze gate over the change events' flags and the tombstone lines' `_follows_delete`."""
+    table = batch.table
+    change_events = classified.where(f"_kind <> 'tombstone' AND _json_ok AND op IN {envelope.OPS}")
+    audit = change_events.select("op", F.lit(None).cast("boolean").alias("_follows_delete"), "_deleted_flag_agrees",
+                                 *[F.get_json_object(envelope.key_image(), f"$.{k}").alias(k) for k in table.keys])
+    flags = audit.unionByName(matched.select("_follows_delete"), allowMissingColumns=True)
+    gate({"events": flags}, {"quarantined_share": summary.quarantined_share}, table.name, "bronze",
+         bronze_checks(table), batch.lake, summary)
+
+
+def _commit(engine: DeltaEngine, events: DataFrame, batch: _Batch, summary: BronzeSummary) -> int | None:
+    """Append the events in one commit (a reprocess replaces the files' earlier rows in one commit: bronze
+    never holds a line twice). Returns the commit's version, None when nothing was written."""
+    path = batch.lake.bronze(batch.table.name)
+    version_before = engine.version(path)
+    bronze_version = 0 if version_before is None else version_before + 1
+    rows = events.select(
+        "_source_file", "_line", "_raw", "op", "ts_ms", "source", "before", "after", "_schema",
+        F.lit(batch.batch_id).alias("_batch_id"), F.lit(bronze_version).cast("long").alias("_bronze_version"),
+        F.lit(now()).cast("timestamp").alias("_ingested_at"))
+    committed = None
+    if batch.again:
+        # every file read is in the predicate: files landed since the last run are read too, and a replace
+        # refuses rows its predicate does not cover
+        committed = engine.replace(rows, path, _files_predicate([f.path for f in batch.files]))
+    elif summary.events:
+        committed = engine.append(rows, path)
+    if committed is not None and committed != bronze_version:
+        raise ConcurrentWrite(batch.table.name, "bronze", f"another writer committed version {committed - 1} "
+                              "during this run; runs of one table must be serialized")
+    summary.version = committed if committed is not None else version_before
+    return committed
+
+
+PENDING_TOMBSTONES = MergeSpec(keys=("_source_file", "_line"), insert_when="true")
+
+
+def _track_pending_tombstones(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: str, classified: DataFrame,
+                              matched: DataFrame) -> int:
+    """Tombstones whose previous record is in no batch yet wait in the lake; each batch settles those whose
+    previous record it brings. Returns how many of them follow a delete (matched late)."""
+    path = lake.pending_tombstones(table)
+    settled_late = 0
+    if engine.version(path) is not None:
+        pending = engine.read(spark, path)
+        assert pending is not None
+        settled = envelope.resolve_pending_tombstones(pending, classified).localCheckpoint()
+        settled_late = settled.where("_follows_delete").count()
+        if settled.limit(1).count():
+            engine.merge(settled.select("_source_file", "_line"), path,
+                         MergeSpec(keys=("_source_file", "_line"), delete_when="true"))
+    waiting = matched.where("_previous_unseen AND _part <> _source_file").select("_source_file", "_line", "_part", "_offset")
+    if waiting.limit(1).count():
+        engine.merge(waiting, path, PENDING_TOMBSTONES)
+    return settled_late
+
+
+def _preceding_rows(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: str, opening: list[str]) -> DataFrame | None:
+    """Bronze rows of the files that precede `opening` in their Kafka partition (the sink names files by
+    topic, partition and first offset): a tombstone opening a file follows the previous file's last record.
+    Read from the bronze versions holding those files (by the ingest log), never all of bronze."""
+    log = ingest_log(lake, table, ["file", "bronze_version"])
+    taken: dict[str, list[tuple[int, str, int]]] = {}
+    for path, version in zip(log["file"], log["bronze_version"], strict=True):
+        position = envelope.landing_offset(path)
+        if position is not None and version is not None:
+            taken.setdefault(position[0], []).append((position[1], path, version))
+    wanted: dict[str, int] = {}
+    for path in opening:
+        position = envelope.landing_offset(path)
+        earlier = [f for f in taken.get(position[0], []) if f[0] < position[1]] if position else []
+        if earlier:
+            _, previous, version = max(earlier)
+            wanted[previous] = version
+    bronze = engine.read(spark, lake.bronze(table)) if wanted else None
+    if bronze is None:
+        return None
+    return bronze.where(F.col("_bronze_version").isin(sorted(set(wanted.values()))) & F.col("_source_file").isin(sorted(wanted)))
+
+
+def _in_bronze(engine: DeltaEngine, lake: Lake, table: str, files: list[LandingFile]) -> list[str]:
+    """Those of `files` bronze has taken before (by the ingest log)."""
+    if engine.version(lake.bronze(table)) is None:
+        return []
+    done = ingested_files(lake, table)
+    return [f.path for f in files if f.path in done]
+
+
+def _files_predicate(paths: list[str]) -> str:
+    quoted = ", ".join("'" + p.replace("'", "''") + "'" for p in sorted(paths))
+    return f"_source_file IN ({quoted})"
+
+
+INGEST_LOG_SCHEMA = ("table STRING, file STRING, size BIGINT, modified_ms BIGINT, lines BIGINT, events BIGINT, "
+                     "tombstones BIGINT, quarantined BIGINT, _batch_id STRING, bronze_version BIGINT, ingested_at TIMESTAMP")
+
+
+def _log_files(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: str,
+               files: dict[str, tuple[Any, ...]], batch_id: str, bronze_version: int | None) -> None:
+    """Record files as ingested: (size, modified_ms, lines, events, tombstones, quarantined) per path;
+    `bronze_version` is the bronze commit that holds their rows (None when they had no events)."""
+    logged_at = now()
+    rows = [(table, path, *stats, batch_id, bronze_version, logged_at) for path, stats in sorted(files.items())]
+    engine.append(spark.createDataFrame(rows, INGEST_LOG_SCHEMA), lake.ingest_log(table))
+
+
+def _recover_unlogged_files(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: str, batch_id: str) -> set[str]:
+    """Bronze commits its rows before the ingest log. If a run died between the two, bronze's rows newer
+    than the last logged commit name the files it already holds: log them now, never append them twice."""
+    current = engine.version(lake.bronze(table))
+    if current is None:
+        return set()
+    log = engine.read(spark, lake.ingest_log(table))
+    newest = None if log is None else one_row(log.agg(F.max("bronze_version").alias("v")))["v"]
+    logged = -1 if newest is None else newest  # version 0 is a real commit, not "none"
+    if current <= logged:
+        return set()
+    bronze = engine.read(spark, lake.bronze(table))
+    assert bronze is not None
+    held = bronze.where(F.col("_bronze_version") > logged).groupBy("_source_file", "_bronze_version").agg(
+        F.count(F.lit(1)).alias("events")).collect()
+    for version in sorted({r["_bronze_version"] for r in held}):
+        # sizes, line and tombstone counts of those files were lost with the run: left null
+        files = {r["_source_file"]: (None, None, None, r["events"], None, None) for r in held if r["_bronze_version"] == version}
+        _log_files(spark, engine, lake, table, files, batch_id, version)
+    return {r["_source_file"] for r in held}

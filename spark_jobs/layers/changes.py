@@ -1,0 +1,61 @@
+"""Pure transforms from a batch's ordered events to the changes silver applies: the newest event per key,
+and those newer than the key's current state. DataFrame -> DataFrame; nothing here reads or writes."""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+
+def event_content() -> Column:
+    """What an event says (op and both images): two events at one position with different content tie."""
+    return F.concat_ws("\u0001", F.col("op"), F.coalesce(F.col("before"), F.lit("")), F.coalesce(F.col("after"), F.lit("")))
+
+
+def latest_per_key(events: DataFrame, keys: tuple[str, ...]) -> DataFrame:
+    """Keep the newest event per key: highest `_seq`, ties broken by landing file and line.
+
+    Adds `_events` (how many events the key had in the batch) and `_tie` (true when another event with
+    different content shares the winner's sequence)."""
+    # One aggregation instead of ranking windows: it combines map-side before the shuffle (W4 in
+    # tests/benchmarks/RESULTS.md). A struct's max orders field by field with nulls lowest, as
+    # `_seq DESC NULLS LAST` does.
+    position = ("_seq", "_source_file", "_line")
+    rest = [c for c in events.columns if c not in keys and c not in position]
+    carried = [c for c in rest if _orderable(events.schema[c].dataType)]
+    other = [c for c in rest if c not in carried]  # maps and variants: taken from the newest event one by one
+    newest = F.max(F.struct(*position, *carried))
+
+    def at_top(value: Column) -> Column:  # the value of the newest-positioned event with the largest value
+        return F.max(F.struct(F.col("_seq"), value.alias("v")))["v"]
+
+    # a tie: the largest and the smallest content hash at the top position differ (bitwise NOT reverses a
+    # long's order). Only a 64-bit hash collision could hide one, and the gate's audit (`event_audit`)
+    # compares the contents themselves.
+    content = F.xxhash64("op", F.coalesce("before", F.lit("")), F.coalesce("after", F.lit("")))
+    picked = events.groupBy(*keys).agg(
+        newest.alias("_newest"),
+        *[F.max_by(c, F.struct(*position)).alias(c) for c in other],
+        F.count(F.lit(1)).alias("_events"),
+        (at_top(content) != F.bitwise_not(at_top(F.bitwise_not(content)))).alias("_tie"))
+    return picked.select(*[c if c in keys or c in other else F.col("_newest")[c].alias(c) for c in events.columns],
+                         "_events", "_tie")
+
+
+def _orderable(data_type: T.DataType) -> bool:
+    """Whether Spark can compare values of the type (maps and variants it cannot)."""
+    if isinstance(data_type, T.StructType):
+        return all(_orderable(f.dataType) for f in data_type.fields)
+    if isinstance(data_type, T.ArrayType):
+        return _orderable(data_type.elementType)
+    return not isinstance(data_type, (T.MapType, T.VariantType))
+
+
+def effective_changes(latest: DataFrame, state: DataFrame, keys: tuple[str, ...]) -> DataFrame:
+    """Latest events newer than the key's current state; state = live silver rows and the tombstone
+    ledger (key, _seq of the delete). Older events are stale: they never overwrite, and a late event
+    older than a delete never brings the row back."""
+    current = state.select(*keys, F.col("_seq").alias("_state_seq"))
+    joined = latest.join(current, list(keys), "left")
+    return joined.where(F.col("_state_seq").isNull() | (F.col("_seq") > F.col("_state_seq"))).drop("_state_seq")

@@ -1,0 +1,70 @@
+"""What every layer step shares: the quarantine table, the gate call, the batch's figures."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from typing import Any
+
+from pyspark.sql import DataFrame, Row
+from pyspark.sql import functions as F
+
+from spark_jobs.delta import DeltaEngine, MergeSpec
+from spark_jobs.errors import GateFailed
+from spark_jobs.lake import Lake
+from spark_jobs.layers.summary import Counts, LayerSummary
+from spark_jobs.quality.gates import Check, GateResult, run_gate
+
+QUARANTINE_MERGE = MergeSpec(keys=("layer", "_source_file", "_line"), insert_when="true")
+
+
+def now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def write_quarantine(engine: DeltaEngine, lake: Lake, table: str, rows: DataFrame, layer: str, batch_id: str) -> Counts:
+    """Quarantine rows keep the raw record and a reason; keyed by (layer, file, line) so a re-run adds
+    nothing twice. Returns the counts by reason."""
+    counts = reasons(rows)
+    if counts:
+        rows = rows.select(
+            "_source_file", "_line", "_raw", "reason", F.lit(layer).alias("layer"),
+            F.lit(batch_id).alias("_batch_id"), F.lit(now()).cast("timestamp").alias("_ingested_at"))
+        engine.merge(rows, lake.quarantine(table), QUARANTINE_MERGE)
+    return counts
+
+
+def one_row(df: DataFrame) -> Row:
+    """The single row of a global aggregate (which always has exactly one)."""
+    row = df.first()
+    assert row is not None
+    return row
+
+
+def reasons(rows: DataFrame) -> Counts:
+    """Quarantine counts by reason, with the variable tail (column names, op values) kept."""
+    return {r["reason"]: r["n"] for r in rows.groupBy("reason").agg(F.count(F.lit(1)).alias("n")).collect()}
+
+
+def lag_seconds(max_ts_ms: Any) -> float | None:
+    """Seconds between the newest source change (ts_ms) and now."""
+    return None if max_ts_ms is None else round(now().timestamp() - max_ts_ms / 1000, 3)
+
+
+def share(part: int, whole: int) -> float:
+    return round(part / whole, 6) if whole else 0.0
+
+
+# (audit frames, batch figures, table, layer, checks, lake, summary) -> result; raises GateFailed on failure
+Gate = Callable[[dict[str, DataFrame], dict[str, Any], str, str, list[Check], Lake, LayerSummary], Any]
+
+
+def gate(frames: dict[str, DataFrame], figures: dict[str, Any], name: str, layer: str, checks: list[Check], lake: Lake,
+         summary: LayerSummary) -> GateResult:
+    """Run a gate over the audit frames and the batch's figures; the summary records the findings (and,
+    when the gate fails, goes with the exception so the failed run's report still has it)."""
+    result = run_gate(frames, name, layer, checks, lake, raise_on_failure=False, figures=figures)
+    summary.record_gate(result)
+    if not result.success:
+        raise GateFailed(result, summary)
+    return result

@@ -1,0 +1,112 @@
+"""Landing files read into Spark as lines (JSON, gzip) or records (Parquet), each with its file and line;
+files that cannot be read come back apart with the reason, to be quarantined whole."""
+
+from __future__ import annotations
+
+from functools import reduce
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from spark_jobs.debezium import envelope, types
+from spark_jobs.landing import LandingFile, landing_read_problem, split_exact
+from spark_jobs.settings import settings
+
+
+def _staged_to_landing(spark: SparkSession, staged: dict[str, LandingFile], read: DataFrame) -> DataFrame:
+    """Spark names each file by its staged URI: `_source_file`, the landing path it stands for, replaces it."""
+    mapping = spark.createDataFrame([(Path(path).name, f.path) for path, f in staged.items()],
+                                    "_staged STRING, _source_file STRING")
+    named = read.withColumn("_staged", F.element_at(F.split(F.col("_uri"), "/"), -1)).drop("_uri")
+    return named.join(F.broadcast(mapping), "_staged").drop("_staged")
+
+
+def _parquet_rows(path: str) -> int | None:
+    """Records in a Parquet landing file from its footer; None when it is not a readable Parquet file."""
+    import pyarrow.parquet as pq
+
+    try:
+        return int(pq.read_metadata(path).num_rows)
+    except (OSError, ValueError):
+        return None
+
+
+def read_landing(spark: SparkSession, staged: dict[str, LandingFile], files: list[LandingFile],
+                 fmt: str = "auto") -> tuple[DataFrame, dict[LandingFile, str]]:
+    """Landing files as lines: (_source_file, _line, _raw, _line_problem, _typed_schema), checkpointed.
+    JSON files (plain or gzip) give one row per text line; Parquet files one row per record, as its JSON
+    text, with `_typed_schema` holding the record's column types. `staged` maps Spark-safe paths to the
+    landing files (landing.stage).
+
+    Files that cannot be read are returned apart with the reason, to be quarantined whole while the rest
+    of the batch goes on: not of the table's format (unsupported_file), or unreadable_file (cannot be
+    opened, not valid gzip or Parquet, cut short). Lines of a file holding bytes that are not UTF-8 are
+    read again byte for byte: Spark's line split would replace those bytes."""
+    wanted = {"auto": ("json", "parquet"), "json": ("json",), "json-flat": ("json",), "parquet": ("parquet",)}[fmt]
+    by_kind: dict[str, dict[str, LandingFile]] = {"json": {}, "parquet": {}}
+    for path, f in staged.items():
+        if f.kind in wanted:
+            by_kind[f.kind][path] = f
+    parquet_rows = {path: _parquet_rows(path) for path, f in by_kind["parquet"].items() if f.size}
+    unreadable = {f: f"unsupported_file: {_name(f)}" for f in files if f.kind not in wanted}
+    unreadable |= {f: f"unreadable_file: {_name(f)}: {f.problem}" for f in files if f.problem and f.kind in wanted}
+    unreadable |= {by_kind["parquet"][path]: f"unreadable_file: {_name(by_kind['parquet'][path])}: not a valid Parquet file"
+                   for path, rows in parquet_rows.items() if rows is None}
+    parts = []
+    if by_kind["json"]:
+        # a file Spark cannot read (bad gzip, cut short) yields no row instead of failing the batch; such
+        # files are found below and quarantined whole (wholetext: a file is one row or none, never part)
+        raw = spark.read.option("ignoreCorruptFiles", "true").text(list(by_kind["json"]), wholetext=True).select(
+            F.col("_metadata.file_path").alias("_uri"), F.col("value").alias("content"))
+        lines = envelope.split_lines(_staged_to_landing(spark, by_kind["json"], raw), settings().max_line_bytes).localCheckpoint()
+        lines, broken = _exact_lines(spark, lines, by_kind["json"])
+        unreadable |= broken
+        parts.append(lines.withColumn("_typed_schema", F.lit(None).cast("string")))
+    readable_parquet = {path: f for path, f in by_kind["parquet"].items() if parquet_rows.get(path)}
+    if readable_parquet:
+        # as with JSON, a file that breaks while being read is not fatal: it gives fewer rows than its
+        # footer counts, and is then quarantined whole
+        records = spark.read.option("mergeSchema", "true").option("ignoreCorruptFiles", "true").parquet(*readable_parquet)
+        typed = types.envelope_from_spark(envelope.parquet_image_type(records.schema))
+        record = F.struct(*[F.col(f"`{c}`") for c in records.columns])
+        rows = records.select(F.col("_metadata.file_path").alias("_uri"), (F.col("_metadata.row_index") + 1).alias("_line"),
+                              F.to_json(record, types.JSON_OPTIONS).alias("_raw"))
+        rows = _staged_to_landing(spark, readable_parquet, rows).localCheckpoint()
+        read = {r["_source_file"]: r["n"] for r in rows.groupBy("_source_file").agg(F.count(F.lit(1)).alias("n")).collect()}
+        short = {f: (read.get(f.path, 0), parquet_rows[path]) for path, f in readable_parquet.items()
+                 if read.get(f.path, 0) != parquet_rows[path]}
+        unreadable |= {f: f"unreadable_file: {_name(f)}: corrupt, {got} of {expected} records readable"
+                       for f, (got, expected) in short.items()}
+        parts.append(rows.where(~F.col("_source_file").isin([f.path for f in short])).select(
+            "_source_file", "_line", "_raw", F.lit(None).cast("string").alias("_line_problem"),
+            F.lit(typed).alias("_typed_schema")))
+    if not parts:
+        return spark.createDataFrame(
+            [], "_source_file STRING, _line BIGINT, _raw STRING, _line_problem STRING, _typed_schema STRING"), unreadable
+    return reduce(DataFrame.unionByName, parts), unreadable
+
+
+def _name(f: LandingFile) -> str:
+    return f.path.rsplit("/", 1)[-1]
+
+
+def _exact_lines(spark: SparkSession, lines: DataFrame,
+                 staged: dict[str, LandingFile]) -> tuple[DataFrame, dict[LandingFile, str]]:
+    """Files that gave Spark no text although they hold bytes are unreadable (the reason comes from
+    opening them here); files holding bytes that are not UTF-8 are split again here, byte for byte."""
+    health = {r["_source_file"]: r["utf8"] for r in
+              lines.groupBy("_source_file").agg(F.min("_file_utf8_ok").alias("utf8")).collect()}
+    broken, invalid = {}, {}
+    for path, f in staged.items():
+        if f.path not in health and f.size:
+            broken[f] = f"unreadable_file: {_name(f)}: {landing_read_problem(path)}"
+        elif health.get(f.path) is False:
+            invalid[path] = f
+    lines = lines.drop("_file_utf8_ok")
+    if not invalid:
+        return lines, broken
+    exact = [(f.path, *line) for path, f in invalid.items() for line in split_exact(path, settings().max_line_bytes)]
+    redone = spark.createDataFrame(exact, "_source_file STRING, _line BIGINT, _raw STRING, _line_problem STRING")
+    kept = lines.where(~F.col("_source_file").isin([f.path for f in invalid.values()]))
+    return kept.unionByName(redone).localCheckpoint(), broken

@@ -1,0 +1,269 @@
+"""Silver: the current state per primary key, from the bronze rows it has not applied (docs/architecture.md,
+"Silver"). Each batch is planned (layers/silver_plan.py), audited, published (silver, the tombstone
+ledger, history, the truncate log) and audited again: a failed gate leaves every table as it was."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, replace
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from spark_jobs.delta import DeltaEngine, MergeSpec
+from spark_jobs.errors import GateFailed, PipelineError
+from spark_jobs.lake import Lake
+from spark_jobs.layers.common import Gate, lag_seconds, now, share, write_quarantine
+from spark_jobs.layers.common import gate as run_gate
+from spark_jobs.layers.history import TRUNCATE_LOG_MERGE, apply_history
+from spark_jobs.layers.silver_plan import BatchPlan, merged_audit, plan_batch
+from spark_jobs.layers.summary import SilverSummary
+from spark_jobs.quality.expectations import FAIL
+from spark_jobs.quality.gates import before_publishing, silver_checks
+from spark_jobs.registry import TableConfig
+
+# Silver: apply the newest event per key when it is newer than the row (docs/architecture.md, "Silver").
+SILVER_MERGE = MergeSpec(keys=(), delete_when="s._op = 'd' AND s._seq > t._seq",
+                         update_when="s._op <> 'd' AND s._seq > t._seq", insert_when="s._op <> 'd'")
+# Tombstone ledger: the mirror image. A delete records (key, seq); a newer insert or update clears it.
+LEDGER_MERGE = MergeSpec(keys=(), delete_when="s._op <> 'd' AND s._seq > t._seq",
+                         update_when="s._op = 'd' AND s._seq > t._seq", insert_when="s._op = 'd'")
+
+
+PROGRESS_SCHEMA = ("layer STRING, bronze_version BIGINT, truncated_at STRING, _batch_id STRING, updated_at TIMESTAMP, "
+                   "silver_version BIGINT")
+
+
+@dataclass(frozen=True)
+class SilverProgress:
+    bronze_version: int = -1  # the bronze version silver has applied; -1 when none
+    truncated_at: str | None = None  # the position of the latest truncate applied
+    # silver's version when progress was last recorded: later commits are an interrupted run's (None: not known)
+    silver_version: int | None = None
+
+
+def silver_progress(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: str) -> SilverProgress:
+    progress = engine.read(spark, lake.progress(table))
+    row = None if progress is None else progress.where("layer = 'silver'").first()
+    if row is None:
+        return SilverProgress()
+    return SilverProgress(int(row["bronze_version"]), row["truncated_at"], row.asDict().get("silver_version"))
+
+
+# operation metrics as delta-rs and delta-spark name them
+_METRICS = {"inserted": ("num_target_rows_inserted", "numTargetRowsInserted"),
+            "updated": ("num_target_rows_updated", "numTargetRowsUpdated"),
+            "deleted": ("num_target_rows_deleted", "numTargetRowsDeleted", "num_deleted_rows", "numDeletedRows")}
+
+
+def interrupted_work(engine: DeltaEngine, path: str, since_version: int | None) -> dict[str, int]:
+    """What silver commits after `since_version` (the last recorded progress) applied: a run killed before
+    recording its progress. Its retry finds those events already applied and would report nothing of them."""
+    current = engine.version(path)
+    if since_version is None or current is None or current <= since_version:
+        return {}
+    totals = {"recovered_commits": 0, "inserted": 0, "updated": 0, "deleted": 0}
+    for commit in engine.history(path, current - since_version):
+        if int(commit["version"]) <= since_version or commit.get("operation") not in ("MERGE", "DELETE"):
+            continue
+        metrics = commit.get("operationMetrics") or {}
+        totals["recovered_commits"] += 1
+        for figure, names in _METRICS.items():
+            totals[figure] += sum(int(metrics.get(name) or 0) for name in names)
+    return totals
+
+
+def silver_merge(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake: Lake, batch_id: str) -> SilverSummary:
+    """Apply the bronze rows silver has not seen (gated inside), then record the progress."""
+    progress = silver_progress(spark, engine, lake, table.name)
+    bronze_version = engine.version(lake.bronze(table.name))
+    if bronze_version is None or bronze_version <= progress.bronze_version:
+        return SilverSummary(table=table.name, batch_id=batch_id, events=0, gate="skipped (no new bronze rows)")
+    bronze = engine.read(spark, lake.bronze(table.name), version=bronze_version)
+    assert bronze is not None
+    recovered = interrupted_work(engine, lake.silver(table.name), progress.silver_version)
+    try:
+        summary, truncated_at = apply_changes(spark, engine, table, lake,
+                                              bronze.where(F.col("_bronze_version") > progress.bronze_version),
+                                              progress.truncated_at, batch_id)
+    except GateFailed as failure:
+        if isinstance(failure.summary, SilverSummary):
+            failure.summary.bronze_version = bronze_version
+        # the failed batch's commits were undone: what silver holds now is what progress says
+        _save_progress(spark, engine, lake, table.name, progress.bronze_version, progress.truncated_at, batch_id)
+        raise
+    summary.add_recovered(recovered)
+    _save_progress(spark, engine, lake, table.name, bronze_version, truncated_at, batch_id)
+    spark.catalog.clearCache()
+    summary.bronze_version, summary.version = bronze_version, engine.version(lake.silver(table.name))
+    return summary
+
+
+def silver_rebuild(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake: Lake,
+                   batch_id: str) -> SilverSummary:
+    """Recompute silver (and its ledger, history, truncate log) from all of bronze, in a staging area of
+    the lake; when the gate passes, publish each table in one commit. A failed or killed rebuild leaves
+    silver as it was, or already rebuilt: the retry starts over from bronze and ends the same."""
+    bronze_version = engine.version(lake.bronze(table.name))
+    if bronze_version is None:
+        raise PipelineError(table.name, "silver", "no bronze table to rebuild from")
+    staged = lake.staged(table.name)
+    shutil.rmtree(str(staged.staging), ignore_errors=True)  # what a killed rebuild left
+    bronze = engine.read(spark, lake.bronze(table.name), version=bronze_version)
+    assert bronze is not None
+    try:
+        summary, truncated_at = apply_changes(spark, engine, table, staged, bronze, None, batch_id)
+    except GateFailed as failure:
+        if isinstance(failure.summary, SilverSummary):
+            failure.summary.mode, failure.summary.bronze_version = "rebuild", bronze_version
+        raise
+    for place, partition_by in ((Lake.silver, table.partition_by), (Lake.tombstones, ()),
+                                (Lake.history, table.partition_by), (Lake.truncates, ())):
+        path, rebuilt = place(lake, table.name), engine.read(spark, place(staged, table.name))
+        if rebuilt is not None:
+            engine.overwrite(rebuilt, path, partition_by)
+        elif engine.version(path) is not None:
+            engine.delete(path, "true")
+    _save_progress(spark, engine, lake, table.name, bronze_version, truncated_at, batch_id)
+    shutil.rmtree(str(staged.staging), ignore_errors=True)
+    spark.catalog.clearCache()
+    summary.mode, summary.bronze_version = "rebuild", bronze_version
+    summary.version = engine.version(lake.silver(table.name))
+    return summary
+
+
+def apply_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake: Lake, batch: DataFrame,
+                  truncated_at: str | None, batch_id: str, gate: Gate | None = None) -> tuple[SilverSummary, str | None]:
+    """Apply a batch of bronze rows to silver, the tombstone ledger, history and quarantine
+    (docs/architecture.md, "Silver"), gated write-audit-publish: the batch is audited before any table is
+    written (too much quarantined, or a `fail` expectation on its events: nothing but the quarantine is
+    written), and the merged result after (keys, deletes): when that fails, every table is restored to
+    its version before the batch.
+
+    `truncated_at` is the position of the latest truncate already applied; returns the batch's counts
+    (with the gate's verdict and findings) and the truncate position in force afterwards. `gate` runs the
+    checks (default: Great Expectations, publishing Data Docs) and raises GateFailed when they fail."""
+    check = gate or run_gate
+    paths = (lake.silver(table.name), lake.tombstones(table.name), lake.history(table.name), lake.truncates(table.name))
+    published = {path: engine.version(path) for path in paths}
+    plan = plan_batch(spark, engine, table, lake, batch, truncated_at)
+    summary = _counts(plan, write_quarantine(engine, lake, table.name, plan.quarantine, "silver", batch_id),
+                      table, batch_id)
+    figures: dict[str, Any] = {"quarantined_share": summary.quarantined_share}
+    checks = silver_checks(table)
+    # audit before publishing: a batch the table refuses leaves every table as it was
+    if (summary.quarantined_share or 0) > table.quality.max_quarantined or _refused(table, plan.typed, summary.ties or 0):
+        check(plan.frames, figures, table.name, "silver", before_publishing(checks), lake, summary)
+    _publish(spark, engine, table, lake, plan, batch_id, summary)
+
+    # audit the published result; on failure, put every table back to its version before the batch
+    removed = (summary.deletes or {}).get("removed", 0)
+    figures.update(deletes_received=plan.delete_counts["received"],
+                   deletes_accounted=removed + sum(v for k, v in plan.delete_counts.items() if k != "received"))
+    frames = dict(plan.frames)
+    if plan.latest is not None and plan.deletes is not None:
+        rows_audit, deletes_audit = merged_audit(spark, engine, lake.silver(table.name), plan.latest, plan.deletes,
+                                                 table.keys, batch_id)
+        frames.update(events=frames["events"].unionByName(deletes_audit, allowMissingColumns=True).localCheckpoint(),
+                      rows=rows_audit.localCheckpoint())
+    try:
+        check(frames, figures, table.name, "silver", checks, lake, summary)
+    except GateFailed:
+        _restore(engine, published)
+        raise
+    return summary, plan.truncated_at
+
+
+def _counts(plan: BatchPlan, quarantined: dict[str, int], table: TableConfig, batch_id: str) -> SilverSummary:
+    """The batch's figures before anything is published."""
+    quarantined_n = sum(quarantined.values())
+    return SilverSummary(
+        table=table.name, batch_id=batch_id, events=plan.events + plan.truncate_count + quarantined_n,
+        duplicates_dropped=plan.events - plan.positions, superseded_in_batch=plan.positions_after_truncate - plan.keys,
+        stale_ignored=(plan.positions - plan.positions_after_truncate) + (plan.keys - plan.effective),
+        ties=plan.ties, truncates=plan.truncate_count, quarantined=quarantined,
+        quarantined_share=share(quarantined_n, plan.rows_in), lag_s=lag_seconds(plan.newest_ts_ms))
+
+
+def _publish(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake: Lake, plan: BatchPlan, batch_id: str,
+             summary: SilverSummary) -> None:
+    """Write the plan: the truncate log and what a new truncate removes, then silver, the ledger, history;
+    expire old ledger entries."""
+    target_path, ledger_path = lake.silver(table.name), lake.tombstones(table.name)
+    new_truncates = 0  # truncates history has not seen: they close versions of every key
+    if table.history and plan.truncate_count:
+        new_truncates = engine.merge(plan.truncates.where("reason IS NULL").select(
+            "_seq", F.lit(batch_id).alias("_batch_id")).distinct(), lake.truncates(table.name), TRUNCATE_LOG_MERGE).inserted
+    deleted_by_truncate = 0
+    if plan.new_truncate:
+        predicate = f"_seq < '{plan.new_truncate}'"
+        if plan.target_schema is not None:
+            deleted_by_truncate = engine.delete(target_path, predicate)
+        if engine.version(ledger_path) is not None:
+            engine.delete(ledger_path, predicate)
+    result = None
+    if plan.rows is not None and plan.effective:
+        result = engine.merge(plan.rows, target_path, replace(SILVER_MERGE, keys=table.keys), table.partition_by)
+    if plan.rows is not None and plan.state is not None:
+        _merge_ledger(engine, table, ledger_path, plan.rows, plan.state, plan.effective > 0)
+    if table.history and (plan.typed is not None or new_truncates):
+        events = plan.typed.where("reason IS NULL") if plan.typed is not None else None
+        summary.history_rows = apply_history(spark, engine, table, lake, events, plan.fields,
+                                             recompute_all=new_truncates > 0)
+    elif table.history:
+        summary.history_rows = 0
+    removed = result.deleted if result else 0
+    summary.inserted, summary.updated = (result.inserted, result.updated) if result else (0, 0)
+    summary.deleted = removed + deleted_by_truncate
+    summary.tombstones_expired = _expire_tombstones(engine, lake, table)
+    summary.deletes = {**plan.delete_counts, "removed": removed}
+
+
+def _merge_ledger(engine: DeltaEngine, table: TableConfig, ledger_path: str, rows: DataFrame, state: DataFrame,
+                  merged: bool) -> None:
+    """Deletes the merge applied enter the tombstone ledger; newer upserts clear a key's entry."""
+    ledger = rows.select(*table.keys, "_seq", "_op", F.coalesce(
+        "_source_ts_ms", F.unix_millis(F.col("_ingested_at").cast("timestamp"))).alias("_deleted_at_ms"))
+    # a ledger entry older than the key's live row (left by a run killed between the two merges) goes:
+    # as a live event at the row's position, the ledger merge clears it like any newer upsert
+    behind = state.where("_ledger_behind").select(*table.keys, "_seq", F.lit("u").alias("_op"),
+                                                  F.lit(None).cast("long").alias("_deleted_at_ms"))
+    ledger = ledger.unionByName(behind.join(rows.select(*table.keys), list(table.keys), "left_anti"))
+    if merged or behind.limit(1).count():
+        engine.merge(ledger, ledger_path, replace(LEDGER_MERGE, keys=table.keys))
+
+
+def _restore(engine: DeltaEngine, published: dict[str, int | None]) -> None:
+    """Every table back to its version before the batch (a table the batch created: emptied)."""
+    for path, before in published.items():
+        if before is None and engine.version(path) is not None:
+            engine.delete(path, "true")
+        elif before is not None and engine.version(path) != before:
+            engine.restore(path, before)
+
+
+def _refused(table: TableConfig, typed: DataFrame | None, ties: int) -> bool:
+    """Does a `fail` row expectation fail on the batch's events (before anything is written)?"""
+    q = table.quality
+    if q.action("sequence_increasing") == FAIL and ties:
+        return True
+    return (q.action("sequence_present") == FAIL and typed is not None
+            and typed.where(F.col("_seq").isNull()).limit(1).count() > 0)
+
+
+def _expire_tombstones(engine: DeltaEngine, lake: Lake, table: TableConfig) -> int:
+    """Drop ledger entries older than the table's tombstone retention (by the delete's source time).
+    After that, a change older than the delete arriving even later can bring the row back: the
+    retention is the lateness the table promises to absorb. Default: keep them forever."""
+    if table.tombstone_retention_s is None or engine.version(lake.tombstones(table.name)) is None:
+        return 0
+    cutoff_ms = int(now().timestamp() * 1000) - table.tombstone_retention_s * 1000
+    return engine.delete(lake.tombstones(table.name), f"_deleted_at_ms < {cutoff_ms}")
+
+
+def _save_progress(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: str, bronze_version: int,
+                   truncated_at: str | None, batch_id: str) -> None:
+    row = spark.createDataFrame([("silver", bronze_version, truncated_at, batch_id, now(),
+                                  engine.version(lake.silver(table)))], PROGRESS_SCHEMA)
+    engine.merge(row, lake.progress(table), MergeSpec(("layer",), update_when="true", insert_when="true"))

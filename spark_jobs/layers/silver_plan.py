@@ -1,0 +1,254 @@
+"""Silver's plan for one batch, computed before anything is written: the events ordered and typed, the
+newest per key, the keys' current state, the rows the merge will write, where each delete goes, and the
+audit frames the gate checks. Pure reads of the lake; nothing here writes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import reduce
+
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from spark_jobs.debezium import envelope, ordering, types
+from spark_jobs.delta import DeltaEngine
+from spark_jobs.lake import Lake
+from spark_jobs.layers import changes
+from spark_jobs.layers.common import one_row
+from spark_jobs.registry import TableConfig
+
+NO_SEQUENCE = "missing_sequence: no log position for this connector; set sequence_by"
+QUARANTINED = ("_source_file", "_line", "_raw", "reason")
+
+
+@dataclass
+class BatchPlan:
+    """What one batch will change, and the audit frames the gate checks before anything is written."""
+
+    truncates: DataFrame  # the batch's truncate events, `reason` set where one cannot be applied
+    truncate_count: int
+    new_truncate: str | None  # the batch's newest truncate position, when newer than the one in force
+    truncated_at: str | None  # the truncate position in force after the batch
+    rows_in: int  # bronze rows in the batch
+    newest_ts_ms: int | None
+    quarantine: DataFrame  # (_source_file, _line, _raw, reason)
+    target_schema: T.StructType | None  # silver's schema, None before its first commit
+    typed: DataFrame | None = None  # row events, typed (`_row`, key columns), with a quarantine `reason`
+    fields: list[types.ImageField] = field(default_factory=list)
+    frames: dict[str, DataFrame] = field(default_factory=dict)
+    events: int = 0  # row events without a quarantine reason
+    positions: int = 0  # distinct (key, position) among them
+    positions_after_truncate: int = 0
+    keys: int = 0
+    ties: int = 0
+    latest: DataFrame | None = None  # the newest event per key
+    state: DataFrame | None = None  # the keys' current state (current_state)
+    rows: DataFrame | None = None  # what the merge writes: latest events newer than the state
+    effective: int = 0
+    deletes: DataFrame | None = None  # (key, _seq) of each delete received
+    delete_counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
+        ("received", "before_truncate", "superseded", "stale", "absent"), 0))
+
+
+def plan_batch(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake: Lake, batch: DataFrame,
+               truncated_at: str | None) -> BatchPlan:
+    """One pass over the batch; every later step (and each count) starts from these rows."""
+    ordered = ordering.order_key(batch, table.sequence_by).localCheckpoint()
+    overview = one_row(ordered.agg(
+        F.count(F.when((F.col("op") == "t") & F.col("_seq").isNotNull(), 1)).alias("truncates"),
+        F.max(F.when(F.col("op") == "t", F.col("_seq"))).alias("truncated_at"),
+        F.count(F.when(F.col("op") != "t", 1)).alias("changes"),
+        F.count(F.when((F.col("op") != "t") & F.col("_schema").isNull(), 1)).alias("plain"),
+        F.max(F.get_json_object("source", "$.ts_ms").cast("long")).alias("newest_ts_ms"),
+        F.count(F.lit(1)).alias("rows"),
+        F.count(F.when(envelope.holds_placeholder(table.unavailable_value_placeholder), 1)).alias("unavailable")))
+    # truncate (op=t): the table is empty as of its position; every older event is stale
+    truncates = ordered.where("op = 't'").withColumn("reason", F.when(F.col("_seq").isNull(), NO_SEQUENCE))
+    batch_truncate = overview["truncated_at"]
+    new_truncate = batch_truncate if batch_truncate and batch_truncate > (truncated_at or "") else None
+    plan = BatchPlan(truncates, overview["truncates"], new_truncate, new_truncate or truncated_at, overview["rows"],
+                     overview["newest_ts_ms"], truncates.where("reason IS NOT NULL").select(*QUARANTINED),
+                     engine.schema(lake.silver(table.name)))
+    if overview["changes"]:
+        _plan_changes(spark, engine, table, lake, ordered.where("op <> 't'"), overview["plain"] > 0,
+                      overview["unavailable"] > 0, plan)
+    return plan
+
+
+def _plan_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake: Lake, changes_in: DataFrame,
+                  has_plain: bool, unavailable: bool, plan: BatchPlan) -> None:
+    """The row events' part of the plan: typed, the newest per key, the merge's rows, the deletes."""
+    typed, plan.fields = typed_changes(spark, table, changes_in, plan.target_schema, has_plain, unavailable)
+    if unavailable:
+        typed = fill_unavailable(spark, engine, lake, table, typed.localCheckpoint())
+    plan.typed = typed = typed.localCheckpoint()
+    plan.quarantine = plan.quarantine.unionByName(typed.where("reason IS NOT NULL").select(*QUARANTINED))
+    events = typed.where("reason IS NULL")
+    # audit frames are materialised once: the gate computes each expectation with its own Spark job
+    plan.frames["events"] = event_audit(typed, table.keys).localCheckpoint()
+    after_truncate = F.col("_seq") > F.lit(plan.truncated_at) if plan.truncated_at else F.lit(True)
+    position = F.struct(*table.keys, "_seq")
+    counts = one_row(events.agg(F.count(F.lit(1)).alias("events"), F.countDistinct(position).alias("positions"),
+                                F.countDistinct(F.when(after_truncate, position)).alias("positions_after_truncate")))
+    plan.events, plan.positions, plan.positions_after_truncate = counts
+    plan.latest = changes.latest_per_key(events.where(after_truncate), table.keys).localCheckpoint()
+    latest_counts = one_row(plan.latest.agg(F.count(F.lit(1)).alias("keys"), F.sum(F.col("_tie").cast("int")).alias("ties")))
+    plan.keys, plan.ties = latest_counts["keys"], int(latest_counts["ties"] or 0)
+    plan.state = current_state(spark, engine, lake, table, plan.latest, plan.new_truncate).localCheckpoint()
+    effective = changes.effective_changes(plan.latest, plan.state.select(*table.keys, "_seq"), table.keys)
+    plan.rows = silver_rows(effective, plan.fields, plan.target_schema).localCheckpoint()
+    plan.effective = plan.rows.count()
+    plan.deletes = events.where("op = 'd'").select(*table.keys, "_seq").distinct().localCheckpoint()
+    plan.delete_counts = classify_deletes(plan.deletes, plan.latest, plan.state, table.keys, plan.truncated_at)
+
+
+def image_fields(spark: SparkSession, table: TableConfig, events: DataFrame, has_plain: bool) -> list[types.ImageField]:
+    """Columns of the batch's row images: from the envelope schemas, else inferred from plain JSON (with
+    the table's `columns:` overrides). `__` fields are flattened records' metadata, not columns."""
+    envelope_schemas = [r["_schema"] for r in events.where("_schema IS NOT NULL").select("_schema").distinct().collect()]
+    lists = [types.fields_from_envelope(s) for s in sorted(envelope_schemas)]
+    if has_plain:
+        plain = events.where("_schema IS NULL").select(envelope.key_image().alias("_image"))
+        lists.insert(0, types.with_overrides(types.infer_fields(plain, "_image"), table.columns))
+    return [f for f in types.merge_fields(lists) if not f.name.startswith("__")]
+
+
+def typed_changes(spark: SparkSession, table: TableConfig, changes: DataFrame, target: T.StructType | None,
+                   has_plain: bool, unavailable: bool) -> tuple[DataFrame, list[types.ImageField]]:
+    """Row events (with `_seq`) plus the typed image in `_row`, typed key columns and a quarantine `reason`.
+    With `unavailable`, placeholders of unchanged TOASTed values are listed in `_unavailable` and typed as
+    null (envelope.mark_unavailable), to be filled in by `fill_unavailable`."""
+    if unavailable:
+        changes = envelope.mark_unavailable(changes, table.unavailable_value_placeholder)
+    fields = image_fields(spark, table, changes, has_plain)
+    names = {f.name for f in fields}
+    absent = [k for k in table.keys if k not in names]
+    if absent:
+        raise ValueError(f"table={table.name} layer=silver: key column(s) {', '.join(absent)} not in the "
+                         f"change events' columns ({', '.join(sorted(names))})")
+    typed = types.parse_image(changes, envelope.key_image(), fields, "_row")
+    typed = types.align(typed, "_row", target)
+    for k in table.keys:
+        typed = typed.withColumn(k, F.col("_row")[k])
+    missing = envelope.missing_keys_typed(table.keys)
+    reason = (F.when(F.col("_seq").isNull(), NO_SEQUENCE)
+              .when(F.col("_decode_problems") != "", F.concat(F.lit("incompatible_type: "), F.col("_decode_problems")))
+              .when(F.col("_type_problems") != "", F.concat(F.lit("incompatible_type: "), F.col("_type_problems")))
+              .when(missing != "", F.concat(F.lit("missing_key: "), missing)))
+    return typed.withColumn("reason", reason), fields
+
+
+def fill_unavailable(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: TableConfig,
+                      typed: DataFrame) -> DataFrame:
+    """An unchanged TOASTed column (PostgreSQL, REPLICA IDENTITY DEFAULT) keeps the key's previous value:
+    the value of the key's last earlier event in the batch that carried it, else of its live silver row.
+    With neither, the value is unknown here: the event is quarantined (`unavailable_value`), never
+    applied with a placeholder or a null in place of the value."""
+    columns = sorted({r[0] for r in typed.select(F.explode("_unavailable")).distinct().collect()})
+    keys = list(table.keys)
+    earlier = Window.partitionBy(*keys).orderBy("_seq", "_source_file", "_line").rowsBetween(Window.unboundedPreceding, -1)
+    silver = engine.read(spark, lake.silver(table.name))
+    in_silver = [c for c in columns if silver is not None and c in silver.columns]
+    if in_silver and silver is not None:
+        typed = typed.join(silver.select(*keys, F.struct(*[F.struct(F.col(c).alias("v")).alias(c) for c in in_silver])
+                                         .alias("_live")), keys, "left")
+    unresolved = []
+    for c in columns:
+        missing = F.array_contains("_unavailable", c)
+        previous = F.last(F.when(~missing, F.struct(F.col("_row")[c].alias("v"))), ignorenulls=True).over(earlier)
+        live = F.col("_live")[c] if c in in_silver else F.lit(None)
+        known = F.coalesce(previous, live)
+        typed = typed.withColumn("_row", F.col("_row").withField(c, F.when(missing, known["v"]).otherwise(F.col("_row")[c])))
+        unresolved.append(F.when(missing & known.isNull(), F.lit(c)))
+    lost = F.concat_ws(", ", *unresolved)
+    reason = F.coalesce("reason", F.when(lost != "", F.concat(
+        F.lit("unavailable_value: "), lost, F.lit(" (an unchanged TOASTed value, and no earlier value of the key here)"))))
+    return typed.withColumn("reason", reason).drop("_unavailable", *(["_live"] if in_silver else []))
+
+
+def event_audit(typed: DataFrame, keys: tuple[str, ...]) -> DataFrame:
+    """Per row event: `_seq_present`, and `_no_tie` (no other event of the key shares its position with
+    different content; null where the event has no key or position)."""
+    variants = F.size(F.collect_set(changes.event_content()).over(Window.partitionBy(*keys, "_seq")))
+    usable = F.col("_seq").isNotNull() & reduce(lambda a, b: a & b, [F.col(k).isNotNull() for k in keys])
+    return typed.select(F.col("_seq").isNotNull().alias("_seq_present"),
+                        F.when(usable, variants == 1).alias("_no_tie"))
+
+
+def classify_deletes(deletes: DataFrame, latest: DataFrame, state: DataFrame, keys: tuple[str, ...],
+                      truncated_at: str | None) -> dict[str, int]:
+    """Where each delete the batch received (one per key and position) goes: before the truncate in force,
+    superseded by a later event of its key in the batch, stale (the key's state is newer), or applied to
+    a key that is not live (`absent`: the ledger records it). Applied deletes of live keys are the rows
+    the merge removes: the gate checks that the merge reports exactly that many."""
+    before = F.col("_seq") <= F.lit(truncated_at) if truncated_at else F.lit(False)
+    winners = latest.where("op = 'd'").select(*keys, F.col("_seq").alias("_winner_seq")).join(
+        state.select(*keys, F.col("_seq").alias("_state_seq"), "_live"), list(keys), "left")
+    outcome = deletes.join(winners, list(keys), "left").withColumn(
+        "_winner", F.coalesce(F.col("_winner_seq") == F.col("_seq"), F.lit(False)))
+    newer = F.col("_state_seq").isNull() | (F.col("_seq") > F.col("_state_seq"))
+    counts = one_row(outcome.agg(
+        F.count(F.lit(1)).alias("received"), F.count(F.when(before, 1)).alias("before_truncate"),
+        F.count(F.when(~before & ~F.col("_winner"), 1)).alias("superseded"),
+        F.count(F.when(F.col("_winner") & ~newer, 1)).alias("stale"),
+        F.count(F.when(F.col("_winner") & newer & ~F.coalesce("_live", F.lit(False)), 1)).alias("absent")))
+    return counts.asDict()
+
+
+def merged_audit(spark: SparkSession, engine: DeltaEngine, target_path: str, latest: DataFrame, deletes: DataFrame,
+                  keys: tuple[str, ...], batch_id: str) -> tuple[DataFrame, DataFrame]:
+    """Read back from the merged silver table: the rows of the batch's keys and the rows this batch
+    wrote (key checks, scaled to the batch rather than the table), and each delete of the batch with
+    `_not_live_after`: its key is not live afterwards, unless at a later position."""
+    silver = engine.read(spark, target_path)
+    if silver is None:
+        silver = latest.select(*keys, "_seq", F.lit(batch_id).alias("_batch_id")).limit(0)
+    touched = latest.select(*keys).withColumn("_touched", F.lit(True))
+    rows = (silver.join(touched, list(keys), "left").where(F.col("_touched") | (F.col("_batch_id") == batch_id))
+            .select(*keys, "_seq"))
+    live = silver.select(*keys, F.col("_seq").alias("_live_seq"))
+    checked = deletes.join(live, list(keys), "left").select(
+        (F.col("_live_seq").isNull() | (F.col("_live_seq") > F.col("_seq"))).alias("_not_live_after"))
+    return rows, checked
+
+
+def current_state(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: TableConfig, latest: DataFrame,
+                   new_truncate: str | None) -> DataFrame:
+    """(key, _seq, _live, _ledger_behind) of the batch's keys: the newest of the key's live silver row and
+    its tombstone-ledger entry. The two are written by separate commits, so a run killed between them
+    leaves a key in both; the newer one is the key's state, and `_ledger_behind` marks a ledger entry older
+    than the live row, for the ledger merge to drop. Entries older than a new truncate are left out: it
+    removes them before the merge."""
+    keys = latest.select(*table.keys)
+    parts = []
+    for path, live in ((lake.silver(table.name), True), (lake.tombstones(table.name), False)):
+        current = engine.read(spark, path)
+        if current is not None:
+            if new_truncate:
+                current = current.where(F.col("_seq") >= F.lit(new_truncate))
+            parts.append(current.select(*[F.col(k).cast(keys.schema[k].dataType).alias(k) for k in table.keys], "_seq",
+                                        F.lit(live).alias("_live")).join(keys, list(table.keys), "left_semi"))
+    if not parts:
+        return spark.createDataFrame([], T.StructType([*keys.schema.fields, T.StructField("_seq", T.StringType()),
+                                                       T.StructField("_live", T.BooleanType()),
+                                                       T.StructField("_ledger_behind", T.BooleanType())]))
+    entries = reduce(DataFrame.unionByName, parts)
+    newest = F.max(F.struct("_seq", "_live"))
+    return entries.groupBy(*table.keys).agg(newest["_seq"].alias("_seq"), newest["_live"].alias("_live"),
+                                            (F.count(F.lit(1)) > 1).alias("_both")).select(
+        *table.keys, "_seq", "_live", (F.col("_both") & F.col("_live")).alias("_ledger_behind"))
+
+
+def silver_rows(effective: DataFrame, fields: list[types.ImageField], target: T.StructType | None) -> DataFrame:
+    """Source columns under their own names, then the pipeline's `_` columns; columns the table has but
+    the batch lacks are null (DESIGN 3.5, 4.3)."""
+    columns = [F.col("_row")[f.name].alias(f.name) for f in fields]
+    present = {f.name for f in fields}
+    meta = {"_op": F.col("op"), "_seq": F.col("_seq"),
+            "_source_ts_ms": F.get_json_object("source", "$.ts_ms").cast("long"),
+            "_ingested_at": F.col("_ingested_at"), "_batch_id": F.col("_batch_id")}
+    if target is not None:
+        columns += [F.lit(None).cast(f.dataType).alias(f.name) for f in target.fields
+                    if f.name not in present and f.name not in meta]
+    return effective.select(*columns, *[c.alias(n) for n, c in meta.items()])

@@ -1,0 +1,90 @@
+"""What a layer step did, typed: the CLI prints it on one line, the reports publish it as JSON, tests
+read its fields. Unset figures (None) are left out of both."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from spark_jobs.quality.gates import GateResult
+
+Counts = dict[str, int]
+
+
+@dataclass(kw_only=True)
+class LayerSummary:
+    table: str  # the table, or the gold model
+    layer: str
+    batch_id: str
+    mode: str | None = None  # reprocess | rebuild; None: incremental
+    # the outcome, shown after the layer's own figures
+    gate: str | None = None  # passed | passed-with-warnings | failed | skipped (...) | error
+    warnings: int | None = None
+    checks: list[dict[str, Any]] | None = None
+    docs: str | None = None
+    version: int | None = None  # the table's Delta version after the step
+    seconds: float | None = None
+    error: str | None = None
+
+    def record_gate(self, result: GateResult) -> None:
+        self.gate, self.warnings, self.checks, self.docs = result.verdict(), result.warnings(), result.as_dict(), result.docs
+
+    def as_dict(self) -> dict[str, Any]:
+        """Identity, the layer's figures, then the outcome; unset ones left out."""
+        base = [f.name for f in fields(LayerSummary)]
+        order = [*base[:4], *[f.name for f in fields(self) if f.name not in base], *base[4:]]
+        return {name: getattr(self, name) for name in order if getattr(self, name) is not None}
+
+
+@dataclass(kw_only=True)
+class BronzeSummary(LayerSummary):
+    layer: str = "bronze"
+    files: int | None = None
+    recovered_files: int | None = None  # logged now: an earlier run committed them to bronze, then died
+    lines: int | None = None
+    events: int | None = None
+    tombstones: int | None = None
+    tombstones_matched: int | None = None
+    tombstones_unmatched: int | None = None
+    tombstones_matched_late: int | None = None
+    quarantined: Counts | None = None  # by reason
+    quarantined_share: float | None = None
+    empty_files: int | None = None
+    lag_s: float | None = None
+    flagged: Counts | None = None  # events kept in the batch that fail a warn/fail expectation
+
+
+@dataclass(kw_only=True)
+class SilverSummary(LayerSummary):
+    layer: str = "silver"
+    bronze_version: int | None = None
+    events: int | None = None
+    duplicates_dropped: int | None = None
+    superseded_in_batch: int | None = None
+    stale_ignored: int | None = None
+    ties: int | None = None
+    truncates: int | None = None
+    quarantined: Counts | None = None
+    quarantined_share: float | None = None
+    lag_s: float | None = None
+    inserted: int | None = None
+    updated: int | None = None
+    deleted: int | None = None
+    tombstones_expired: int | None = None
+    deletes: Counts | None = None  # where each delete went (layers/silver_plan.classify_deletes)
+    history_rows: int | None = None
+    recovered_commits: int | None = None  # applied by an interrupted run, counted here
+
+    def add_recovered(self, recovered: Counts) -> None:
+        """What an interrupted run applied of these events counts in this run's figures."""
+        for figure, value in recovered.items():
+            setattr(self, figure, (getattr(self, figure) or 0) + value)
+
+
+@dataclass(kw_only=True)
+class GoldSummary(LayerSummary):
+    layer: str = "gold"
+    sources: list[str] = field(default_factory=list)
+    rows: int | None = None
+    lag_s: float | None = None

@@ -1,0 +1,92 @@
+"""The expectations every gate runs: one record each, with what a failure does by default.
+
+Adding an expectation on a per-row flag takes one record here plus the flag itself: a boolean column
+(null where it does not apply) the layer's audit frame carries (`_event_audit` in layers/silver.py,
+the bronze audit in layers/bronze.py). The gate (quality/gates.py) builds the GX check from the record.
+Expectations on keys, figures or row counts (no `column`) have their GX checks built in gates.py.
+
+Pure Python: the registry validates tables.yaml against these names without importing Spark or GX."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+WARN, QUARANTINE, FAIL = "warn", "quarantine", "fail"
+ACTIONS = (WARN, QUARANTINE, FAIL)
+PRE, POST = "pre", "post"  # validated before anything is published, or on the published result
+DEFAULT_MAX_QUARANTINED = 0.05
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """A named check. Row-level checks may `quarantine` the rows that fail it (the rest go on); any check
+    may `warn` (report only) or `fail` (the gate fails).
+
+    `frame` and `column` name the audit frame and its boolean flag column the check reads (None: the gate
+    builds the check itself, see quality/gates.py); `phase` says whether silver runs it before publishing
+    (a failure writes nothing but the quarantine) or after (a failure restores every table)."""
+
+    name: str
+    layers: tuple[str, ...]
+    action: str  # the default
+    row_level: bool
+    doc: str
+    frame: str | None = None
+    column: str | None = None
+    phase: str = PRE
+
+    @property
+    def actions(self) -> tuple[str, ...]:
+        return ACTIONS if self.row_level else (WARN, FAIL)
+
+
+EXPECTATIONS = {e.name: e for e in (
+    Expectation("event_has_key", ("bronze",), QUARANTINE, True,
+                "every insert, update and snapshot event carries its key columns in `after`"),
+    Expectation("delete_has_key", ("bronze",), QUARANTINE, True, "every delete carries its key columns in `before`"),
+    Expectation("deleted_flag_matches_op", ("bronze",), QUARANTINE, True,
+                "in flattened records, `__deleted` agrees with `__op` (true exactly for deletes)",
+                "events", "_deleted_flag_agrees"),
+    Expectation("tombstone_follows_delete", ("bronze",), WARN, False,
+                "every Kafka tombstone line follows a delete at the previous offset of its partition",
+                "events", "_follows_delete"),
+    Expectation("sequence_present", ("silver",), QUARANTINE, True, "every event has a log position to be ordered by",
+                "events", "_seq_present"),
+    Expectation("sequence_increasing", ("silver",), WARN, False,
+                "per key, positions strictly increase after ordering: two different events never share one (a tie)",
+                "events", "_no_tie"),
+    Expectation("key_not_null", ("silver", "gold"), FAIL, False, "primary key columns are never null", phase=POST),
+    Expectation("key_unique", ("silver", "gold"), FAIL, False, "the primary key is unique", phase=POST),
+    Expectation("deleted_keys_not_live", ("silver",), FAIL, False,
+                "after the merge, no key deleted in the batch is live unless re-created at a later position",
+                "events", "_not_live_after", POST),
+    Expectation("deletes_reconcile", ("silver",), FAIL, False,
+                "deletes received = rows removed + deletes of absent keys + stale + superseded in the batch", phase=POST),
+    Expectation("row_count", ("gold",), FAIL, False, "the model's row count is within its configured bounds"),
+    Expectation("references", ("gold",), FAIL, False, "every configured reference finds its row in silver",
+                "references", "_found"),
+    Expectation("freshness", ("gold",), FAIL, False,
+                "the newest source change is at most the configured lag old (only checked when configured)"),
+)}
+
+
+def row_checks(layer: str) -> frozenset[str]:
+    """The layer's row-level expectations: the ones that can quarantine rows."""
+    return frozenset(n for n, e in EXPECTATIONS.items() if e.row_level and layer in e.layers)
+
+
+def flag_expectations(layer: str) -> list[Expectation]:
+    """The layer's expectations on a per-row flag column, in the order they are reported."""
+    return [e for e in EXPECTATIONS.values() if layer in e.layers and e.column is not None]
+
+
+@dataclass(frozen=True)
+class Quality:
+    """Gate settings of one table or gold model: the share of a batch that may be quarantined (above it
+    the gate fails) and per-expectation actions that override the defaults."""
+
+    max_quarantined: float = DEFAULT_MAX_QUARANTINED
+    overrides: tuple[tuple[str, str], ...] = ()
+
+    def action(self, name: str) -> str:
+        return dict(self.overrides).get(name, EXPECTATIONS[name].action)

@@ -1,0 +1,271 @@
+"""Great Expectations gates between layers (GX 1.x on Spark DataFrames).
+
+A gate validates one or two audit frames (the batch's events with per-row flags, the merged rows of
+its keys, a gold model's rows) and the batch's figures (quarantined share, delete reconciliation,
+lag) against the expectations of quality/expectations.py,
+each with its action: `warn` reports, `quarantine` has already moved the failing rows aside (the job
+did, with the expectation as reason), `fail` fails the gate. The gate also fails when more of the batch
+was quarantined than the table allows. Results go to GX Data Docs under `<lake>/reports/data_docs/<table>/`;
+a failed gate raises `GateFailed` with one line naming the table, the layer, the expectations and counts.
+Each table has its own GX project under `<lake>/_state/gx/<table>`, so tables validated in parallel never
+write the same GX files.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame
+
+from spark_jobs.errors import GateFailed
+from spark_jobs.lake import Lake
+from spark_jobs.quality.expectations import EXPECTATIONS, FAIL, POST, QUARANTINE, WARN, Quality, flag_expectations
+from spark_jobs.registry import GoldModel, TableConfig
+
+# GX phones home by default; this pipeline runs offline and must not try.
+os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+
+NOT_NULL, IN_SET = "expect_column_values_to_not_be_null", "expect_column_values_to_be_in_set"
+BETWEEN, EQUAL = "expect_column_values_to_be_between", "expect_column_pair_values_to_be_equal"
+# checks on the batch's figures (a few numbers) are evaluated here, not by a Spark job per number
+FIGURES = "figures"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One expectation on one audit frame: its registry name, the GX class (snake case, as GX reports it)
+    with its arguments, and the action a failure takes."""
+
+    name: str
+    frame: str
+    type: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    action: str = FAIL
+
+    def label(self) -> str:
+        if self.frame == FIGURES:  # the finding shows the figures themselves
+            return self.name
+        arg = self.kwargs.get("column") or self.kwargs.get("column_list") or self.kwargs.get("column_A")
+        shown = ",".join(arg) if isinstance(arg, list) else arg
+        return f"{self.name}({shown})" if shown and not str(shown).startswith("_") else self.name
+
+
+def _with(quality: Quality, name: str, frame: str, type_: str, **kwargs: Any) -> Check:
+    return Check(name, frame, type_, kwargs, quality.action(name))
+
+
+def _flag(quality: Quality, name: str, frame: str, column: str) -> Check:
+    """A check the job computed per row as a boolean column (null where it does not apply)."""
+    return _with(quality, name, frame, IN_SET, column=column, value_set=[True])
+
+
+def _flags(quality: Quality, layer: str) -> list[Check]:
+    """The layer's expectations on per-row flags (quality/expectations.py), one check each."""
+    return [_flag(quality, e.name, e.frame or "", e.column or "") for e in flag_expectations(layer)]
+
+
+def before_publishing(checks: list[Check]) -> list[Check]:
+    """The checks silver runs on a batch before writing it; the rest need the published result."""
+    return [c for c in checks if c.name not in EXPECTATIONS or EXPECTATIONS[c.name].phase != POST]
+
+
+def _keys(quality: Quality, frame: str, keys: tuple[str, ...]) -> list[Check]:
+    unique = (_with(quality, "key_unique", frame, "expect_column_values_to_be_unique", column=keys[0]) if len(keys) == 1
+              else _with(quality, "key_unique", frame, "expect_compound_columns_to_be_unique", column_list=list(keys)))
+    return [*[_with(quality, "key_not_null", frame, NOT_NULL, column=k) for k in keys], unique]
+
+
+def max_quarantined(quality: Quality) -> Check:
+    """The share of the batch quarantined at most the table's limit."""
+    return Check("max_quarantined", FIGURES, BETWEEN, {"column": "quarantined_share", "min_value": 0,
+                                                       "max_value": quality.max_quarantined}, FAIL)
+
+
+def bronze_checks(table: TableConfig) -> list[Check]:
+    """Frame `events`: change events (op, key columns, `_deleted_flag_agrees`) and tombstone lines
+    (`_follows_delete`); figures: quarantined_share."""
+    q = table.quality
+    return [
+        *[_with(q, "event_has_key", "events", NOT_NULL, column=k, row_condition="op IN ('c', 'u', 'r')",
+                condition_parser="spark") for k in table.keys],
+        *[_with(q, "delete_has_key", "events", NOT_NULL, column=k, row_condition="op = 'd'", condition_parser="spark")
+          for k in table.keys],
+        *_flags(q, "bronze"),
+        max_quarantined(q),
+    ]
+
+
+def silver_checks(table: TableConfig) -> list[Check]:
+    """Frames: `events` (`_seq_present`, `_no_tie` per row event; `_not_live_after` per delete), `rows`
+    (the merged table's rows of the batch's keys); figures: quarantined_share, deletes_received,
+    deletes_accounted."""
+    q = table.quality
+    return [
+        *_flags(q, "silver"),
+        *_keys(q, "rows", table.keys),
+        _with(q, "deletes_reconcile", FIGURES, EQUAL,
+              column_A="deletes_received", column_B="deletes_accounted"),
+        max_quarantined(q),
+    ]
+
+
+def gold_checks(model: GoldModel) -> list[Check]:
+    """Frames: `model` (the refreshed rows), `references` (`_found` per reference and row, null-free
+    values only); figures: lag_s, the age of the newest source change."""
+    q = model.quality
+    low, high = model.row_count
+    checks = [*_keys(q, "model", model.keys),
+              _with(q, "row_count", "model", "expect_table_row_count_to_be_between", min_value=low, max_value=high)]
+    if model.references:
+        checks += _flags(q, "gold")
+    if model.freshness_s is not None:
+        checks.append(_with(q, "freshness", FIGURES, BETWEEN, column="lag_s", max_value=model.freshness_s))
+    return checks
+
+
+@dataclass
+class Finding:
+    check: str
+    action: str
+    success: bool
+    unexpected: int | None
+    total: int | None
+    observed: Any = None
+
+    def counts(self) -> str:
+        if self.unexpected is None:
+            return f"observed={self.observed}"
+        return f"unexpected={self.unexpected} of {self.total}"
+
+
+@dataclass
+class GateResult:
+    table: str
+    layer: str
+    findings: list[Finding]
+    docs: str | None
+
+    @property
+    def success(self) -> bool:
+        return all(f.success for f in self.findings if f.action == FAIL)
+
+    def warnings(self) -> int:
+        """Findings that failed without failing the gate (warn, or quarantine with rows moved aside)."""
+        return sum(1 for f in self.findings if not f.success and f.action != FAIL)
+
+    def verdict(self) -> str:
+        return "failed" if not self.success else "passed" if not self.warnings() else "passed-with-warnings"
+
+    def failure_line(self) -> str:
+        parts = [f"expectation={f.check} {f.counts()}" for f in self.findings if f.action == FAIL and not f.success]
+        if any(f.check == "max_quarantined" and not f.success for f in self.findings):  # quarantined by what
+            parts += [f"quarantined by {f.check} {f.counts()}" for f in self.findings
+                      if f.action == QUARANTINE and not f.success]
+        return f"gate failed: table={self.table} layer={self.layer} " + "; ".join(parts)
+
+    def as_dict(self) -> list[dict[str, Any]]:
+        return [{"expectation": f.check, "action": f.action, "success": f.success, "unexpected": f.unexpected,
+                 "total": f.total, "observed": f.observed} for f in self.findings]
+
+
+ATOMIC_BACKEND = {"class_name": "AtomicFilesystemStoreBackend", "module_name": "spark_jobs.quality.gx_store"}
+
+
+def _context(lake: Lake, table: str) -> Any:
+    """The table's GX context. Its configuration is built here on every run from the registry (nothing of
+    it is kept in a project file a killed run could leave half-written); suites, validation results and
+    Data Docs are files under `_state/gx/<table>/gx` and the reports, each written atomically."""
+    import great_expectations as gx
+    from great_expectations.data_context.types.base import (
+        DataContextConfig,
+        FilesystemStoreBackendDefaults,
+        ProgressBarsConfig,
+    )
+
+    defaults = FilesystemStoreBackendDefaults(root_directory=lake.gx_stores(table))
+    for store in defaults.stores.values():
+        backend: dict[str, Any] = store["store_backend"]  # type: ignore[index,assignment]
+        backend.update(ATOMIC_BACKEND)
+    docs_dir = lake.data_docs(table)
+    site: Any = {
+        "class_name": "SiteBuilder",
+        "show_how_to_buttons": False,
+        "store_backend": {**ATOMIC_BACKEND, "base_directory": docs_dir},
+        "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+    }
+    config = DataContextConfig(store_backend_defaults=defaults, data_docs_sites={"reports": site},
+                               progress_bars=ProgressBarsConfig(globally=False))
+    return gx.get_context(project_config=config, mode="ephemeral")
+
+
+def _figures(check: Check, figures: dict[str, Any]) -> Finding:
+    """A check on the batch's figures, e.g. `quarantined_share=0.5 (max 0.05)`."""
+    if check.type == EQUAL:
+        a, b = figures[check.kwargs["column_A"]], figures[check.kwargs["column_B"]]
+        ok, shown = a == b, f"{check.kwargs['column_A']}={a}, {check.kwargs['column_B']}={b}"
+    else:
+        value, low, high = figures[check.kwargs["column"]], check.kwargs.get("min_value"), check.kwargs.get("max_value")
+        ok = value is not None and (low is None or value >= low) and (high is None or value <= high)
+        shown = f"{value}" + (f" (max {high})" if high is not None else "")
+    return Finding(check.label(), check.action, bool(ok), None, None, shown)
+
+
+# GX severities shown in Data Docs for each action
+_SEVERITY = {FAIL: "critical", QUARANTINE: "warning", WARN: "info"}
+
+
+def run_gate(frames: dict[str, DataFrame], table: str, layer: str, checks: list[Check], lake: Lake,
+             raise_on_failure: bool = True, figures: dict[str, Any] | None = None) -> GateResult:
+    """Validate each frame against its checks (and `figures` against theirs), publish Data Docs, and
+    return the verdict; raise GateFailed when a `fail` check fails (unless told not to: the caller then
+    raises after writing its evidence). Checks on frames not given are not run."""
+    import great_expectations as gx
+    import great_expectations.expectations as gxe
+    from great_expectations.core.run_identifier import RunIdentifier
+    from great_expectations.data_context.types.resource_identifiers import (
+        ExpectationSuiteIdentifier,
+        ValidationResultIdentifier,
+    )
+
+    context = _context(lake, table)
+    source = context.data_sources.add_or_update_spark(name="lake")
+    run_id = RunIdentifier(run_name=f"{table}.{layer}")
+    findings, rendered = [], []
+    for frame, df in frames.items():
+        frame_checks = [c for c in checks if c.frame == frame]
+        if not frame_checks:
+            continue
+        name = f"{table}.{layer}.{frame}"
+        asset = next((a for a in source.assets if a.name == name), None) or source.add_dataframe_asset(name=name)
+        batch = next((b for b in asset.batch_definitions if b.name == "batch"), None)
+        batch = batch or asset.add_batch_definition_whole_dataframe("batch")
+        suite = gx.ExpectationSuite(name=name)
+        for n, check in enumerate(frame_checks):
+            cls = getattr(gxe, "".join(part.title() for part in check.type.split("_")))
+            suite.add_expectation(cls(**check.kwargs, severity=_SEVERITY[check.action],
+                                      meta={"check": check.name, "action": check.action, "n": n}))
+        suite = context.suites.add_or_update(suite)
+        definition = context.validation_definitions.add_or_update(gx.ValidationDefinition(name=name, data=batch, suite=suite))
+        # BASIC has the counts the gate reports; SUMMARY adds value-count tables, a Spark job per expectation
+        outcome = definition.run(batch_parameters={"dataframe": df}, result_format={"result_format": "BASIC"},
+                                 run_id=run_id)
+        rendered += [ValidationResultIdentifier(ExpectationSuiteIdentifier(name), run_id, outcome.batch_id),
+                     ExpectationSuiteIdentifier(name)]
+        for r in sorted(outcome.results, key=lambda r: r.expectation_config.meta["n"]):
+            check, result = frame_checks[r.expectation_config.meta["n"]], r.result or {}
+            # flags are null where they do not apply: count the rows they apply to
+            total = result.get("element_count")
+            if total is not None and check.type == IN_SET:
+                total -= result.get("missing_count") or 0
+            findings.append(Finding(check.label(), check.action, bool(r.success), result.get("unexpected_count"),
+                                    total, result.get("observed_value")))
+    findings += [_figures(c, figures) for c in checks if c.frame == FIGURES and figures is not None]
+    context.build_data_docs(site_names=["reports"], resource_identifiers=rendered)
+    docs = Path(lake.data_docs(table)) / "index.html"
+    gate = GateResult(table, layer, findings, str(docs) if docs.exists() else None)
+    if raise_on_failure and not gate.success:
+        raise GateFailed(gate)
+    return gate

@@ -1,0 +1,295 @@
+"""The table registry (include/tables.yaml) and gold model headers, loaded and validated in one place.
+
+Pure Python (yaml + dataclasses): the DAG files read it at parse time.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from spark_jobs.errors import ConfigError
+from spark_jobs.quality.expectations import EXPECTATIONS, Quality
+from spark_jobs.settings import resolve
+
+FORMATS = ("auto", "json", "json-flat", "parquet")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_TABLE_FIELDS = {"topic", "keys", "format", "sequence_by", "partition_by", "columns", "history", "tombstone_retention",
+                 "quality", "unavailable_value_placeholder"}
+# what Debezium's PostgreSQL connector sends for an unchanged TOASTed column (unavailable.value.placeholder)
+UNAVAILABLE_PLACEHOLDER = "__debezium_unavailable_value"
+# Spark SQL types a column override may name (checked here, without importing pyspark)
+_OVERRIDE_TYPE = re.compile(
+    r"^(string|boolean|tinyint|smallint|int|bigint|float|double|date|timestamp|timestamp_ntz|binary"
+    r"|decimal\(\s*\d{1,2}\s*,\s*\d{1,2}\s*\))$", re.IGNORECASE)
+_RETENTION = re.compile(r"^(\d+)\s*(s|m|h|d)$")
+_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+@dataclass(frozen=True)
+class Reference:
+    """Gold referential check: the model's `columns` must exist as `to` columns of a silver table."""
+
+    columns: tuple[str, ...]
+    table: str
+    to: tuple[str, ...]
+
+    def label(self) -> str:
+        return f"{','.join(self.columns)} -> {self.table}.{','.join(self.to)}"
+
+
+@dataclass(frozen=True)
+class TableConfig:
+    name: str
+    topic: str
+    keys: tuple[str, ...]
+    format: str = "auto"
+    sequence_by: tuple[str, ...] | None = None  # None = connector-aware ("auto")
+    partition_by: tuple[str, ...] = ()
+    # type overrides for events without the schema envelope: column -> Spark SQL type
+    columns: tuple[tuple[str, str], ...] = ()
+    history: bool = False  # keep silver/<table>_history (SCD type 2)
+    tombstone_retention_s: int | None = None  # None = keep tombstones forever
+    quality: Quality = Quality()
+    unavailable_value_placeholder: str = UNAVAILABLE_PLACEHOLDER
+
+
+@dataclass(frozen=True)
+class GoldModel:
+    name: str
+    sql: str
+    keys: tuple[str, ...]
+    sources: tuple[str, ...]
+    path: Path
+    quality: Quality = Quality()
+    row_count: tuple[int, int | None] = (1, None)  # (min, max); max None = unbounded
+    freshness_s: int | None = None  # newest source change at most this old; None = not checked
+    references: tuple[Reference, ...] = ()
+
+
+@dataclass(frozen=True)
+class Registry:
+    tables: dict[str, TableConfig]
+    gold: dict[str, GoldModel]
+
+    def select(self, names: list[str] | None) -> list[TableConfig]:
+        if not names:
+            return list(self.tables.values())
+        unknown = [n for n in names if n not in self.tables]
+        if unknown:
+            raise ConfigError(f"unknown table(s) {', '.join(unknown)}; known: {', '.join(self.tables)}")
+        return [self.tables[n] for n in names]
+
+    def models_reading(self, tables: list[str]) -> list[GoldModel]:
+        return [m for m in self.gold.values() if set(m.sources) & set(tables)]
+
+
+def _names(value: Any, table: str, field: str, *, required: bool) -> tuple[str, ...]:
+    if value is None and not required:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or (required and not value) or not all(
+        isinstance(v, str) and _NAME.match(v) for v in value
+    ):
+        need = "a non-empty list" if required else "a list"
+        raise ConfigError(f"table {table!r}: field {field!r} must be {need} of column names, got {value!r}")
+    return tuple(value)
+
+
+def _sequence_by(value: Any, table: str) -> tuple[str, ...]:
+    """Row columns, or `source.<field>` for a field of the event's source block."""
+    parts = [value] if isinstance(value, str) else value
+    if not isinstance(parts, list) or not parts or not all(
+            isinstance(v, str) and _NAME.match(v.removeprefix("source.")) for v in parts):
+        raise ConfigError(f"table {table!r}: field 'sequence_by' must be 'auto' or a non-empty list of column names "
+                          f"or source.<field> names, got {value!r}")
+    return tuple(parts)
+
+
+def _placeholder(value: Any, table: str) -> str:
+    if not isinstance(value, str) or not value or '"' in value or "\\" in value:
+        raise ConfigError(f"table {table!r}: field 'unavailable_value_placeholder' must be the connector's "
+                          f"unavailable.value.placeholder text (no quotes or backslashes), got {value!r}")
+    return value
+
+
+def _column_types(value: Any, table: str) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, dict) or not all(isinstance(k, str) and _NAME.match(k) for k in value):
+        raise ConfigError(f"table {table!r}: field 'columns' must map column names to types, got {value!r}")
+    bad = [f"{k}: {v!r}" for k, v in value.items() if not (isinstance(v, str) and _OVERRIDE_TYPE.match(v.strip()))]
+    if bad:
+        raise ConfigError(f"table {table!r}: field 'columns' has unsupported type(s) {', '.join(bad)}; use string, "
+                          "boolean, tinyint, smallint, int, bigint, float, double, decimal(p,s), date, timestamp, "
+                          "timestamp_ntz or binary")
+    return tuple((k, v.strip().lower()) for k, v in value.items())
+
+
+def _flag(value: Any, table: str, field: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"table {table!r}: field {field!r} must be true or false, got {value!r}")
+    return value
+
+
+def _duration(value: Any, where: str, field: str, alternative: str = "") -> int:
+    match = _RETENTION.match(str(value).strip())
+    if not match:
+        raise ConfigError(f"{where}: field {field!r} must be {alternative}a duration like 30d, 12h, 90m, 3600s; "
+                          f"got {value!r}")
+    return int(match.group(1)) * _SECONDS[match.group(2)]
+
+
+def _retention(value: Any, table: str) -> int | None:
+    """`forever` (the default) or a duration such as 30d, 12h, 90m, 3600s."""
+    return None if value == "forever" else _duration(value, f"table {table!r}", "tombstone_retention", "'forever' or ")
+
+
+def _share(value: Any, where: str) -> float:
+    """`5%` or a fraction such as 0.05."""
+    text = str(value).strip()
+    try:
+        share = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        share = -1.0
+    if not 0 <= share <= 1:
+        raise ConfigError(f"{where}: field 'max_quarantined' must be a share like 5% or 0.05, got {value!r}")
+    return share
+
+
+def parse_quality(spec: Any, where: str, layers: tuple[str, ...], base: Quality = Quality()) -> Quality:
+    """`quality: {max_quarantined: 5%, checks: {expectation: warn|quarantine|fail}}` over `base`."""
+    if spec is None:
+        return base
+    if not isinstance(spec, dict) or set(spec) - {"max_quarantined", "checks"}:
+        raise ConfigError(f"{where}: field 'quality' takes max_quarantined and checks, got {spec!r}")
+    checks = spec.get("checks") or {}
+    if not isinstance(checks, dict):
+        raise ConfigError(f"{where}: 'quality.checks' must map expectation names to actions, got {checks!r}")
+    overrides = dict(base.overrides)
+    for name, action in checks.items():
+        expectation = EXPECTATIONS.get(name)
+        if expectation is None or not set(expectation.layers) & set(layers):
+            known = ", ".join(n for n, e in EXPECTATIONS.items() if set(e.layers) & set(layers))
+            raise ConfigError(f"{where}: unknown expectation {name!r} in quality.checks; known: {known}")
+        if action not in expectation.actions:
+            raise ConfigError(f"{where}: expectation {name!r} takes action {' | '.join(expectation.actions)}, "
+                              f"got {action!r}")
+        overrides[name] = action
+    share = _share(spec["max_quarantined"], where) if "max_quarantined" in spec else base.max_quarantined
+    return Quality(max_quarantined=share, overrides=tuple(sorted(overrides.items())))
+
+
+def parse_table(name: str, spec: Any, defaults: Quality = Quality()) -> TableConfig:
+    if not _NAME.match(name):
+        raise ConfigError(f"table {name!r}: name must be a valid identifier")
+    if not isinstance(spec, dict):
+        raise ConfigError(f"table {name!r}: expected a mapping, got {type(spec).__name__}")
+    unknown = sorted(set(spec) - _TABLE_FIELDS)
+    if unknown:
+        raise ConfigError(f"table {name!r}: unknown field(s) {', '.join(unknown)}")
+    topic = spec.get("topic")
+    if not isinstance(topic, str) or not topic:
+        raise ConfigError(f"table {name!r}: field 'topic' is required")
+    fmt = spec.get("format", "auto")
+    if fmt not in FORMATS:
+        raise ConfigError(f"table {name!r}: field 'format' must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    seq = spec.get("sequence_by", "auto")
+    sequence_by = None if seq == "auto" else _sequence_by(seq, name)
+    return TableConfig(
+        columns=_column_types(spec.get("columns", {}), name),
+        history=_flag(spec.get("history", False), name, "history"),
+        tombstone_retention_s=_retention(spec.get("tombstone_retention", "forever"), name),
+        quality=parse_quality(spec.get("quality"), f"table {name!r}", ("bronze", "silver"), defaults),
+        unavailable_value_placeholder=_placeholder(spec.get("unavailable_value_placeholder", UNAVAILABLE_PLACEHOLDER), name),
+        name=name,
+        topic=topic,
+        keys=_names(spec.get("keys"), name, "keys", required=True),
+        format=fmt,
+        sequence_by=sequence_by,
+        partition_by=_names(spec.get("partition_by", []), name, "partition_by", required=False),
+    )
+
+
+_HEADER = re.compile(r"^--\s*(keys|sources)\s*:\s*(.*)$", re.IGNORECASE)
+
+
+def parse_gold_model(path: Path, tables: dict[str, TableConfig]) -> GoldModel:
+    """A gold model is `include/gold/<name>.sql` with `-- keys: a, b` and `-- sources: t1, t2` headers."""
+    sql = path.read_text()
+    header: dict[str, tuple[str, ...]] = {}
+    for line in sql.splitlines():
+        match = _HEADER.match(line.strip())
+        if match:
+            header[match.group(1).lower()] = tuple(v.strip() for v in match.group(2).split(",") if v.strip())
+    name = path.stem
+    for field in ("keys", "sources"):
+        if not header.get(field):
+            raise ConfigError(f"gold model {name!r}: missing '-- {field}: ...' header in {path}")
+    missing = [s for s in header["sources"] if s not in tables]
+    if missing:
+        raise ConfigError(f"gold model {name!r}: sources not in the registry: {', '.join(missing)}")
+    return GoldModel(name=name, sql=sql, keys=header["keys"], sources=header["sources"], path=path)
+
+
+def load_registry(config_path: str | os.PathLike[str], gold_dir: str | os.PathLike[str] | None = None) -> Registry:
+    """Load tables.yaml; gold models default to the `gold/` folder beside it."""
+    path = resolve(config_path)
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"table registry not found: {path}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"table registry {path} is not valid YAML: {exc}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("tables"), dict) or not doc["tables"]:
+        raise ConfigError(f"table registry {path}: expected a non-empty 'tables:' mapping")
+    extra = sorted(set(doc) - {"tables", "quality", "gold"})
+    if extra:
+        raise ConfigError(f"table registry {path}: unknown top-level field(s) {', '.join(extra)}")
+    defaults = parse_quality(doc.get("quality"), "top-level quality", ("bronze", "silver", "gold"))
+    tables = {name: parse_table(name, spec, defaults) for name, spec in doc["tables"].items()}
+    gold_path = Path(gold_dir) if gold_dir else path.parent / "gold"
+    models = [parse_gold_model(p, tables) for p in sorted(gold_path.glob("*.sql"))] if gold_path.is_dir() else []
+    gold_specs = doc.get("gold") or {}
+    if not isinstance(gold_specs, dict):
+        raise ConfigError(f"table registry {path}: 'gold:' must map model names to their checks")
+    unknown = sorted(set(gold_specs) - {m.name for m in models})
+    if unknown:
+        raise ConfigError(f"table registry {path}: 'gold:' names unknown model(s) {', '.join(unknown)}; "
+                          f"known: {', '.join(m.name for m in models)}")
+    models = [parse_gold_settings(m, gold_specs.get(m.name), tables, defaults) for m in models]
+    return Registry(tables=tables, gold={m.name: m for m in models})
+
+
+_GOLD_FIELDS = {"quality", "row_count", "freshness", "references"}
+
+
+def parse_gold_settings(model: GoldModel, spec: Any, tables: dict[str, TableConfig], defaults: Quality) -> GoldModel:
+    """A model's entry under `gold:` in tables.yaml: row count bounds, freshness, references, actions."""
+    where = f"gold model {model.name!r}"
+    spec = spec or {}
+    if not isinstance(spec, dict) or set(spec) - _GOLD_FIELDS:
+        raise ConfigError(f"{where}: takes {', '.join(sorted(_GOLD_FIELDS))}, got {spec!r}")
+    bounds = spec.get("row_count", {"min": 1})
+    if not isinstance(bounds, dict) or set(bounds) - {"min", "max"} or not all(
+            isinstance(v, int) and v >= 0 for v in bounds.values()):
+        raise ConfigError(f"{where}: field 'row_count' must be {{min: n, max: n}} with counts, got {bounds!r}")
+    references = []
+    for ref in spec.get("references") or []:
+        if not isinstance(ref, dict) or set(ref) != {"columns", "table", "to"} or ref["table"] not in tables:
+            raise ConfigError(f"{where}: each reference is {{columns: [..], table: <silver table>, to: [..]}} "
+                              f"naming a registry table, got {ref!r}")
+        cols, to = _names(ref["columns"], model.name, "references.columns", required=True), \
+            _names(ref["to"], model.name, "references.to", required=True)
+        if len(cols) != len(to):
+            raise ConfigError(f"{where}: reference {ref!r} pairs {len(cols)} column(s) with {len(to)}")
+        references.append(Reference(cols, ref["table"], to))
+    freshness = spec.get("freshness")
+    return replace(model, quality=parse_quality(spec.get("quality"), where, ("gold",), defaults),
+                   row_count=(bounds.get("min", 0), bounds.get("max")),
+                   freshness_s=None if freshness is None else _duration(freshness, where, "freshness"),
+                   references=tuple(references))

@@ -1,0 +1,67 @@
+"""Every CDC_* environment variable the project reads, in one frozen dataclass (docs/architecture.md,
+"Environment"). Read with `settings()` each time it is needed, so a changed environment (a test, an
+Airflow task's env_vars) takes effect without re-importing anything.
+
+Pure Python: the DAG files and the Airflow plugin import this while parsing."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Each field is read from `CDC_<FIELD NAME IN CAPITALS>`; the defaults are the embedded setup's."""
+
+    config: str = "include/tables.yaml"  # CDC_CONFIG: the table registry (gold models in gold/ beside it)
+    landing_uri: str = "data/landing"  # CDC_LANDING_URI: where the S3 sink writes (a path or s3://bucket/prefix)
+    lake_uri: str = "data/lake"  # CDC_LAKE_URI: the lake root (a path on a filesystem every process sees)
+    sensor_timeout: float = 600.0  # CDC_SENSOR_TIMEOUT: seconds a run's sensor waits for landing files
+    sensor_poke_interval: float = 60.0  # CDC_SENSOR_POKE_INTERVAL: seconds between its listings
+    aws_conn_id: str = "aws_default"  # CDC_AWS_CONN_ID: the Airflow connection holding the S3 credentials
+    spark_remote: str = ""  # CDC_SPARK_REMOTE: sc://host:port of a Spark Connect server to attach to
+    spark_master: str = "local[*]"  # CDC_SPARK_MASTER: the master of a session of its own (and of spark-server)
+    spark_log_level: str = "ERROR"  # CDC_SPARK_LOG_LEVEL: Spark's log level in a session of its own
+    shuffle_partitions: int = 8  # CDC_SHUFFLE_PARTITIONS: spark.sql.shuffle.partitions
+    delta_engine: str = "auto"  # CDC_DELTA_ENGINE: auto | delta-rs | delta-spark
+    spill_dir: str = ""  # CDC_SPILL_DIR: delta-rs merge sources too big for memory (default: the temp folder)
+    merge_source_mb: int = 256  # CDC_MERGE_SOURCE_MB: merge sources up to this size stay in memory (delta-rs)
+    max_line_bytes: int = 16 * 2**20  # CDC_MAX_LINE_BYTES: a longer landing line is quarantined, never parsed
+    lock_timeout: float = 900.0  # CDC_LOCK_TIMEOUT: seconds a run waits for another writer of its table
+    failure_file: str = ""  # CDC_FAILURE_FILE: where a failed run writes its one-line cause (for the task)
+    on_failure_callback: str = ""  # CDC_ON_FAILURE_CALLBACK: module:function the DAGs' failure hook calls
+    debug: bool = False  # CDC_DEBUG: a failed run prints its traceback too
+
+    @staticmethod
+    def variable(name: str) -> str:
+        return f"CDC_{name.upper()}"
+
+
+def settings() -> Settings:
+    """The settings from the current environment; an unset or empty variable keeps its default."""
+    values: dict[str, object] = {}
+    for f in fields(Settings):
+        raw = os.environ.get(Settings.variable(f.name), "")
+        if raw == "":
+            continue
+        kind: type = type(f.default)
+        try:
+            values[f.name] = raw.lower() not in ("0", "false", "no") if kind is bool else kind(raw)
+        except ValueError:
+            raise ValueError(f"{Settings.variable(f.name)}={raw!r} is not a valid {kind.__name__}") from None
+    return Settings(**values)  # type: ignore[arg-type]
+
+
+def resolve(path: str | os.PathLike[str]) -> Path:
+    """Relative paths are relative to the project root, not to the caller's working folder."""
+    p = Path(path)
+    return p if p.is_absolute() else PROJECT_ROOT / p
+
+
+def resolve_uri(uri: str) -> str:
+    """Local paths become absolute (project-root relative); s3:// URIs pass through."""
+    return uri if "://" in uri else str(resolve(uri))

@@ -1,0 +1,97 @@
+"""DAG integrity in a fresh AIRFLOW_HOME: no import errors, the expected tasks and edges, and nothing
+heavy (Spark, GX, deltalake) imported while parsing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import subprocess_env
+
+ROOT = Path(__file__).resolve().parents[2]
+
+PARSE = """
+import json, sys
+from airflow.models.dagbag import DagBag
+bag = DagBag(dag_folder=sys.argv[1], include_examples=False)
+
+def schedule(dag):
+    condition = getattr(dag.timetable, "asset_condition", None)
+    assets = sorted(a.name for _, a in condition.iter_assets()) if condition is not None else []
+    return assets or dag.timetable.summary
+
+print(json.dumps({
+    "errors": {k: str(v) for k, v in bag.import_errors.items()},
+    "dags": {dag_id: {
+        "schedule": schedule(dag), "tags": sorted(dag.tags), "max_active_runs": dag.max_active_runs, "doc": bool(dag.doc_md),
+        "tasks": {t.task_id: {"down": sorted(t.downstream_task_ids), "outlets": [o.name for o in t.outlets],
+                              "doc": bool(t.doc_md), "retries": t.retries, "timeout": str(t.execution_timeout),
+                              "on_failure": bool(t.on_failure_callback), "type": type(t).__name__}
+                  for t in dag.tasks}} for dag_id, dag in bag.dags.items()},
+    "heavy": sorted({m.split(".")[0] for m in sys.modules} & {"pyspark", "great_expectations", "deltalake"}),
+}))
+"""
+
+
+def parse_dags(tmp_path: Path, **env: str) -> dict:
+    done = subprocess.run([sys.executable, "-c", PARSE, str(ROOT / "dags")], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env=subprocess_env(AIRFLOW_HOME=str(tmp_path / "airflow_home"),
+                                                          AIRFLOW__CORE__LOAD_EXAMPLES="False", **env))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_dag_folder_parses_in_a_fresh_home_without_errors_or_heavy_imports(tmp_path):
+    parsed = parse_dags(tmp_path)
+    assert (parsed["errors"], parsed["heavy"]) == ({}, [])
+    dags = parsed["dags"]
+    tables = ["actor", "customers", "film", "film_actor", "inventory_customers", "products"]
+    models = ["customer_email_domains", "customers_by_state", "films_per_actor", "products_by_weight"]
+    assert sorted(dags) == sorted(["cdc_bronze", "cdc_replay", *[f"cdc_silver_{t}" for t in tables],
+                                   *[f"cdc_gold_{m}" for m in models]])
+
+    bronze = dags["cdc_bronze"]
+    assert bronze["schedule"] == "0:15:00" and bronze["tags"] == ["bronze", "cdc", "landing"]
+    assert bronze["tasks"]["landing_sense_customers"] == {
+        "down": ["bronze_ingest_customers"], "outlets": [], "doc": True, "retries": 1, "timeout": "1:00:00",
+        "on_failure": True, "type": "LandingSensor"}
+    assert bronze["tasks"]["bronze_ingest_customers"] == {
+        "down": [], "outlets": ["cdc.bronze.customers"], "doc": True, "retries": 3, "timeout": "1:00:00",
+        "on_failure": True, "type": "CdcSparkJob"}
+    assert len(bronze["tasks"]) == 2 * len(tables)
+
+    # each layer's DAG is scheduled by the asset it reads, and updates the one it writes
+    silver = dags["cdc_silver_film"]
+    assert (silver["schedule"], silver["max_active_runs"], silver["tags"]) == (
+        ["cdc.bronze.film"], 1, ["cdc", "silver", "source:pagila"])
+    assert silver["tasks"]["silver_merge_film"]["outlets"] == ["cdc.silver.film"]
+    gold = dags["cdc_gold_films_per_actor"]
+    assert gold["schedule"] == ["cdc.silver.actor", "cdc.silver.film", "cdc.silver.film_actor"]
+    assert gold["tasks"]["gold_refresh_films_per_actor"]["outlets"] == ["cdc.gold.films_per_actor"]
+
+    replay = dags["cdc_replay"]
+    assert (replay["schedule"], replay["max_active_runs"]) == ("None", 1)
+    assert replay["tasks"]["replay_plan"]["down"] == sorted(
+        [f"bronze_reprocess_{t}" for t in tables] + [f"silver_replay_{t}" for t in tables])
+    assert replay["tasks"]["bronze_reprocess_customers"]["down"] == ["silver_replay_customers"]
+    assert replay["tasks"]["silver_replay_customers"]["down"] == ["gold_refresh_customers_by_state"]
+    assert all(t["doc"] and t["on_failure"] for d in dags.values() for t in d["tasks"].values())
+    assert all(d["doc"] for d in dags.values())
+
+
+def test_dags_follow_the_cdc_config_environment(tmp_path):
+    config = tmp_path / "tables.yaml"
+    config.write_text("tables:\n  orders:\n    topic: shop.public.orders\n    keys: [id]\n")
+    parsed = parse_dags(tmp_path, CDC_CONFIG=str(config))
+    assert parsed["errors"] == {}
+    assert sorted(parsed["dags"]) == ["cdc_bronze", "cdc_replay", "cdc_silver_orders"]
+    assert sorted(parsed["dags"]["cdc_bronze"]["tasks"]) == ["bronze_ingest_orders", "landing_sense_orders"]
+
+
+def test_a_broken_registry_is_an_import_error_naming_the_field(tmp_path):
+    config = tmp_path / "tables.yaml"
+    config.write_text("tables:\n  orders:\n    topic: t\n    keys: [id]\n    colour: red\n")
+    parsed = parse_dags(tmp_path, CDC_CONFIG=str(config))
+    assert list(parsed["errors"].values())[0].strip().endswith("ConfigError: table 'orders': unknown field(s) colour")

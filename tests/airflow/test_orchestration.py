@@ -1,0 +1,145 @@
+"""The Airflow side (plugins/cdc_airflow) without a scheduler: which files a run takes, the landing
+trigger, replay params, and how a layer job's failure becomes a task failure (retried or not)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import os
+import stat
+from types import SimpleNamespace
+
+import pytest
+
+from tests.conftest import ROOT, subprocess_env
+
+pytest.importorskip("airflow")
+
+from airflow.exceptions import AirflowException, AirflowFailException, ParamValidationError  # noqa: E402
+from airflow.sdk import ParamsDict  # noqa: E402
+
+from cdc_airflow.operators import CdcSparkJob  # noqa: E402
+from cdc_airflow.params import check_replay, replay_params  # noqa: E402
+from cdc_airflow.sensors import landing_window  # noqa: E402
+from cdc_airflow.triggers import LandingTrigger  # noqa: E402
+
+T0 = dt.datetime(2026, 3, 1, tzinfo=dt.UTC)
+
+
+def context(run_type: str, **params: str | None) -> dict:
+    return {"params": params, "dag_run": SimpleNamespace(run_type=run_type),
+            "data_interval_start": T0, "data_interval_end": T0 + dt.timedelta(minutes=15)}
+
+
+def ms(moment: dt.datetime) -> int:
+    return int(moment.timestamp() * 1000)
+
+
+def test_a_backfill_run_takes_its_data_interval_and_other_runs_everything_pending():
+    assert landing_window(context("backfill")) == (ms(T0), ms(T0 + dt.timedelta(minutes=15)))
+    assert landing_window(context("scheduled")) == (None, None)
+    assert landing_window(context("manual")) == (None, None)
+    assert landing_window(context("scheduled", since="2026-03-01", until=None)) == (ms(T0), None)
+    assert landing_window(context("backfill", since=None, until="2026-03-01T00:00:00Z")) == (None, ms(T0))
+
+
+def test_replay_params_are_checked_before_any_work_naming_the_param():
+    params = ParamsDict(replay_params(["customers", "orders"]))
+    assert params.validate() == {"tables": ["customers", "orders"], "mode": "reprocess", "since": None, "until": None}
+    for bad, name in (({"tables": ["nope"]}, "tables"), ({"tables": []}, "tables"), ({"mode": "replace"}, "mode"),
+                      ({"since": "last tuesday"}, "since")):
+        with pytest.raises(ParamValidationError, match=f"Invalid input for param {name}:"):
+            ParamsDict(replay_params(["customers", "orders"])).update(bad)
+    known = ["customers", "orders"]
+    with pytest.raises(AirflowFailException, match=r"^param since \(2026-03-02\) must be before until \(2026-03-01\)$"):
+        check_replay({"tables": known, "mode": "reprocess", "since": "2026-03-02", "until": "2026-03-01"}, known)
+    with pytest.raises(AirflowFailException, match="^param since/until: a rebuild recomputes from all of bronze"):
+        check_replay({"tables": known, "mode": "rebuild", "since": "2026-03-01", "until": None}, known)
+    assert check_replay({"tables": ["orders"], "mode": "reprocess", "since": "2026-03-01", "until": None}, known) == {
+        "tables": ["orders"], "mode": "reprocess", "window": "[2026-03-01T00:00:00+00:00, ...)"}
+
+
+def test_the_landing_trigger_hands_over_pending_files_or_nothing_after_waiting(tmp_path):
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    folder = landing / "topics" / "db.s.t" / "partition=0"
+    folder.mkdir(parents=True)
+
+    def first_event(**overrides: object) -> dict:
+        kwargs = {"landing": str(landing), "lake": str(lake), "table": "t", "topic": "db.s.t", "since_ms": None,
+                  "until_ms": None, "wait_s": 1.0, "poke_s": 0.2, "aws_conn_id": "aws_default", **overrides}
+        trigger = LandingTrigger(**kwargs)
+        assert LandingTrigger(**trigger.serialize()[1]).serialize() == trigger.serialize()
+
+        async def first() -> dict:
+            async for event in trigger.run():
+                return dict(event.payload)
+            raise AssertionError("no event")
+        return asyncio.run(first())
+
+    assert first_event() == {"files": []}  # nothing landed within wait_s
+    (folder / "db.s.t+0+0000000000.json").write_text("{}\n")
+    (folder / ".db.s.t+0+0000000001.json.tmp").write_text("")
+    assert first_event() == {"files": ["topics/db.s.t/partition=0/db.s.t+0+0000000000.json"]}
+    assert first_event(until_ms=1) == {"files": []}  # landed after the window
+    assert first_event(landing="ftp://elsewhere")["error"].startswith("ValueError: landing ftp://elsewhere: use a local path")
+
+
+@pytest.mark.parametrize("attached", [False, True], ids=["spark-submit", "spark-connect"])
+@pytest.mark.parametrize("exit_code, failure_line, raised, message", [
+    (1, "gate failed: table=t layer=bronze expectation=key_not_null", AirflowFailException,
+     "gate failed: table=t layer=bronze expectation=key_not_null"),
+    (75, "table=t layer=bronze failed: TableBusy: t is being written by another run", AirflowException,
+     "table=t layer=bronze failed: TableBusy: t is being written by another run"),
+    (137, None, AirflowException, "{runner} exited 137"),
+])
+def test_a_failed_layer_job_fails_its_task_with_the_cause_and_only_transient_ones_are_retried(
+        tmp_path, monkeypatch, attached, exit_code, failure_line, raised, message):
+    # stands in for Spark (spark-submit) or for the job attached to a Spark Connect server (the entry point):
+    # what the job would print and exit with
+    fake = tmp_path / "bin" / "spark-submit"
+    fake.parent.mkdir()
+    write = f'echo "{failure_line}" > "$CDC_FAILURE_FILE"; ' if failure_line else ""
+    fake.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path}/args\n{write}exit {exit_code}\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    env = subprocess_env(PATH=f"{fake.parent}:{os.environ['PATH']}",
+                         AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[1]"}')
+    if attached:
+        entry = tmp_path / "entry.py"
+        entry.write_text(f"import os, subprocess, sys\nassert os.environ['CDC_SPARK_REMOTE'] == 'sc://spark:15002'\n"
+                         f"sys.exit(subprocess.call([{str(fake)!r}, {str(entry)!r}, *sys.argv[1:]]))\n")
+        monkeypatch.setattr("cdc_airflow.operators.ENTRY_POINT", str(entry))
+        env["CDC_SPARK_REMOTE"] = "sc://spark:15002"
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    job = CdcSparkJob(task_id="bronze_ingest_t", landing=str(tmp_path / "landing"), files_from="landing_sense_t",
+                      cli_args=["--layers", "bronze", "--tables", "t"])
+    ti = SimpleNamespace(xcom_pull=lambda task_ids: ["topics/t/b.json", "topics/t/a.json"])
+    with pytest.raises(raised) as failed:
+        job.execute({"ti": ti})
+    runner = "the job" if attached else "spark-submit"
+    assert type(failed.value) is raised and str(failed.value).startswith(message.format(runner=runner))
+    args = (tmp_path / "args").read_text()
+    assert str(tmp_path / "entry.py" if attached else ROOT / "spark_jobs" / "__main__.py") in args
+    assert args.rstrip().endswith('--files ["topics/t/a.json", "topics/t/b.json"]')
+
+
+CALLED: list[dict] = []
+
+
+def record_failure(context: dict) -> None:  # the hook CDC_ON_FAILURE_CALLBACK names in the test below
+    CALLED.append(context)
+
+
+def test_the_failure_callback_logs_the_cause_in_one_line_and_calls_the_configured_hook(monkeypatch, capsys):
+    from cdc_airflow.callbacks import on_failure
+
+    context = {"ti": SimpleNamespace(dag_id="cdc_silver_orders", task_id="silver_merge_orders"), "run_id": "r1",
+               "exception": AirflowFailException("gate failed: table=orders layer=silver expectation=key_unique\ndetail")}
+    on_failure(context)
+    assert CALLED == []  # no hook configured: only the line
+    monkeypatch.setenv("CDC_ON_FAILURE_CALLBACK", "tests.airflow.test_orchestration:record_failure")
+    on_failure(context)
+    assert CALLED == [context]
+    assert capsys.readouterr().out.splitlines() == [
+        "cdc task failed: dag=cdc_silver_orders task=silver_merge_orders run=r1 "
+        "cause=gate failed: table=orders layer=silver expectation=key_unique"] * 2

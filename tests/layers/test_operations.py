@@ -1,0 +1,215 @@
+"""Operations (issue 5) at the job level, the same code path the DAG tasks run: landing-time windows
+(what a backfill interval takes) in any order or twice, reprocessing a fixed file, a rebuild killed midway,
+one writer per table, and landing files on a local S3 server."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from spark_jobs import cli
+from spark_jobs.delta.delta_rs import DeltaRsEngine
+from spark_jobs.errors import TableBusy
+from spark_jobs.generate import Options, generate
+from spark_jobs.lake import Lake, row_count
+from spark_jobs.landing import LandingWindow, list_topic
+from spark_jobs.layers import bronze
+from spark_jobs.registry import load_registry
+from spark_jobs.state import writer_lock
+from tests.conftest import upload_landing
+from tests.layers.test_pipeline import run, summary_line
+
+ROOT = Path(__file__).resolve().parents[2]
+DAY = 86_400
+
+
+def write_config(tmp_path: Path, gold: bool = True) -> Path:
+    config = tmp_path / "include" / "tables.yaml"
+    (config.parent / "gold").mkdir(parents=True, exist_ok=True)
+    config.write_text("tables:\n  customers:\n    topic: burst.burst_bank.customers\n    keys: [custkey]\n")
+    if gold:
+        (config.parent / "gold" / "customers_by_state.sql").write_text(
+            (ROOT / "include" / "gold" / "customers_by_state.sql").read_text())
+    return config
+
+
+def table_rows(spark, engine, path: str, drop: tuple[str, ...] = ("_batch_id", "_ingested_at")) -> list[tuple]:
+    df = engine.read(spark, path)
+    return sorted(tuple(r) for r in df.drop(*drop).collect())
+
+
+def land_over_two_days(landing: Path, topic: str, day1: int) -> list[str]:
+    """The generated files, first half landed on day 1 and the rest on day 2 (by modification time)."""
+    files = list_topic(str(landing), topic)
+    for i, f in enumerate(files):
+        moment = day1 + (0 if i < len(files) // 2 else DAY) + 60 * i
+        os.utime(landing / f.path, (moment, moment))
+    return [f.path for f in files]
+
+
+def test_backfill_intervals_out_of_order_and_twice_give_the_tables_of_one_run(spark, engine, tmp_path, capsys):
+    config = write_config(tmp_path)
+    landing = tmp_path / "landing"
+    generate(load_registry(str(config)).select(None), landing, Options(rows=20, changes=60, records_per_file=20, seed=5))
+    day1 = 1_790_000_000 - 1_790_000_000 % DAY
+    files = land_over_two_days(landing, "burst.burst_bank.customers", day1)
+    iso = {d: f"{dt.datetime.fromtimestamp(day1 + d * DAY, dt.UTC):%Y-%m-%d}" for d in range(3)}
+
+    one_run = tmp_path / "one_run"
+    code, _, err = run(capsys, config, landing, one_run)
+    assert (code, err) == (0, "")
+
+    intervals = tmp_path / "intervals"
+    seen = []
+    for start, end in ((1, 2), (0, 1), (1, 2)):  # day 2 first, then day 1, then day 2 again
+        code, out, err = run(capsys, config, landing, intervals, "--since", iso[start], "--until", iso[end])
+        assert (code, err) == (0, ""), err
+        seen.append(summary_line(out, "bronze", "customers")["files"])
+    assert seen == [str(len(files) - len(files) // 2), str(len(files) // 2), "0"]  # the repeat takes nothing
+
+    a, b = Lake(str(one_run)), Lake(str(intervals))
+    assert row_count(a.bronze("customers")) == row_count(b.bronze("customers"))
+    assert table_rows(spark, engine, b.silver("customers")) == table_rows(spark, engine, a.silver("customers"))
+    assert table_rows(spark, engine, b.gold("customers_by_state")) == table_rows(spark, engine, a.gold("customers_by_state"))
+
+
+def test_reprocess_reads_a_fixed_file_again_without_duplicating_bronze(spark, engine, tmp_path, capsys):
+    config = write_config(tmp_path, gold=False)
+    landing, lake = tmp_path / "landing", Lake(str(tmp_path / "lake"))
+    generated = generate(load_registry(str(config)).select(None), landing,
+                         Options(rows=30, changes=30, records_per_file=100, partitions=1, seed=3))[0]
+    bad = landing / list_topic(str(landing), generated.topic)[0].path
+    good = bad.read_text()
+    lines = good.splitlines(keepends=True)
+    lines[0] = '{"before": null, "after": {"custkey":\n'  # a broken snapshot record: malformed JSON
+    bad.write_text("".join(lines))
+
+    code, out, err = run(capsys, config, landing, lake.root, "--layers", "bronze,silver")
+    assert (code, err) == (0, "")
+    assert summary_line(out, "bronze", "customers")["quarantined"] == "malformed_json:1"
+    assert row_count(lake.bronze("customers")) == generated.events - 1
+
+    bad.write_text(good)  # the file is fixed at the source and landed again
+    code, out, err = run(capsys, config, landing, lake.root, "--layers", "bronze,silver", "--mode", "reprocess")
+    assert (code, err) == (0, "")
+    line = summary_line(out, "bronze", "customers")
+    assert (line["mode"], line["files"], line["events"], line["gate"]) == ("reprocess", "1", str(generated.events), "passed")
+    assert row_count(lake.bronze("customers")) == generated.events
+    bronze = engine.read(spark, lake.bronze("customers"))
+    assert bronze.groupBy("_source_file", "_line").count().where("count > 1").count() == 0
+    assert engine.read(spark, lake.quarantine("customers")).where("layer = 'bronze'").count() == 0
+    silver = engine.read(spark, lake.silver("customers"))
+    assert {(r["custkey"],) for r in silver.collect()} == set(generated.final_rows)
+
+    # a window with no landing times in it reprocesses nothing
+    code, out, err = run(capsys, config, landing, lake.root, "--layers", "bronze", "--mode", "reprocess",
+                         "--since", "2001-01-01", "--until", "2001-01-02")
+    assert (code, summary_line(out, "bronze", "customers")["files"]) == (0, "0")
+    assert row_count(lake.bronze("customers")) == generated.events
+
+
+def test_a_rebuild_killed_midway_leaves_committed_tables_and_the_retry_completes(spark, engine, tmp_path, capsys,
+                                                                                monkeypatch):
+    config = write_config(tmp_path, gold=False)
+    landing, lake = tmp_path / "landing", Lake(str(tmp_path / "lake"))
+    generate(load_registry(str(config)).select(None), landing, Options(rows=30, changes=60, seed=9))
+    assert run(capsys, config, landing, lake.root, "--layers", "bronze,silver")[0] == 0
+    before = table_rows(spark, engine, lake.silver("customers"))
+    version = engine.version(lake.silver("customers"))
+
+    published = []
+    real_overwrite = DeltaRsEngine.overwrite
+
+    def dies_after_silver(self, df, path, partition_by=()):
+        if published:
+            raise KeyboardInterrupt("worker lost")  # not an Exception: nothing may catch it on the way out
+        published.append(path)
+        return real_overwrite(self, df, path, partition_by)
+
+    monkeypatch.setattr(DeltaRsEngine, "overwrite", dies_after_silver)
+    with pytest.raises(KeyboardInterrupt):
+        run(capsys, config, landing, lake.root, "--layers", "silver", "--mode", "rebuild")
+    monkeypatch.setattr(DeltaRsEngine, "overwrite", real_overwrite)
+    assert published == [lake.silver("customers")]
+    assert engine.version(lake.silver("customers")) == version + 1  # committed: rebuilt silver, nothing half-written
+    assert Path(lake.staged("customers").staging or "").is_dir()
+
+    code, out, err = run(capsys, config, landing, lake.root, "--layers", "silver", "--mode", "rebuild")
+    assert (code, err) == (0, "")
+    assert summary_line(out, "silver", "customers")["mode"] == "rebuild"
+    assert table_rows(spark, engine, lake.silver("customers")) == before
+    assert not Path(lake.staged("customers").staging or "").exists()
+    # and the incremental path after it finds nothing new to apply
+    code, out, _ = run(capsys, config, landing, lake.root, "--layers", "silver")
+    assert (code, summary_line(out, "silver", "customers")["events"]) == (0, "0")
+
+
+def test_one_writer_per_table_a_busy_table_is_a_transient_failure(spark, tmp_path, capsys, monkeypatch):
+    config = write_config(tmp_path, gold=False)
+    lake = Lake(str(tmp_path / "lake"))
+    released = threading.Event()
+    with writer_lock(lake, "customers", "other-run"):
+        with pytest.raises(TableBusy, match=r"customers is being written by another run \(run other-run, pid \d+"):
+            with writer_lock(lake, "customers", "second", timeout_s=0.2):
+                pass
+        with writer_lock(lake, "orders", "third", timeout_s=0.2):  # other tables go on
+            released.set()
+        monkeypatch.setenv("CDC_LOCK_TIMEOUT", "0.5")
+        failure = tmp_path / "failure.txt"
+        monkeypatch.setenv("CDC_FAILURE_FILE", str(failure))
+        code, _, err = run(capsys, config, tmp_path / "landing", lake.root, "--layers", "bronze")
+    assert released.is_set()
+    assert code == cli.EXIT_TRANSIENT
+    assert err.startswith("table=customers layer=bronze failed: TableBusy: customers is being written by another run")
+    assert failure.read_text() == err
+    with writer_lock(lake, "customers", "after", timeout_s=0.2):  # released with its holder
+        pass
+
+
+def test_landing_files_on_a_local_s3_server_are_listed_staged_and_ingested(spark, engine, tmp_path, capsys, monkeypatch,
+                                                                           s3_endpoint):
+    config = write_config(tmp_path, gold=False)
+    generated = generate(load_registry(str(config)).select(None), tmp_path / "sink", Options(rows=20, changes=30))[0]
+    keys = upload_landing(s3_endpoint, tmp_path / "sink", "s3://landing/cdc")
+    for name, value in {"AWS_ENDPOINT_URL_S3": s3_endpoint, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+                        "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(name, value)
+    listed = list_topic("s3://landing/cdc", generated.topic)
+    assert [f"cdc/{f.path}" for f in listed] == keys
+    assert [f.path for f in listed if f in LandingWindow.parse("2001-01-01", None)] == [f.path for f in listed]
+
+    lake = Lake(str(tmp_path / "lake"))
+    registry = load_registry(str(config))
+    first = frozenset([listed[0].path])  # the sensor's exact list: one file now, the rest later
+    summary = bronze.bronze_ingest(spark, engine, registry.tables["customers"], "s3://landing/cdc", lake, "b1",
+                                 bronze.Selection(files=first))
+    assert (summary.files, summary.gate) == (1, "passed")
+    code, out, err = run(capsys, config, "s3://landing/cdc", lake.root)
+    assert (code, err) == (0, "")
+    assert summary_line(out, "bronze", "customers")["files"] == str(len(listed) - 1)
+    assert row_count(lake.bronze("customers")) == generated.events
+    silver = engine.read(spark, lake.silver("customers"))
+    expected = {key: row["first_name"] for key, row in generated.final_rows.items()}
+    assert {(r["custkey"],): r["first_name"] for r in silver.collect()} == expected
+
+    with pytest.raises(FileNotFoundError, match="1 landing file\\(s\\) handed to this run are no longer in"):
+        bronze.bronze_ingest(spark, engine, registry.tables["customers"], "s3://landing/cdc", lake, "b3",
+                           bronze.Selection(files=frozenset(["topics/gone.json"])))
+
+
+def test_an_s3_lake_and_a_bad_window_are_config_errors_the_task_reads(tmp_path, capsys, monkeypatch):
+    config = write_config(tmp_path, gold=False)
+    failure = tmp_path / "failure.txt"
+    monkeypatch.setenv("CDC_FAILURE_FILE", str(failure))
+    code, _, err = run(capsys, config, tmp_path / "landing", "s3://lake/cdc")
+    assert (code, err) == (2, "config error: lake s3://lake/cdc: the lake must be a filesystem path (local or shared); "
+                              "s3:// is not supported\n")
+    assert failure.read_text() == err
+    code, _, err = run(capsys, config, tmp_path / "landing", tmp_path / "lake", "--since", "2026-03-02", "--until", "2026-03-01")
+    assert (code, err) == (2, "config error: since (2026-03-02) must be before until (2026-03-01)\n")
+    code, _, err = run(capsys, config, tmp_path / "landing", tmp_path / "lake", "--until", "soon")
+    assert (code, err) == (2, "config error: until: 'soon' is not an ISO 8601 date or timestamp\n")

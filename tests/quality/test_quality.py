@@ -1,0 +1,226 @@
+"""Data-quality gates: expectations with warn/quarantine/fail, the quarantine threshold, the tombstone
+checks and write-audit-publish, through the CLI (the DAG tasks' code path) and on the pure envelope."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from spark_jobs.debezium import envelope
+from spark_jobs.errors import GateFailed
+from spark_jobs.lake import Lake
+from spark_jobs.layers import gold
+from spark_jobs.registry import load_registry
+from tests.layers.test_pipeline import _pg_event, run, silver_rows, summary_line
+
+
+def _land(tmp_path, name, offset, lines):
+    folder = tmp_path / "landing" / "topics" / "shop.public.orders" / "partition=0"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"shop.public.orders+0+{offset:010d}.json").write_text("\n".join(lines) + "\n")
+
+
+def _config(tmp_path, quality=""):
+    path = tmp_path / "tables.yaml"
+    path.write_text(f"tables:\n  orders: {{topic: shop.public.orders, keys: [id]{quality}}}\n")
+    return path
+
+
+def _run(capsys, tmp_path, config, *extra):
+    return run(capsys, config, tmp_path / "landing", tmp_path / "lake", *extra)
+
+
+def _reports(tmp_path, layer):
+    """Every published summary of `layer` for orders, oldest run first."""
+    runs = sorted((tmp_path / "lake" / "reports" / "runs").iterdir(), key=lambda p: p.stat().st_mtime)
+    return [json.loads(f.read_text()) for r in runs for f in r.glob(f"orders.{layer}.json")]
+
+
+def test_keyless_events_are_quarantined_and_a_batch_of_only_bad_events_fails_leaving_silver_as_it_was(
+        spark, engine, tmp_path, capsys):
+    config = _config(tmp_path)
+    # 40 good events and 2 without their key (4.8% of the batch, under the default 5%)
+    good = [_pg_event("c", 100 + i, after={"id": i, "v": f"v{i}"}) for i in range(40)]
+    _land(tmp_path, "orders", 0, [*good[:20], _pg_event("c", 90, after={"v": "no key"}), *good[20:],
+                                  _pg_event("d", 91, before={"v": "no key"})])
+    code, out, err = _run(capsys, tmp_path, config)
+    assert (code, err) == (0, "")
+    bronze = summary_line(out, "bronze", "orders")
+    assert (bronze["events"], bronze["quarantined"], bronze["quarantined_share"], bronze["gate"]) == (
+        "40", "delete_has_key:1,event_has_key:1", "0.047619", "passed-with-warnings")
+    quarantine = engine.read(spark, Lake(str(tmp_path / "lake")).quarantine("orders")).orderBy("_line").collect()
+    assert [(r["_line"], r["reason"], r["layer"]) for r in quarantine] == [
+        (21, "event_has_key: id", "bronze"), (42, "delete_has_key: id", "bronze")]
+    assert sorted(silver_rows(spark, engine, tmp_path / "lake", "orders", ("id",))) == [(i,) for i in range(40)]
+    silver_version = engine.version(Lake(str(tmp_path / "lake")).silver("orders"))
+
+    # a batch where every event is bad: one line names table, layer, expectation and counts; nothing published
+    _land(tmp_path, "orders", 42, [_pg_event("u", 200 + i, after={"v": "no key"}) for i in range(3)])
+    code, out, err = _run(capsys, tmp_path, config)
+    assert code == 1
+    assert err == ("gate failed: table=orders layer=bronze expectation=max_quarantined observed=1.0 (max 0.05); "
+                   "quarantined by event_has_key(id) unexpected=3 of 3\n")
+    assert engine.version(Lake(str(tmp_path / "lake")).silver("orders")) == silver_version
+    assert engine.read(spark, Lake(str(tmp_path / "lake")).quarantine("orders")).count() == 5
+    failed = _reports(tmp_path, "bronze")[-1]
+    assert (failed["gate"], failed["quarantined"], failed["error"]) == ("failed", {"event_has_key: id": 3}, err.strip())
+    assert [(c["expectation"], c["action"], c["success"]) for c in failed["checks"]][-1] == (
+        "max_quarantined", "fail", False)
+    docs = Path(failed["docs"]).read_text()
+    assert "orders.bronze.events" in docs
+    # the files were not taken: the next run meets them again (and fails again) until they are fixed
+    code, _, _ = _run(capsys, tmp_path, config)
+    assert code == 1
+    assert engine.read(spark, Lake(str(tmp_path / "lake")).quarantine("orders")).count() == 5
+
+
+def test_tombstone_checks_pass_on_a_clean_batch_and_report_a_violating_one(spark, engine, tmp_path, capsys):
+    config = _config(tmp_path, ", quality: {max_quarantined: 50%, checks: {tombstone_follows_delete: warn}}")
+    _land(tmp_path, "orders", 0, [_pg_event("c", 10 + i, after={"id": i, "v": "a"}) for i in (1, 2, 3)])
+    assert _run(capsys, tmp_path, config)[0] == 0
+    # clean: each delete has its key, and its tombstone follows it
+    _land(tmp_path, "orders", 3, [
+        _pg_event("d", 20, before={"id": 1}), "null",  # removes a live row
+        _pg_event("d", 21, before={"id": 9}),          # a key silver never had: recorded in the ledger
+        _pg_event("d", 5, before={"id": 3}),           # older than key 3's insert: stale
+        _pg_event("d", 22, before={"id": 2}), "null",
+        _pg_event("c", 23, after={"id": 2, "v": "again"})])  # supersedes the delete before it
+    code, out, err = _run(capsys, tmp_path, config)
+    assert (code, err) == (0, "")
+    bronze, silver = summary_line(out, "bronze", "orders"), summary_line(out, "silver", "orders")
+    assert (bronze["tombstones"], bronze["tombstones_matched"], bronze["tombstones_unmatched"], bronze["gate"]) == (
+        "2", "2", "0", "passed")
+    assert silver["gate"] == "passed"
+    report = _reports(tmp_path, "silver")[-1]
+    assert report["deletes"] == {"received": 4, "before_truncate": 0, "superseded": 1, "stale": 1, "absent": 1,
+                                 "removed": 1}
+    assert (silver["inserted"], silver["updated"], silver["deleted"], silver["stale_ignored"]) == ("0", "1", "1", "1")
+    assert all(c["success"] for c in report["checks"])
+    assert sorted(silver_rows(spark, engine, tmp_path / "lake", "orders", ("id",))) == [(2,), (3,)]
+
+    # violating: a delete without its key, and a tombstone opening a file after a non-delete record
+    _land(tmp_path, "orders", 10, ["null", _pg_event("d", 20, before={"v": "x"}), _pg_event("d", 21, before={"id": 3}),
+                                   "null"])
+    code, out, err = _run(capsys, tmp_path, config)
+    assert (code, err) == (0, "")
+    bronze = summary_line(out, "bronze", "orders")
+    assert (bronze["quarantined"], bronze["tombstones_matched"], bronze["tombstones_unmatched"], bronze["gate"],
+            bronze["warnings"]) == ("delete_has_key:1", "1", "1", "passed-with-warnings", "2")
+    checks = {c["expectation"]: c for c in _reports(tmp_path, "bronze")[-1]["checks"]}
+    assert (checks["delete_has_key(id)"]["unexpected"], checks["tombstone_follows_delete"]["unexpected"]) == (1, 1)
+    # the same violation under `fail` stops the batch
+    strict = _config(tmp_path, ", quality: {max_quarantined: 50%, checks: {tombstone_follows_delete: fail}}")
+    _land(tmp_path, "orders", 14, ["null"])
+    code, _, err = _run(capsys, tmp_path, strict)
+    assert (code, err) == (1, "gate failed: table=orders layer=bronze expectation=tombstone_follows_delete "
+                              "unexpected=1 of 1\n")
+
+
+def test_a_merge_that_loses_deletes_fails_the_gate_and_silver_is_restored(spark, engine, tmp_path, capsys, monkeypatch):
+    config = _config(tmp_path)
+    _land(tmp_path, "orders", 0, [_pg_event("c", 10 + i, after={"id": i, "v": "a"}) for i in range(3)])
+    assert _run(capsys, tmp_path, config)[0] == 0
+    before = silver_rows(spark, engine, tmp_path / "lake", "orders", ("id",))
+
+    import spark_jobs.delta as delta
+
+    make_engine = delta.make_engine
+
+    def losing_deletes(session):  # a broken engine: the silver merge forgets its delete clause
+        real = make_engine(session)
+        merge = real.merge
+        real.merge = lambda df, path, spec, *a: merge(df, path, replace(spec, delete_when=None) if "/silver/" in path
+                                                      else spec, *a)
+        return real
+
+    monkeypatch.setattr(delta, "make_engine", losing_deletes)
+    _land(tmp_path, "orders", 3, [_pg_event("d", 20, before={"id": 0}), _pg_event("u", 21, after={"id": 1, "v": "b"})])
+    code, _, err = _run(capsys, tmp_path, config)
+    assert (code, err) == (1, "gate failed: table=orders layer=silver expectation=deleted_keys_not_live "
+                              "unexpected=1 of 1; expectation=deletes_reconcile observed=deletes_received=1, "
+                              "deletes_accounted=0\n")
+    assert silver_rows(spark, engine, tmp_path / "lake", "orders", ("id",)) == before  # the update is rolled back too
+    assert engine.read(spark, Lake(str(tmp_path / "lake")).tombstones("orders")).count() == 0
+    monkeypatch.setattr(delta, "make_engine", make_engine)
+    code, out, _ = _run(capsys, tmp_path, config)  # the fixed engine applies the same batch
+    assert (code, summary_line(out, "silver", "orders")["gate"]) == (0, "passed")
+    assert silver_rows(spark, engine, tmp_path / "lake", "orders", ("id",)) == {(1,): {"id": 1, "v": "b"},
+                                                                                (2,): {"id": 2, "v": "a"}}
+
+
+def test_flattened_deleted_flag_must_agree_with_the_op(spark):
+    lines = spark.createDataFrame([
+        ("f", 1, json.dumps({"id": 1, "__op": "d", "__deleted": "true"})),
+        ("f", 2, json.dumps({"id": 2, "__op": "u", "__deleted": "false"})),
+        ("f", 3, json.dumps({"id": 3, "__op": "u", "__deleted": "true"})),   # disagrees
+        ("f", 4, json.dumps({"id": 4, "__deleted": "true"})),               # the flag is the op: nothing to disagree
+    ], "_source_file STRING, _line BIGINT, _raw STRING")
+    got = envelope.classify(envelope.parse_envelope(lines, "json-flat"), ("id",)).orderBy("_line")
+    assert [(r["_line"], r["_deleted_flag_agrees"], r["_kind"], r["reason"]) for r in got.collect()] == [
+        (1, True, "event", None), (2, True, "event", None),
+        (3, False, "quarantine", "deleted_flag_matches_op: __deleted disagrees with __op=u"), (4, None, "event", None)]
+    kept = envelope.classify(envelope.parse_envelope(lines, "json-flat"), ("id",), frozenset())
+    assert [r["_expectation"] for r in kept.orderBy("_line").collect()][2] == (
+        "deleted_flag_matches_op: __deleted disagrees with __op=u")
+
+
+def test_tombstones_are_matched_to_the_delete_at_the_previous_offset_of_their_partition(spark):
+    def line(file, n, raw):
+        return (f"topics/t/partition=0/{file}.json", n, raw)
+
+    lines = spark.createDataFrame([
+        line("t+0+0000000000", 1, _pg_event("d", 1, before={"id": 1})), line("t+0+0000000000", 2, "null"),
+        line("t+0+0000000000", 3, _pg_event("c", 2, after={"id": 2})), line("t+0+0000000000", 4, "null"),
+        line("t+0+0000000004", 1, "null"),  # opens a file: the record before it is in bronze, a delete
+        line("t+1+0000000007", 1, "null"),  # partition 1, offset 6 is an update in bronze
+    ], "_source_file STRING, _line BIGINT, _raw STRING")
+    classified = envelope.classify(envelope.parse_envelope(lines), ("id",))
+    earlier = spark.createDataFrame([("topics/t/partition=0/t+0+0000000003.json", 1, "d"),
+                                     ("topics/t/partition=1/t+1+0000000005.json", 2, "u")],
+                                    "_source_file STRING, _line BIGINT, op STRING")
+    got = envelope.match_tombstones(classified, earlier).orderBy("_source_file", "_line").collect()
+    assert [(r["_source_file"].rsplit("/", 1)[1], r["_line"], r["_follows_delete"]) for r in got] == [
+        ("t+0+0000000000.json", 2, True), ("t+0+0000000000.json", 4, False), ("t+0+0000000004.json", 1, True),
+        ("t+1+0000000007.json", 1, False)]
+
+
+@pytest.mark.parametrize("quality, error", [
+    ("quality: {checks: {key_unique: quarantine}}", "expectation 'key_unique' takes action warn | fail"),
+    ("quality: {checks: {no_such: warn}}", "unknown expectation 'no_such' in quality.checks"),
+    ("quality: {max_quarantined: 120%}", "'max_quarantined' must be a share like 5% or 0.05"),
+])
+def test_quality_settings_are_validated(tmp_path, quality, error):
+    from spark_jobs.errors import ConfigError
+
+    path = tmp_path / "tables.yaml"
+    path.write_text(f"tables:\n  orders: {{topic: t, keys: [id], {quality}}}\n")
+    with pytest.raises(ConfigError, match=error):
+        load_registry(path)
+
+
+def test_gold_checks_keys_row_counts_references_and_freshness(spark, engine, tmp_path):
+    (tmp_path / "gold").mkdir()
+    (tmp_path / "gold" / "by_customer.sql").write_text(
+        "-- keys: customer\n-- sources: orders\nSELECT customer, count(*) AS n FROM orders GROUP BY customer\n")
+    config = tmp_path / "tables.yaml"
+    config.write_text("tables:\n  orders: {topic: t, keys: [id]}\n  customers: {topic: c, keys: [id]}\n"
+                      "gold:\n  by_customer:\n    row_count: {min: 1, max: 2}\n    freshness: 1h\n"
+                      "    references: [{columns: [customer], table: customers, to: [id]}]\n")
+    model = load_registry(config).gold["by_customer"]
+    lake = Lake(str(tmp_path / "lake"))
+    engine.overwrite(spark.createDataFrame([(1, 10, "1|0", 0), (2, 11, "2|0", 0), (3, 12, "3|0", 0)],
+                                           "id INT, customer INT, _seq STRING, _source_ts_ms BIGINT"), lake.silver("orders"))
+    engine.overwrite(spark.createDataFrame([(10,), (11,)], "id INT"), lake.silver("customers"))
+    with pytest.raises(GateFailed) as failure:
+        gold.gold_refresh(spark, engine, model, lake, "b1")
+    assert str(failure.value).startswith(
+        "gate failed: table=by_customer layer=gold expectation=row_count observed=3; "
+        "expectation=references unexpected=1 of 3; expectation=freshness observed=")
+    assert engine.version(lake.gold("by_customer")) is None  # nothing published
+    ok = replace(model, row_count=(1, 3), freshness_s=None)
+    engine.overwrite(spark.createDataFrame([(10,), (11,), (12,)], "id INT"), lake.silver("customers"))
+    summary = gold.gold_refresh(spark, engine, ok, lake, "b2")
+    assert (summary.gate, summary.rows, summary.version) == ("passed", 3, 0)

@@ -1,0 +1,135 @@
+"""Typing row images: envelope logical types, plain-JSON inference, lossless alignment."""
+
+import base64
+import datetime as dt
+import json
+from decimal import Decimal
+
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from spark_jobs.debezium import types
+from spark_jobs.generate import Column
+
+
+def b64(unscaled: int) -> str:
+    length = max(1, (unscaled.bit_length() + 8) // 8)
+    return base64.b64encode(unscaled.to_bytes(length, "big", signed=True)).decode()
+
+
+def test_connect_decimal_decodes_sign_and_scale_exactly(spark):
+    values = [12345, -12345, 0, -1, 127, 128, -128, 10**18 - 1, -(10**18) + 1]
+    df = spark.createDataFrame([(b64(v),) for v in values], "v STRING")
+    got = [r[0] for r in df.select(types.decode_decimal(F.col("v"), 18, 2)).collect()]
+    assert got == [Decimal(v).scaleb(-2) for v in values]
+
+
+def test_values_that_do_not_fit_their_type_are_named_not_cast(spark):
+    fields = [types.ImageField("n", "INT"), types.ImageField("p", "STRING", types.DECIMAL_LOGICAL, 2, 4)]
+    df = spark.createDataFrame([(f'{{"n": 5, "p": "{b64(999)}"}}',), (f'{{"n": "five", "p": "{b64(10**6)}"}}',),
+                                ('{"n": null}',)], "img STRING")
+    got = [(r["r"]["n"], r["r"]["p"], r["_decode_problems"])
+           for r in types.parse_image(df, F.col("img"), fields, "r").collect()]
+    assert got == [(5, Decimal("9.99"), ""), (None, None, "n (not int), p (not decimal(4,2))"), (None, None, "")]
+
+
+def test_wide_decimals_decode_through_the_exact_fallback(spark):
+    values = [10**30 + 7, -(10**30) - 7]
+    df = spark.createDataFrame([(b64(v),) for v in values], "v STRING")
+    got = [r[0] for r in df.select(types.decode_decimal(F.col("v"), 38, 4)).collect()]
+    assert got == [Decimal(v).scaleb(-4) for v in values]
+
+
+def test_envelope_fields_decode_debezium_logical_types(spark):
+    cols = [Column("id", "int32"), Column("day", "int32", "io.debezium.time.Date"),
+            Column("at", "int64", "io.debezium.time.MicroTimestamp"),
+            Column("ms", "int64", "io.debezium.time.Timestamp"),
+            Column("ns", "int64", "io.debezium.time.NanoTimestamp"),
+            Column("zoned", "string", "io.debezium.time.ZonedTimestamp"),
+            Column("price", "bytes", "org.apache.kafka.connect.data.Decimal", {"scale": "2", "connect.decimal.precision": "6"}),
+            Column("rating", "string", "io.debezium.data.Enum", {"allowed": "G,PG"})]
+    schema = json.dumps({"fields": [{"field": "before"}, {"field": "after", "fields": [c.schema(True) for c in cols]}]})
+    fields = types.fields_from_envelope(schema)
+    assert [(f.name, f.spark_type) for f in fields] == [
+        ("id", "INT"), ("day", "DATE"), ("at", "TIMESTAMP"), ("ms", "TIMESTAMP"), ("ns", "TIMESTAMP"),
+        ("zoned", "TIMESTAMP"), ("price", "DECIMAL(6,2)"), ("rating", "STRING")]
+    stamp = dt.datetime(2024, 2, 29, 13, 45, 1, 250001)
+    image = {"id": 7, "day": Column("d", "int32", "io.debezium.time.Date").encode(dt.date(2024, 2, 29)),
+             "at": Column("a", "int64", "io.debezium.time.MicroTimestamp").encode(stamp),
+             "ms": 1709214301250, "ns": 1709214301250001999, "zoned": "2024-02-29T13:45:01.250001Z",
+             "price": b64(-1999), "rating": "PG"}
+    df = spark.createDataFrame([(json.dumps(image),)], "img STRING")
+    row = types.parse_image(df, F.col("img"), fields, "r").select("r.*").first().asDict()
+    assert row == {"id": 7, "day": dt.date(2024, 2, 29), "at": stamp, "ms": dt.datetime(2024, 2, 29, 13, 45, 1, 250000),
+                   "ns": stamp, "zoned": stamp, "price": Decimal("-19.99"), "rating": "PG"}
+
+
+def test_plain_json_keeps_json_types_over_the_whole_batch(spark):
+    df = spark.createDataFrame([('{"id":1,"w":2,"name":"a","ok":true,"tags":[1]}',),
+                                ('{"id":2,"w":2.5,"name":null,"extra":{"x":1}}',)], "img STRING")
+    fields = types.infer_fields(df, "img")
+    assert sorted((f.name, f.parse_type) for f in fields) == [
+        ("extra", "STRING"), ("id", "BIGINT"), ("name", "STRING"), ("ok", "BOOLEAN"), ("tags", "STRING"), ("w", "DOUBLE")]
+
+
+def test_align_widens_safely_and_names_lossy_columns(spark):
+    df = spark.createDataFrame([(1, 2.0, "a"), (2, 2.5, "b"), (3, None, "c")], "id BIGINT, w DOUBLE, s STRING")
+    df = df.select(F.struct("id", "w", "s").alias("r"))
+    target = T.StructType([T.StructField("id", T.DoubleType()), T.StructField("w", T.LongType())])
+    got = [(r["r"]["id"], r["r"]["w"], r["_type_problems"]) for r in types.align(df, "r", target).collect()]
+    assert got == [(1.0, 2, ""), (2.0, 2, "w (double -> bigint)"), (3.0, None, "")]
+
+
+def test_merge_fields_unions_columns_with_the_newest_definition():
+    a = [types.ImageField("id", "INT"), types.ImageField("x", "INT")]
+    b = [types.ImageField("x", "BIGINT"), types.ImageField("y", "STRING")]
+    assert types.merge_fields([a, b]) == [types.ImageField("id", "INT"), types.ImageField("x", "BIGINT"),
+                                            types.ImageField("y", "STRING")]
+
+
+def test_variable_scale_decimal_time_of_day_and_text_types_decode(spark):
+    def vsd(unscaled: int, scale: int) -> dict:
+        return {"scale": scale, "value": b64(unscaled)}
+
+    cols = [Column("amount", "struct", "io.debezium.data.VariableScaleDecimal"),
+            Column("t_ms", "int32", "io.debezium.time.Time"), Column("t_us", "int64", "io.debezium.time.MicroTime"),
+            Column("t_ns", "int64", "io.debezium.time.NanoTime"), Column("doc", "string", "io.debezium.data.Json"),
+            Column("mood", "string", "io.debezium.data.Enum"), Column("tz_time", "string", "io.debezium.time.ZonedTime")]
+    schema = json.dumps({"fields": [{"field": "before"}, {"field": "after", "fields": [c.schema(True) for c in cols]}]})
+    fields = types.fields_from_envelope(schema)
+    assert [f.spark_type for f in fields] == ["DECIMAL(38,18)", *["STRING"] * 6]
+    images = [
+        {"amount": vsd(-12345, 3), "t_ms": 49_501_250, "t_us": 49_501_250_001, "t_ns": 49_501_250_001_999,
+         "doc": '{"a": [1, 2]}', "mood": "happy", "tz_time": "13:45:01.25Z"},
+        {"amount": vsd(1, 19), "t_ms": 0, "t_us": 86_399_999_999, "t_ns": None, "doc": None, "mood": None, "tz_time": None},
+    ]
+    df = spark.createDataFrame([(i, json.dumps(img)) for i, img in enumerate(images)], "i INT, img STRING")
+    got = types.parse_image(df, F.col("img"), fields, "r").orderBy("i").select("r.*", "_decode_problems").collect()
+    assert got[0].asDict() == {"amount": Decimal("-12.345"), "t_ms": "13:45:01.250", "t_us": "13:45:01.250001",
+                               "t_ns": "13:45:01.250001999", "doc": '{"a": [1, 2]}', "mood": "happy",
+                               "tz_time": "13:45:01.25Z", "_decode_problems": ""}
+    # 19 decimal places do not fit DECIMAL(38,18): named as a problem (quarantined), never rounded
+    assert (got[1]["amount"], got[1]["t_ms"], got[1]["t_us"]) == (None, "00:00:00.000", "23:59:59.999999")
+    assert got[1]["_decode_problems"] == "amount (not decimal(38,18))"
+
+
+def test_column_overrides_type_plain_json_exactly(spark):
+    sample = spark.createDataFrame([('{"price": 1.5, "born": "2001-02-03", "n": 3}',)], "img STRING")
+    inferred = types.infer_fields(sample, "img")
+    fields = types.with_overrides(inferred, (("price", "decimal(6,2)"), ("born", "date"), ("n", "int")))
+    assert [(f.name, f.spark_type) for f in fields] == [("born", "date"), ("n", "int"), ("price", "decimal(6,2)")]
+    df = spark.createDataFrame([(0, '{"price": 12.25, "born": "2001-02-03", "n": 3}'),
+                                (1, '{"price": 12.255, "born": "not a date", "n": 3.5}')], "i INT, img STRING")
+    got = types.parse_image(df, F.col("img"), fields, "r").orderBy("i").select("r.*", "_decode_problems").collect()
+    assert got[0].asDict() == {"born": dt.date(2001, 2, 3), "n": 3, "price": Decimal("12.25"), "_decode_problems": ""}
+    assert got[1]["_decode_problems"] == "born (not date), n (not int), price (not decimal(6,2))"
+
+
+def test_typed_files_keep_their_column_types_through_json(spark):
+    df = spark.createDataFrame([(1, Decimal("12.50"), dt.date(2024, 1, 2), dt.datetime(2024, 1, 2, 3, 4, 5, 6))],
+                               "id BIGINT, price DECIMAL(10,2), day DATE, at TIMESTAMP")
+    fields = types.fields_from_envelope(types.envelope_from_spark(df.schema))
+    assert [f.spark_type for f in fields] == ["BIGINT", "DECIMAL(10,2)", "DATE", "TIMESTAMP"]
+    text = df.select(F.to_json(F.struct(*df.columns), types.JSON_OPTIONS).alias("img"))
+    row = types.parse_image(text, F.col("img"), fields, "r").select("r.*").first()
+    assert tuple(row) == tuple(df.first())

@@ -1,0 +1,163 @@
+"""One contract suite for every Delta engine present (DESIGN 5). delta-spark needs Delta's jars on
+Spark's classpath; they come from Maven Central, which this machine cannot reach, so it skips here."""
+
+import datetime as dt
+import os
+from dataclasses import replace
+from decimal import Decimal
+
+import pytest
+
+from spark_jobs.delta import MergeSpec, delta_jars_present
+from spark_jobs.layers.silver import LEDGER_MERGE, SILVER_MERGE
+
+SCHEMA = "k INT, v STRING, _seq STRING, _op STRING"
+
+
+@pytest.fixture(params=["delta-rs", "delta-spark"])
+def any_engine(request, spark):
+    if request.param == "delta-rs":
+        from spark_jobs.delta.delta_rs import DeltaRsEngine
+
+        return DeltaRsEngine()
+    if not delta_jars_present(spark):
+        pytest.skip("delta-spark: Delta Lake jars (io.delta:delta-spark_2.13) are not on Spark's classpath here "
+                    "(Maven Central is unreachable); runs where the jars are present, e.g. the docker-compose image")
+    from spark_jobs.delta.delta_spark import DeltaSparkEngine
+
+    return DeltaSparkEngine(spark)
+
+
+def rows(engine, spark, path, order="k"):
+    df = engine.read(spark, path)
+    return None if df is None else [tuple(r) for r in df.orderBy(order).collect()]
+
+
+def test_absent_table_has_no_version_schema_or_rows(any_engine, spark, tmp_path):
+    path = str(tmp_path / "none")
+    assert (any_engine.version(path), any_engine.schema(path), any_engine.read(spark, path)) == (None, None, None)
+    assert any_engine.history(path) == []
+
+
+def test_append_then_read_types_and_versions(any_engine, spark, tmp_path):
+    path = str(tmp_path / "t")
+    df = spark.createDataFrame([(1, Decimal("1.50"), dt.date(2024, 1, 2), dt.datetime(2024, 1, 2, 3, 4, 5, 6))],
+                               "k INT, d DECIMAL(6,2), day DATE, at TIMESTAMP")
+    assert any_engine.append(df, path) == 0
+    assert any_engine.append(df, path) == 1
+    assert rows(any_engine, spark, path) == [(1, Decimal("1.50"), dt.date(2024, 1, 2), dt.datetime(2024, 1, 2, 3, 4, 5, 6))] * 2
+    assert [f.simpleString() for f in any_engine.schema(path).fields] == ["k:int", "d:decimal(6,2)", "day:date", "at:timestamp"]
+    assert [h["version"] for h in any_engine.history(path)] == [1, 0]
+
+
+def test_empty_table_reads_as_empty_frame_with_schema(any_engine, spark, tmp_path):
+    path = str(tmp_path / "t")
+    any_engine.overwrite(spark.createDataFrame([], SCHEMA), path)
+    df = any_engine.read(spark, path)
+    assert (df.count(), df.columns) == (0, ["k", "v", "_seq", "_op"])
+
+
+def test_partitioned_tables_read_back_partition_columns(any_engine, spark, tmp_path):
+    path = str(tmp_path / "t")
+    df = spark.createDataFrame([(1, "a b/c"), (2, None), (3, "x")], "k INT, region STRING")
+    any_engine.append(df, path, partition_by=("region",))
+    assert rows(any_engine, spark, path) == [(1, "a b/c"), (2, None), (3, "x")]
+
+
+def test_silver_merge_spec_applies_only_newer_events(any_engine, spark, tmp_path):
+    path = str(tmp_path / "t")
+    spec = replace(SILVER_MERGE, keys=("k",))
+    first = spark.createDataFrame([(1, "a", "05", "c"), (2, "b", "05", "c"), (3, "c", "05", "c"), (9, None, "05", "d")], SCHEMA)
+    result = any_engine.merge(first, path, spec)
+    assert (result.inserted, result.updated, result.deleted) == (3, 0, 0)
+    second = spark.createDataFrame([
+        (1, "a2", "06", "u"),   # newer update: applies
+        (2, "b0", "04", "u"),   # older update: ignored
+        (3, None, "07", "d"),   # newer delete: applies
+        (4, "d", "01", "c"),    # new key: inserted
+        (5, None, "09", "d"),   # delete of an absent key: nothing
+    ], SCHEMA)
+    result = any_engine.merge(second, path, spec)
+    assert (result.inserted, result.updated, result.deleted) == (1, 1, 1)
+    assert rows(any_engine, spark, path) == [(1, "a2", "06", "u"), (2, "b", "05", "c"), (4, "d", "01", "c")]
+    # the same batch again changes nothing
+    result = any_engine.merge(second, path, spec)
+    assert (result.inserted, result.updated, result.deleted) == (0, 0, 0)
+
+
+def test_ledger_merge_spec_records_deletes_and_clears_them_on_newer_writes(any_engine, spark, tmp_path):
+    path = str(tmp_path / "ledger")
+    spec = replace(LEDGER_MERGE, keys=("k",))
+    schema = "k INT, _seq STRING, _op STRING"
+    any_engine.merge(spark.createDataFrame([(1, "05", "d"), (2, "05", "d"), (3, "05", "u")], schema), path, spec)
+    any_engine.merge(spark.createDataFrame([(1, "07", "c"), (2, "08", "d"), (4, "01", "d")], schema), path, spec)
+    assert rows(any_engine, spark, path) == [(2, "08", "d"), (4, "01", "d")]
+
+
+def test_merge_adds_new_source_columns(any_engine, spark, tmp_path):
+    path = str(tmp_path / "t")
+    spec = MergeSpec(("k",), update_when="true", insert_when="true")
+    any_engine.merge(spark.createDataFrame([(1, "a")], "k INT, v STRING"), path, spec)
+    any_engine.merge(spark.createDataFrame([(2, "b", 7)], "k INT, v STRING, extra INT"), path, spec)
+    assert rows(any_engine, spark, path) == [(1, "a", None), (2, "b", 7)]
+
+
+def test_overwrite_replaces_rows_and_schema_and_restore_goes_back(any_engine, spark, tmp_path):
+    path = str(tmp_path / "t")
+    any_engine.overwrite(spark.createDataFrame([(1, "a", "1", "c")], SCHEMA), path)
+    any_engine.overwrite(spark.createDataFrame([(5, 1.5)], "k INT, score DOUBLE"), path)
+    assert rows(any_engine, spark, path) == [(5, 1.5)]
+    assert any_engine.restore(path, 0) == 2
+    assert rows(any_engine, spark, path) == [(1, "a", "1", "c")]
+    assert any_engine.read(spark, path, version=1).collect()[0]["score"] == 1.5
+
+
+def test_delete_removes_matching_rows_and_counts_them(any_engine, spark, tmp_path):
+    path = str(tmp_path / "t")
+    any_engine.append(spark.createDataFrame([(1, "a", "02", "c"), (2, "b", "05", "c"), (3, "c", "03", "u")], SCHEMA), path)
+    assert any_engine.delete(path, "_seq < '04'") == 2
+    assert rows(any_engine, spark, path) == [(2, "b", "05", "c")]
+
+
+def test_replace_swaps_the_matching_rows_in_one_commit(any_engine, spark, tmp_path):
+    path = str(tmp_path / "t")
+    any_engine.append(spark.createDataFrame([(1, "a", "f1", "c"), (2, "b", "f1", "c"), (3, "c", "f'2", "u")], SCHEMA), path)
+    assert any_engine.replace(spark.createDataFrame([(1, "A", "f1", "c")], SCHEMA), path, "_seq IN ('f1')") == 1
+    assert rows(any_engine, spark, path) == [(1, "A", "f1", "c"), (3, "c", "f'2", "u")]
+    assert any_engine.replace(spark.createDataFrame([], SCHEMA), path, "_seq IN ('f''2')") == 2
+    assert rows(any_engine, spark, path) == [(1, "A", "f1", "c")]
+
+
+@pytest.mark.parametrize("source_mb", ["256", "0"], ids=["in-memory", "streamed"])
+def test_delta_rs_writes_through_scratch_parquet_held_or_streamed_and_leaves_nothing(engine, spark, tmp_path,
+                                                                                       monkeypatch, source_mb):
+    # CDC_MERGE_SOURCE_MB=0 streams every merge source; several Spark partitions make several scratch files
+    monkeypatch.setenv("CDC_MERGE_SOURCE_MB", source_mb)
+    monkeypatch.setenv("CDC_SPILL_DIR", str(tmp_path / "spill"))
+    (tmp_path / "spill").mkdir()
+    path, spec = str(tmp_path / "t"), replace(SILVER_MERGE, keys=("k",))
+    first = spark.createDataFrame([(k, f"v{k}", "05", "c") for k in range(1, 7)], SCHEMA).repartition(3)
+    assert (engine.merge(first, path, spec).inserted, engine.append(first.limit(0), path)) == (6, 2)
+    second = spark.createDataFrame([(2, "w2", "06", "u"), (3, None, "07", "d"), (7, "v7", "01", "c"), (4, "old", "04", "u")],
+                                   SCHEMA).repartition(3)
+    result = engine.merge(second, path, spec)
+    assert (result.inserted, result.updated, result.deleted) == (1, 1, 1)
+    assert rows(engine, spark, path) == [(1, "v1", "05", "c"), (2, "w2", "06", "u"), (4, "v4", "05", "c"),
+                                         (5, "v5", "05", "c"), (6, "v6", "05", "c"), (7, "v7", "01", "c")]
+    assert list((tmp_path / "spill").iterdir()) == []  # every scratch folder removed
+
+
+def test_scratch_left_by_a_killed_run_is_removed_and_a_live_runs_is_kept(spark, tmp_path, monkeypatch):
+    import subprocess
+
+    from spark_jobs.delta.delta_rs import DeltaRsEngine
+
+    monkeypatch.setenv("CDC_SPILL_DIR", str(tmp_path))
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a process that has exited: its pid names a killed run's scratch
+    (tmp_path / f"cdc-spill-{dead.pid}-abc").mkdir()
+    (tmp_path / f"cdc-spill-{dead.pid}-abc" / "part-0.parquet").write_bytes(b"rows")
+    (tmp_path / f"cdc-spill-{os.getpid()}-def").mkdir()  # this live process's
+    (tmp_path / "other").mkdir()
+    DeltaRsEngine()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"cdc-spill-{os.getpid()}-def", "other"]

@@ -1,0 +1,85 @@
+import re
+from pathlib import Path
+
+import pytest
+
+from spark_jobs.errors import ConfigError
+from spark_jobs.registry import load_registry, parse_table
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "tables.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_shipped_registry_has_the_demo_tables_and_models():
+    registry = load_registry(ROOT / "include" / "tables.yaml")
+    assert list(registry.tables) == ["customers", "products", "inventory_customers", "film", "actor", "film_actor"]
+    assert registry.tables["film_actor"].keys == ("actor_id", "film_id")
+    assert sorted(registry.gold) == ["customer_email_domains", "customers_by_state", "films_per_actor",
+                                     "products_by_weight"]
+    assert registry.gold["films_per_actor"].sources == ("actor", "film_actor", "film")
+    assert [m.name for m in registry.models_reading(["film"])] == ["films_per_actor"]
+
+
+def test_defaults_apply_when_only_topic_and_keys_are_given():
+    table = parse_table("t", {"topic": "a.b.c", "keys": ["id"]})
+    assert (table.format, table.sequence_by, table.partition_by) == ("auto", None, ())
+    assert (table.columns, table.history, table.tombstone_retention_s) == ((), False, None)
+
+
+def test_history_retention_and_column_overrides_are_read():
+    table = parse_table("t", {"topic": "x", "keys": ["id"], "history": True, "tombstone_retention": "30d",
+                              "columns": {"price": "DECIMAL(10, 2)", "born": "date"}})
+    assert table.history is True
+    assert table.tombstone_retention_s == 30 * 86400
+    assert table.columns == (("price", "decimal(10, 2)"), ("born", "date"))
+
+
+def test_sequence_by_takes_source_fields_as_the_readme_documents():
+    table = parse_table("t", {"topic": "x", "keys": "id", "sequence_by": ["source.txn", "version"]})
+    assert table.sequence_by == ("source.txn", "version")
+    with pytest.raises(ConfigError, match="sequence_by"):
+        parse_table("t", {"topic": "x", "keys": "id", "sequence_by": ["source."]})
+
+
+def test_sequence_by_and_partition_by_are_read():
+    table = parse_table("t", {"topic": "x", "keys": "id", "sequence_by": ["version"], "partition_by": ["region"]})
+    assert (table.keys, table.sequence_by, table.partition_by) == (("id",), ("version",), ("region",))
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"topic": "x", "keys": ["id"], "colour": "red"}, "table 'orders': unknown field(s) colour"),
+    ({"keys": ["id"]}, "table 'orders': field 'topic' is required"),
+    ({"topic": "x", "keys": ["id"], "history": "yes"}, "table 'orders': field 'history' must be true or false"),
+    ({"topic": "x", "keys": ["id"], "tombstone_retention": "a week"},
+     "table 'orders': field 'tombstone_retention' must be 'forever'"),
+    ({"topic": "x", "keys": ["id"], "columns": {"price": "money"}},
+     "table 'orders': field 'columns' has unsupported type(s) price: 'money'"),
+    ({"topic": "x"}, "table 'orders': field 'keys' must be a non-empty list of column names, got None"),
+    ({"topic": "x", "keys": []}, "table 'orders': field 'keys' must be a non-empty list of column names, got []"),
+    ({"topic": "x", "keys": ["id"], "format": "csv"}, "table 'orders': field 'format' must be one of"),
+])
+def test_invalid_tables_name_the_table_and_field(spec, message):
+    with pytest.raises(ConfigError, match="^" + re.escape(message)):
+        parse_table("orders", spec)
+
+
+def test_unknown_table_selection_is_an_error(tmp_path):
+    registry = load_registry(write(tmp_path, "tables:\n  a: {topic: t, keys: [id]}\n"))
+    with pytest.raises(ConfigError, match="unknown table\\(s\\) b; known: a"):
+        registry.select(["b"])
+
+
+def test_gold_model_needs_headers_and_known_sources(tmp_path):
+    config = write(tmp_path, "tables:\n  a: {topic: t, keys: [id]}\n")
+    (tmp_path / "gold").mkdir()
+    (tmp_path / "gold" / "m.sql").write_text("-- keys: id\n-- sources: a, b\nSELECT 1")
+    with pytest.raises(ConfigError, match="gold model 'm': sources not in the registry: b"):
+        load_registry(config)
+    (tmp_path / "gold" / "m.sql").write_text("-- sources: a\nSELECT 1")
+    with pytest.raises(ConfigError, match="gold model 'm': missing '-- keys: ...' header"):
+        load_registry(config)
