@@ -258,8 +258,8 @@ def status(args: argparse.Namespace) -> int:
         if layer != "quarantine" and not rows:
             empty.append(f"{layer}/{name}")
         print(f"{layer:<11}{name:<24}{'-' if rows is None else rows:>8}  {verdicts.get((layer, name), '')}")
-    index = Path(lake.reports) / "index.html"
-    docs = sorted(Path(lake.reports).glob("data_docs/*/index.html"))
+    index = Path(lake.reports_index)
+    docs = list(Path(lake.data_docs("")).glob("*/index.html"))
     print(f"\ntables:  {lake.root}/{{bronze,silver,gold,quarantine}}/<table>")
     print(f"reports: {index} (runs), {len(docs)} GX Data Docs sites under {lake.reports}/data_docs/")
     if args.require_tables and (empty or not index.exists() or not docs):

@@ -1,4 +1,4 @@
-"""Sample Debezium change files in the Kafka Connect S3 sink layout (DESIGN.md 3.1).
+"""Sample Debezium change files in the Kafka Connect S3 sink layout (docs/architecture.md, "Landing layout").
 
 Each demo source table replays a realistic connector history: a snapshot phase (op=r, all rows at one
 log position), then transactions of inserts, updates and deletes. PostgreSQL tables use lsn/txId with
@@ -12,176 +12,18 @@ Pure Python: no Spark. Deterministic for a given seed.
 
 from __future__ import annotations
 
-import base64
-import datetime as dt
 import gzip
 import json
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 from spark_jobs.registry import TableConfig
+from spark_jobs.sample_sources import PROFILES, Column, SourceProfile
 
-EPOCH = dt.date(1970, 1, 1)
-FIRST_NAMES = ["Anne", "Bob", "Chen", "Dana", "Edward", "Fatima", "Gus", "Hana", "Ivan", "Jo", "Kemal", "Lea",
-               "Mina", "Noah", "Olga", "Pablo", "Quinn", "Rosa", "Sven", "Tara"]
-LAST_NAMES = ["Kretchmar", "Walker", "Thomas", "Bailey", "Guinness", "Monroe", "Berry", "Nolte", "Wood", "Tracy"]
-CITIES = [("Austin", "TX"), ("Dallas", "TX"), ("Boston", "MA"), ("Denver", "CO"), ("Seattle", "WA"),
-          ("Portland", "OR"), ("Miami", "FL"), ("Chicago", "IL"), ("Albany", "NY"), ("Fresno", "CA")]
-PRODUCTS = ["scooter", "car battery", "12-pack drill bits", "hammer", "rocks", "jacket", "spare tire", "kettle"]
-DOMAINS = ["example.com", "acme.org", "noanswer.org", "walker.com"]
-RATINGS = ["G", "PG", "PG-13", "R", "NC-17"]
-WORDS = ["Epic", "Drama", "Astounding", "Saga", "Mad", "Scientist", "Boat", "Lacklusture", "Reflection", "Moose"]
-
-
-@dataclass(frozen=True)
-class Column:
-    """A source column and how the connector encodes it (Kafka Connect type + Debezium logical name)."""
-
-    name: str
-    connect_type: str  # int16 | int32 | int64 | float64 | boolean | string | bytes
-    logical: str | None = None  # e.g. io.debezium.time.Date, org.apache.kafka.connect.data.Decimal
-    parameters: dict[str, str] | None = None
-
-    def encode(self, value: Any) -> Any:
-        """Logical value -> the JSON value the connector writes."""
-        if value is None:
-            return None
-        if self.logical == "io.debezium.time.Date":
-            return (value - EPOCH).days
-        if self.logical == "io.debezium.time.MicroTimestamp":
-            return int((value - dt.datetime(1970, 1, 1)).total_seconds()) * 1_000_000 + value.microsecond
-        if self.logical == "org.apache.kafka.connect.data.Decimal":
-            scale = int((self.parameters or {})["scale"])
-            unscaled = int(value.scaleb(scale))
-            length = max(1, (unscaled.bit_length() + 8) // 8)
-            return base64.b64encode(unscaled.to_bytes(length, "big", signed=True)).decode()
-        return value
-
-    def schema(self, optional: bool) -> dict[str, Any]:
-        spec: dict[str, Any] = {"type": self.connect_type, "optional": optional}
-        if self.logical:
-            spec.update(name=self.logical, version=1)
-        if self.parameters:
-            spec["parameters"] = dict(self.parameters)
-        spec["field"] = self.name
-        return spec
-
-
-RowFactory = Callable[[random.Random, tuple[Any, ...]], dict[str, Any]]
-
-
-@dataclass(frozen=True)
-class SourceProfile:
-    """A demo source table: its columns, key, connector and how its rows look."""
-
-    topic: str
-    columns: tuple[Column, ...]
-    keys: tuple[str, ...]
-    connector: str  # postgresql | mysql
-    envelope: bool
-    new_key: Callable[[random.Random, int], tuple[Any, ...]]  # (rng, n-th key) -> key values
-    row: RowFactory
-    mutable: tuple[str, ...]  # columns an update changes
-
-
-def _days(rng: random.Random) -> dt.date:
-    return EPOCH + dt.timedelta(days=rng.randint(15_000, 20_000))
-
-
-def _stamp(rng: random.Random) -> dt.datetime:
-    return dt.datetime(2020, 1, 1) + dt.timedelta(seconds=rng.randint(0, 150_000_000), microseconds=rng.randint(0, 999_999))
-
-
-def _customer(rng: random.Random, key: tuple[Any, ...]) -> dict[str, Any]:
-    city, state = rng.choice(CITIES)
-    return {"custkey": key[0], "first_name": rng.choice(FIRST_NAMES), "city": city, "state": state,
-            "fico": rng.randint(300, 850), "registration_date": _days(rng)}
-
-
-def _product(rng: random.Random, key: tuple[Any, ...]) -> dict[str, Any]:
-    name = rng.choice(PRODUCTS)
-    return {"id": key[0], "name": name, "description": f"{rng.choice(WORDS).lower()} {name}",
-            "weight": round(rng.uniform(0.1, 12.0), 3)}
-
-
-def _inventory_customer(rng: random.Random, key: tuple[Any, ...]) -> dict[str, Any]:
-    first, last = rng.choice(FIRST_NAMES), rng.choice(LAST_NAMES)
-    return {"id": key[0], "first_name": first, "last_name": last,
-            "email": f"{first.lower()}.{last.lower()}{key[0]}@{rng.choice(DOMAINS)}"}
-
-
-def _film(rng: random.Random, key: tuple[Any, ...]) -> dict[str, Any]:
-    title = f"{rng.choice(WORDS)} {rng.choice(WORDS)}".upper()
-    return {"film_id": key[0], "title": title, "description": f"A {rng.choice(WORDS)} of a {rng.choice(WORDS)}",
-            "release_year": rng.randint(1990, 2024), "language_id": 1, "rental_duration": rng.randint(3, 7),
-            "rental_rate": Decimal(rng.choice(["0.99", "2.99", "4.99"])), "length": rng.randint(46, 185),
-            "replacement_cost": Decimal(rng.randint(999, 2999)).scaleb(-2), "rating": rng.choice(RATINGS),
-            "last_update": _stamp(rng)}
-
-
-def _actor(rng: random.Random, key: tuple[Any, ...]) -> dict[str, Any]:
-    return {"actor_id": key[0], "first_name": rng.choice(FIRST_NAMES).upper(),
-            "last_name": rng.choice(LAST_NAMES).upper(), "last_update": _stamp(rng)}
-
-
-def _film_actor(rng: random.Random, key: tuple[Any, ...]) -> dict[str, Any]:
-    return {"actor_id": key[0], "film_id": key[1], "last_update": _stamp(rng)}
-
-
-def _sequential(start: int) -> Callable[[random.Random, int], tuple[Any, ...]]:
-    return lambda rng, n: (start + n,)
-
-
-def _pair(rng: random.Random, n: int) -> tuple[Any, ...]:
-    # (actor_id, film_id) pairs enumerated without repeats; small ids so they join with actor and film
-    return (1 + n % 200, 1 + n // 200)
-
-
-_TS = Column("last_update", "int64", "io.debezium.time.MicroTimestamp")
-PROFILES: dict[str, SourceProfile] = {
-    p.topic: p
-    for p in [
-        SourceProfile(
-            "burst.burst_bank.customers",
-            (Column("custkey", "int32"), Column("first_name", "string"), Column("city", "string"),
-             Column("state", "string"), Column("fico", "int32"),
-             Column("registration_date", "int32", "io.debezium.time.Date")),
-            ("custkey",), "postgresql", True, _sequential(1), _customer, ("city", "state", "fico")),
-        SourceProfile(
-            "dbserver1.inventory.products",
-            (Column("id", "int32"), Column("name", "string"), Column("description", "string"),
-             Column("weight", "float64")),
-            ("id",), "mysql", True, _sequential(101), _product, ("description", "weight")),
-        SourceProfile(
-            "dbserver1.inventory.customers",
-            (Column("id", "int32"), Column("first_name", "string"), Column("last_name", "string"),
-             Column("email", "string")),
-            ("id",), "mysql", True, _sequential(1001), _inventory_customer, ("last_name", "email")),
-        SourceProfile(
-            "pagila.public.film",
-            (Column("film_id", "int32"), Column("title", "string"), Column("description", "string"),
-             Column("release_year", "int32"), Column("language_id", "int16"), Column("rental_duration", "int16"),
-             Column("rental_rate", "bytes", "org.apache.kafka.connect.data.Decimal",
-                    {"scale": "2", "connect.decimal.precision": "4"}),
-             Column("length", "int16"),
-             Column("replacement_cost", "bytes", "org.apache.kafka.connect.data.Decimal",
-                    {"scale": "2", "connect.decimal.precision": "5"}),
-             Column("rating", "string", "io.debezium.data.Enum", {"allowed": ",".join(RATINGS)}), _TS),
-            ("film_id",), "postgresql", True, _sequential(1), _film, ("rental_rate", "rating", "last_update")),
-        SourceProfile(
-            "pagila.public.actor",
-            (Column("actor_id", "int32"), Column("first_name", "string"), Column("last_name", "string"), _TS),
-            ("actor_id",), "postgresql", False, _sequential(1), _actor, ("last_name", "last_update")),
-        SourceProfile(
-            "pagila.public.film_actor",
-            (Column("actor_id", "int16"), Column("film_id", "int16"), _TS),
-            ("actor_id", "film_id"), "postgresql", False, _pair, _film_actor, ("last_update",)),
-    ]
-}
+__all__ = ["PROFILES", "Column", "GeneratedTable", "Options", "generate"]
 
 
 @dataclass
@@ -268,65 +110,73 @@ State = dict[tuple[Any, ...], dict[str, Any]]  # key -> row (logical values)
 def history(profile: SourceProfile, opts: Options, rng: random.Random, state: State) -> Iterator[tuple[int, Unit]]:
     """The table's change log in commit order, as (phase, unit): phase 0 is the snapshot, phases 1..batches
     the change batches (everything is phase 0 when `opts.batches` is 0). `state` ends as the final state."""
-    log = _Log(profile.connector, rng)
-    encode = {c.name: c.encode for c in profile.columns}
-    live: list[tuple[Any, ...]] = []  # the keys of `state` in insertion order, indexable for random picks
+    replay = _Replay(profile, rng, state, _Log(profile.connector, rng))
     clock = opts.start_ms
-    next_key = 0
     insert_below, update_below = opts.mix[0] / 100, (opts.mix[0] + opts.mix[1]) / 100
-
-    def image(row: dict[str, Any] | None) -> dict[str, Any] | None:
-        return None if row is None else {c.name: encode[c.name](row.get(c.name)) for c in profile.columns}
-
-    def record(op: str, key: tuple[Any, ...], before: dict[str, Any] | None, after: dict[str, Any] | None,
-               snapshot: str, row: int, commit_ms: int) -> Record:
-        payload = {"before": image(before), "after": image(after),
-                   "source": log.source(profile.topic, commit_ms, snapshot, row), "op": op,
-                   "ts_ms": commit_ms + rng.randint(5, 400), "transaction": None}
-        return key, payload
-
-    def insert() -> tuple[Any, ...]:
-        nonlocal next_key
-        key = profile.new_key(rng, next_key)
-        next_key += 1
-        state[key] = profile.row(rng, key)
-        live.append(key)
-        return key
-
     # snapshot: every row at one log position (pg: one lsn; mysql: one binlog pos)
-    log.begin()
+    replay.log.begin()
     for i in range(opts.rows):
-        key = insert()
+        key = replay.insert()
         marker = "first" if i == 0 else "last" if i == opts.rows - 1 else "true"
         clock += rng.randint(0, 1)  # the snapshot reads many rows per millisecond: ts_ms ties
-        yield 0, [record("r", key, None, state[key], marker, 0, clock)]
-
+        yield 0, [replay.record("r", key, None, state[key], marker, 0, clock)]
     done = 0
     while done < opts.changes:
-        log.begin()
+        replay.log.begin()
         clock += rng.randint(1, 2_000)
         for row_in_tx in range(min(rng.randint(1, 5), opts.changes - done)):
             phase = 1 + done * opts.batches // opts.changes if opts.batches else 0
             roll = rng.random()
-            if roll < insert_below or len(live) < 2:
-                key = insert()
-                yield phase, [record("c", key, None, state[key], "false", row_in_tx, clock)]
-            elif roll < update_below:
-                key = live[rng.randrange(len(live))]  # the same draw as rng.choice(live)
-                fresh = profile.row(rng, key)
-                state[key] = {**state[key], **{c: fresh[c] for c in profile.mutable}}
-                # default replica identity: no before image
-                yield phase, [record("u", key, None, state[key], "false", row_in_tx, clock)]
-            else:
-                index = rng.randrange(len(live))
-                key = live.pop(index)
-                del state[key]
-                key_only = dict(zip(profile.keys, key, strict=False))
-                unit = [record("d", key, key_only, None, "false", row_in_tx, clock)]
-                if profile.connector == "postgresql":  # tombstones.on.delete=true (the default)
-                    unit.append((key, None))
-                yield phase, unit
+            kind = "c" if roll < insert_below or len(replay.live) < 2 else "u" if roll < update_below else "d"
+            yield phase, replay.change(kind, row_in_tx, clock)
             done += 1
+
+
+class _Replay:
+    """One table's source rows as a connector sees them change: `state` (key -> row) and its keys in
+    insertion order (`live`, indexable for random picks)."""
+
+    def __init__(self, profile: SourceProfile, rng: random.Random, state: State, log: _Log):
+        self.profile, self.rng, self.state, self.log = profile, rng, state, log
+        self.encode = {c.name: c.encode for c in profile.columns}
+        self.live: list[tuple[Any, ...]] = []
+        self.next_key = 0
+
+    def image(self, row: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if row is None else {c.name: self.encode[c.name](row.get(c.name)) for c in self.profile.columns}
+
+    def record(self, op: str, key: tuple[Any, ...], before: dict[str, Any] | None, after: dict[str, Any] | None,
+               snapshot: str, row: int, commit_ms: int) -> Record:
+        payload = {"before": self.image(before), "after": self.image(after),
+                   "source": self.log.source(self.profile.topic, commit_ms, snapshot, row), "op": op,
+                   "ts_ms": commit_ms + self.rng.randint(5, 400), "transaction": None}
+        return key, payload
+
+    def insert(self) -> tuple[Any, ...]:
+        key = self.profile.new_key(self.rng, self.next_key)
+        self.next_key += 1
+        self.state[key] = self.profile.row(self.rng, key)
+        self.live.append(key)
+        return key
+
+    def change(self, kind: str, row_in_tx: int, clock: int) -> Unit:
+        """An insert (c), an update (u) of a random live key, or a delete (d) of one."""
+        if kind == "c":
+            key = self.insert()
+            return [self.record("c", key, None, self.state[key], "false", row_in_tx, clock)]
+        if kind == "u":
+            key = self.live[self.rng.randrange(len(self.live))]  # the same draw as rng.choice(live)
+            fresh = self.profile.row(self.rng, key)
+            self.state[key] = {**self.state[key], **{c: fresh[c] for c in self.profile.mutable}}
+            # default replica identity: no before image
+            return [self.record("u", key, None, self.state[key], "false", row_in_tx, clock)]
+        key = self.live.pop(self.rng.randrange(len(self.live)))
+        del self.state[key]
+        key_only = dict(zip(self.profile.keys, key, strict=False))
+        unit = [self.record("d", key, key_only, None, "false", row_in_tx, clock)]
+        if self.profile.connector == "postgresql":  # tombstones.on.delete=true (the default)
+            unit.append((key, None))
+        return unit
 
 
 class _Sink:

@@ -71,8 +71,13 @@ class Lake:
     def runs_reports(self) -> str:
         return f"{self.reports}/runs"
 
+    @property
+    def reports_index(self) -> str:
+        """The history page: every run, newest first."""
+        return f"{self.reports}/index.html"
+
     def data_docs(self, table: str) -> str:
-        """The GX Data Docs site of one table (or gold model)."""
+        """The GX Data Docs site of one table (or gold model); "" for the folder of every site."""
         return f"{self.reports}/data_docs/{table}"
 
     def gx_stores(self, table: str) -> str:

@@ -1,4 +1,4 @@
-"""Landing files written by the Kafka Connect S3 sink (DESIGN 3.1), on a local path or `s3://bucket/prefix`:
+"""Landing files written by the Kafka Connect S3 sink (docs/architecture.md, "Landing layout"), on a local path or `s3://bucket/prefix`:
 one listing code path over two stores, and staging of S3 files to a local folder for Spark.
 
 S3 credentials and endpoint come from boto3's usual sources (AWS_* environment, profiles, instance

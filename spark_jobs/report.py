@@ -127,6 +127,6 @@ def render_index(lake: Lake) -> Path:
     body = ("<h1>CDC pipeline runs</h1><p>Newest first. Each run links to its report; each report links to the "
             "Great Expectations Data Docs of its tables.</p><table><tr><th>run</th><th>started</th><th>verdict</th>"
             "<th>quarantined</th><th>gates</th></tr>" + "".join(rows) + "</table>")
-    path = Path(lake.reports) / "index.html"
+    path = Path(lake.reports_index)
     write_atomic(path, _page("CDC pipeline runs", body))
     return path

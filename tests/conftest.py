@@ -1,4 +1,4 @@
-"""Shared fixtures: one local[1] Spark session for the whole run (DESIGN 6), UTC everywhere."""
+"""Shared fixtures: one local[1] Spark session for the whole run (docs/architecture.md, "Tests"), UTC everywhere."""
 
 from __future__ import annotations
 

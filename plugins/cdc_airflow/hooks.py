@@ -28,7 +28,8 @@ def s3_environment(settings: dict[str, str]) -> dict[str, str]:
     return {names[k]: v for k, v in settings.items()}
 
 
-def _s3_client(settings: dict[str, str] | None) -> Any:
+def s3_client(settings: dict[str, str] | None) -> Any:
+    """A boto3 S3 client with those settings (None for a local landing)."""
     if settings is None:
         return None
     import boto3
@@ -37,10 +38,11 @@ def _s3_client(settings: dict[str, str] | None) -> Any:
 
 
 def pending_landing_files(landing: str, lake: str, table: str, topic: str, since_ms: int | None, until_ms: int | None,
-                          s3_client: Any) -> list[str]:
+                          client: Any) -> list[str]:
+    """Paths of the topic's landing files in the window that bronze has not taken yet."""
     from spark_jobs.lake import Lake
     from spark_jobs.landing import LandingWindow
     from spark_jobs.state import pending_files
 
-    files = pending_files(landing, Lake(lake), table, topic, LandingWindow(since_ms, until_ms), s3_client)
+    files = pending_files(landing, Lake(lake), table, topic, LandingWindow(since_ms, until_ms), client)
     return [f.path for f in files]

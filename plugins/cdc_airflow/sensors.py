@@ -10,7 +10,7 @@ from typing import Any
 from airflow.exceptions import AirflowException, AirflowSkipException
 from airflow.sdk import BaseSensorOperator
 
-from cdc_airflow.hooks import _s3_client, pending_landing_files, s3_settings
+from cdc_airflow.hooks import pending_landing_files, s3_client, s3_settings
 from cdc_airflow.triggers import LandingTrigger
 from spark_jobs.landing import is_remote
 from spark_jobs.settings import settings
@@ -48,7 +48,7 @@ class LandingSensor(BaseSensorOperator):
         since_ms, until_ms = landing_window(context)
         settings = s3_settings(self.aws_conn_id) if is_remote(self.landing) else None
         files = pending_landing_files(self.landing, self.lake, self.table, self.topic, since_ms, until_ms,
-                                      _s3_client(settings))
+                                      s3_client(settings))
         if files or until_ms is not None:  # a closed window gets no new files by waiting
             return self._hand_over(files)
         self.defer(trigger=LandingTrigger(landing=self.landing, lake=self.lake, table=self.table, topic=self.topic,

@@ -9,7 +9,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from cdc_airflow.hooks import _s3_client, pending_landing_files, s3_settings
+from cdc_airflow.hooks import pending_landing_files, s3_client, s3_settings
 from spark_jobs.landing import is_remote
 
 
@@ -36,7 +36,7 @@ class LandingTrigger(BaseTrigger):
         try:
             # connections are read through Airflow's own (synchronous) channel, once
             settings = await sync_to_async(s3_settings)(self.aws_conn_id) if is_remote(self.landing) else None
-            client = await asyncio.to_thread(_s3_client, settings)  # one client for every poll
+            client = await asyncio.to_thread(s3_client, settings)  # one client for every poll
             while True:
                 files = await asyncio.to_thread(pending_landing_files, self.landing, self.lake, self.table, self.topic,
                                                 self.since_ms, self.until_ms, client)

@@ -158,7 +158,7 @@ def mark_unavailable(changes: DataFrame, placeholder: str) -> DataFrame:
 
 
 def key_image() -> Column:
-    """The image the key comes from: `before` for deletes, `after` for c/u/r (DESIGN 4.2)."""
+    """The image the key comes from: `before` for deletes, `after` for c/u/r (docs/architecture.md, "Apply rules")."""
     return F.when(F.col("op") == "d", F.col("before")).otherwise(F.col("after"))
 
 

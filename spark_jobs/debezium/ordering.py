@@ -44,7 +44,7 @@ def configured_sequence(columns: tuple[str, ...]) -> Column:
 
 
 def order_key(events: DataFrame, sequence_by: tuple[str, ...] | None) -> DataFrame:
-    """Adds `_seq`, the event's position in the source log (DESIGN 4.1)."""
+    """Adds `_seq`, the event's position in the source log (docs/architecture.md, "Ordering")."""
     if sequence_by:
         return events.withColumn("_seq", configured_sequence(sequence_by))
     return connector_sequence(events)

@@ -198,7 +198,8 @@ def _split_top_level(body: str) -> list[str]:
 
 
 def _json_type(variant_type: str) -> str:
-    """Spark's variant type name for a JSON value -> the column type we keep (JSON types, DESIGN 4.3)."""
+    """Spark's variant type name for a JSON value -> the column type we keep (JSON types; docs/architecture.md,
+    "Types and schema")."""
     if variant_type in ("BIGINT", "INT", "SMALLINT", "TINYINT"):
         return "BIGINT"
     if variant_type.startswith("DECIMAL") or variant_type in ("DOUBLE", "FLOAT"):
@@ -258,7 +259,7 @@ def align(df: DataFrame, struct_col: str, target: T.StructType | None) -> DataFr
     """Cast the image's columns that already exist in the target to the target's types.
 
     Adds `_type_problems`, naming the columns whose values would not fit ('' when all fit): those rows
-    are quarantined, never silently cast (DESIGN 4.3)."""
+    are quarantined, never silently cast (docs/architecture.md, "Types and schema")."""
     if target is None:
         return df.withColumn("_type_problems", F.lit(""))
     existing = {f.name: f.dataType for f in target.fields}

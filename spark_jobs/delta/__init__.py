@@ -1,4 +1,5 @@
-"""All Delta I/O goes through `DeltaEngine` (DESIGN 5): delta-rs (the embedded default) or delta-spark
+"""All Delta I/O goes through `DeltaEngine` (docs/architecture.md, "Delta engines"): delta-rs (the embedded
+default) or delta-spark
 (when Delta's jars are on Spark's classpath). Both give the same meaning to the same `MergeSpec`."""
 
 from __future__ import annotations

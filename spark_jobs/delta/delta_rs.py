@@ -1,7 +1,8 @@
 """delta-rs engine: Spark computes, delta-rs commits.
 
 Reads never go through delta-rs' pyarrow-dataset readers (they abort the interpreter at exit about half
-the time here, DESIGN 2): Spark reads the snapshot's Parquet file list directly.
+the time here; docs/architecture.md, "Measured facts that shaped the choices"): Spark reads the snapshot's
+Parquet file list directly.
 
 Writes hand delta-rs the rows as Arrow without collecting them into Spark's driver: Spark writes them to
 a scratch Parquet folder (CDC_SPILL_DIR, default the system's temp folder) and delta-rs reads it back a

@@ -4,7 +4,7 @@ read its fields. Unset figures (None) are left out of both."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from spark_jobs.quality.gates import GateResult
@@ -17,7 +17,6 @@ class LayerSummary:
     table: str  # the table, or the gold model
     layer: str
     batch_id: str
-    mode: str | None = None  # reprocess | rebuild; None: incremental
     # the outcome, shown after the layer's own figures
     gate: str | None = None  # passed | passed-with-warnings | failed | skipped (...) | error
     warnings: int | None = None
@@ -30,10 +29,14 @@ class LayerSummary:
     def record_gate(self, result: GateResult) -> None:
         self.gate, self.warnings, self.checks, self.docs = result.verdict(), result.warnings(), result.as_dict(), result.docs
 
+    # figures of the layer reported after the gate's outcome (the CLI line keeps the order it always had)
+    AFTER_GATE: ClassVar[tuple[str, ...]] = ()
+
     def as_dict(self) -> dict[str, Any]:
         """Identity, the layer's figures, then the outcome; unset ones left out."""
         base = [f.name for f in fields(LayerSummary)]
-        order = [*base[:4], *[f.name for f in fields(self) if f.name not in base], *base[4:]]
+        own = [f.name for f in fields(self) if f.name not in base]
+        order = [*base[:3], *[n for n in own if n not in self.AFTER_GATE], *base[3:7], *self.AFTER_GATE, *base[7:]]
         return {name: getattr(self, name) for name in order if getattr(self, name) is not None}
 
 
@@ -42,6 +45,7 @@ class BronzeSummary(LayerSummary):
     layer: str = "bronze"
     files: int | None = None
     recovered_files: int | None = None  # logged now: an earlier run committed them to bronze, then died
+    mode: str | None = None  # reprocess; None: incremental
     lines: int | None = None
     events: int | None = None
     tombstones: int | None = None
@@ -54,11 +58,14 @@ class BronzeSummary(LayerSummary):
     lag_s: float | None = None
     flagged: Counts | None = None  # events kept in the batch that fail a warn/fail expectation
 
+    AFTER_GATE = ("tombstones_matched_late",)
+
 
 @dataclass(kw_only=True)
 class SilverSummary(LayerSummary):
     layer: str = "silver"
-    bronze_version: int | None = None
+    mode: str | None = None  # rebuild; None: incremental
+    bronze_version: int | None = None  # the bronze version applied
     events: int | None = None
     duplicates_dropped: int | None = None
     superseded_in_batch: int | None = None
@@ -75,6 +82,8 @@ class SilverSummary(LayerSummary):
     deletes: Counts | None = None  # where each delete went (layers/silver_plan.classify_deletes)
     history_rows: int | None = None
     recovered_commits: int | None = None  # applied by an interrupted run, counted here
+
+    AFTER_GATE = ("recovered_commits", "bronze_version")
 
     def add_recovered(self, recovered: Counts) -> None:
         """What an interrupted run applied of these events counts in this run's figures."""

@@ -1,8 +1,8 @@
 """The expectations every gate runs: one record each, with what a failure does by default.
 
 Adding an expectation on a per-row flag takes one record here plus the flag itself: a boolean column
-(null where it does not apply) the layer's audit frame carries (`_event_audit` in layers/silver.py,
-the bronze audit in layers/bronze.py). The gate (quality/gates.py) builds the GX check from the record.
+(null where it does not apply) the layer's audit frame carries (`event_audit` in layers/silver_plan.py,
+`_audit` in layers/bronze.py, `_references` in layers/gold.py). The gate (quality/gates.py) builds the GX check from the record.
 Expectations on keys, figures or row counts (no `column`) have their GX checks built in gates.py.
 
 Pure Python: the registry validates tables.yaml against these names without importing Spark or GX."""

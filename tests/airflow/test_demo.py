@@ -119,7 +119,8 @@ def browse_reports_in_the_airflow_ui(base: str, screenshot: Path) -> str:
 
 
 def silver_table(path: Path) -> list[dict]:
-    """Rows of a Delta table read without Spark: pyarrow over the snapshot's files (DESIGN 2)."""
+    """Rows of a Delta table read without Spark: pyarrow over the snapshot's files (docs/architecture.md,
+    "Measured facts that shaped the choices")."""
     import pyarrow.parquet as pq
     from deltalake import DeltaTable
 
@@ -127,12 +128,31 @@ def silver_table(path: Path) -> list[dict]:
     return sorted(rows, key=lambda r: r["custkey"])
 
 
+class Airflow:
+    """The Airflow CLI of the test's AIRFLOW_HOME; every call must succeed."""
+
+    def __init__(self, env: dict[str, str], log: Path):
+        self.env, self.log = env, log
+
+    def sh(self, *args: str) -> subprocess.CompletedProcess:
+        done = subprocess.run(args, cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+        return done
+
+    def dag_test(self, dag_id: str, *args: str) -> str:
+        out = self.sh(str(BIN / "airflow"), "dags", "test", dag_id, *args)
+        log = out.stdout + out.stderr
+        with self.log.open("a") as saved:
+            saved.write(log)
+        assert "state=success" in log, log[-4000:]
+        return log
+
+
 @pytest.mark.slow
 def test_airflow_runs_the_pipeline_from_s3_and_replays_leave_it_unchanged(tmp_path, s3_endpoint):
     """Files landing in a bucket (a local S3 server) to silver and gold through the layer DAGs, the
     reports in the Airflow UI, then `cdc_replay` rebuild and reprocess (issue 5's "done when")."""
     from spark_jobs.generate import Options, generate
-    from spark_jobs.lake import row_count
     from spark_jobs.registry import load_registry
 
     config = tmp_path / "include" / "tables.yaml"
@@ -149,35 +169,9 @@ def test_airflow_runs_the_pipeline_from_s3_and_replays_leave_it_unchanged(tmp_pa
         AIRFLOW_CONN_AWS_DEFAULT=aws_connection(s3_endpoint),
         CDC_CONFIG=str(config), CDC_LANDING_URI=landing, CDC_LAKE_URI=str(lake),
         CDC_SENSOR_TIMEOUT="3", CDC_SENSOR_POKE_INTERVAL="1")
-
-    def sh(*args: str) -> subprocess.CompletedProcess:
-        done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-        assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-        return done
-
-    def dag_test(dag_id: str, *args: str) -> str:
-        out = sh(str(BIN / "airflow"), "dags", "test", dag_id, *args)
-        log = out.stdout + out.stderr
-        with (tmp_path / "dags-test.log").open("a") as saved:
-            saved.write(log)
-        assert "state=success" in log, log[-4000:]
-        return log
-
-    sh(str(BIN / "airflow"), "db", "migrate")
-    bronze_log = dag_test("cdc_bronze")
-    assert "table=customers: 2 landing file(s) for bronze" in bronze_log
-    dag_test("cdc_silver_customers")
-    dag_test("cdc_gold_customers_by_state")
-    status = sh(str(BIN / "python"), "-m", "spark_jobs", "status", "--config", str(config), "--lake", str(lake),
-                "--require-tables")
-    table = {tuple(line.split()[:2]): line.split()[2:] for line in status.stdout.splitlines()[1:] if line.strip()}
-    assert table[("bronze", "customers")] == ["100", "passed"]
-    assert table[("gold", "customers_by_state")][1] == "passed"
-    assert table[("silver", "customers")][1] == "passed"
-    silver = silver_table(lake / "silver" / "customers")
-    final = generated[0].final_rows
-    assert {(r["custkey"],): {c: r[c] for c in r if not c.startswith("_")} for r in silver} == final
-    assert (lake / "reports" / "data_docs" / "customers" / "index.html").is_file()
+    airflow = Airflow(env, tmp_path / "dags-test.log")
+    airflow.sh(str(BIN / "airflow"), "db", "migrate")
+    silver = first_run_reaches_gold(airflow, config, lake, generated[0].final_rows)
 
     # the reports inside the Airflow UI, behind its login: the latest run's verdicts
     with api_server(env, tmp_path / "airflow") as base:
@@ -187,9 +181,34 @@ def test_airflow_runs_the_pipeline_from_s3_and_replays_leave_it_unchanged(tmp_pa
     assert [line for line in latest if "gold/customers_by_state" in line][0].split()[2] == "passed"
     assert "silver/customers: passed" in text and "bronze/customers: passed" in text
 
+    replays_leave_silver_unchanged(airflow, lake, silver)
+    backfills_and_bad_params(airflow, env)
+
+
+def first_run_reaches_gold(airflow: Airflow, config: Path, lake: Path, final: dict) -> list[dict]:
+    """The layer DAGs in turn: bronze takes the sensor's files, silver equals the source, gold passes."""
+    bronze_log = airflow.dag_test("cdc_bronze")
+    assert "table=customers: 2 landing file(s) for bronze" in bronze_log
+    airflow.dag_test("cdc_silver_customers")
+    airflow.dag_test("cdc_gold_customers_by_state")
+    status = airflow.sh(str(BIN / "python"), "-m", "spark_jobs", "status", "--config", str(config), "--lake", str(lake),
+                        "--require-tables")
+    table = {tuple(line.split()[:2]): line.split()[2:] for line in status.stdout.splitlines()[1:] if line.strip()}
+    assert table[("bronze", "customers")] == ["100", "passed"]
+    assert table[("gold", "customers_by_state")][1] == "passed"
+    assert table[("silver", "customers")][1] == "passed"
+    silver = silver_table(lake / "silver" / "customers")
+    assert {(r["custkey"],): {c: r[c] for c in r if not c.startswith("_")} for r in silver} == final
+    assert (lake / "reports" / "data_docs" / "customers" / "index.html").is_file()
+    return silver
+
+
+def replays_leave_silver_unchanged(airflow: Airflow, lake: Path, silver: list[dict]) -> None:
+    from spark_jobs.lake import row_count
+
     # a second run finds nothing new: the deferred sensor gives up after its timeout and skips the table
     silver_log = sorted((lake / "silver" / "customers" / "_delta_log").glob("*.json"))
-    again = dag_test("cdc_bronze")
+    again = airflow.dag_test("cdc_bronze")
     assert "Pausing task as DEFERRED" in again and "[DAG TEST] running trigger in line" in again
     assert "reason='table=customers: no landing files to ingest'" in again
     assert row_count(str(lake / "bronze" / "customers")) == 100
@@ -198,18 +217,21 @@ def test_airflow_runs_the_pipeline_from_s3_and_replays_leave_it_unchanged(tmp_pa
     # file and leaves bronze's row count and silver's rows as they were
     # (gold's refresh at the end of a replay is the same task cdc_gold_* ran above: marked done here, for time)
     skip_gold = ("--mark-success-pattern", "gold_refresh_.*")
-    dag_test("cdc_replay", "-c", json.dumps({"tables": ["customers"], "mode": "rebuild"}), *skip_gold)
+    airflow.dag_test("cdc_replay", "-c", json.dumps({"tables": ["customers"], "mode": "rebuild"}), *skip_gold)
     assert silver_table(lake / "silver" / "customers") == silver
     assert len(sorted((lake / "silver" / "customers" / "_delta_log").glob("*.json"))) == len(silver_log) + 1
     assert row_count(str(lake / "bronze" / "customers")) == 100
-    reprocess = dag_test("cdc_replay", "-c", json.dumps({"tables": ["customers"], "mode": "reprocess"}), *skip_gold)
+    reprocess = airflow.dag_test("cdc_replay", "-c", json.dumps({"tables": ["customers"], "mode": "reprocess"}),
+                                 *skip_gold)
     assert "mode=reprocess lines=108 events=100" in reprocess
     assert row_count(str(lake / "bronze" / "customers")) == 100
     assert silver_table(lake / "silver" / "customers") == silver
 
+
+def backfills_and_bad_params(airflow: Airflow, env: dict[str, str]) -> None:
     # a backfill over a range gets one run per 15-minute data interval (each takes its interval's files)
-    plan = sh(str(BIN / "airflow"), "backfill", "create", "--dag-id", "cdc_bronze", "--from-date", "2026-11-01T00:00:00",
-              "--to-date", "2026-11-01T00:30:00", "--dry-run").stdout
+    plan = airflow.sh(str(BIN / "airflow"), "backfill", "create", "--dag-id", "cdc_bronze", "--from-date",
+                      "2026-11-01T00:00:00", "--to-date", "2026-11-01T00:30:00", "--dry-run").stdout
     assert plan.split("Logical dates to be attempted:", 1)[1].split() == [
         "-", "2026-11-01", "00:00:00+00:00", "-", "2026-11-01", "00:15:00+00:00", "-", "2026-11-01", "00:30:00+00:00"]
 

@@ -42,8 +42,8 @@ def test_gate_failure_exits_1_with_one_line_and_publishes_nothing(tmp_path):
 
 
 def test_state_reads_exit_cleanly_every_time(tmp_path):
-    """delta-rs readers that go through a pyarrow dataset abort at exit about half the time (DESIGN 2);
-    the sensor's and status' reads must not. Twenty processes, every one exits 0."""
+    """delta-rs readers that go through a pyarrow dataset abort at exit about half the time (docs/architecture.md,
+    "Measured facts that shaped the choices"); the sensor's and status' reads must not. Twenty processes, every one exits 0."""
     landing = tmp_path / "landing"
     assert cli("generate", "--landing", str(landing), "--tables", "actor", "--rows", "20", "--changes", "10").returncode == 0
     import pyarrow as pa

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from spark_jobs.lake import Lake
-from tests.layers.test_pipeline import run, silver_rows, summary_line
+from tests.support import run, silver_rows, summary_line
 
 TOPIC = "shop.public.orders"
 CONFIG = "quality: {max_quarantined: 100%}\ntables:\n  orders:\n    topic: shop.public.orders\n    keys: [id]\n"
@@ -180,7 +180,7 @@ class Killed(BaseException):
 
 def test_a_kill_inside_a_gx_or_report_write_leaves_every_file_whole_and_the_next_run_works(
         spark, engine, tmp_path, capsys, monkeypatch):
-    from spark_jobs import state
+    from spark_jobs import lake as lake_files  # write_atomic
 
     config, folder = setup(tmp_path)
     (folder / f"{TOPIC}+0+0000000000.json").write_text(event(1, 10) + "\n")
@@ -194,7 +194,7 @@ def test_a_kill_inside_a_gx_or_report_write_leaves_every_file_whole_and_the_next
             raise Killed(dst)
         os.replace(src, dst)
 
-    monkeypatch.setattr(state.os, "replace", dies_on_the_third)
+    monkeypatch.setattr(lake_files.os, "replace", dies_on_the_third)
     try:
         run(capsys, config, tmp_path / "landing", tmp_path / "lake")
         raise AssertionError("not killed")

@@ -21,7 +21,7 @@ from spark_jobs.layers import bronze
 from spark_jobs.registry import load_registry
 from spark_jobs.state import writer_lock
 from tests.conftest import upload_landing
-from tests.layers.test_pipeline import run, summary_line
+from tests.support import run, summary_line
 
 ROOT = Path(__file__).resolve().parents[2]
 DAY = 86_400

@@ -9,33 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from spark_jobs import cli
 from spark_jobs.generate import PROFILES, Options, generate
 from spark_jobs.lake import Lake, row_count
 from spark_jobs.registry import load_registry
+from tests.support import run, silver_rows, summary_line
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "debezium"
 DEMO_CONFIG = str(ROOT / "include" / "tables.yaml")
-
-
-def run(capsys, config, landing, lake, *extra):
-    code = cli.main(["run", "--config", str(config), "--landing", str(landing), "--lake", str(lake), *extra])
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
-def summary_line(out: str, layer: str, table: str) -> dict[str, str]:
-    for line in out.splitlines():
-        parts = line.split()
-        if parts[:2] == [layer, table]:
-            return dict(p.split("=", 1) for p in parts[2:] if "=" in p)
-    raise AssertionError(f"no {layer} {table} line in:\n{out}")
-
-
-def silver_rows(spark, engine, lake, table, keys):
-    df = engine.read(spark, Lake(str(lake)).silver(table))
-    return {tuple(r[k] for k in keys): {c: r[c] for c in df.columns if not c.startswith("_")} for r in df.collect()}
 
 
 def expected_rows(topic, final_rows):
@@ -213,12 +194,7 @@ def test_truncate_empties_the_table_as_of_its_position_and_later_events_apply(sp
 def test_every_landing_format_reaches_silver_with_its_types(spark, engine, tmp_path, capsys):
     """Flattened JSON (ExtractNewRecordState, rewrite deletes) gzip-compressed in the time-based
     partitioner's folders; Parquet with the nested envelope; flattened Parquet. Each gives the source state."""
-    import datetime as dt
-    import gzip
     from decimal import Decimal
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     config = tmp_path / "tables.yaml"
     config.write_text("quality: {max_quarantined: 50%}\ntables:\n"  # whole files are quarantined below
@@ -226,41 +202,9 @@ def test_every_landing_format_reaches_silver_with_its_types(spark, engine, tmp_p
                       "  nested_parquet: {topic: s.public.nested_parquet, keys: [id], format: parquet}\n"
                       "  flat_parquet: {topic: s.inv.flat_parquet, keys: [id]}\n")
     landing, lake = tmp_path / "landing", tmp_path / "lake"
-
-    def flat(op, lsn, id, v, deleted="false"):
-        return json.dumps({"id": id, "v": v, "__op": op, "__lsn": lsn, "__deleted": deleted, "__source_ts_ms": 1})
-
-    hour = landing / "topics" / "s.public.flat_json" / "year=2026" / "month=11" / "day=22" / "hour=07"
-    hour.mkdir(parents=True)
-    (hour / "s.public.flat_json+0+0000000002.json.gz").write_bytes(gzip.compress("\n".join(
-        [flat("u", 12, 1, "b"), flat("d", 13, 2, "x", "true"), "null"]).encode() + b"\n"))
-    (hour / "s.public.flat_json+0+0000000000.json.gz").write_bytes(gzip.compress("\n".join(
-        [flat("c", 10, 1, "a"), flat("c", 11, 2, "x")]).encode()))
-
-    row = pa.struct([("id", pa.int64()), ("price", pa.decimal128(10, 2)), ("day", pa.date32())])
-    source = pa.struct([("connector", pa.string()), ("lsn", pa.int64()), ("snapshot", pa.string())])
-    envelope = pa.schema([("before", row), ("after", row), ("source", source), ("op", pa.string()), ("ts_ms", pa.int64())])
-    folder = landing / "topics" / "s.public.nested_parquet" / "partition=0"
-    folder.mkdir(parents=True)
-    day = dt.date(2026, 11, 22)
-    pq.write_table(pa.Table.from_pylist([
-        {"before": None, "after": {"id": 1, "price": Decimal("1.10"), "day": day}, "op": "r",
-         "source": {"connector": "postgresql", "lsn": 5, "snapshot": "last"}},
-        {"before": None, "after": {"id": 1, "price": Decimal("99999999.99"), "day": day}, "op": "u",
-         "source": {"connector": "postgresql", "lsn": 6, "snapshot": "false"}},
-        {"before": {"id": 2, "price": None, "day": None}, "after": None, "op": "d",
-         "source": {"connector": "postgresql", "lsn": 7, "snapshot": "false"}},
-    ], schema=envelope), folder / "s.public.nested_parquet+0+0000000000.snappy.parquet")
-    (folder / "s.public.nested_parquet+0+0000000003.json").write_text("not parquet, and format is parquet\n")
-
-    folder = landing / "topics" / "s.inv.flat_parquet" / "partition=1"
-    folder.mkdir(parents=True)
-    pq.write_table(pa.Table.from_pylist([
-        {"id": 7, "name": "x", "__op": "c", "__deleted": "false", "__file": "bin.000001", "__pos": 4, "__row": 0},
-        {"id": 8, "name": "y", "__op": "c", "__deleted": "false", "__file": "bin.000001", "__pos": 4, "__row": 1},
-        {"id": 7, "name": "x", "__op": "d", "__deleted": "true", "__file": "bin.000002", "__pos": 1, "__row": 0},
-    ]), folder / "s.inv.flat_parquet+1+0000000000.parquet")
-    (folder / "s.inv.flat_parquet+1+0000000003.parquet").write_bytes(b"PAR1 truncated upload")
+    land_flat_json(landing)
+    day = land_nested_parquet(landing)
+    land_flat_parquet(landing)
 
     code, out, err = run(capsys, config, landing, lake)
     assert (code, err) == (0, "")
@@ -277,6 +221,62 @@ def test_every_landing_format_reaches_silver_with_its_types(spark, engine, tmp_p
     quarantine = engine.read(spark, Lake(str(lake)).quarantine("flat_parquet")).collect()
     assert [r["reason"] for r in quarantine] == [
         "unreadable_file: s.inv.flat_parquet+1+0000000003.parquet: not a valid Parquet file"]
+
+
+def land_flat_json(landing):
+    """Flattened records, gzip, in the time-based partitioner's folders; the later file sorts first."""
+    import gzip
+
+    def flat(op, lsn, id, v, deleted="false"):
+        return json.dumps({"id": id, "v": v, "__op": op, "__lsn": lsn, "__deleted": deleted, "__source_ts_ms": 1})
+
+    hour = landing / "topics" / "s.public.flat_json" / "year=2026" / "month=11" / "day=22" / "hour=07"
+    hour.mkdir(parents=True)
+    (hour / "s.public.flat_json+0+0000000002.json.gz").write_bytes(gzip.compress("\n".join(
+        [flat("u", 12, 1, "b"), flat("d", 13, 2, "x", "true"), "null"]).encode() + b"\n"))
+    (hour / "s.public.flat_json+0+0000000000.json.gz").write_bytes(gzip.compress("\n".join(
+        [flat("c", 10, 1, "a"), flat("c", 11, 2, "x")]).encode()))
+
+
+def land_nested_parquet(landing):
+    """The nested envelope as Parquet (typed decimal and date), and a JSON file where Parquet is expected."""
+    import datetime as dt
+    from decimal import Decimal
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    row = pa.struct([("id", pa.int64()), ("price", pa.decimal128(10, 2)), ("day", pa.date32())])
+    source = pa.struct([("connector", pa.string()), ("lsn", pa.int64()), ("snapshot", pa.string())])
+    envelope = pa.schema([("before", row), ("after", row), ("source", source), ("op", pa.string()), ("ts_ms", pa.int64())])
+    folder = landing / "topics" / "s.public.nested_parquet" / "partition=0"
+    folder.mkdir(parents=True)
+    day = dt.date(2026, 11, 22)
+    pq.write_table(pa.Table.from_pylist([
+        {"before": None, "after": {"id": 1, "price": Decimal("1.10"), "day": day}, "op": "r",
+         "source": {"connector": "postgresql", "lsn": 5, "snapshot": "last"}},
+        {"before": None, "after": {"id": 1, "price": Decimal("99999999.99"), "day": day}, "op": "u",
+         "source": {"connector": "postgresql", "lsn": 6, "snapshot": "false"}},
+        {"before": {"id": 2, "price": None, "day": None}, "after": None, "op": "d",
+         "source": {"connector": "postgresql", "lsn": 7, "snapshot": "false"}},
+    ], schema=envelope), folder / "s.public.nested_parquet+0+0000000000.snappy.parquet")
+    (folder / "s.public.nested_parquet+0+0000000003.json").write_text("not parquet, and format is parquet\n")
+    return day
+
+
+def land_flat_parquet(landing):
+    """Flattened MySQL records as Parquet, and a file cut short."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = landing / "topics" / "s.inv.flat_parquet" / "partition=1"
+    folder.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist([
+        {"id": 7, "name": "x", "__op": "c", "__deleted": "false", "__file": "bin.000001", "__pos": 4, "__row": 0},
+        {"id": 8, "name": "y", "__op": "c", "__deleted": "false", "__file": "bin.000001", "__pos": 4, "__row": 1},
+        {"id": 7, "name": "x", "__op": "d", "__deleted": "true", "__file": "bin.000002", "__pos": 1, "__row": 0},
+    ]), folder / "s.inv.flat_parquet+1+0000000000.parquet")
+    (folder / "s.inv.flat_parquet+1+0000000003.parquet").write_bytes(b"PAR1 truncated upload")
 
 
 def _pg_event(op, lsn, before=None, after=None, ts_ms=1):

@@ -14,7 +14,8 @@ from spark_jobs.errors import GateFailed
 from spark_jobs.lake import Lake
 from spark_jobs.layers import gold
 from spark_jobs.registry import load_registry
-from tests.layers.test_pipeline import _pg_event, run, silver_rows, summary_line
+from tests.layers.test_pipeline import _pg_event
+from tests.support import run, silver_rows, summary_line
 
 
 def _land(tmp_path, name, offset, lines):

@@ -1,4 +1,4 @@
-"""One contract suite for every Delta engine present (DESIGN 5). delta-spark needs Delta's jars on
+"""One contract suite for every Delta engine present (docs/architecture.md, "Delta engines"). delta-spark needs Delta's jars on
 Spark's classpath; they come from Maven Central, which this machine cannot reach, so it skips here."""
 
 import datetime as dt
