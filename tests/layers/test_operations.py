@@ -13,7 +13,7 @@ import pytest
 
 from spark_jobs import cli
 from spark_jobs.delta.delta_rs import DeltaRsEngine
-from spark_jobs.errors import TableBusy
+from spark_jobs.errors import PipelineError, TableBusy
 from spark_jobs.generate import Options, generate
 from spark_jobs.lake import Lake, row_count
 from spark_jobs.landing import LandingWindow, list_topic
@@ -196,7 +196,7 @@ def test_landing_files_on_a_local_s3_server_are_listed_staged_and_ingested(spark
     expected = {key: row["first_name"] for key, row in generated.final_rows.items()}
     assert {(r["custkey"],): r["first_name"] for r in silver.collect()} == expected
 
-    with pytest.raises(FileNotFoundError, match="1 landing file\\(s\\) handed to this run are no longer in"):
+    with pytest.raises(PipelineError, match="1 landing file\\(s\\) handed to this run are no longer in"):
         bronze.bronze_ingest(spark, engine, registry.tables["customers"], "s3://landing/cdc", lake, "b3",
                            bronze.Selection(files=frozenset(["topics/gone.json"])))
 
