@@ -2,7 +2,7 @@
 one listing code path over two stores, and staging of S3 files to a local folder for Spark.
 
 S3 credentials and endpoint come from boto3's usual sources (AWS_* environment, profiles, instance
-roles); the Airflow tasks turn the `aws_default` connection into those (spark_jobs.orchestration)."""
+roles); the Airflow tasks turn the `aws_default` connection into those (cdc_airflow.hooks)."""
 
 from __future__ import annotations
 

@@ -182,7 +182,7 @@ def missing_keys_typed(keys: tuple[str, ...]) -> Column:
     return F.concat_ws(",", *[F.when(F.col(k).isNull(), F.lit(k)) for k in keys])
 
 
-# Row-level bronze expectations (config.EXPECTATIONS): the first one a change event fails, with detail.
+# Row-level bronze expectations (quality/expectations.py): the first one a change event fails, with detail.
 # Quarantine is the default action; under `warn` or `fail` the event stays in the batch.
 def row_expectation_failure() -> Column:
     """`<expectation>: <detail>` for the first row-level expectation the event fails, else null."""
