@@ -2,7 +2,7 @@
 
 Each entry turns an event's `source` block into a sortable text (`_seq`): fixed-width fields joined by
 '|', so comparing two texts compares the positions. `ts_ms` is never used: it ties and it is a wall
-clock (docs/architecture.md, "Order"). A connector not listed here needs `sequence_by` in tables.yaml.
+clock (docs/architecture.md, "Ordering"). A connector not listed here needs `sequence_by` in tables.yaml.
 
 Snapshot events share one position with the streaming events that may follow at it; each rule ranks
 them first: `{snapshot}` is '0' for a snapshot event and '1' for a streaming one.
