@@ -156,6 +156,10 @@ class DeltaRsEngine:
     def delete(self, path: str, predicate: str) -> int:
         return int(self._must(path).delete(predicate).get("num_deleted_rows", 0))
 
+    def literal(self, value: str) -> str:
+        """DataFusion's SQL: a quote inside a string is doubled."""
+        return "'" + value.replace("'", "''") + "'"
+
     def history(self, path: str, limit: int | None = None) -> list[dict[str, Any]]:
         table = self._table(path)
         return [] if table is None else table.history(limit)

@@ -75,6 +75,11 @@ class DeltaSparkEngine:
         metrics = self.history(path, 1)[0].get("operationMetrics") or {}
         return int(metrics.get("numDeletedRows", 0))
 
+    def literal(self, value: str) -> str:
+        """Spark SQL's: a quote or backslash inside a string is escaped with a backslash (`'a''b'` would be
+        two adjacent literals, read as `ab`)."""
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
     def history(self, path: str, limit: int | None = None) -> list[dict[str, Any]]:
         if not self._exists(path):
             return []

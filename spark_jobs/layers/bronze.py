@@ -119,7 +119,7 @@ def _quarantine(spark: SparkSession, engine: DeltaEngine, batch: _Batch, classif
             "_source_file STRING, _line BIGINT, _raw STRING, reason STRING"))
     path = batch.lake.quarantine(batch.table.name)
     if batch.again and engine.version(path) is not None:
-        engine.delete(path, f"layer = 'bronze' AND {_files_predicate(batch.again)}")
+        engine.delete(path, f"layer = 'bronze' AND {_files_predicate(engine, batch.again)}")
     summary.quarantined = write_quarantine(engine, batch.lake, batch.table.name, quarantine, "bronze", batch.batch_id)
 
 
@@ -173,7 +173,7 @@ def _commit(engine: DeltaEngine, events: DataFrame, batch: _Batch, summary: Bron
     if batch.again:
         # every file read is in the predicate: files landed since the last run are read too, and a replace
         # refuses rows its predicate does not cover
-        committed = engine.replace(rows, path, _files_predicate([f.path for f in batch.files]))
+        committed = engine.replace(rows, path, _files_predicate(engine, [f.path for f in batch.files]))
     elif summary.events:
         committed = engine.append(rows, path)
     if committed is not None and committed != bronze_version:
@@ -237,9 +237,9 @@ def _in_bronze(engine: DeltaEngine, lake: Lake, table: str, files: list[LandingF
     return [f.path for f in files if f.path in done]
 
 
-def _files_predicate(paths: list[str]) -> str:
-    quoted = ", ".join("'" + p.replace("'", "''") + "'" for p in sorted(paths))
-    return f"_source_file IN ({quoted})"
+def _files_predicate(engine: DeltaEngine, paths: list[str]) -> str:
+    """Rows of these landing files (a landing path may hold quotes: each is a literal of the engine's SQL)."""
+    return f"_source_file IN ({', '.join(engine.literal(p) for p in sorted(paths))})"
 
 
 INGEST_LOG_SCHEMA = ("table STRING, file STRING, size BIGINT, modified_ms BIGINT, lines BIGINT, events BIGINT, "

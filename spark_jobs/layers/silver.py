@@ -197,7 +197,7 @@ def _publish(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake:
             "_seq", F.lit(batch_id).alias("_batch_id")).distinct(), lake.truncates(table.name), TRUNCATE_LOG_MERGE).inserted
     deleted_by_truncate = 0
     if plan.new_truncate:
-        predicate = f"_seq < '{plan.new_truncate}'"
+        predicate = f"_seq < {engine.literal(plan.new_truncate)}"
         if plan.target_schema is not None:
             deleted_by_truncate = engine.delete(target_path, predicate)
         if engine.version(ledger_path) is not None:

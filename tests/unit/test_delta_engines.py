@@ -124,8 +124,23 @@ def test_replace_swaps_the_matching_rows_in_one_commit(any_engine, spark, tmp_pa
     any_engine.append(spark.createDataFrame([(1, "a", "f1", "c"), (2, "b", "f1", "c"), (3, "c", "f'2", "u")], SCHEMA), path)
     assert any_engine.replace(spark.createDataFrame([(1, "A", "f1", "c")], SCHEMA), path, "_seq IN ('f1')") == 1
     assert rows(any_engine, spark, path) == [(1, "A", "f1", "c"), (3, "c", "f'2", "u")]
-    assert any_engine.replace(spark.createDataFrame([], SCHEMA), path, "_seq IN ('f''2')") == 2
+    quoted = any_engine.literal("f'2")
+    assert any_engine.replace(spark.createDataFrame([], SCHEMA), path, f"_seq IN ({quoted})") == 2
     assert rows(any_engine, spark, path) == [(1, "A", "f1", "c")]
+
+
+@pytest.mark.parametrize("value", ["f'2", "it''s", "back\\slash", "a\\'b", "plain"])
+def test_each_engine_quotes_a_literal_so_its_sql_reads_the_same_value(spark, tmp_path, value):
+    """Predicates name landing paths, which may hold quotes: Spark SQL escapes with a backslash (a doubled
+    quote would be two literals, concatenated), DataFusion (delta-rs) doubles the quote."""
+    from spark_jobs.delta.delta_rs import DeltaRsEngine
+    from spark_jobs.delta.delta_spark import DeltaSparkEngine
+
+    assert spark.sql(f"SELECT {DeltaSparkEngine(spark).literal(value)} AS v").first()["v"] == value
+    rs, path = DeltaRsEngine(), str(tmp_path / "t")
+    rs.append(spark.createDataFrame([(value,), ("other",)], "v STRING"), path)
+    assert rs.delete(path, f"v = {rs.literal(value)}") == 1
+    assert [r["v"] for r in rs.read(spark, path).collect()] == ["other"]
 
 
 @pytest.mark.parametrize("source_mb", ["256", "0"], ids=["in-memory", "streamed"])
