@@ -17,7 +17,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from spark_jobs.errors import ConfigError, LayerFailed, is_transient
+from spark_jobs.errors import ConfigError, GateFailed, LayerFailed, is_transient
 from spark_jobs.registry import GoldModel, Registry, TableConfig, load_registry
 from spark_jobs.settings import PROJECT_ROOT, resolve_uri, settings
 
@@ -189,10 +189,11 @@ class Steps:
         except Exception as exc:
             if settings().debug:
                 traceback.print_exc()
-            failed = LayerFailed(table, layer, exc, is_transient(exc), getattr(exc, "summary", None))
+            gate_failed = isinstance(exc, GateFailed)
+            failed = LayerFailed(table, layer, exc, is_transient(exc), exc.summary if isinstance(exc, GateFailed) else None)
             # the run's report shows the failure too, with the failed gate's findings and counts
             counts = failed.summary or LayerSummary(table=table, layer=layer, batch_id=self.batch_id)
-            counts.gate = "failed" if str(failed).startswith("gate failed") else "error"
+            counts.gate = "failed" if gate_failed else "error"
             counts.error = str(failed)
             report.publish(self.lake, self.batch_id, counts.as_dict())
             raise failed from exc
