@@ -11,6 +11,8 @@ export AIRFLOW__CORE__PLUGINS_FOLDER := $(ROOT)/plugins
 export AIRFLOW__CORE__LOAD_EXAMPLES := False
 export AIRFLOW_CONN_SPARK_DEFAULT ?= {"conn_type": "spark", "host": "local[*]"}
 export PATH := $(BIN):$(PATH)
+export CDC_JARS_DIR ?= $(ROOT)/.jars
+JARS_DIR := $(CDC_JARS_DIR)
 export GX_ANALYTICS_ENABLED := false
 export TZ := UTC
 # `airflow dags test` waits out reschedule sensors: when nothing new has landed, skip within seconds
@@ -22,7 +24,7 @@ export LAYER_DAGS := from spark_jobs.registry import load_registry; from spark_j
 r = load_registry(settings().config); \
 print(" ".join(["cdc_bronze", *("cdc_silver_" + t for t in r.tables), *("cdc_gold_" + m for m in r.gold)]))
 
-.PHONY: demo test lint bench venv java browser clean-demo
+.PHONY: demo test lint bench venv java jars browser clean-demo
 
 venv: $(VENV)/.installed
 # the pinned set, then the project itself, editable (spark_jobs and plugins/cdc_airflow; `cdc-pipeline`)
@@ -30,6 +32,12 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-build-isolation --no-deps -e .
+	touch $@
+
+# the pinned JVM jars (spark_jobs/jvm.py), fetched once from Maven Central into .jars/, offline afterwards
+jars: $(JARS_DIR)/.resolved
+$(JARS_DIR)/.resolved: spark_jobs/jvm.py | venv java
+	$(BIN)/python -m spark_jobs jars
 	touch $@
 
 java:
@@ -45,7 +53,7 @@ browser:
 	    apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null; \
 	  else echo "The browser test needs Debian's chromium: sudo apt-get install chromium chromium-driver" >&2; exit 1; fi; fi
 
-demo: venv java
+demo: venv java jars
 	$(BIN)/python -m spark_jobs generate --landing data/landing
 	$(BIN)/airflow db migrate > $(AIRFLOW_HOME)-migrate.log 2>&1 || (cat $(AIRFLOW_HOME)-migrate.log; exit 1)
 	@# each layer's DAG in turn (a scheduler would start silver and gold from the assets bronze updates)
@@ -55,12 +63,12 @@ demo: venv java
 
 # two workers, one per core, each test file on one of them (Spark, Airflow and chromium spend much of a
 # test waiting on each other, so the suite runs in about 12 minutes instead of 18)
-test: venv java browser
+test: venv java jars browser
 	$(BIN)/pytest -n 2 --dist loadfile
 
 # the pipeline against the single-node floor, every workload of tests/benchmarks (not part of `make test`);
 # at scale 1.0 (issue 6's sizes) it takes hours here: e.g. `make bench BENCH_ARGS="--scale 0.1 --runs 2"`
-bench: venv java
+bench: venv java jars
 	$(BIN)/python -m tests.benchmarks $(BENCH_ARGS)
 
 lint: venv

@@ -78,6 +78,8 @@ def parser() -> argparse.ArgumentParser:
     server.add_argument("--port", type=int, default=15002)
     server.add_argument("--master", default=None, help="Spark master (default: CDC_SPARK_MASTER, else local[*])")
     server.add_argument("--driver-memory", default="2g")
+    sub.add_parser("jars", help="fetch the pinned JVM jars (Delta, hadoop-aws, spark-avro) into CDC_JARS_DIR once "
+                                "(`make jars`); offline afterwards")
     gen = sub.add_parser("generate", help="write sample Debezium change files in the S3 sink layout")
     gen.add_argument("--config", default="include/tables.yaml")
     gen.add_argument("--landing", required=True)
@@ -206,11 +208,12 @@ def spark_server(args: argparse.Namespace) -> int:
     runs attach to it and skip the JVM start and warm-up they would otherwise pay each time."""
     import pyspark
 
-    from spark_jobs.session import SESSION_CONF
+    from spark_jobs.session import SESSION_CONF, jvm_conf
 
     home = Path(pyspark.__file__).parent
     master = args.master or settings().spark_master
-    conf = {**SESSION_CONF, "spark.connect.grpc.binding.port": str(args.port), "spark.driver.memory": args.driver_memory,
+    conf = {**SESSION_CONF, **jvm_conf(), "spark.connect.grpc.binding.port": str(args.port),
+            "spark.driver.memory": args.driver_memory,
             "spark.pyspark.python": sys.executable,  # Python UDF workers run the project's interpreter
             "spark.cleaner.periodicGC.interval": "1min"}  # long-lived: drop finished runs' checkpoints soon
     command = [str(home / "bin" / "spark-submit"), "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
@@ -220,6 +223,17 @@ def spark_server(args: argparse.Namespace) -> int:
     print(f"Spark Connect server ({master}) on port {args.port}: runs attach with "
           f"CDC_SPARK_REMOTE=sc://localhost:{args.port}", flush=True)
     os.execve(command[0], command, {**os.environ, "SPARK_HOME": str(home), "PYTHONPATH": path})
+
+
+def fetch_jars(args: argparse.Namespace) -> int:
+    from spark_jobs import jvm
+
+    if not jvm.missing():
+        print(f"JVM jars present in {jvm.ivy_dir() / 'jars'}")
+        return 0
+    for path in jvm.fetch():
+        print(path)
+    return 0
 
 
 def generate(args: argparse.Namespace) -> int:
@@ -271,7 +285,7 @@ def status(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    commands = {"run": run, "generate": generate, "status": status, "spark-server": spark_server}
+    commands = {"run": run, "generate": generate, "status": status, "spark-server": spark_server, "jars": fetch_jars}
     try:
         return commands[args.command](args)
     except ConfigError as exc:

@@ -22,6 +22,18 @@ SESSION_CONF = {
 }
 
 
+
+
+def jvm_conf() -> dict[str, str]:
+    """What a JVM must start with: the pinned jars (spark_jobs/jvm.py) and Delta's SQL extension and catalog.
+    New Delta tables get deletion vectors, so delta-spark's merges and deletes mark rows instead of rewriting
+    whole files (readers of either engine honour them: spark_jobs/delta)."""
+    from spark_jobs.jvm import DELTA_CONF, jars
+
+    return {"spark.jars": ",".join(jars()), **DELTA_CONF,
+            "spark.databricks.delta.properties.defaults.enableDeletionVectors": "true"}
+
+
 # Spark Connect: a long-lived Spark server (`python -m spark_jobs spark-server`) that jobs attach to, so a
 # run pays neither a JVM start nor its warm-up (CDC_SPARK_REMOTE); unset, each run starts its own Spark
 # settings a Spark Connect client cannot change for its session (the server's own start-up sets them)
@@ -38,8 +50,11 @@ def build_session(app_name: str) -> SparkSession:
         return spark
     builder = SparkSession.builder.appName(app_name)
     # Under spark-submit (the DAG tasks) the JVM is already up with --master; only bare CLI runs choose one.
+    # (spark-submit was given jvm_conf() too: cdc_airflow.operators)
     if "PYSPARK_GATEWAY_PORT" not in os.environ:
         builder = builder.master(settings().spark_master)
+        for key, value in jvm_conf().items():
+            builder = builder.config(key, value)
     for key, value in SESSION_CONF.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

@@ -27,7 +27,8 @@ class Settings:
     spark_master: str = "local[*]"  # CDC_SPARK_MASTER: the master of a session of its own (and of spark-server)
     spark_log_level: str = "ERROR"  # CDC_SPARK_LOG_LEVEL: Spark's log level in a session of its own
     shuffle_partitions: int = 8  # CDC_SHUFFLE_PARTITIONS: spark.sql.shuffle.partitions
-    delta_engine: str = "auto"  # CDC_DELTA_ENGINE: auto | delta-rs | delta-spark
+    delta_engine: str = "delta-rs"  # CDC_DELTA_ENGINE: delta-rs | delta-spark (docs/architecture.md, "Delta engines")
+    jars_dir: str = ".jars"  # CDC_JARS_DIR: where `make jars` put the pinned JVM jars (spark_jobs/jvm.py)
     spill_dir: str = ""  # CDC_SPILL_DIR: delta-rs merge sources too big for memory (default: the temp folder)
     merge_source_mb: int = 256  # CDC_MERGE_SOURCE_MB: merge sources up to this size stay in memory (delta-rs)
     max_line_bytes: int = 16 * 2**20  # CDC_MAX_LINE_BYTES: a longer landing line is quarantined, never parsed

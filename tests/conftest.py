@@ -13,6 +13,7 @@ import pytest
 from tests.support import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "test-artifacts"
 os.environ["TZ"] = "UTC"
 time.tzset()
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
@@ -29,17 +30,26 @@ if str(ROOT) not in sys.path:
 def spark():
     from pyspark.sql import SparkSession
 
-    from spark_jobs.session import SESSION_CONF
+    from spark_jobs.session import SESSION_CONF, jvm_conf
 
     builder = SparkSession.builder.master("local[1]").appName("cdc-tests")
     # one JVM serves the whole suite: let it drop unreferenced checkpoints often, not every 30 minutes
-    test_conf = {"spark.sql.shuffle.partitions": "1", "spark.cleaner.periodicGC.interval": "1min"}
-    for key, value in {**SESSION_CONF, **test_conf}.items():
+    test_conf = {"spark.sql.shuffle.partitions": "1", "spark.cleaner.periodicGC.interval": "1min",
+                 # a JVM that dies leaves its reason where pytest_terminal_summary prints it
+                 "spark.driver.extraJavaOptions": f"-XX:ErrorFile={ARTIFACTS}/hs_err_pid%p.log"}
+    # the pinned jars and Delta's extension, as every job's session has them (a missing jar fails here)
+    for key, value in {**SESSION_CONF, **jvm_conf(), **test_conf}.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """A test JVM that crashed (rather than failed a test) says why here, in CI's output."""
+    for report in sorted(ARTIFACTS.glob("hs_err_pid*.log")):
+        terminalreporter.write_line(f"JVM crash report {report}:\n" + "\n".join(report.read_text().splitlines()[:40]))
 
 
 @pytest.fixture()

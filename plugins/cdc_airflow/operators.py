@@ -57,6 +57,7 @@ class CdcSparkJob(SparkSubmitOperator):
                 code = self._attached(remote)
                 exited = f"the job exited {code}"
             else:
+                self._with_jvm_dependencies()
                 try:
                     super().execute(context)
                     code = 0
@@ -68,6 +69,15 @@ class CdcSparkJob(SparkSubmitOperator):
                 if code in (1, 2):  # a gate failed, bad input or config: the same run would fail again
                     raise AirflowFailException(cause)
                 raise AirflowException(cause)
+
+    def _with_jvm_dependencies(self) -> None:
+        """spark-submit gets the pinned jars (the provider's `jars`, shipped to the executors) and Delta's SQL
+        extension: the job's JVM is started by spark-submit, not by the job (spark_jobs/session.py)."""
+        from spark_jobs.session import jvm_conf
+
+        conf = jvm_conf()
+        self.jars = conf.pop("spark.jars")
+        self.conf = {**conf, **(self.conf or {})}
 
     def _attached(self, remote: str) -> int:
         """The job as a plain Python process on the long-lived Spark Connect server (no spark-submit, no JVM

@@ -1,6 +1,6 @@
 """All Delta I/O goes through `DeltaEngine` (docs/architecture.md, "Delta engines"): delta-rs (the embedded
-default) or delta-spark
-(when Delta's jars are on Spark's classpath). Both give the same meaning to the same `MergeSpec`."""
+default: Spark computes, delta-rs commits from the driver) or delta-spark (Spark writes, on every executor;
+CDC_DELTA_ENGINE=delta-spark). Both give the same meaning to the same `MergeSpec`."""
 
 from __future__ import annotations
 
@@ -70,8 +70,6 @@ def make_engine(spark: SparkSession, choice: str | None = None) -> DeltaEngine:
     from spark_jobs.settings import settings
 
     choice = choice or settings().delta_engine
-    if choice == "auto":
-        choice = "delta-spark" if delta_jars_present(spark) else "delta-rs"
     if choice == "delta-rs":
         from spark_jobs.delta.delta_rs import DeltaRsEngine
 
@@ -80,7 +78,7 @@ def make_engine(spark: SparkSession, choice: str | None = None) -> DeltaEngine:
         from spark_jobs.delta.delta_spark import DeltaSparkEngine
 
         return DeltaSparkEngine(spark)
-    raise ValueError(f"CDC_DELTA_ENGINE must be auto, delta-rs or delta-spark, got {choice!r}")
+    raise ValueError(f"CDC_DELTA_ENGINE must be delta-rs or delta-spark, got {choice!r}")
 
 
 def key_predicate(keys: tuple[str, ...], quote: str) -> str:
