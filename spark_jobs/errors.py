@@ -32,6 +32,15 @@ class ConcurrentWrite(PipelineError):
     """Another writer committed to the table during the run: runs of one table must be serialized."""
 
 
+class UnsupportedTable(RuntimeError):
+    """A Delta table uses a protocol feature the engine cannot honour (e.g. deletion vectors for delta-rs):
+    nothing is read or written, the message names the table and the feature."""
+
+    def __init__(self, path: str, features: list[str], doing: str, remedy: str):
+        super().__init__(f"the Delta table at {path} uses {', '.join(features)}, which {doing}; {remedy}")
+        self.path, self.features = path, features
+
+
 class GateFailed(RuntimeError):
     """A gate failed (spark_jobs.quality.gates): `result` holds the findings, `summary` the step's counts so
     far, for the failed run's report."""

@@ -2,7 +2,10 @@
 
 Reads never go through delta-rs' pyarrow-dataset readers (they abort the interpreter at exit about half
 the time here; docs/architecture.md, "Measured facts that shaped the choices"): Spark reads the snapshot's
-Parquet file list directly.
+Parquet file list directly. That is only right for tables whose reader features change no file's meaning:
+a table with deletion vectors (written by delta-spark or another tool) or column mapping is read with
+Delta's own Spark reader instead, and never written (delta-rs 1.6 rewrites a file without applying its
+deletion vector, which brings deleted rows back).
 
 Writes hand delta-rs the rows as Arrow without collecting them into Spark's driver: Spark writes them to
 a scratch Parquet folder (CDC_SPILL_DIR, default the system's temp folder) and delta-rs reads it back a
@@ -29,9 +32,21 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from spark_jobs.delta import MergeResult, MergeSpec, key_predicate
+from spark_jobs.errors import UnsupportedTable
 from spark_jobs.settings import settings
 
 SPILL_PREFIX = "cdc-spill-"
+# reader features under which the snapshot's Parquet files hold exactly the table's rows
+PLAIN_PARQUET_FEATURES = frozenset({"timestampNtz", "vacuumProtocolCheck"})
+
+
+def _unplain_features(table: DeltaTable) -> list[str]:
+    """The table's reader features that a plain Parquet read, or a delta-rs rewrite, would get wrong."""
+    protocol = table.protocol()
+    features = set(protocol.reader_features or []) - PLAIN_PARQUET_FEATURES
+    if protocol.min_reader_version == 2 or table.metadata().configuration.get("delta.columnMapping.mode", "none") != "none":
+        features.add("columnMapping")  # reader version 2 is column mapping, before features were named
+    return sorted(features)
 
 
 def _remove_dead_runs_scratch() -> None:
@@ -80,12 +95,32 @@ class DeltaRsEngine:
         table = self._table(path, version)
         if table is None:
             return None
+        unplain = _unplain_features(table)
+        if unplain:
+            return self._read_with_delta_spark(spark, path, version, unplain)
         schema = T.StructType.fromJson(json.loads(table.schema().to_json()))
         files = table.file_uris()
         if not files:
             return spark.createDataFrame([], schema)
         # basePath lets Spark take partition values from the hive-style folders delta-rs writes
         return spark.read.schema(schema).option("basePath", path).parquet(*files)
+
+    @staticmethod
+    def _read_with_delta_spark(spark: SparkSession, path: str, version: int | None, features: list[str]) -> DataFrame:
+        from spark_jobs.delta import delta_jars_present
+
+        if not delta_jars_present(spark):
+            raise UnsupportedTable(path, features, "a plain Parquet read would get wrong and Delta's Spark reader is not "
+                                   "on this session", "put the pinned jars on it (`make jars`, spark_jobs/jvm.py)")
+        reader = spark.read.format("delta")
+        return (reader if version is None else reader.option("versionAsOf", version)).load(path)
+
+    def _writable(self, path: str) -> None:
+        table = self._table(path)
+        unplain = [] if table is None else _unplain_features(table)
+        if unplain:
+            raise UnsupportedTable(path, unplain, "delta-rs does not honour when it rewrites files (nothing was "
+                                   "written)", "write it with CDC_DELTA_ENGINE=delta-spark")
 
     @contextmanager
     def _rows(self, df: DataFrame) -> Iterator[tuple[pa.RecordBatchReader, int]]:
@@ -109,24 +144,28 @@ class DeltaRsEngine:
             shutil.rmtree(folder, ignore_errors=True)
 
     def append(self, df: DataFrame, path: str, partition_by: tuple[str, ...] = ()) -> int:
+        self._writable(path)
         with self._rows(df) as (rows, _):
             write_deltalake(path, rows, mode="append", partition_by=list(partition_by) or None,
                             schema_mode="merge", storage_options=self.storage_options)
         return self._must(path).version()
 
     def overwrite(self, df: DataFrame, path: str, partition_by: tuple[str, ...] = ()) -> int:
+        self._writable(path)
         with self._rows(df) as (rows, _):
             write_deltalake(path, rows, mode="overwrite", partition_by=list(partition_by) or None,
                             schema_mode="overwrite", storage_options=self.storage_options)
         return self._must(path).version()
 
     def replace(self, df: DataFrame, path: str, predicate: str, partition_by: tuple[str, ...] = ()) -> int:
+        self._writable(path)
         with self._rows(df) as (rows, _):
             write_deltalake(path, rows, mode="overwrite", predicate=predicate,
                             partition_by=list(partition_by) or None, storage_options=self.storage_options)
         return self._must(path).version()
 
     def merge(self, df: DataFrame, path: str, spec: MergeSpec, partition_by: tuple[str, ...] = ()) -> MergeResult:
+        self._writable(path)
         with self._rows(df) as (rows, size):
             return self._merge(rows, size, path, spec, partition_by)
 
@@ -154,6 +193,7 @@ class DeltaRsEngine:
                            deleted=metrics.get("num_target_rows_deleted", 0))
 
     def delete(self, path: str, predicate: str) -> int:
+        self._writable(path)
         return int(self._must(path).delete(predicate).get("num_deleted_rows", 0))
 
     def literal(self, value: str) -> str:
@@ -165,6 +205,7 @@ class DeltaRsEngine:
         return [] if table is None else table.history(limit)
 
     def restore(self, path: str, version: int) -> int:
+        self._writable(path)
         table = self._must(path)
         table.restore(version)
         return self._must(path).version()

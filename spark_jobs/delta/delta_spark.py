@@ -63,17 +63,19 @@ class DeltaSparkEngine:
             merger = merger.whenMatchedUpdateAll(condition=spec.update_when)
         if spec.insert_when:
             merger = merger.whenNotMatchedInsertAll(condition=spec.insert_when)
-        merger.execute()
-        last = self.history(path, 1)[0]
-        metrics = last.get("operationMetrics") or {}
-        return MergeResult(version=int(last["version"]), inserted=int(metrics.get("numTargetRowsInserted", 0)),
-                           updated=int(metrics.get("numTargetRowsUpdated", 0)),
-                           deleted=int(metrics.get("numTargetRowsDeleted", 0)))
+        # the merge's own counts (a merge that changes nothing makes no commit, so history would show the last one)
+        counts = merger.execute().first()
+        assert counts is not None  # one row, always
+        return MergeResult(version=self.version(path) or 0, inserted=int(counts["num_inserted_rows"]),
+                           updated=int(counts["num_updated_rows"]), deleted=int(counts["num_deleted_rows"]))
 
     def delete(self, path: str, predicate: str) -> int:
+        before = self.version(path)
         self._DeltaTable.forPath(self.spark, path).delete(predicate)
-        metrics = self.history(path, 1)[0].get("operationMetrics") or {}
-        return int(metrics.get("numDeletedRows", 0))
+        last = self.history(path, 1)[0]
+        if last["version"] == before:  # nothing matched: no commit
+            return 0
+        return int((last.get("operationMetrics") or {}).get("numDeletedRows", 0))
 
     def literal(self, value: str) -> str:
         """Spark SQL's: a quote or backslash inside a string is escaped with a backslash (`'a''b'` would be

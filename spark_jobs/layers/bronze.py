@@ -176,6 +176,8 @@ def _commit(engine: DeltaEngine, events: DataFrame, batch: _Batch, summary: Bron
         committed = engine.replace(rows, path, _files_predicate(engine, [f.path for f in batch.files]))
     elif summary.events:
         committed = engine.append(rows, path)
+    if committed == version_before:  # a reprocess that removed and added nothing: delta-spark makes no commit
+        committed = None
     if committed is not None and committed != bronze_version:
         raise ConcurrentWrite(batch.table.name, "bronze", f"another writer committed version {committed - 1} "
                               "during this run; runs of one table must be serialized")
