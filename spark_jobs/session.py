@@ -25,12 +25,13 @@ SESSION_CONF = {
 
 
 def jvm_conf() -> dict[str, str]:
-    """What a JVM must start with: the pinned jars (spark_jobs/jvm.py) and Delta's SQL extension and catalog.
+    """What a JVM must start with: the pinned jars (spark_jobs/jvm.py), Delta's SQL extension and catalog, and
+    the driver's heap.
     New Delta tables get deletion vectors, so delta-spark's merges and deletes mark rows instead of rewriting
     whole files (readers of either engine honour them: spark_jobs/delta)."""
     from spark_jobs.jvm import DELTA_CONF, jars
 
-    return {"spark.jars": ",".join(jars()), **DELTA_CONF,
+    return {"spark.jars": ",".join(jars()), **DELTA_CONF, "spark.driver.memory": settings().driver_memory,
             "spark.databricks.delta.properties.defaults.enableDeletionVectors": "true"}
 
 

@@ -26,6 +26,9 @@ class Settings:
     spark_remote: str = ""  # CDC_SPARK_REMOTE: sc://host:port of a Spark Connect server to attach to
     spark_master: str = "local[*]"  # CDC_SPARK_MASTER: the master of a session of its own (and of spark-server)
     spark_log_level: str = "ERROR"  # CDC_SPARK_LOG_LEVEL: Spark's log level in a session of its own
+    # CDC_DRIVER_MEMORY: the driver's heap (local mode: its executors' too); a JSON landing file is split
+    # into lines in one task, so this bounds the largest file (one with a 50 MB line ran out of 1 GB)
+    driver_memory: str = "2g"
     shuffle_partitions: int = 8  # CDC_SHUFFLE_PARTITIONS: spark.sql.shuffle.partitions
     delta_engine: str = "delta-rs"  # CDC_DELTA_ENGINE: delta-rs | delta-spark (docs/architecture.md, "Delta engines")
     jars_dir: str = ".jars"  # CDC_JARS_DIR: where `make jars` put the pinned JVM jars (spark_jobs/jvm.py)
