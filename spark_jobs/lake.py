@@ -99,10 +99,15 @@ def row_count(path: str) -> int | None:
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
+    from spark_jobs.delta.features import query, unplain_features
+
     try:
-        actions = DeltaTable(path).get_add_actions(flatten=True)
+        table = DeltaTable(path)
     except TableNotFoundError:
         return None
+    if unplain_features(table):  # statistics count rows a deletion vector has deleted
+        return int(query(table, "SELECT COUNT(*) AS n FROM t")["n"][0])
+    actions = table.get_add_actions(flatten=True)
     return sum(v for v in actions.column("num_records").to_pylist() if v is not None)
 
 

@@ -32,10 +32,15 @@ def ingest_log(lake: Lake, table: str, columns: list[str]) -> dict[str, list[Any
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
+    from spark_jobs.delta.features import query, unplain_features
+
     try:
-        files = DeltaTable(lake.ingest_log(table)).file_uris()
+        log = DeltaTable(lake.ingest_log(table))
     except TableNotFoundError:
-        files = []
+        return {c: [] for c in columns}
+    if unplain_features(log):
+        return query(log, f"SELECT {', '.join(columns)} FROM t")
+    files = log.file_uris()
     if not files:
         return {c: [] for c in columns}
     return pq.read_table([_local(f) for f in files], columns=columns).to_pydict()

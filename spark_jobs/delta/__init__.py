@@ -5,10 +5,11 @@ CDC_DELTA_ENGINE=delta-spark). Both give the same meaning to the same `MergeSpec
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import types as T
+if TYPE_CHECKING:  # the package's pure modules (features) are read where pyspark is not imported
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import types as T
 
 
 @dataclass(frozen=True)

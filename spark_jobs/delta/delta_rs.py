@@ -32,23 +32,11 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from spark_jobs.delta import MergeResult, MergeSpec, key_predicate
+from spark_jobs.delta.features import unplain_features
 from spark_jobs.errors import UnsupportedTable
 from spark_jobs.settings import settings
 
 SPILL_PREFIX = "cdc-spill-"
-# reader features under which the snapshot's Parquet files hold exactly the table's rows
-PLAIN_PARQUET_FEATURES = frozenset({"timestampNtz", "vacuumProtocolCheck"})
-
-
-def _unplain_features(table: DeltaTable) -> list[str]:
-    """The table's reader features that a plain Parquet read, or a delta-rs rewrite, would get wrong."""
-    protocol = table.protocol()
-    features = set(protocol.reader_features or []) - PLAIN_PARQUET_FEATURES
-    if protocol.min_reader_version == 2 or table.metadata().configuration.get("delta.columnMapping.mode", "none") != "none":
-        features.add("columnMapping")  # reader version 2 is column mapping, before features were named
-    return sorted(features)
-
-
 def _remove_dead_runs_scratch() -> None:
     """Scratch folders of runs that were killed (their process is gone) hold copies of a batch's rows:
     remove them. A folder is named after the process that made it, so a live run's is left alone."""
@@ -95,7 +83,7 @@ class DeltaRsEngine:
         table = self._table(path, version)
         if table is None:
             return None
-        unplain = _unplain_features(table)
+        unplain = unplain_features(table)
         if unplain:
             return self._read_with_delta_spark(spark, path, version, unplain)
         schema = T.StructType.fromJson(json.loads(table.schema().to_json()))
@@ -117,7 +105,7 @@ class DeltaRsEngine:
 
     def _writable(self, path: str) -> None:
         table = self._table(path)
-        unplain = [] if table is None else _unplain_features(table)
+        unplain = [] if table is None else unplain_features(table)
         if unplain:
             raise UnsupportedTable(path, unplain, "delta-rs does not honour when it rewrites files (nothing was "
                                    "written)", "write it with CDC_DELTA_ENGINE=delta-spark")

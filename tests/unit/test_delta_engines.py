@@ -146,10 +146,12 @@ def dv_table(spark, path):
 
 def test_a_table_with_deletion_vectors_reads_its_rows_and_delta_rs_never_writes_it(any_engine, spark, tmp_path):
     from spark_jobs.errors import UnsupportedTable
+    from spark_jobs.lake import row_count
 
     path = str(tmp_path / "t")
     version = dv_table(spark, path)
     assert rows(any_engine, spark, path) == [(2, "v2", "01", "c"), (4, "v4", "01", "c")]
+    assert row_count(path) == 2  # `status` and the sensor's light reads honour the deletion vector too
     more = spark.createDataFrame([(5, "v5", "02", "c")], SCHEMA)
     if any_engine.name == "delta-rs":
         # a delta-rs rewrite would drop the deletion vector and bring rows 1 and 3 back: refused, nothing written
