@@ -77,7 +77,7 @@ def parser() -> argparse.ArgumentParser:
                                                  "(CDC_SPARK_REMOTE=sc://localhost:PORT)")
     server.add_argument("--port", type=int, default=15002)
     server.add_argument("--master", default=None, help="Spark master (default: CDC_SPARK_MASTER, else local[*])")
-    server.add_argument("--driver-memory", default="2g")
+    server.add_argument("--driver-memory", default=None, help="the server's heap (default: CDC_DRIVER_MEMORY, else 2g)")
     sub.add_parser("jars", help="fetch the pinned JVM jars (Delta, hadoop-aws, spark-avro) into CDC_JARS_DIR once "
                                 "(`make jars`); offline afterwards")
     gen = sub.add_parser("generate", help="write sample Debezium change files in the S3 sink layout")
@@ -89,7 +89,9 @@ def parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=7)
     gen.add_argument("--records-per-file", type=int, default=250, help="the sink's flush.size")
     gen.add_argument("--partitions", type=int, default=2, help="Kafka partitions per topic")
-    gen.add_argument("--compress", action="store_true", help="write .json.gz files")
+    gen.add_argument("--compress", action="store_true", help="write .json.gz files (Avro: deflate blocks)")
+    gen.add_argument("--format", choices=("json", "avro"), default="json",
+                     help="json: the JSON converter's records; avro: the S3 sink's AvroFormat (.avro)")
     gen.add_argument("--batches", type=int, default=0,
                      help="land the snapshot first, then the changes in this many batches of files (0: all at once)")
     gen.add_argument("--redeliver", type=float, default=0.0, help="share of change events delivered twice")
@@ -213,7 +215,7 @@ def spark_server(args: argparse.Namespace) -> int:
     home = Path(pyspark.__file__).parent
     master = args.master or settings().spark_master
     conf = {**SESSION_CONF, **jvm_conf(), "spark.connect.grpc.binding.port": str(args.port),
-            "spark.driver.memory": args.driver_memory,
+            "spark.driver.memory": args.driver_memory or settings().driver_memory,
             "spark.pyspark.python": sys.executable,  # Python UDF workers run the project's interpreter
             "spark.cleaner.periodicGC.interval": "1min"}  # long-lived: drop finished runs' checkpoints soon
     command = [str(home / "bin" / "spark-submit"), "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
@@ -242,7 +244,7 @@ def generate(args: argparse.Namespace) -> int:
 
     registry = load_registry(args.config)
     opts = Options(rows=args.rows, changes=args.changes, seed=args.seed, records_per_file=args.records_per_file,
-                   partitions=args.partitions, compress=args.compress, batches=args.batches,
+                   partitions=args.partitions, compress=args.compress, format=args.format, batches=args.batches,
                    redeliver=args.redeliver, shuffle=args.shuffle, mix=args.mix)
     for t in write_files(registry.select(args.tables), resolve_uri(args.landing), opts):
         print(f"{t.table:<22} topic={t.topic} events={t.events} tombstones={t.tombstones} files={len(t.files)} "

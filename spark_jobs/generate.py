@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from spark_jobs.registry import TableConfig
+from spark_jobs.sample_avro import write_avro
 from spark_jobs.sample_sources import PROFILES, Column, SourceProfile
 
 __all__ = ["PROFILES", "Column", "GeneratedTable", "Options", "generate"]
@@ -33,7 +34,8 @@ class Options:
     seed: int = 7
     records_per_file: int = 250  # the sink's flush.size
     partitions: int = 2  # Kafka partitions per topic
-    compress: bool = False  # .json.gz instead of .json
+    compress: bool = False  # .json.gz instead of .json (Avro: deflate blocks)
+    format: str = "json"  # json | avro (the sink's AvroFormat: no tombstones, logical types in the Avro schema)
     start_offset: int = 0  # first Kafka offset (continue a topic across generate calls)
     start_ms: int = 1_700_000_000_000
     batches: int = 0  # > 0: the snapshot lands first, then the changes in this many batches of files
@@ -185,7 +187,8 @@ class _Sink:
 
     def __init__(self, profile: SourceProfile, landing: Path, opts: Options):
         self.profile, self.landing, self.opts = profile, landing, opts
-        self.schema = _envelope_schema(profile) if profile.envelope else None
+        # Avro records carry their schema in the file: the lines stay plain payloads until written
+        self.schema = _envelope_schema(profile) if profile.envelope and opts.format != "avro" else None
         self.offsets = {p: opts.start_offset for p in range(opts.partitions)}
         self.pending: dict[int, list[str]] = {p: [] for p in range(opts.partitions)}
         self.written: list[str] = []
@@ -212,11 +215,13 @@ class _Sink:
         lines, self.pending[partition] = self.pending[partition], []
         folder = self.landing / "topics" / self.profile.topic / f"partition={partition}"
         folder.mkdir(parents=True, exist_ok=True)
-        ext = ".json.gz" if self.opts.compress else ".json"
+        ext = ".avro" if self.opts.format == "avro" else ".json.gz" if self.opts.compress else ".json"
         path = folder / f"{self.profile.topic}+{partition}+{self.offsets[partition]:010d}{ext}"
-        self.offsets[partition] += len(lines)
+        self.offsets[partition] += len(lines)  # a tombstone the Avro sink drops still took its offset
         text = "\n".join(lines) + "\n"
-        if self.opts.compress:
+        if self.opts.format == "avro":
+            write_avro(self.profile, path, [json.loads(line) for line in lines if line != "null"], self.opts.compress)
+        elif self.opts.compress:
             path.write_bytes(gzip.compress(text.encode(), mtime=0))
         else:
             path.write_text(text)
@@ -242,7 +247,7 @@ def write_table(profile: SourceProfile, table: str, landing: Path, opts: Options
         for partition, text in unit:
             sink.add(partition, text)
             out.events += text != "null"
-            out.tombstones += text == "null"
+            out.tombstones += text == "null" and opts.format != "avro"
 
     def land() -> None:
         held.extend([unit for unit in held if delivery.random() < opts.redeliver] if opts.redeliver else [])

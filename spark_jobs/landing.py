@@ -18,6 +18,7 @@ from urllib.parse import urlparse
 
 JSON_EXTENSIONS = (".json", ".json.gz")
 PARQUET_EXTENSIONS = (".snappy.parquet", ".gz.parquet", ".parquet")
+AVRO_EXTENSIONS = (".avro",)
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,8 @@ class LandingFile:
             return "json"
         if self.path.endswith(PARQUET_EXTENSIONS):
             return "parquet"
+        if self.path.endswith(AVRO_EXTENSIONS):
+            return "avro"
         return "unsupported"
 
 

@@ -17,7 +17,7 @@ from spark_jobs.errors import ConfigError
 from spark_jobs.quality.expectations import EXPECTATIONS, Quality
 from spark_jobs.settings import resolve
 
-FORMATS = ("auto", "json", "json-flat", "parquet")
+FORMATS = ("auto", "json", "json-flat", "parquet", "avro")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TABLE_FIELDS = {"topic", "keys", "format", "sequence_by", "partition_by", "columns", "history", "tombstone_retention",
                  "quality", "unavailable_value_placeholder"}

@@ -166,11 +166,11 @@ def fields_from_envelope(schema_json: str) -> list[ImageField]:
 def envelope_from_spark(image: T.StructType) -> str:
     """A schema envelope for rows of a typed file (Parquet): each column keeps the Spark type it was
     written with, so decimals, dates and timestamps survive the trip through bronze's JSON text."""
-    fields = [{"field": f.name, "spark_type": _json_safe_type(f.dataType)} for f in image.fields]
+    fields = [{"field": f.name, "spark_type": json_safe_type(f.dataType)} for f in image.fields]
     return json.dumps({"type": "struct", "fields": [{"field": "after", "type": "struct", "fields": fields}]})
 
 
-def _json_safe_type(data_type: T.DataType) -> str:
+def json_safe_type(data_type: T.DataType) -> str:
     """Types to_json/from_json carry exactly; anything nested or binary is kept as JSON text."""
     if isinstance(data_type, (T.StructType, T.ArrayType, T.MapType, T.BinaryType)):
         return "STRING"

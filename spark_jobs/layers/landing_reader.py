@@ -1,4 +1,4 @@
-"""Landing files read into Spark as lines (JSON, gzip) or records (Parquet), each with its file and line;
+"""Landing files read into Spark as lines (JSON, gzip) or records (Parquet, Avro), each with its file and line;
 files that cannot be read come back apart with the reason, to be quarantined whole."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 from functools import reduce
 from pathlib import Path
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from spark_jobs.debezium import envelope, types
+from spark_jobs.debezium import avro, envelope, types
 from spark_jobs.landing import LandingFile, landing_read_problem, split_exact
 from spark_jobs.settings import settings
 
@@ -35,24 +35,22 @@ def _parquet_rows(path: str) -> int | None:
 def read_landing(spark: SparkSession, staged: dict[str, LandingFile], files: list[LandingFile],
                  fmt: str = "auto") -> tuple[DataFrame, dict[LandingFile, str]]:
     """Landing files as lines: (_source_file, _line, _raw, _line_problem, _typed_schema), checkpointed.
-    JSON files (plain or gzip) give one row per text line; Parquet files one row per record, as its JSON
-    text, with `_typed_schema` holding the record's column types. `staged` maps Spark-safe paths to the
+    JSON files (plain or gzip) give one row per text line; Parquet and Avro files one row per record, as its
+    JSON text, with `_typed_schema` holding the record's column types. `staged` maps Spark-safe paths to the
     landing files (landing.stage).
 
     Files that cannot be read are returned apart with the reason, to be quarantined whole while the rest
     of the batch goes on: not of the table's format (unsupported_file), or unreadable_file (cannot be
-    opened, not valid gzip or Parquet, cut short). Lines of a file holding bytes that are not UTF-8 are
+    opened, not valid gzip, Parquet or Avro, cut short). Lines of a file holding bytes that are not UTF-8 are
     read again byte for byte: Spark's line split would replace those bytes."""
-    wanted = {"auto": ("json", "parquet"), "json": ("json",), "json-flat": ("json",), "parquet": ("parquet",)}[fmt]
-    by_kind: dict[str, dict[str, LandingFile]] = {"json": {}, "parquet": {}}
+    wanted = {"auto": ("json", "parquet", "avro"), "json": ("json",), "json-flat": ("json",), "parquet": ("parquet",),
+              "avro": ("avro",)}[fmt]
+    by_kind: dict[str, dict[str, LandingFile]] = {"json": {}, "parquet": {}, "avro": {}}
     for path, f in staged.items():
         if f.kind in wanted:
             by_kind[f.kind][path] = f
-    parquet_rows = {path: _parquet_rows(path) for path, f in by_kind["parquet"].items() if f.size}
     unreadable = {f: f"unsupported_file: {_name(f)}" for f in files if f.kind not in wanted}
     unreadable |= {f: f"unreadable_file: {_name(f)}: {f.problem}" for f in files if f.problem and f.kind in wanted}
-    unreadable |= {by_kind["parquet"][path]: f"unreadable_file: {_name(by_kind['parquet'][path])}: not a valid Parquet file"
-                   for path, rows in parquet_rows.items() if rows is None}
     parts = []
     if by_kind["json"]:
         # a file Spark cannot read (bad gzip, cut short) yields no row instead of failing the batch; such
@@ -63,28 +61,63 @@ def read_landing(spark: SparkSession, staged: dict[str, LandingFile], files: lis
         lines, broken = _exact_lines(spark, lines, by_kind["json"])
         unreadable |= broken
         parts.append(lines.withColumn("_typed_schema", F.lit(None).cast("string")))
+    parquet_rows = {path: _parquet_rows(path) for path, f in by_kind["parquet"].items() if f.size}
+    unreadable |= {by_kind["parquet"][path]: f"unreadable_file: {_name(by_kind['parquet'][path])}: not a valid Parquet file"
+                   for path, rows in parquet_rows.items() if rows is None}
     readable_parquet = {path: f for path, f in by_kind["parquet"].items() if parquet_rows.get(path)}
     if readable_parquet:
-        # as with JSON, a file that breaks while being read is not fatal: it gives fewer rows than its
-        # footer counts, and is then quarantined whole
         records = spark.read.option("mergeSchema", "true").option("ignoreCorruptFiles", "true").parquet(*readable_parquet)
         typed = types.envelope_from_spark(envelope.parquet_image_type(records.schema))
-        record = F.struct(*[F.col(f"`{c}`") for c in records.columns])
-        rows = records.select(F.col("_metadata.file_path").alias("_uri"), (F.col("_metadata.row_index") + 1).alias("_line"),
-                              F.to_json(record, types.JSON_OPTIONS).alias("_raw"))
-        rows = _staged_to_landing(spark, readable_parquet, rows).localCheckpoint()
-        read = {r["_source_file"]: r["n"] for r in rows.groupBy("_source_file").agg(F.count(F.lit(1)).alias("n")).collect()}
-        short = {f: (read.get(f.path, 0), parquet_rows[path]) for path, f in readable_parquet.items()
-                 if read.get(f.path, 0) != parquet_rows[path]}
-        unreadable |= {f: f"unreadable_file: {_name(f)}: corrupt, {got} of {expected} records readable"
-                       for f, (got, expected) in short.items()}
-        parts.append(rows.where(~F.col("_source_file").isin([f.path for f in short])).select(
-            "_source_file", "_line", "_raw", F.lit(None).cast("string").alias("_line_problem"),
-            F.lit(typed).alias("_typed_schema")))
+        lined = records.select("*", (F.col("_metadata.row_index") + 1).alias("_line"))
+        part, broken = _typed_records(spark, readable_parquet, parquet_rows, lined, records.columns, F.lit(typed))
+        parts.append(part)
+        unreadable |= broken
+    for group, expected in _avro_groups(by_kind["avro"], unreadable).items():
+        records = spark.read.format("avro").option("ignoreCorruptFiles", "true").load(list(group))
+        typed = avro.typed_envelope(next(iter(expected.values())).schema, envelope.parquet_image_type(records.schema))
+        # Avro has no row index: a file's records in order are its splits by start offset, each read in order
+        order = Window.partitionBy("_metadata.file_path").orderBy(F.input_file_block_start(), F.monotonically_increasing_id())
+        lined = records.select("*", F.row_number().over(order).cast("long").alias("_line"))
+        part, broken = _typed_records(spark, {p: by_kind["avro"][p] for p in group},
+                                      {p: a.records for p, a in expected.items()}, lined, records.columns, F.lit(typed))
+        parts.append(part)
+        unreadable |= broken
     if not parts:
         return spark.createDataFrame(
             [], "_source_file STRING, _line BIGINT, _raw STRING, _line_problem STRING, _typed_schema STRING"), unreadable
     return reduce(DataFrame.unionByName, parts), unreadable
+
+
+def _typed_records(spark: SparkSession, files: dict[str, LandingFile], expected: dict[str, int | None],
+                   lined: DataFrame, columns: list[str], typed: Column) -> tuple[DataFrame, dict[LandingFile, str]]:
+    """Records of typed files (Parquet, Avro) as lines: each record's JSON text, numbered `_line` in its file.
+    As with JSON, a file that breaks while being read is not fatal: it gives fewer records than its footer
+    or block headers count, and is then quarantined whole."""
+    record = F.struct(*[F.col(f"`{c}`") for c in columns])
+    rows = lined.select(F.col("_metadata.file_path").alias("_uri"), "_line", F.to_json(record, types.JSON_OPTIONS).alias("_raw"))
+    rows = _staged_to_landing(spark, files, rows).localCheckpoint()
+    read = {r["_source_file"]: r["n"] for r in rows.groupBy("_source_file").agg(F.count(F.lit(1)).alias("n")).collect()}
+    short = {f: (read.get(f.path, 0), expected[path]) for path, f in files.items() if read.get(f.path, 0) != expected[path]}
+    broken = {f: f"unreadable_file: {_name(f)}: corrupt, {got} of {want} records readable" for f, (got, want) in short.items()}
+    return rows.where(~F.col("_source_file").isin([f.path for f in short])).select(
+        "_source_file", "_line", "_raw", F.lit(None).cast("string").alias("_line_problem"),
+        typed.alias("_typed_schema")), broken
+
+
+def _avro_groups(staged: dict[str, LandingFile],
+                 unreadable: dict[LandingFile, str]) -> dict[tuple[str, ...], dict[str, avro.AvroFile]]:
+    """Readable, non-empty Avro files grouped by writer schema (spark-avro reads one schema per load);
+    files that are not whole Avro files go to `unreadable`."""
+    groups: dict[str, dict[str, avro.AvroFile]] = {}
+    for path, f in staged.items():
+        if not f.size or f.problem:
+            continue
+        header = avro.read_header(path)
+        if header is None:
+            unreadable[f] = f"unreadable_file: {_name(f)}: not a valid Avro file"
+        elif header.records:
+            groups.setdefault(header.schema, {})[path] = header
+    return {tuple(sorted(members)): members for members in groups.values()}
 
 
 def _name(f: LandingFile) -> str:
