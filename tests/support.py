@@ -3,7 +3,14 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 from spark_jobs import cli
 from spark_jobs.lake import Lake
@@ -32,3 +39,40 @@ def summary_line(out: str, layer: str, table: str) -> dict[str, str]:
 def silver_rows(spark, engine, lake, table, keys):
     df = engine.read(spark, Lake(str(lake)).silver(table))
     return {tuple(r[k] for k in keys): {c: r[c] for c in df.columns if not c.startswith("_")} for r in df.collect()}
+
+
+@contextmanager
+def standalone_cluster(workdir: Path, cores: int = 1, memory: str = "1g") -> Iterator[str]:
+    """A Spark standalone master and one worker on loopback, from pyspark's own jars and scripts (what a
+    cluster deployment runs); yields the master's URL (spark://127.0.0.1:PORT)."""
+    import pyspark
+
+    home = Path(pyspark.__file__).parent
+    env = {**os.environ, "SPARK_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_NO_DAEMONIZE": "1"}
+    port = free_port()
+    url = f"spark://127.0.0.1:{port}"
+    workdir.mkdir(parents=True, exist_ok=True)
+    daemons = [
+        ("master", ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
+                    "--webui-port", str(free_port())], "I have been elected leader"),
+        ("worker", ["org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1", "--cores", str(cores),
+                    "--memory", memory, "--work-dir", str(workdir / "work"), "--webui-port", str(free_port())],
+         "Successfully registered with master"),
+    ]
+    started: list[subprocess.Popen] = []
+    try:
+        for name, args, ready in daemons:
+            log = workdir / f"{name}.log"
+            with log.open("w") as out:
+                started.append(subprocess.Popen([str(home / "bin" / "spark-class"), *args], env=env, stdout=out,
+                                                stderr=subprocess.STDOUT, start_new_session=True))
+            deadline = time.monotonic() + 120
+            while ready not in log.read_text():
+                if started[-1].poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"Spark {name} did not start:\n{log.read_text()[-3000:]}")
+                time.sleep(0.3)
+        yield url
+    finally:
+        for process in reversed(started):
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=60)
