@@ -120,11 +120,18 @@ def browse_reports_in_the_airflow_ui(base: str, screenshot: Path) -> str:
 
 def silver_table(path: Path) -> list[dict]:
     """Rows of a Delta table read without Spark: pyarrow over the snapshot's files (docs/architecture.md,
-    "Measured facts that shaped the choices")."""
+    "Measured facts that shaped the choices"), or DataFusion where deletion vectors (delta-spark) make that wrong."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
     from deltalake import DeltaTable
 
-    rows = pq.read_table(DeltaTable(str(path)).file_uris()).to_pylist() if DeltaTable(str(path)).file_uris() else []
+    from spark_jobs.delta.features import query, unplain_features
+
+    table = DeltaTable(str(path))
+    if unplain_features(table):
+        rows = pa.table(query(table, "SELECT * FROM t")).to_pylist()
+    else:
+        rows = pq.read_table(table.file_uris()).to_pylist() if table.file_uris() else []
     return sorted(rows, key=lambda r: r["custkey"])
 
 

@@ -58,8 +58,11 @@ class Bench:
     scale: float
     runs: int
     remote: str  # the long-lived Spark Connect server of the "attached" figures
+    engine: str = "delta-rs"  # CDC_DELTA_ENGINE of the project's runs (the floor always merges with delta-rs)
+    engines: tuple[str, ...] = ("delta-rs",)  # every engine this bench runs W1-W3 with
     figures: list[Figure] = field(default_factory=list)
-    seeds: dict[int, tuple[Path, float]] = field(default_factory=dict)  # rows -> (seeded lake, seconds)
+    # (engine, rows) -> (seeded lake, seconds)
+    seeds: dict[tuple[str, int], tuple[Path, float]] = field(default_factory=dict)
 
     def n(self, full: int, least: int = 100) -> int:
         return max(least, int(full * self.scale))
@@ -112,12 +115,12 @@ def file_list(path: Path, landing: Path, files: list[str]) -> str:
     return f"@{path}"
 
 
-def project_run(landing: Path, lake: Path, files: str, remote: str | None = None) -> tuple[float, str]:
-    """The project's CLI, bronze and silver, as a fresh process: starting its own Spark, or attached to the
-    long-lived one at `remote`."""
+def project_run(landing: Path, lake: Path, files: str, engine: str, remote: str | None = None) -> tuple[float, str]:
+    """The project's CLI, bronze and silver, as a fresh process writing with `engine`: starting its own Spark,
+    or attached to the long-lived one at `remote`."""
     return timed([sys.executable, "-m", "spark_jobs", "run", "--config", str(CONFIG), "--landing", str(landing),
                   "--lake", str(lake), "--layers", "bronze,silver", "--tables", TABLE, "--files", files],
-                 {"CDC_SPARK_REMOTE": remote} if remote else None)
+                 {"CDC_DELTA_ENGINE": engine, **({"CDC_SPARK_REMOTE": remote} if remote else {})})
 
 
 def check_floor_restates_the_pipeline() -> None:
@@ -150,14 +153,19 @@ def generate(landing: Path, rows: int, changes: int, batches: int, mix: tuple[in
 
 
 def read_table(path: Path) -> Any:
-    """A Delta table as one Arrow table through pyarrow.parquet on its file list (the project's safe read
-    path: no delta-rs dataset reader), sorted by key."""
+    """A Delta table as one Arrow table, sorted by key: pyarrow.parquet on its file list (the project's safe
+    read path: no delta-rs dataset reader), or DataFusion where deletion vectors make that wrong."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     from deltalake import DeltaTable
 
-    files = [u.removeprefix("file://") for u in DeltaTable(str(path)).file_uris()]
-    table = pq.read_table(files)
+    from spark_jobs.delta.features import query, unplain_features
+
+    delta = DeltaTable(str(path))
+    if unplain_features(delta):
+        table = pa.table(query(delta, "SELECT * FROM t"))
+    else:
+        table = pq.read_table([u.removeprefix("file://") for u in delta.file_uris()])
     plain = pa.schema([f.with_type(pa.string()) if f.type == pa.string_view() else f for f in table.schema])
     return table.cast(plain).sort_by([(k, "ascending") for k in KEYS])
 
@@ -180,16 +188,20 @@ def check_equal(project_silver: Path, floor_silver: Path | None, generated: Any)
                              f"{len(generated.final_rows)})")
 
 
-def seeded(bench: Bench, rows: int, landing: Path, generated: Any) -> Path:
-    """A lake whose bronze and silver hold the snapshot of `rows` rows, loaded by the project's CLI once per
-    size (the snapshot files are the same in every landing of that size: same seed)."""
-    if rows not in bench.seeds:
-        lake = bench.workdir / f"seed-{rows}"
+def seeded(bench: Bench, rows: int, landing: Path, generated: Any, engine: str | None = None) -> Path:
+    """A lake whose bronze and silver hold the snapshot of `rows` rows, loaded by the project's CLI with
+    `engine` (default the bench's) once per size (the snapshot files are the same in every landing of that
+    size: same seed). The floor's silver comes from the delta-rs seed: its delta-rs merge must not meet
+    deletion vectors."""
+    engine = engine or bench.engine
+    if (engine, rows) not in bench.seeds:
+        lake = bench.workdir / f"seed-{engine}-{rows}"
         shutil.rmtree(lake, ignore_errors=True)
-        seconds, _ = project_run(landing, lake, file_list(bench.workdir / f"seed-{rows}.json", landing, generated.batches[0]))
-        bench.seeds[rows] = (lake, seconds)
-        bench.add(Figure("setup", f"initial load of {rows:,} rows (bronze+silver)", seconds))
-    return bench.seeds[rows][0]
+        seconds, _ = project_run(landing, lake, file_list(bench.workdir / f"seed-{rows}.json", landing, generated.batches[0]),
+                                 engine)
+        bench.seeds[(engine, rows)] = (lake, seconds)
+        bench.add(Figure("setup", f"initial load of {rows:,} rows (bronze+silver), {engine}", seconds))
+    return bench.seeds[(engine, rows)][0]
 
 
 def fresh_copy(seed: Path, dest: Path) -> Path:
@@ -207,14 +219,14 @@ def one_batch(bench: Bench, label: str, rows: int, changes: int) -> dict[str, fl
     run from a copy of the same seeded lake."""
     landing = bench.workdir / f"landing-{label}"
     generated = generate(landing, rows, changes, batches=1)
-    seed = seeded(bench, rows, landing, generated)
+    seed, floor_seed = seeded(bench, rows, landing, generated), seeded(bench, rows, landing, generated, "delta-rs")
     files = file_list(bench.workdir / f"{label}.json", landing, generated.batches[1])
     seconds: dict[str, list[float]] = {"": [], "attached": [], "floor": []}
     for _ in range(bench.runs):
         for mode, _ in MODES:
             lake = fresh_copy(seed, bench.workdir / f"lake-{label}")
-            seconds[mode].append(project_run(landing, lake, files, bench.remote if mode else None)[0])
-            floor_silver = fresh_copy(seed / "silver" / TABLE, bench.workdir / f"floor-{label}")
+            seconds[mode].append(project_run(landing, lake, files, bench.engine, bench.remote if mode else None)[0])
+            floor_silver = fresh_copy(floor_seed / "silver" / TABLE, bench.workdir / f"floor-{label}")
             if mode:  # the floor once per run
                 seconds["floor"].append(floor_run(landing, floor_silver, files))
             check_equal(lake / "silver" / TABLE, floor_silver if mode else None, generated)
@@ -225,7 +237,7 @@ def w1(bench: Bench) -> None:
     rows, changes = bench.n(1_000_000), bench.n(100_000)
     seconds = one_batch(bench, "w1", rows, changes)
     for mode, how in MODES:
-        figure = Figure("W1", f"{changes:,} events into {rows:,} rows, {how}", seconds[mode], seconds["floor"],
+        figure = Figure("W1", f"{changes:,} events into {rows:,} rows, {how}, {bench.engine}", seconds[mode], seconds["floor"],
                         "<= 3x floor")
         figure.met = figure.project <= 3 * seconds["floor"]
         bench.add(figure)
@@ -236,13 +248,13 @@ def w2(bench: Bench) -> None:
     landing = bench.workdir / "landing-w2"
     generated = generate(landing, rows, batches * per_batch, batches=batches)
     seed = seeded(bench, rows, landing, generated)
-    floor_silver = fresh_copy(seed / "silver" / TABLE, bench.workdir / "floor-w2")
+    floor_silver = fresh_copy(seeded(bench, rows, landing, generated, "delta-rs") / "silver" / TABLE, bench.workdir / "floor-w2")
     seconds: dict[str, list[float]] = {"": [], "attached": [], "floor": []}
     lakes = {mode: fresh_copy(seed, bench.workdir / f"lake-w2{mode}") for mode, _ in MODES}
     for n, files in enumerate(generated.batches[1:], start=1):
         listed = file_list(bench.workdir / f"w2-{n}.json", landing, files)
         for mode, _ in MODES:
-            seconds[mode].append(project_run(landing, lakes[mode], listed, bench.remote if mode else None)[0])
+            seconds[mode].append(project_run(landing, lakes[mode], listed, bench.engine, bench.remote if mode else None)[0])
         seconds["floor"].append(floor_run(landing, floor_silver, listed))
     for mode, _ in MODES:
         check_equal(lakes[mode] / "silver" / TABLE, floor_silver, generated)
@@ -250,7 +262,8 @@ def w2(bench: Bench) -> None:
         for name, share in (("p50", 0.5), ("p95", 0.95)):
             # the first batch of each warms the page cache (and the server's JIT): "once warm" leaves it out
             p, f = percentile(seconds[mode][1:], share), percentile(seconds["floor"][1:], share)
-            figure = Figure("W2", f"{name} per batch of {per_batch:,} ({batches} batches, {rows:,} rows), {how}", p, f,
+            figure = Figure("W2", f"{name} per batch of {per_batch:,} ({batches} batches, {rows:,} rows), {how}, "
+                                  f"{bench.engine}", p, f,
                             "p50 <= 3 s" if name == "p50" else "")
             figure.met = p <= 3 if name == "p50" else None
             bench.add(figure)
@@ -267,8 +280,10 @@ def w3(bench: Bench) -> None:
     at = {rows: one_batch(bench, f"w3-{rows}", rows, changes) for rows in (small, large)}
     for mode, how in MODES:
         for rows in (small, large):
-            bench.add(Figure("W3", f"{changes:,} events into {rows:,} rows, {how}", at[rows][mode], at[rows]["floor"]))
-        growth = Figure("W3", f"growth {small:,} -> {large:,} rows, {how} (floor: x)", at[large][mode] / at[small][mode],
+            bench.add(Figure("W3", f"{changes:,} events into {rows:,} rows, {how}, {bench.engine}", at[rows][mode],
+                             at[rows]["floor"]))
+        growth = Figure("W3", f"growth {small:,} -> {large:,} rows, {how}, {bench.engine} (floor: x)",
+                        at[large][mode] / at[small][mode],
                         at[large]["floor"] / at[small]["floor"], "<= 3x", note="ratios of run times, not seconds")
         growth.met = growth.project <= 3
         bench.add(growth)
@@ -360,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scale", type=float, default=1.0, help="table and batch sizes relative to issue 6's (1.0)")
     p.add_argument("--runs", type=int, default=3, help="runs per figure (medians are reported)")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated, of W1..W5")
+    p.add_argument("--engines", default="delta-rs,delta-spark",
+                   help="CDC_DELTA_ENGINE of the project's runs, comma-separated: W1-W3 run once per engine")
     p.add_argument("--workdir", default=str(ROOT / "data" / "bench"), help="generated files and lakes (deleted first)")
     p.add_argument("--results", default=str(HERE / "RESULTS.md"), help="the results file ('' to skip writing it)")
     args = p.parse_args(argv)
@@ -375,9 +392,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"bench: scale={args.scale} runs={args.runs} workloads={','.join(chosen)} on {info['cpu']}, {info['memory']}",
           flush=True)
     started = time.perf_counter()
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     with spark_server(workdir) as remote:
-        bench = Bench(workdir, args.scale, args.runs, remote)
-        for name in chosen:
+        bench = Bench(workdir, args.scale, args.runs, remote, engines=tuple(engines))
+        # W4 reads no Delta table and W5 runs Airflow's embedded default: once, not per engine
+        for name, engine in [(w, e) for w in chosen for e in (engines if w in ("W1", "W2", "W3") else engines[:1])]:
+            bench.engine = engine
             WORKLOADS[name](bench)
             if args.results:  # after each workload, so a long run's figures so far are kept
                 write_results(Path(args.results), bench, info, chosen, time.perf_counter() - started)

@@ -30,13 +30,15 @@ def write_results(path: Path, bench: Any, info: dict[str, str], workloads: list[
         "# Benchmark results",
         "",
         f"Written by `make bench` on {when}: `python -m tests.benchmarks --scale {bench.scale} --runs {bench.runs} "
-        f"--workloads {','.join(workloads)}`, {elapsed_s / 60:.0f} minutes; rows measured by earlier runs are dated "
+        f"--workloads {','.join(workloads)} --engines {','.join(bench.engines)}`, {elapsed_s / 60:.0f} minutes; "
+        "rows measured by earlier runs are dated "
         "apart. Scale 1.0 is issue 6's sizes; each row gives its sizes and scale.",
         "",
         "Machine: " + ", ".join(f"{k} {v}" for k, v in info.items()),
         "",
         "Project: `python -m spark_jobs run` as a fresh process (spark-submit-like: the JVM and the imports each time), "
-        "delta-rs engine. Floor: DuckDB + a delta-rs merge with the same conditions (`tests/benchmarks/floor.py`), "
+        "with the Delta engine each row names (W5: the embedded default). "
+        "Floor: DuckDB + a delta-rs merge with the same conditions (`tests/benchmarks/floor.py`), "
         "also a fresh process. Figures are medians of the runs (W2: percentiles over its batches). Every workload "
         "checks that the project's silver equals the floor's and the generator's final state.",
         "",
