@@ -149,7 +149,7 @@ def staged_name(index: int, f: LandingFile) -> str:
     """A file's name for Spark: its number and its extension only. Spark takes paths as Hadoop paths and
     glob patterns, so a landing name holding `*`, `?`, `[`, `{`, `\\` or `:` would be expanded or refused;
     these names are read literally whatever the landing names are."""
-    ext = next((e for e in (*JSON_EXTENSIONS, *PARQUET_EXTENSIONS) if f.path.endswith(e)), "")
+    ext = next((e for e in (*JSON_EXTENSIONS, *PARQUET_EXTENSIONS, *AVRO_EXTENSIONS) if f.path.endswith(e)), "")
     return f"{index:07d}{ext}"
 
 
