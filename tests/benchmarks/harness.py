@@ -27,12 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.benchmarks.equality import KEYS, check_equal
 from tests.support import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 CONFIG = HERE / "config" / "tables.yaml"
-TABLE, KEYS, MODEL = "actor", ("actor_id",), "actors_by_last_name"
+TABLE, MODEL = "actor", "actors_by_last_name"
 FLUSH_SIZE = 20_000  # the S3 sink's flush.size: records per landing file
 MIX = (20, 70, 10)  # insert, update, delete (percent of change events)
 
@@ -150,42 +151,6 @@ def generate(landing: Path, rows: int, changes: int, batches: int, mix: tuple[in
     opts = Options(rows=rows, changes=changes, batches=batches, redeliver=redeliver, shuffle=True, mix=mix,
                    records_per_file=FLUSH_SIZE, seed=7)
     return write(load_registry(str(CONFIG)).select([TABLE]), landing, opts)[0]
-
-
-def read_table(path: Path) -> Any:
-    """A Delta table as one Arrow table, sorted by key: pyarrow.parquet on its file list (the project's safe
-    read path: no delta-rs dataset reader), or DataFusion where deletion vectors make that wrong."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    from deltalake import DeltaTable
-
-    from spark_jobs.delta.features import query, unplain_features
-
-    delta = DeltaTable(str(path))
-    if unplain_features(delta):
-        table = pa.table(query(delta, "SELECT * FROM t"))
-    else:
-        table = pq.read_table([u.removeprefix("file://") for u in delta.file_uris()])
-    plain = pa.schema([f.with_type(pa.string()) if f.type == pa.string_view() else f for f in table.schema])
-    return table.cast(plain).sort_by([(k, "ascending") for k in KEYS])
-
-
-def check_equal(project_silver: Path, floor_silver: Path | None, generated: Any) -> None:
-    """Silver equals the floor's (source columns, op, position) and the generator's final state."""
-    from spark_jobs.generate import PROFILES
-
-    project = read_table(project_silver)
-    columns = [c for c in project.column_names if not c.startswith("_") or c in ("_op", "_seq", "_source_ts_ms")]
-    if floor_silver is not None:
-        floor = read_table(floor_silver)
-        if not project.select(columns).equals(floor.select(columns).cast(project.select(columns).schema)):
-            raise AssertionError(f"silver differs from the floor's: {project.num_rows} rows against {floor.num_rows}")
-    columns_out = PROFILES[generated.topic].columns  # without the envelope, silver keeps the JSON values
-    expected = {k: {c.name: c.encode(row[c.name]) for c in columns_out} for k, row in generated.final_rows.items()}
-    got = {tuple(r[k] for k in KEYS): r for r in project.select([c.name for c in columns_out]).to_pylist()}
-    if got != expected:
-        raise AssertionError(f"silver differs from the source's final state ({len(got)} rows against "
-                             f"{len(generated.final_rows)})")
 
 
 def seeded(bench: Bench, rows: int, landing: Path, generated: Any, engine: str | None = None) -> Path:
