@@ -77,7 +77,11 @@ def make_engine(spark: SparkSession, choice: str | None = None) -> DeltaEngine:
         return DeltaRsEngine()
     if choice == "delta-spark":
         from spark_jobs.delta.delta_spark import DeltaSparkEngine
+        from spark_jobs.errors import ConfigError
 
+        if is_remote_session(spark):  # delta-spark's Python API over Spark Connect needs Delta Connect server-side
+            raise ConfigError("CDC_DELTA_ENGINE=delta-spark does not run attached to a Spark Connect server "
+                              "(CDC_SPARK_REMOTE): use a Spark session of its own, or delta-rs")
         return DeltaSparkEngine(spark)
     raise ValueError(f"CDC_DELTA_ENGINE must be delta-rs or delta-spark, got {choice!r}")
 
