@@ -37,6 +37,8 @@ from spark_jobs.errors import UnsupportedTable
 from spark_jobs.settings import settings
 
 SPILL_PREFIX = "cdc-spill-"
+
+
 def _remove_dead_runs_scratch() -> None:
     """Scratch folders of runs that were killed (their process is gone) hold copies of a batch's rows:
     remove them. A folder is named after the process that made it, so a live run's is left alone."""
