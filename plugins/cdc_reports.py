@@ -1,14 +1,16 @@
 """Airflow 3 plugin: the pipeline's data-quality reports inside the Airflow UI.
 
-A FastAPI app mounted on the API server at /cdc-reports serves `<lake>/reports/` (the run history,
-each run's report, GX Data Docs), and a menu entry ("CDC data quality") shows it inside the UI. Every
-request goes through Airflow's own authentication (the UI's JWT cookie or a bearer token) and needs
-the permission to view plugins; without a session the browser is sent to Airflow's login page. Paths
-are resolved inside the reports folder and cannot leave it.
+A FastAPI app mounted on the API server at /cdc-reports serves `<lake>/reports/` (the run history, each
+run's report, GX Data Docs) from a folder, or from S3 with the `aws_default` connection's credentials,
+and a menu entry ("CDC data quality") shows it inside the UI. Every request goes through Airflow's own
+authentication (the UI's JWT cookie or a bearer token) and needs the permission to view plugins; without
+a session the browser is sent to Airflow's login page. Paths are resolved inside the reports folder and
+cannot leave it.
 """
 
 from __future__ import annotations
 
+import mimetypes
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -17,16 +19,18 @@ from airflow.plugins_manager import AirflowPlugin
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import FileResponse, RedirectResponse, Response
 
+from cdc_airflow.hooks import s3_client, s3_settings
 from spark_jobs.lake import Lake
 from spark_jobs.settings import resolve_uri, settings
+from spark_jobs.storage import S3Files
 
 PREFIX = "/cdc-reports"
 app = FastAPI(title="CDC data-quality reports", docs_url=None, redoc_url=None, openapi_url=None)
 
 
-def reports_folder() -> Path:
-    """`<CDC_LAKE_URI>/reports`, read per request so a changed environment needs no restart."""
-    return Path(Lake(resolve_uri(settings().lake_uri)).reports)
+def reports_lake() -> Lake:
+    """The lake of `CDC_LAKE_URI`, read per request so a changed environment needs no restart."""
+    return Lake(resolve_uri(settings().lake_uri))
 
 
 async def _authorized(request: Request) -> Response | None:
@@ -59,7 +63,14 @@ async def serve(path: str, request: Request) -> Response:
     refused = await _authorized(request)
     if refused is not None:
         return refused
-    root = reports_folder().resolve()
+    lake = reports_lake()
+    if not lake.on_s3:
+        return _serve_folder(Path(lake.reports), path)
+    return _serve_s3(S3Files(s3_client(s3_settings(settings().aws_conn_id))), lake.reports, path)
+
+
+def _serve_folder(reports: Path, path: str) -> Response:
+    root = reports.resolve()
     target = (root / path).resolve()
     if not target.is_relative_to(root):  # `..`, absolute paths and symlinks out of the folder
         return Response("not found", status_code=404)
@@ -68,10 +79,27 @@ async def serve(path: str, request: Request) -> Response:
             return RedirectResponse(f"{PREFIX}/{path}/", status_code=307)
         target = target / "index.html"
     if not target.is_file():
-        if not path:
-            return Response("<p>No pipeline run has published a report yet.</p>", media_type="text/html")
-        return Response("not found", status_code=404)
+        return _missing(path)
     return FileResponse(target)
+
+
+def _serve_s3(files: S3Files, base: str, path: str) -> Response:
+    """The same from an S3 lake: keys under `reports/`, a "folder" being its index.html."""
+    if any(part in ("..", ".") for part in path.split("/")):
+        return Response("not found", status_code=404)
+    data = files.read(f"{base}/{path}{'index.html' if path == '' or path.endswith('/') else ''}")
+    if data is None and path and not path.endswith("/") and files.exists(f"{base}/{path}/index.html"):
+        return RedirectResponse(f"{PREFIX}/{path}/", status_code=307)
+    if data is None:
+        return _missing(path)
+    kind = mimetypes.guess_type(path or "index.html")[0] if not path.endswith("/") else "text/html"
+    return Response(data, media_type=kind or "application/octet-stream")
+
+
+def _missing(path: str) -> Response:
+    if not path:
+        return Response("<p>No pipeline run has published a report yet.</p>", media_type="text/html")
+    return Response("not found", status_code=404)
 
 
 class CdcReportsPlugin(AirflowPlugin):

@@ -145,8 +145,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(str(exc)) from None
     selection = bronze.Selection(window, args.files, reprocess=args.mode == "reprocess")
     landing, lake = resolve_uri(args.landing), Lake(resolve_uri(args.lake))
-    if "://" in lake.root:
-        raise ConfigError(f"lake {lake.root}: the lake must be a filesystem path (local or shared); s3:// is not supported")
+    if "://" in lake.root and not lake.on_s3:
+        raise ConfigError(f"lake {lake.root}: use a filesystem path (local or shared) or s3://bucket/prefix")
     batch_id = args.run_id or new_batch_id()
     started = time.monotonic()
     # Great Expectations takes seconds to import: let that overlap the JVM's start instead of following it
@@ -275,11 +275,12 @@ def status(args: argparse.Namespace) -> int:
         if layer != "quarantine" and not rows:
             empty.append(f"{layer}/{name}")
         print(f"{layer:<11}{name:<24}{'-' if rows is None else rows:>8}  {verdicts.get((layer, name), '')}")
-    index = Path(lake.reports_index)
-    docs = list(Path(lake.data_docs("")).glob("*/index.html"))
+    index = lake.reports_index
+    docs = [p for p in lake.files.list(lake.data_docs("")) if p.count("/") == lake.data_docs("").count("/") + 1
+            and p.endswith("/index.html")]
     print(f"\ntables:  {lake.root}/{{bronze,silver,gold,quarantine}}/<table>")
     print(f"reports: {index} (runs), {len(docs)} GX Data Docs sites under {lake.reports}/data_docs/")
-    if args.require_tables and (empty or not index.exists() or not docs):
+    if args.require_tables and (empty or not lake.files.exists(index) or not docs):
         print(f"incomplete lake: empty or missing {', '.join(empty) or 'reports'}", file=sys.stderr)
         return 1
     return 0

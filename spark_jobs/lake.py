@@ -1,11 +1,14 @@
 """The lake's layout: every path of a table, its state, locks, GX stores and reports comes from `Lake`
-(docs/architecture.md, "Lake layout"), and the small file helpers that write into it. Pure Python."""
+(docs/architecture.md, "Lake layout"), on a local path or s3://bucket/prefix. Pure Python."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Any
+
+from spark_jobs.storage import LocalFiles, S3Files, arrow_path, arrow_s3, delta_storage_options, is_s3, lake_files
 
 
 @dataclass(frozen=True)
@@ -19,6 +22,15 @@ class Lake:
     @property
     def _silver_root(self) -> str:
         return self.staging or self.root
+
+    @property
+    def files(self) -> LocalFiles | S3Files:
+        """The lake's own files outside Delta (reports, run summaries, GX stores, locks)."""
+        return lake_files(self.root)
+
+    @property
+    def on_s3(self) -> bool:
+        return is_s3(self.root)
 
     def staged(self, table: str) -> Lake:
         return Lake(self.root, f"{self.root}/_state/rebuild/{table}")
@@ -102,7 +114,7 @@ def row_count(path: str) -> int | None:
     from spark_jobs.delta.features import query, unplain_features
 
     try:
-        table = DeltaTable(path)
+        table = DeltaTable(path, storage_options=delta_storage_options(path))
     except TableNotFoundError:
         return None
     if unplain_features(table):  # statistics count rows a deletion vector has deleted
@@ -111,18 +123,26 @@ def row_count(path: str) -> int | None:
     return sum(v for v in actions.column("num_records").to_pylist() if v is not None)
 
 
-def write_atomic(path: Path, data: str | bytes) -> None:
-    """Write aside, then rename over: a reader (or a run killed mid-write) sees the old file or the new one,
-    never a truncated one."""
-    aside = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(aside, "wb") as handle:
-        handle.write(data.encode() if isinstance(data, str) else data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(aside, path)
+def read_columns(path: str, columns: list[str] | None = None,
+                 env: Mapping[str, str] = os.environ) -> dict[str, list[Any]] | None:
+    """A Delta table's columns (all when None), read without Spark (the sensor, status) and without delta-rs'
+    dataset readers: pyarrow.parquet over the snapshot's files, or delta-rs' DataFusion provider where
+    deletion vectors make a plain Parquet read wrong. None when the table is absent. `env` holds an S3
+    lake's AWS_* settings (spark_jobs/storage.py)."""
+    import pyarrow.parquet as pq
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
 
+    from spark_jobs.delta.features import query, unplain_features
 
-def ensure_dir(path: str) -> Path:
-    p = Path(path)
-    p.mkdir(parents=True, exist_ok=True)
-    return p
+    try:
+        table = DeltaTable(path, storage_options=delta_storage_options(path, env))
+    except TableNotFoundError:
+        return None
+    if unplain_features(table):
+        return query(table, f"SELECT {', '.join(columns) if columns else '*'} FROM t")
+    files = table.file_uris()
+    if not files:
+        return {c: [] for c in columns or [f.name for f in table.schema().fields]}
+    filesystem = arrow_s3(env) if is_s3(path) else None
+    return pq.read_table([arrow_path(f) for f in files], columns=columns, filesystem=filesystem).to_pydict()

@@ -1,5 +1,5 @@
 """Landing files written by the Kafka Connect S3 sink (docs/architecture.md, "Landing layout"), on a local path or `s3://bucket/prefix`:
-one listing code path over two stores, and staging of S3 files to a local folder for Spark.
+one listing code path over two stores, and where Spark reads each file.
 
 S3 credentials and endpoint come from boto3's usual sources (AWS_* environment, profiles, instance
 roles); the Airflow tasks turn the `aws_default` connection into those (cdc_airflow.hooks)."""
@@ -10,6 +10,7 @@ import base64
 import datetime as dt
 import gzip
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,33 +147,62 @@ def list_topic(landing: str, topic: str, s3_client: Any = None) -> list[LandingF
 
 
 def staged_name(index: int, f: LandingFile) -> str:
-    """A file's name for Spark: its number and its extension only. Spark takes paths as Hadoop paths and
-    glob patterns, so a landing name holding `*`, `?`, `[`, `{`, `\\` or `:` would be expanded or refused;
-    these names are read literally whatever the landing names are."""
+    """A staged file's name: its number and its extension only."""
     ext = next((e for e in (*JSON_EXTENSIONS, *PARQUET_EXTENSIONS, *AVRO_EXTENSIONS) if f.path.endswith(e)), "")
     return f"{index:07d}{ext}"
 
 
-def stage(landing: str, files: list[LandingFile], dest: Path, s3_client: Any = None) -> dict[str, LandingFile]:
-    """`files` in the local folder `dest` under Spark-safe names (`staged_name`), mapped back to the landing
-    file each one is: links to a local landing, downloads from S3 (Spark on the embedded default has no
-    S3 filesystem). Files that cannot be opened are left out."""
-    store = S3Store(landing, s3_client) if is_remote(landing) else None
-    staged = {}
+# Spark takes paths as Hadoop paths and glob patterns, and names files by their URL-encoded URI: a name
+# holding `*`, `?`, `[`, `{`, `\\`, `:`, a space or `%` would be expanded, refused or renamed. The S3 sink's
+# own names (topic+partition+offset.ext under topic and partition folders) are read where they are.
+_LITERAL_PATH = re.compile(r"[A-Za-z0-9._+=/-]+")
+
+
+def spark_paths(landing: str, files: list[LandingFile], staging: str) -> dict[str, LandingFile]:
+    """Where Spark reads each of `files`, mapped back to the landing file it is: the landing file itself
+    (`s3a://` on S3, so a cluster's executors read it there), or, for a name Spark cannot take literally,
+    a copy in `staging` (a folder or S3 prefix of the lake) under a safe name (`staged_name`): a link or
+    download to a folder, an upload or server-side copy to S3. Files that cannot be opened are left out."""
+    from spark_jobs.storage import is_s3, s3_client, split_s3
+
+    paths = {}
     for index, f in enumerate(files):
         if f.problem:
             continue
-        target = dest / staged_name(index, f)
-        if store is None:
-            target.symlink_to(os.path.abspath(os.path.join(landing.removeprefix("file://"), f.path)))
+        source = landing_uri(landing, f)
+        if _LITERAL_PATH.fullmatch(source.split("://", 1)[-1]):  # the landing's own root counts too
+            paths[source] = f
+            continue
+        target = f"{staging}/{staged_name(index, f)}"
+        if is_s3(staging):
+            bucket, key = split_s3(target)
+            if is_s3(source):
+                from_bucket, from_key = split_s3(source)
+                s3_client().copy({"Bucket": from_bucket, "Key": from_key}, bucket, key)
+            else:
+                s3_client().upload_file(source, bucket, key)
         else:
-            store.download(f.path, target)
-        staged[str(target)] = f
-    return staged
+            Path(staging).mkdir(parents=True, exist_ok=True)
+            if is_s3(source):
+                S3Store(landing).download(f.path, Path(target))
+            else:
+                Path(target).symlink_to(source)
+        paths[target] = f
+    return paths
+
+
+def landing_uri(landing: str, f: LandingFile) -> str:
+    """The file's full location: `s3a://bucket/key` (hadoop-aws' filesystem, which Spark reads with) or an
+    absolute path."""
+    if is_remote(landing):
+        return "s3a://" + landing.removeprefix("s3://").rstrip("/") + "/" + f.path
+    return os.path.abspath(os.path.join(landing.removeprefix("file://"), f.path))
 
 
 def _read_bytes(path: str) -> bytes:
-    with open(path, "rb") as handle:
+    from spark_jobs.storage import open_input
+
+    with open_input(path) as handle:
         data = handle.read()
     return gzip.decompress(data) if path.endswith(".gz") else data
 

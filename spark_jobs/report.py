@@ -9,10 +9,9 @@ from __future__ import annotations
 import datetime as dt
 import html
 import json
-from pathlib import Path
 from typing import Any
 
-from spark_jobs.lake import Lake, ensure_dir, write_atomic
+from spark_jobs.lake import Lake
 
 STYLE = ("body{font-family:system-ui,sans-serif;margin:1.5em;color:#1b1f24}td,th{padding:3px 10px;text-align:left;"
          "vertical-align:top}th{background:#eef1f4}table{border-collapse:collapse;margin:.4em 0 1.2em}"
@@ -24,11 +23,10 @@ COUNTS = ("files", "lines", "events", "rows", "inserted", "updated", "deleted", 
           "bronze_version", "history_rows", "seconds")
 
 
-def publish(lake: Lake, run_id: str, summary: dict[str, Any]) -> Path:
-    folder = ensure_dir(lake.run_reports(run_id))
-    path = folder / f"{summary['table']}.{summary['layer']}.json"
+def publish(lake: Lake, run_id: str, summary: dict[str, Any]) -> str:
+    path = f"{lake.run_reports(run_id)}/{summary['table']}.{summary['layer']}.json"
     stamped = {**summary, "published_at": dt.datetime.now(dt.UTC).isoformat()}
-    write_atomic(path, json.dumps(stamped, indent=2, sort_keys=True, default=str))
+    lake.files.write(path, json.dumps(stamped, indent=2, sort_keys=True, default=str))
     render_run(lake, run_id)
     render_index(lake)
     return path
@@ -36,16 +34,17 @@ def publish(lake: Lake, run_id: str, summary: dict[str, Any]) -> Path:
 
 def load_run(lake: Lake, run_id: str) -> list[dict[str, Any]]:
     order = {"bronze": 0, "silver": 1, "gold": 2}
-    summaries = [json.loads(f.read_text()) for f in Path(lake.run_reports(run_id)).glob("*.json")]
+    files = lake.files
+    summaries = [json.loads(files.read(p) or b"{}") for p in files.list(lake.run_reports(run_id)) if p.endswith(".json")]
+    summaries = [s for s in summaries if s]
     return sorted(summaries, key=lambda s: (s.get("published_at", ""), order.get(s.get("layer", ""), 3)))
 
 
 def load_runs(lake: Lake, newest: int = 200) -> list[tuple[str, list[dict[str, Any]]]]:
     """The newest runs first (by when their first summary was published), each with its summaries."""
-    runs_dir = Path(lake.runs_reports)
-    if not runs_dir.is_dir():
-        return []
-    runs = [(p.name, load_run(lake, p.name)) for p in runs_dir.iterdir() if p.is_dir()]
+    prefix = lake.runs_reports + "/"
+    names = {p[len(prefix):].split("/", 1)[0] for p in lake.files.list(lake.runs_reports) if p.endswith(".json")}
+    runs = [(name, load_run(lake, name)) for name in names]
     runs = [(name, s) for name, s in runs if s]
     runs.sort(key=lambda r: (r[1][0].get("published_at", ""), r[0]), reverse=True)
     return runs[:newest]
@@ -106,16 +105,16 @@ def _section(s: dict[str, Any]) -> str:
     return "".join(parts)
 
 
-def render_run(lake: Lake, run_id: str) -> Path:
+def render_run(lake: Lake, run_id: str) -> str:
     summaries = load_run(lake, run_id)
     body = (f"<p><a href='../../index.html'>← all runs</a></p><h1>Run {_e(run_id)} — "
             f"{_verdict(run_verdict(summaries))}</h1>" + "".join(_section(s) for s in summaries))
-    path = Path(lake.run_reports(run_id)) / "index.html"
-    write_atomic(path, _page(f"CDC run {run_id}", body))
+    path = f"{lake.run_reports(run_id)}/index.html"
+    lake.files.write(path, _page(f"CDC run {run_id}", body))
     return path
 
 
-def render_index(lake: Lake) -> Path:
+def render_index(lake: Lake) -> str:
     rows = []
     for run_id, summaries in load_runs(lake):
         tables = ", ".join(f"{_e(s['layer'])}/{_e(s['table'])}: {_verdict(s.get('gate'))}" for s in summaries
@@ -127,6 +126,6 @@ def render_index(lake: Lake) -> Path:
     body = ("<h1>CDC pipeline runs</h1><p>Newest first. Each run links to its report; each report links to the "
             "Great Expectations Data Docs of its tables.</p><table><tr><th>run</th><th>started</th><th>verdict</th>"
             "<th>quarantined</th><th>gates</th></tr>" + "".join(rows) + "</table>")
-    path = Path(lake.reports_index)
-    write_atomic(path, _page("CDC pipeline runs", body))
+    path = lake.reports_index
+    lake.files.write(path, _page("CDC pipeline runs", body))
     return path

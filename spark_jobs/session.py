@@ -26,13 +26,16 @@ SESSION_CONF = {
 
 def jvm_conf() -> dict[str, str]:
     """What a JVM must start with: the pinned jars (spark_jobs/jvm.py), Delta's SQL extension and catalog, and
-    the driver's heap.
+    the driver's heap,
+    and S3A's settings for s3:// and s3a:// paths (spark_jobs/storage.py).
     New Delta tables get deletion vectors, so delta-spark's merges and deletes mark rows instead of rewriting
     whole files (readers of either engine honour them: spark_jobs/delta)."""
     from spark_jobs.jvm import DELTA_CONF, jars
+    from spark_jobs.storage import hadoop_s3a_conf
 
     return {"spark.jars": ",".join(jars()), **DELTA_CONF, "spark.driver.memory": settings().driver_memory,
-            "spark.databricks.delta.properties.defaults.enableDeletionVectors": "true"}
+            "spark.databricks.delta.properties.defaults.enableDeletionVectors": "true",
+            **{f"spark.hadoop.{k}": v for k, v in hadoop_s3a_conf(with_keys=False).items()}}
 
 
 # Spark Connect: a long-lived Spark server (`python -m spark_jobs spark-server`) that jobs attach to, so a
@@ -48,6 +51,7 @@ def build_session(app_name: str) -> SparkSession:
         for key, value in SESSION_CONF.items():
             if key not in STATIC_CONF:
                 spark.conf.set(key, value)
+        use_s3_settings(spark)
         return spark
     builder = SparkSession.builder.appName(app_name)
     # Under spark-submit (the DAG tasks) the JVM is already up with --master; only bare CLI runs choose one.
@@ -59,5 +63,18 @@ def build_session(app_name: str) -> SparkSession:
     for key, value in SESSION_CONF.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
+    use_s3_settings(spark)
     spark.sparkContext.setLogLevel(settings().spark_log_level)
     return spark
+
+
+def use_s3_settings(spark: SparkSession) -> None:
+    """S3A's settings with the keys, from this process's AWS_* environment (under spark-submit, the task's,
+    not the submitter's; attached to a Spark Connect server, this client's), set on the session: Spark
+    copies a session's settings into the Hadoop configuration of every file read and Delta commit (by
+    their Hadoop names: the `spark.hadoop.` prefix is stripped only at start-up), ships it to the
+    executors with each job, and redacts the keys in its UI and logs."""
+    from spark_jobs.storage import hadoop_s3a_conf
+
+    for key, value in hadoop_s3a_conf().items():
+        spark.conf.set(key, value)

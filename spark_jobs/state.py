@@ -1,5 +1,5 @@
 """The pipeline's own state outside Delta's commits: the ingest log (which landing files bronze has taken,
-read without Spark for the sensor), the writer lock per table, and batch ids."""
+read without Spark for the sensor), the writer lock per table (a file lock, or a lease on S3), and batch ids."""
 
 from __future__ import annotations
 
@@ -7,14 +7,16 @@ import datetime as dt
 import fcntl
 import os
 import secrets
+import socket
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from spark_jobs.errors import TableBusy
-from spark_jobs.lake import Lake, ensure_dir
+from spark_jobs.lake import Lake, read_columns
 from spark_jobs.landing import LandingFile, LandingWindow, list_topic
 from spark_jobs.settings import settings
 
@@ -24,52 +26,39 @@ def new_batch_id() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ") + "-" + secrets.token_hex(2)
 
 
-def ingest_log(lake: Lake, table: str, columns: list[str]) -> dict[str, list[Any]]:
+def ingest_log(lake: Lake, table: str, columns: list[str], env: Mapping[str, str] = os.environ) -> dict[str, list[Any]]:
     """Columns of the ingest log (which landing files bronze took, in which bronze version), read without
-    Spark (the sensor calls this) and without delta-rs' dataset readers: pyarrow.parquet over the log's
-    active files."""
-    import pyarrow.parquet as pq
-    from deltalake import DeltaTable
-    from deltalake.exceptions import TableNotFoundError
-
-    from spark_jobs.delta.features import query, unplain_features
-
-    try:
-        log = DeltaTable(lake.ingest_log(table))
-    except TableNotFoundError:
-        return {c: [] for c in columns}
-    if unplain_features(log):
-        return query(log, f"SELECT {', '.join(columns)} FROM t")
-    files = log.file_uris()
-    if not files:
-        return {c: [] for c in columns}
-    return pq.read_table([_local(f) for f in files], columns=columns).to_pydict()
+    Spark: the sensor calls this. `env` holds an S3 lake's AWS_* settings (spark_jobs/storage.py)."""
+    return read_columns(lake.ingest_log(table), columns, env) or {c: [] for c in columns}
 
 
-def ingested_files(lake: Lake, table: str) -> set[str]:
+def ingested_files(lake: Lake, table: str, env: Mapping[str, str] = os.environ) -> set[str]:
     """Landing files already in bronze."""
-    return set(ingest_log(lake, table, ["file"])["file"])
-
-
-def _local(uri: str) -> str:
-    return uri[len("file://"):] if uri.startswith("file://") else uri
+    return set(ingest_log(lake, table, ["file"], env)["file"])
 
 
 def pending_files(landing: str, lake: Lake, table: str, topic: str, window: LandingWindow | None = None,
-                  s3_client: Any = None) -> list[LandingFile]:
+                  s3_client: Any = None, env: Mapping[str, str] = os.environ) -> list[LandingFile]:
     """Landing files of the topic in the landing-time window that bronze has not taken yet."""
-    done, window = ingested_files(lake, table), window or LandingWindow()
+    done, window = ingested_files(lake, table, env), window or LandingWindow()
     return [f for f in list_topic(landing, topic, s3_client) if f.path not in done and f in window]
 
 
 @contextmanager
 def writer_lock(lake: Lake, name: str, holder: str, timeout_s: float | None = None) -> Iterator[None]:
     """One writer per table (all its layers: they share quarantine and state) or gold model, whoever
-    starts it: Airflow DAGs, replays or the CLI. An OS file lock, so a killed run releases it. Waits up
-    to CDC_LOCK_TIMEOUT seconds (default 900) for the other writer."""
+    starts it: Airflow DAGs, replays or the CLI. Waits up to CDC_LOCK_TIMEOUT seconds (default 900) for the
+    other writer. An OS file lock on a filesystem lake, so a killed run releases it; a lease on S3."""
     timeout_s = settings().lock_timeout if timeout_s is None else timeout_s
-    path = Path(lake.lock(name))
-    ensure_dir(str(path.parent))
+    about = f"run {holder}, pid {os.getpid()}, host {socket.gethostname()}, since {dt.datetime.now(dt.UTC).isoformat()}"
+    lock = _s3_lease if lake.on_s3 else _file_lock
+    with lock(lake.lock(name), name, about, timeout_s):
+        yield
+
+
+@contextmanager
+def _file_lock(path: str, name: str, about: str, timeout_s: float) -> Iterator[None]:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+") as handle:
         deadline = time.monotonic() + timeout_s
         while True:
@@ -84,7 +73,7 @@ def writer_lock(lake: Lake, name: str, holder: str, timeout_s: float | None = No
                 time.sleep(0.5)
         handle.seek(0)
         handle.truncate()
-        handle.write(f"run {holder}, pid {os.getpid()}, since {dt.datetime.now(dt.UTC).isoformat()}\n")
+        handle.write(about + "\n")
         handle.flush()
         try:
             yield
@@ -92,3 +81,57 @@ def writer_lock(lake: Lake, name: str, holder: str, timeout_s: float | None = No
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+LEASE_S = 60.0  # an S3 lock object left unchanged this long belongs to a dead run; holders renew it 3 times as often
+
+
+@contextmanager
+def _s3_lease(path: str, name: str, about: str, timeout_s: float) -> Iterator[None]:
+    """The lock as an S3 object created with If-None-Match (one creator wins), renewed by its holder with
+    If-Match, deleted on release. A killed holder stops renewing: a waiter that has seen the same version
+    of the object for a whole lease, by its own clock (no clocks are compared), takes it over with If-Match,
+    so of several waiters one wins."""
+    from spark_jobs.storage import S3Files
+
+    files, deadline, seen = S3Files(), time.monotonic() + timeout_s, None
+    while True:
+        tag = files.create(path, about.encode())
+        if tag is None:
+            current = files.get(path)
+            if current is not None and (seen is None or seen[0] != current.tag):
+                seen = (current.tag, time.monotonic())
+            elif current is not None and seen is not None and time.monotonic() - seen[1] >= LEASE_S:
+                tag = files.replace(path, f"{about}, took over from: {current.data.decode()}".encode(), current.tag)
+            if tag is None and time.monotonic() >= deadline:
+                holder = current.data.decode().strip() if current else "just released"
+                raise TableBusy(f"{name} is being written by another run ({holder}); waited {timeout_s:.0f}s")
+        if tag is not None:
+            break
+        time.sleep(0.5)
+    held, stop, lost = [tag], threading.Event(), threading.Event()
+
+    def renew() -> None:
+        renewed_at = time.monotonic()
+        while not stop.wait(LEASE_S / 3):
+            try:
+                renewed = files.replace(path, f"{about}, renewed {dt.datetime.now(dt.UTC).isoformat()}".encode(), held[0])
+            except Exception:  # an S3 error: try again at the next tick while the lease lasts, then give it up
+                if time.monotonic() - renewed_at < LEASE_S:
+                    continue
+                renewed = None
+            if renewed is None:
+                lost.set()
+                return
+            held[0], renewed_at = renewed, time.monotonic()
+
+    renewer = threading.Thread(target=renew, name=f"lease-{name}", daemon=True)
+    renewer.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        renewer.join()
+        if not lost.is_set() and not files.delete(path, held[0]):
+            lost.set()
+    if lost.is_set():  # another run took the table over while this one wrote: its writes may have interleaved
+        raise TableBusy(f"{name}: this run's writer lock lapsed (not renewed within {LEASE_S:.0f}s) and another "
+                        "run took it over; check the table's Delta history before the next run")

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -36,7 +38,10 @@ def spark():
     # one JVM serves the whole suite: let it drop unreferenced checkpoints often, not every 30 minutes
     test_conf = {"spark.sql.shuffle.partitions": "1", "spark.cleaner.periodicGC.interval": "1min",
                  # a JVM that dies leaves its reason where pytest_terminal_summary prints it
-                 "spark.driver.extraJavaOptions": f"-XX:ErrorFile={ARTIFACTS}/hs_err_pid%p.log"}
+                 "spark.driver.extraJavaOptions": f"-XX:ErrorFile={ARTIFACTS}/hs_err_pid%p.log",
+                 # tests start an S3 server per test on a new port: Hadoop's cached S3A filesystems (one per
+                 # bucket) would keep talking to the first one
+                 "spark.hadoop.fs.s3a.impl.disable.cache": "true", "spark.hadoop.fs.s3.impl.disable.cache": "true"}
     # the pinned jars and Delta's extension, as every job's session has them (a missing jar fails here)
     for key, value in {**SESSION_CONF, **jvm_conf(), **test_conf}.items():
         builder = builder.config(key, value)
@@ -69,19 +74,34 @@ def subprocess_env(**extra: str) -> dict[str, str]:
 
 
 @pytest.fixture()
-def s3_endpoint():
-    """A local S3 endpoint: moto's server mode on a free loopback port, with a `landing` bucket."""
+def s3_endpoint(tmp_path_factory):
+    """A local S3 endpoint: moto's server mode in a process of its own (as MinIO would be: nothing shared
+    with the test's process, no GIL to wait on) on a free loopback port, with a `landing` and a `lake` bucket."""
     import boto3
-    from moto.server import ThreadedMotoServer
 
     port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
     url = f"http://127.0.0.1:{port}"
-    boto3.client("s3", endpoint_url=url, aws_access_key_id="test", aws_secret_access_key="test",
-                 region_name="us-east-1").create_bucket(Bucket="landing")
-    yield url
-    server.stop()
+    log = tmp_path_factory.mktemp("moto") / "server.log"
+    with log.open("w") as out:
+        server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                  stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/moto-api/", timeout=5).close()
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.2)
+        client = boto3.client("s3", endpoint_url=url, aws_access_key_id="test", aws_secret_access_key="test",
+                              region_name="us-east-1")
+        for bucket in ("landing", "lake"):
+            client.create_bucket(Bucket=bucket)
+        yield url
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
 
 
 def upload_landing(endpoint: str, local: Path, uri: str) -> list[str]:
@@ -96,6 +116,12 @@ def upload_landing(endpoint: str, local: Path, uri: str) -> list[str]:
         keys.append(f"{prefix}/{path.relative_to(local).as_posix()}")
         client.upload_file(str(path), bucket, keys[-1])
     return keys
+
+
+def s3_environment(endpoint: str) -> dict[str, str]:
+    """The AWS_* variables of the local endpoint, as a job reads them (spark_jobs/storage.py)."""
+    return {"AWS_ENDPOINT_URL_S3": endpoint, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+            "AWS_DEFAULT_REGION": "us-east-1"}
 
 
 def aws_connection(endpoint: str) -> str:

@@ -38,11 +38,15 @@ def s3_client(settings: dict[str, str] | None) -> Any:
 
 
 def pending_landing_files(landing: str, lake: str, table: str, topic: str, since_ms: int | None, until_ms: int | None,
-                          client: Any) -> list[str]:
-    """Paths of the topic's landing files in the window that bronze has not taken yet."""
+                          client: Any, settings: dict[str, str] | None = None) -> list[str]:
+    """Paths of the topic's landing files in the window that bronze has not taken yet; `settings` (the
+    connection's) also read an S3 lake's ingest log, leaving the process's environment as it is."""
+    import os
+
     from spark_jobs.lake import Lake
     from spark_jobs.landing import LandingWindow
     from spark_jobs.state import pending_files
 
-    files = pending_files(landing, Lake(lake), table, topic, LandingWindow(since_ms, until_ms), client)
+    env = s3_environment(settings) if settings else os.environ
+    files = pending_files(landing, Lake(lake), table, topic, LandingWindow(since_ms, until_ms), client, env)
     return [f.path for f in files]

@@ -18,6 +18,7 @@ import spark_jobs
 from cdc_airflow.hooks import s3_environment, s3_settings
 from spark_jobs.landing import is_remote
 from spark_jobs.settings import PROJECT_ROOT, Settings, settings
+from spark_jobs.storage import is_s3
 
 # spark-submit runs the package's entry point as a script
 ENTRY_POINT = str(Path(spark_jobs.__file__).parent / "__main__.py")
@@ -47,7 +48,7 @@ class CdcSparkJob(SparkSubmitOperator):
             files = context["ti"].xcom_pull(task_ids=self.files_from)
             self.application_args = [*(self.application_args or []), "--files", json.dumps(sorted(files))]
         env = dict(self.env_vars or {})
-        if is_remote(self.landing):
+        if is_remote(self.landing) or is_s3(settings().lake_uri):
             env.update(s3_environment(s3_settings(self.aws_conn_id)))
         with tempfile.TemporaryDirectory(prefix="cdc-task-") as scratch:
             failure = Path(scratch) / "failure.txt"

@@ -14,6 +14,7 @@ from cdc_airflow.hooks import pending_landing_files, s3_client, s3_settings
 from cdc_airflow.triggers import LandingTrigger
 from spark_jobs.landing import is_remote
 from spark_jobs.settings import settings
+from spark_jobs.storage import is_s3
 
 
 def landing_window(context: Any) -> tuple[int | None, int | None]:
@@ -46,9 +47,9 @@ class LandingSensor(BaseSensorOperator):
 
     def execute(self, context: Any) -> list[str]:
         since_ms, until_ms = landing_window(context)
-        settings = s3_settings(self.aws_conn_id) if is_remote(self.landing) else None
+        settings = s3_settings(self.aws_conn_id) if is_remote(self.landing) or is_s3(self.lake) else None
         files = pending_landing_files(self.landing, self.lake, self.table, self.topic, since_ms, until_ms,
-                                      s3_client(settings))
+                                      s3_client(settings), settings)
         if files or until_ms is not None:  # a closed window gets no new files by waiting
             return self._hand_over(files)
         self.defer(trigger=LandingTrigger(landing=self.landing, lake=self.lake, table=self.table, topic=self.topic,

@@ -11,6 +11,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from cdc_airflow.hooks import pending_landing_files, s3_client, s3_settings
 from spark_jobs.landing import is_remote
+from spark_jobs.storage import is_s3
 
 
 class LandingTrigger(BaseTrigger):
@@ -35,11 +36,11 @@ class LandingTrigger(BaseTrigger):
         deadline = time.monotonic() + self.wait_s
         try:
             # connections are read through Airflow's own (synchronous) channel, once
-            settings = await sync_to_async(s3_settings)(self.aws_conn_id) if is_remote(self.landing) else None
+            settings = await sync_to_async(s3_settings)(self.aws_conn_id) if is_remote(self.landing) or is_s3(self.lake) else None
             client = await asyncio.to_thread(s3_client, settings)  # one client for every poll
             while True:
                 files = await asyncio.to_thread(pending_landing_files, self.landing, self.lake, self.table, self.topic,
-                                                self.since_ms, self.until_ms, client)
+                                                self.since_ms, self.until_ms, client, settings)
                 if files or time.monotonic() >= deadline:
                     yield TriggerEvent({"files": files})
                     return

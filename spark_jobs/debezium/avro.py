@@ -40,8 +40,10 @@ def read_header(path: str) -> AvroFile | None:
     not a whole Avro object container file."""
     import fastavro
 
+    from spark_jobs.storage import open_input
+
     try:
-        with open(path, "rb") as f:
+        with open_input(path) as f:
             reader = fastavro.block_reader(f)
             return AvroFile(json.dumps(reader.writer_schema, sort_keys=True), sum(b.num_records for b in reader))
     except (ValueError, EOFError, OSError, TypeError, KeyError) as exc:  # fastavro's errors for bad bytes

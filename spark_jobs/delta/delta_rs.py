@@ -35,6 +35,7 @@ from spark_jobs.delta import MergeResult, MergeSpec, key_predicate
 from spark_jobs.delta.features import unplain_features
 from spark_jobs.errors import UnsupportedTable
 from spark_jobs.settings import settings
+from spark_jobs.storage import delta_storage_options
 
 SPILL_PREFIX = "cdc-spill-"
 
@@ -62,12 +63,15 @@ class DeltaRsEngine:
     name = "delta-rs"
 
     def __init__(self, storage_options: dict[str, str] | None = None):
-        self.storage_options = storage_options
+        self.storage_options = storage_options  # None: a table's own (spark_jobs/storage.py: local, or S3 from AWS_*)
         _remove_dead_runs_scratch()
+
+    def _options(self, path: str) -> dict[str, str] | None:
+        return self.storage_options if self.storage_options is not None else delta_storage_options(path)
 
     def _table(self, path: str, version: int | None = None) -> DeltaTable | None:
         try:
-            return DeltaTable(path, version=version, storage_options=self.storage_options)
+            return DeltaTable(path, version=version, storage_options=self._options(path))
         except TableNotFoundError:
             return None
 
@@ -137,21 +141,21 @@ class DeltaRsEngine:
         self._writable(path)
         with self._rows(df) as (rows, _):
             write_deltalake(path, rows, mode="append", partition_by=list(partition_by) or None,
-                            schema_mode="merge", storage_options=self.storage_options)
+                            schema_mode="merge", storage_options=self._options(path))
         return self._must(path).version()
 
     def overwrite(self, df: DataFrame, path: str, partition_by: tuple[str, ...] = ()) -> int:
         self._writable(path)
         with self._rows(df) as (rows, _):
             write_deltalake(path, rows, mode="overwrite", partition_by=list(partition_by) or None,
-                            schema_mode="overwrite", storage_options=self.storage_options)
+                            schema_mode="overwrite", storage_options=self._options(path))
         return self._must(path).version()
 
     def replace(self, df: DataFrame, path: str, predicate: str, partition_by: tuple[str, ...] = ()) -> int:
         self._writable(path)
         with self._rows(df) as (rows, _):
             write_deltalake(path, rows, mode="overwrite", predicate=predicate,
-                            partition_by=list(partition_by) or None, storage_options=self.storage_options)
+                            partition_by=list(partition_by) or None, storage_options=self._options(path))
         return self._must(path).version()
 
     def merge(self, df: DataFrame, path: str, spec: MergeSpec, partition_by: tuple[str, ...] = ()) -> MergeResult:
@@ -164,7 +168,7 @@ class DeltaRsEngine:
         table = self._table(path)
         if table is None:  # first batch: create the table with the source's schema, then merge as usual
             write_deltalake(path, rows.schema.empty_table(), partition_by=list(partition_by) or None,
-                            storage_options=self.storage_options)
+                            storage_options=self._options(path))
             table = self._must(path)
         # in memory, delta-rs prunes the target's files by the source's key range; streamed, it cannot
         in_memory = size <= settings().merge_source_mb * 2**20

@@ -4,10 +4,7 @@ file taken, so a file is never appended twice, even after a crash between the tw
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -16,8 +13,8 @@ from pyspark.sql import functions as F
 from spark_jobs.debezium import envelope
 from spark_jobs.delta import DeltaEngine, MergeSpec
 from spark_jobs.errors import ConcurrentWrite, PipelineError
-from spark_jobs.lake import Lake, ensure_dir
-from spark_jobs.landing import LandingFile, LandingWindow, list_topic, stage
+from spark_jobs.lake import Lake
+from spark_jobs.landing import LandingFile, LandingWindow, list_topic, spark_paths
 from spark_jobs.layers.common import gate, lag_seconds, now, one_row, reasons, share, write_quarantine
 from spark_jobs.layers.landing_reader import read_landing
 from spark_jobs.layers.summary import BronzeSummary
@@ -59,15 +56,22 @@ def bronze_ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     if not files:
         summary.gate, summary.lines, summary.events, summary.tombstones = "skipped (no new files)", 0, 0, 0
         return summary
-    # staged in the lake, which a cluster's executors see as the driver does (a shared volume); what a
-    # killed run staged goes first (one writer per table: no live run of this table has a folder here)
-    staging_root = ensure_dir(lake.staging_files)
-    for left in staging_root.glob(f"{table.name}-*"):
-        shutil.rmtree(left, ignore_errors=True)
-    with tempfile.TemporaryDirectory(prefix=f"{table.name}-", dir=staging_root) as staging:
+    # names Spark cannot read where they are get copies in the lake, which a cluster's executors see as the
+    # driver does; what a killed run staged goes first (one writer per table: no live run of it has any)
+    _clear_staging(lake, table.name)
+    staging = f"{lake.staging_files}/{table.name}-{batch_id}"
+    try:
         batch = _Batch(table, lake, batch_id, files, _in_bronze(engine, lake, table.name, files) if selection.reprocess else [])
-        _ingest(spark, engine, batch, stage(landing, files, Path(staging)), summary)
+        _ingest(spark, engine, batch, spark_paths(landing, files, staging), summary)
+    finally:
+        lake.files.delete_tree(staging)
     return summary
+
+
+def _clear_staging(lake: Lake, table: str) -> None:
+    mine = f"{lake.staging_files}/{table}-"
+    for folder in {p.rsplit("/", 1)[0] for p in lake.files.list(lake.staging_files) if p.startswith(mine)}:
+        lake.files.delete_tree(folder)
 
 
 @dataclass(frozen=True)
@@ -83,7 +87,7 @@ class _Batch:
 
 def _ingest(spark: SparkSession, engine: DeltaEngine, batch: _Batch, staged: dict[str, LandingFile],
             summary: BronzeSummary) -> None:
-    """Bronze for the batch's files, read from their `staged` copies or links (landing.stage): read and
+    """Bronze for the batch's files, read where `staged` says (landing.spark_paths): read and
     classify, quarantine, audit, then append (or replace, for a reprocess) and log the files."""
     table, lake = batch.table, batch.lake
     lines, unreadable = read_landing(spark, staged, batch.files, table.format)

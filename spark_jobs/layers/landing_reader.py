@@ -3,8 +3,8 @@ files that cannot be read come back apart with the reason, to be quarantined who
 
 from __future__ import annotations
 
+import re
 from functools import reduce
-from pathlib import Path
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -12,13 +12,17 @@ from pyspark.sql import functions as F
 from spark_jobs.debezium import avro, envelope, types
 from spark_jobs.landing import LandingFile, landing_read_problem, split_exact
 from spark_jobs.settings import settings
+from spark_jobs.storage import open_input
+
+# a location without its scheme and leading slashes: Spark names a file `file:/x`, `file:///x` or `s3a://b/k`
+_SCHEME = "^[A-Za-z][A-Za-z0-9+.-]*:/*|^/+"
 
 
 def _staged_to_landing(spark: SparkSession, staged: dict[str, LandingFile], read: DataFrame) -> DataFrame:
-    """Spark names each file by its staged URI: `_source_file`, the landing path it stands for, replaces it."""
-    mapping = spark.createDataFrame([(Path(path).name, f.path) for path, f in staged.items()],
+    """Spark names each file by the URI it read: `_source_file`, the landing path it stands for, replaces it."""
+    mapping = spark.createDataFrame([(re.sub(_SCHEME, "", path), f.path) for path, f in staged.items()],
                                     "_staged STRING, _source_file STRING")
-    named = read.withColumn("_staged", F.element_at(F.split(F.col("_uri"), "/"), -1)).drop("_uri")
+    named = read.withColumn("_staged", F.regexp_replace("_uri", _SCHEME, "")).drop("_uri")
     return named.join(F.broadcast(mapping), "_staged").drop("_staged")
 
 
@@ -27,7 +31,8 @@ def _parquet_rows(path: str) -> int | None:
     import pyarrow.parquet as pq
 
     try:
-        return int(pq.read_metadata(path).num_rows)
+        with open_input(path) as handle:
+            return int(pq.read_metadata(handle).num_rows)
     except (OSError, ValueError):
         return None
 
@@ -36,8 +41,8 @@ def read_landing(spark: SparkSession, staged: dict[str, LandingFile], files: lis
                  fmt: str = "auto") -> tuple[DataFrame, dict[LandingFile, str]]:
     """Landing files as lines: (_source_file, _line, _raw, _line_problem, _typed_schema), checkpointed.
     JSON files (plain or gzip) give one row per text line; Parquet and Avro files one row per record, as its
-    JSON text, with `_typed_schema` holding the record's column types. `staged` maps Spark-safe paths to the
-    landing files (landing.stage).
+    JSON text, with `_typed_schema` holding the record's column types. `staged` maps the paths Spark reads to the
+    landing files (landing.spark_paths).
 
     Files that cannot be read are returned apart with the reason, to be quarantined whole while the rest
     of the batch goes on: not of the table's format (unsupported_file), or unreadable_file (cannot be

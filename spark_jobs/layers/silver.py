@@ -4,7 +4,6 @@ ledger, history, the truncate log) and audited again: a failed gate leaves every
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -109,7 +108,7 @@ def silver_rebuild(spark: SparkSession, engine: DeltaEngine, table: TableConfig,
     if bronze_version is None:
         raise PipelineError(table.name, "silver", "no bronze table to rebuild from")
     staged = lake.staged(table.name)
-    shutil.rmtree(str(staged.staging), ignore_errors=True)  # what a killed rebuild left
+    lake.files.delete_tree(str(staged.staging))  # what a killed rebuild left
     bronze = engine.read(spark, lake.bronze(table.name), version=bronze_version)
     assert bronze is not None
     try:
@@ -126,7 +125,7 @@ def silver_rebuild(spark: SparkSession, engine: DeltaEngine, table: TableConfig,
         elif engine.version(path) is not None:
             engine.delete(path, "true")
     _save_progress(spark, engine, lake, table.name, bronze_version, truncated_at, batch_id)
-    shutil.rmtree(str(staged.staging), ignore_errors=True)
+    lake.files.delete_tree(str(staged.staging))
     spark.catalog.clearCache()
     summary.mode, summary.bronze_version = "rebuild", bronze_version
     summary.version = engine.version(lake.silver(table.name))

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame
@@ -171,13 +170,13 @@ class GateResult:
                  "total": f.total, "observed": f.observed} for f in self.findings]
 
 
-ATOMIC_BACKEND = {"class_name": "AtomicFilesystemStoreBackend", "module_name": "spark_jobs.quality.gx_store"}
+LAKE_BACKEND = {"class_name": "LakeStoreBackend", "module_name": "spark_jobs.quality.gx_store"}
 
 
 def _context(lake: Lake, table: str) -> Any:
     """The table's GX context. Its configuration is built here on every run from the registry (nothing of
     it is kept in a project file a killed run could leave half-written); suites, validation results and
-    Data Docs are files under `_state/gx/<table>/gx` and the reports, each written atomically."""
+    Data Docs are files under `_state/gx/<table>/gx` and the reports, each written atomically (gx_store)."""
     import great_expectations as gx
     from great_expectations.data_context.types.base import (
         DataContextConfig,
@@ -188,12 +187,12 @@ def _context(lake: Lake, table: str) -> Any:
     defaults = FilesystemStoreBackendDefaults(root_directory=lake.gx_stores(table))
     for store in defaults.stores.values():
         backend: dict[str, Any] = store["store_backend"]  # type: ignore[index,assignment]
-        backend.update(ATOMIC_BACKEND)
+        backend.update(LAKE_BACKEND)
     docs_dir = lake.data_docs(table)
     site: Any = {
         "class_name": "SiteBuilder",
         "show_how_to_buttons": False,
-        "store_backend": {**ATOMIC_BACKEND, "base_directory": docs_dir},
+        "store_backend": {**LAKE_BACKEND, "base_directory": docs_dir},
         "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
     }
     config = DataContextConfig(store_backend_defaults=defaults, data_docs_sites={"reports": site},
@@ -264,8 +263,8 @@ def run_gate(frames: dict[str, DataFrame], table: str, layer: str, checks: list[
                                     total, result.get("observed_value")))
     findings += [_figures(c, figures) for c in checks if c.frame == FIGURES and figures is not None]
     context.build_data_docs(site_names=["reports"], resource_identifiers=rendered)
-    docs = Path(lake.data_docs(table)) / "index.html"
-    gate = GateResult(table, layer, findings, str(docs) if docs.exists() else None)
+    docs = f"{lake.data_docs(table)}/index.html"
+    gate = GateResult(table, layer, findings, docs if lake.files.exists(docs) else None)
     if raise_on_failure and not gate.success:
         raise GateFailed(gate)
     return gate

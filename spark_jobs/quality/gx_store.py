@@ -1,24 +1,93 @@
-"""Great Expectations' filesystem store, writing each file aside and renaming it over (state.write_atomic).
+"""Great Expectations' tuple store on the lake's own files (spark_jobs/storage.py): a local folder, each file
+written aside and renamed over, or S3.
 
-GX's own backend truncates a file and then writes it: a run killed in between left an empty expectation
-suite or validation result, and every later gate of the table failed to load it. GX instantiates this by
-name from the store configuration (gates._context); it imports GX, so nothing else imports it."""
+Written here because no library does either: GX's filesystem backend truncates a file and then writes it
+(a run killed in between left an empty suite or validation result, and every later gate of the table
+failed to load it), and GX 1.x ships no S3 backend. GX instantiates this by name from the store
+configuration (gates._context); it imports GX, so nothing else imports it."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 from typing import Any
 
-from great_expectations.data_context.store.tuple_store_backend import TupleFilesystemStoreBackend
+from great_expectations.data_context.store.tuple_store_backend import TupleFilesystemStoreBackend, TupleStoreBackend
+from great_expectations.exceptions import InvalidKeyError
 
-from spark_jobs.lake import write_atomic
+from spark_jobs.storage import is_s3, lake_files
 
 
-class AtomicFilesystemStoreBackend(TupleFilesystemStoreBackend):
-    def _set(self, key: Any, value: Any, **kwargs: Any) -> str:  # type: ignore[override]  # as GX's own returns the path
+class LakeStoreBackend(TupleFilesystemStoreBackend):
+    def __init__(self, base_directory: str, root_directory: str | None = None, **kwargs: Any):
+        full = base_directory
+        if root_directory and not _absolute(base_directory):
+            full = f"{root_directory.rstrip('/')}/{base_directory}"
+        self._files = lake_files(full)
+        if not is_s3(full):
+            super().__init__(base_directory=full, **kwargs)
+            self.full_base_directory = full.rstrip("/")  # GX's configuration ends some with "/"; keys are relative
+            return
+        # GX's filesystem constructor makes local folders: on S3 only its base class's part applies
+        self.full_base_directory = full.rstrip("/")
+        TupleStoreBackend.__init__(self, **kwargs)
+        if not self._suppress_store_backend_id:
+            _ = self.store_backend_id
+        self._config = {"base_directory": full, **{k: v for k, v in kwargs.items() if v},
+                        "module_name": type(self).__module__, "class_name": type(self).__name__}
+
+    def _path(self, key: Any) -> str:
         if not isinstance(key, tuple):
             key = key.to_tuple()
-        path = Path(self.full_base_directory) / self._convert_key_to_filepath(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, value)
-        return str(path)
+        return f"{self.full_base_directory}/{self._convert_key_to_filepath(key)}"
+
+    def _get(self, key: Any) -> str:  # type: ignore[override]  # as GX's own: the object
+        data = self._files.read(self._path(key))
+        if data is None:
+            raise InvalidKeyError(f"no GX object at {self._path(key)}")
+        return data.decode("utf-8").rstrip("\n")
+
+    def _set(self, key: Any, value: Any, **kwargs: Any) -> str:  # type: ignore[override]  # as GX's own: the path
+        path = self._path(key)
+        self._files.write(path, value)
+        return path
+
+    def _move(self, source_key: Any, dest_key: Any, **kwargs: Any) -> Any:
+        data = self._files.read(self._path(source_key))
+        if data is None:
+            return False
+        self._files.write(self._path(dest_key), data)
+        self.remove_key(source_key)
+        return dest_key
+
+    def _has_key(self, key: Any) -> bool:
+        return self._files.exists(self._path(key))
+
+    def remove_key(self, key: Any) -> bool:  # type: ignore[override]  # as GX's own
+        path = self._path(key)
+        if not self._files.exists(path):
+            return False
+        self._files.remove(path)
+        return True
+
+    def list_keys(self, prefix: tuple = ()) -> list[tuple]:  # type: ignore[override]  # GX's own annotation
+        base = self.full_base_directory
+        keys = []
+        for path in self._files.list("/".join((base, *prefix))):
+            relative = path[len(base) + 1:]
+            if self._is_missing_prefix_or_suffix(filepath_prefix=self.filepath_prefix,
+                                                 filepath_suffix=self.filepath_suffix, key=relative):
+                continue
+            key = self._convert_filepath_to_key(relative)
+            if key and not self.is_ignored_key(key):
+                keys.append(key)
+        return keys
+
+    def get_url_for_key(self, key: Any, protocol: Any = None) -> str:
+        if is_s3(self.full_base_directory):
+            escaped = self._url_path_escape_special_characters(path=self._convert_key_to_filepath(key))
+            return f"{self.full_base_directory}/{escaped}"
+        return str(super().get_url_for_key(key, protocol))
+
+
+def _absolute(path: str) -> bool:
+    return is_s3(path) or os.path.isabs(path)

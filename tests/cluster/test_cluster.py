@@ -1,6 +1,7 @@
 """The pipeline on a live Spark cluster: a standalone master and a worker on loopback (pyspark's own jars,
 as the compose deployment's Spark services run them), jobs pointed at it with CDC_SPARK_MASTER and writing
-with the delta-spark engine, so every Delta write runs in the worker's executor, not in the driver."""
+with the delta-spark engine, so every Delta write runs in the worker's executor, not in the driver; the
+landing and the lake on a local S3 server, read and written by the executor through s3a://."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 
 from spark_jobs.generate import Options, generate
 from spark_jobs.registry import load_registry
-from tests.conftest import subprocess_env
+from tests.conftest import s3_environment, subprocess_env, upload_landing
 from tests.layers.test_pipeline import expected_rows
 from tests.support import silver_rows, standalone_cluster
 
@@ -30,25 +31,30 @@ def cluster(tmp_path_factory):
         yield master, workdir
 
 
-def cli(master: str, *args: str) -> subprocess.CompletedProcess:
+def cli(master: str, s3_endpoint: str, *args: str) -> subprocess.CompletedProcess:
     env = subprocess_env(CDC_SPARK_MASTER=master, CDC_DELTA_ENGINE="delta-spark", SPARK_LOCAL_IP="127.0.0.1",
-                         PYSPARK_PYTHON=sys.executable)
+                         PYSPARK_PYTHON=sys.executable, **s3_environment(s3_endpoint))
     return subprocess.run([sys.executable, "-m", "spark_jobs", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=900)
 
 
-def test_the_cli_on_a_standalone_cluster_gives_the_source_state(spark, cluster, tmp_path):
+def test_the_cli_on_a_standalone_cluster_gives_the_source_state(spark, cluster, tmp_path, s3_endpoint, monkeypatch):
     from spark_jobs.delta.delta_spark import DeltaSparkEngine
+    from spark_jobs.session import use_s3_settings
 
     config = tmp_path / "tables.yaml"
     config.write_text(CONFIG)
     # with the schema envelope: logical types decoded on the executor
-    generated = generate(load_registry(str(config)).select(None), tmp_path / "landing",
+    generated = generate(load_registry(str(config)).select(None), tmp_path / "sink",
                          Options(rows=30, changes=60, records_per_file=20))
-    lake, (master, workdir) = tmp_path / "lake", cluster
-    done = cli(master, "run", "--config", str(config), "--landing", str(tmp_path / "landing"), "--lake", str(lake))
+    upload_landing(s3_endpoint, tmp_path / "sink", "s3://landing/cdc")
+    lake, (master, workdir) = "s3://lake/cdc", cluster
+    done = cli(master, s3_endpoint, "run", "--config", str(config), "--landing", "s3://landing/cdc", "--lake", lake)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "engine=delta-spark" in done.stdout
+    for name, value in s3_environment(s3_endpoint).items():
+        monkeypatch.setenv(name, value)
+    use_s3_settings(spark)
     engine = DeltaSparkEngine(spark)
     for g in generated:
         keys = load_registry(str(config)).tables[g.table].keys
@@ -58,12 +64,13 @@ def test_the_cli_on_a_standalone_cluster_gives_the_source_state(spark, cluster, 
     assert executor_logs and any("Finished task" in log.read_text() for log in executor_logs)
 
 
-def test_airflow_submits_the_layer_jobs_to_the_cluster(cluster, tmp_path, s3_endpoint):
+def test_airflow_submits_the_layer_jobs_to_the_cluster(cluster, tmp_path, s3_endpoint, monkeypatch):
     """The layer DAGs with `spark_default` pointing at the standalone master (SparkSubmitOperator in client
-    mode, the pinned jars passed by the operator), the landing on a local S3 server: silver equals the
-    source and gold passes, as in the embedded demo."""
-    from tests.airflow.test_demo import BIN, Airflow, first_run_reaches_gold
-    from tests.conftest import aws_connection, upload_landing
+    mode, the pinned jars passed by the operator), the landing and the lake on a local S3 server (the
+    sensor reads the lake's ingest log there, the plugin the reports): silver equals the source and gold
+    passes, as in the embedded demo."""
+    from tests.airflow.test_demo import BIN, Airflow, api_server, check_reports_behind_airflow_auth, first_run_reaches_gold
+    from tests.conftest import aws_connection
 
     master, workdir = cluster
     host, port = master.rsplit(":", 1)
@@ -71,7 +78,7 @@ def test_airflow_submits_the_layer_jobs_to_the_cluster(cluster, tmp_path, s3_end
     (tmp_path / "include" / "gold").mkdir(parents=True)
     config.write_text(CONFIG)
     shutil.copy(ROOT / "include" / "gold" / "customers_by_state.sql", tmp_path / "include" / "gold")
-    landing, lake = "s3://landing/cdc", tmp_path / "lake"
+    landing, lake = "s3://landing/cdc", "s3://lake/airflow"
     generated = generate(load_registry(str(config)).select(None), tmp_path / "sink", Options(rows=50, changes=50))
     upload_landing(s3_endpoint, tmp_path / "sink", landing)
     apps_before = set((workdir / "work").glob("app-*"))
@@ -86,6 +93,11 @@ def test_airflow_submits_the_layer_jobs_to_the_cluster(cluster, tmp_path, s3_end
         CDC_SENSOR_TIMEOUT="3", CDC_SENSOR_POKE_INTERVAL="1")
     airflow = Airflow(env, tmp_path / "dags-test.log")
     airflow.sh(str(BIN / "airflow"), "db", "migrate")
+    for name, value in s3_environment(s3_endpoint).items():  # this process reads the lake too
+        monkeypatch.setenv(name, value)
     first_run_reaches_gold(airflow, config, lake, generated[0].final_rows)
     # bronze, silver and gold each ran as an application of the cluster
     assert len(set((workdir / "work").glob("app-*")) - apps_before) == 3
+    # the reports, served from the bucket by the plugin with aws_default's credentials, behind Airflow's login
+    with api_server(env, tmp_path / "airflow") as base:
+        check_reports_behind_airflow_auth(base)

@@ -24,11 +24,12 @@ from pathlib import Path
 
 import pytest
 
-from spark_jobs import cli, report
+from spark_jobs import cli
 from spark_jobs.delta.delta_rs import DeltaRsEngine
 from spark_jobs.lake import Lake
 from spark_jobs.layers import common as layer_common
 from spark_jobs.quality.gates import GateResult
+from spark_jobs.storage import LocalFiles
 from tests.properties.test_properties import SNAPSHOT_LSN, Event, position, reference
 
 TOPIC = "src.public.items"
@@ -119,7 +120,7 @@ def durable_writes(monkeypatch):
 
     for method in ("append", "merge", "overwrite", "replace", "delete", "restore"):
         monkeypatch.setattr(DeltaRsEngine, method, after_write(f"delta.{method}", getattr(DeltaRsEngine, method)))
-    monkeypatch.setattr(report, "write_atomic", after_write("report", report.write_atomic))
+    monkeypatch.setattr(LocalFiles, "write", after_write("report", LocalFiles.write))
     monkeypatch.setattr(layer_common, "run_gate", lambda frames, table, layer, *a, **k: GateResult(table, layer, [], None))
     return state
 

@@ -180,7 +180,7 @@ class Killed(BaseException):
 
 def test_a_kill_inside_a_gx_or_report_write_leaves_every_file_whole_and_the_next_run_works(
         spark, engine, tmp_path, capsys, monkeypatch):
-    from spark_jobs import lake as lake_files  # write_atomic
+    from spark_jobs import storage as lake_files  # LocalFiles.write
 
     config, folder = setup(tmp_path)
     (folder / f"{TOPIC}+0+0000000000.json").write_text(event(1, 10) + "\n")
