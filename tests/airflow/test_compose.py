@@ -51,8 +51,6 @@ def test_one_image_runs_airflow_and_spark_with_the_pinned_python_packages_and_ja
     assert "python -m spark_jobs jars" in build and "CDC_JARS_DIR=/opt/cdc-jars" in build  # spark_jobs/jvm.py's list
     for name in ("spark-master", "spark-worker"):
         assert SERVICES[name]["command"][0] == "spark-class" and SERVICES[name]["entrypoint"] == []
-    # the named lake volume takes the image's /opt/lake, created for the airflow user both sides run as
-    assert "chown airflow: /opt/project /opt/lake" in build
 
 
 def test_the_login_the_readme_gives_is_the_one_the_deployment_sets():
@@ -73,18 +71,18 @@ def test_airflow_services_get_the_cdc_environment_and_the_project():
         mounts = dict(v.split(":")[:2] for v in volumes)
         assert mounts == {"./dags": "/opt/project/dags", "./spark_jobs": "/opt/project/spark_jobs",
                           "./include": "/opt/project/include", "./plugins": "/opt/project/plugins",
-                          "lake-data": "/opt/lake", "airflow-auth": "/opt/airflow/auth"}
+                          "airflow-auth": "/opt/airflow/auth"}
         assert env["AIRFLOW__CORE__DAGS_FOLDER"] == mounts["./dags"]
         assert "PYTHONPATH" not in env  # the project is installed in the image (editable, over the mounts)
         assert env["CDC_DELTA_ENGINE"] == "delta-spark"
         assert env["CDC_CONFIG"] == mounts["./include"] + "/tables.yaml"
         assert env["SPARK_CONF_DIR"] == mounts["./include"] + "/spark-conf"
-        # landing on S3 (MinIO, through aws_default); the lake on a volume Airflow and Spark share
-        assert env["CDC_LANDING_URI"].startswith("s3://landing/") and env["CDC_LAKE_URI"] == mounts["lake-data"]
+        # landing and lake on S3 (MinIO, through aws_default), which the Spark executors read and write themselves
+        assert env["CDC_LANDING_URI"].startswith("s3://landing/") and env["CDC_LAKE_URI"].startswith("s3://lake/")
         assert '"endpoint_url": "http://minio:9000"' in env["AIRFLOW_CONN_AWS_DEFAULT"]
         assert '"host": "spark://spark-master"' in env["AIRFLOW_CONN_SPARK_DEFAULT"]
     for path in [p for v in SERVICES["spark-worker"]["volumes"] for p in [v.split(":")[0]] if p.startswith("./")]:
         assert (ROOT / path).is_dir(), path
-    assert "lake-data" in COMPOSE["volumes"]
-    assert "mc mb --ignore-existing local/landing" in SERVICES["minio-init"]["entrypoint"][-1]
+    assert "mc mb --ignore-existing local/landing local/lake" in SERVICES["minio-init"]["entrypoint"][-1]
+    assert SERVICES["spark-worker"]["environment"]["AWS_ENDPOINT_URL"] == "http://minio:9000"
     assert (ROOT / "include" / "spark-conf" / "spark-defaults.conf").is_file()
