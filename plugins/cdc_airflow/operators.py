@@ -44,13 +44,17 @@ class CdcSparkJob(SparkSubmitOperator):
         self.landing, self.files_from, self.aws_conn_id = landing, files_from, aws_conn_id or settings().aws_conn_id
 
     def execute(self, context: Any) -> None:
-        if self.files_from:
-            files = context["ti"].xcom_pull(task_ids=self.files_from)
-            self.application_args = [*(self.application_args or []), "--files", json.dumps(sorted(files))]
         env = dict(self.env_vars or {})
         if is_remote(self.landing) or is_s3(settings().lake_uri):
             env.update(s3_environment(s3_settings(self.aws_conn_id)))
         with tempfile.TemporaryDirectory(prefix="cdc-task-") as scratch:
+            if self.files_from:
+                # the sensor's list travels as a file (`--files @path`, read by the driver, which runs here in
+                # client mode): as one argument, a backlog of a few thousand files exceeds Linux's 128 KiB
+                # limit per argument and the job could not even start (E2BIG)
+                listed = Path(scratch) / "files.json"
+                listed.write_text(json.dumps(sorted(context["ti"].xcom_pull(task_ids=self.files_from))))
+                self.application_args = [*(self.application_args or []), "--files", f"@{listed}"]
             failure = Path(scratch) / "failure.txt"
             self.env_vars = {**env, Settings.variable("failure_file"): str(failure)}
             remote = settings().spark_remote

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import os
+import re
 import stat
 from types import SimpleNamespace
 
@@ -99,7 +101,9 @@ def test_a_failed_layer_job_fails_its_task_with_the_cause_and_only_transient_one
     fake = tmp_path / "bin" / "spark-submit"
     fake.parent.mkdir()
     write = f'echo "{failure_line}" > "$CDC_FAILURE_FILE"; ' if failure_line else ""
-    fake.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path}/args\n{write}exit {exit_code}\n")
+    # it keeps its arguments and the file list it was handed (`--files @path`: gone with the task's scratch)
+    keep_list = f'for a in "$@"; do case "$a" in @*) cp "${{a#@}}" {tmp_path}/files.json;; esac; done\n'
+    fake.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path}/args\n{keep_list}{write}exit {exit_code}\n")
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     env = subprocess_env(PATH=f"{fake.parent}:{os.environ['PATH']}",
                          AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[1]"}')
@@ -113,14 +117,17 @@ def test_a_failed_layer_job_fails_its_task_with_the_cause_and_only_transient_one
         monkeypatch.setenv(name, value)
     job = CdcSparkJob(task_id="bronze_ingest_t", landing=str(tmp_path / "landing"), files_from="landing_sense_t",
                       cli_args=["--layers", "bronze", "--tables", "t"])
-    ti = SimpleNamespace(xcom_pull=lambda task_ids: ["topics/t/b.json", "topics/t/a.json"])
+    # a backlog after an outage: as one argument its list would be over Linux's 128 KiB per argument
+    backlog = [f"topics/t/partition=0/t+0+{n:019d}.json" for n in range(5_000, 0, -1)]
+    ti = SimpleNamespace(xcom_pull=lambda task_ids: backlog)
     with pytest.raises(raised) as failed:
         job.execute({"ti": ti})
     runner = "the job" if attached else "spark-submit"
     assert type(failed.value) is raised and str(failed.value).startswith(message.format(runner=runner))
     args = (tmp_path / "args").read_text()
     assert str(tmp_path / "entry.py" if attached else ROOT / "spark_jobs" / "__main__.py") in args
-    assert args.rstrip().endswith('--files ["topics/t/a.json", "topics/t/b.json"]')
+    assert re.search(r"--files @\S+/files\.json$", args.rstrip())
+    assert json.loads((tmp_path / "files.json").read_text()) == sorted(backlog)
 
 
 CALLED: list[dict] = []
