@@ -162,11 +162,13 @@ def _share(value: Any, where: str) -> float:
 
 
 def parse_quality(spec: Any, where: str, layers: tuple[str, ...], base: Quality = Quality()) -> Quality:
-    """`quality: {max_quarantined: 5%, checks: {expectation: warn|quarantine|fail}}` over `base`."""
+    """`quality: {max_quarantined: 5%, min_quarantined_to_fail: 2, checks: {expectation: warn|quarantine|fail}}`
+    over `base`."""
     if spec is None:
         return base
-    if not isinstance(spec, dict) or set(spec) - {"max_quarantined", "checks"}:
-        raise ConfigError(f"{where}: field 'quality' takes max_quarantined and checks, got {spec!r}")
+    if not isinstance(spec, dict) or set(spec) - {"max_quarantined", "min_quarantined_to_fail", "checks"}:
+        raise ConfigError(f"{where}: field 'quality' takes max_quarantined, min_quarantined_to_fail and checks, "
+                          f"got {spec!r}")
     checks = spec.get("checks") or {}
     if not isinstance(checks, dict):
         raise ConfigError(f"{where}: 'quality.checks' must map expectation names to actions, got {checks!r}")
@@ -181,7 +183,11 @@ def parse_quality(spec: Any, where: str, layers: tuple[str, ...], base: Quality 
                               f"got {action!r}")
         overrides[name] = action
     share = _share(spec["max_quarantined"], where) if "max_quarantined" in spec else base.max_quarantined
-    return Quality(max_quarantined=share, overrides=tuple(sorted(overrides.items())))
+    least = spec.get("min_quarantined_to_fail", base.min_quarantined_to_fail)
+    if isinstance(least, bool) or not isinstance(least, int) or least < 1:
+        raise ConfigError(f"{where}: field 'min_quarantined_to_fail' must be a whole number of records, 1 or more, "
+                          f"got {least!r}")
+    return Quality(max_quarantined=share, overrides=tuple(sorted(overrides.items())), min_quarantined_to_fail=least)
 
 
 def parse_table(name: str, spec: Any, defaults: Quality = Quality()) -> TableConfig:

@@ -159,8 +159,8 @@ def _audit(classified: DataFrame, matched: DataFrame, batch: _Batch, summary: Br
     audit = change_events.select("op", F.lit(None).cast("boolean").alias("_follows_delete"), "_deleted_flag_agrees",
                                  *[F.get_json_object(envelope.key_image(), f"$.{k}").alias(k) for k in table.keys])
     flags = audit.unionByName(matched.select("_follows_delete"), allowMissingColumns=True)
-    gate({"events": flags}, {"quarantined_share": summary.quarantined_share}, table.name, "bronze",
-         bronze_checks(table), batch.lake, summary)
+    figures = {"quarantined_share": summary.quarantined_share, "quarantined": sum((summary.quarantined or {}).values())}
+    gate({"events": flags}, figures, table.name, "bronze", bronze_checks(table), batch.lake, summary)
 
 
 def _commit(engine: DeltaEngine, events: DataFrame, batch: _Batch, summary: BronzeSummary) -> int | None:

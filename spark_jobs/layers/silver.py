@@ -149,10 +149,12 @@ def apply_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     plan = plan_batch(spark, engine, table, lake, batch, truncated_at)
     summary = _counts(plan, write_quarantine(engine, lake, table.name, plan.quarantine, "silver", batch_id),
                       table, batch_id)
-    figures: dict[str, Any] = {"quarantined_share": summary.quarantined_share}
+    quarantined = sum((summary.quarantined or {}).values())
+    figures: dict[str, Any] = {"quarantined_share": summary.quarantined_share, "quarantined": quarantined}
     checks = silver_checks(table)
     # audit before publishing: a batch the table refuses leaves every table as it was
-    if (summary.quarantined_share or 0) > table.quality.max_quarantined or _refused(table, plan.typed, summary.ties or 0):
+    trips = table.quality.breaker_trips(quarantined, summary.quarantined_share or 0)
+    if trips or _refused(table, plan.typed, summary.ties or 0):
         check(plan.frames, figures, table.name, "silver", before_publishing(checks), lake, summary)
     _publish(spark, engine, table, lake, plan, batch_id, summary)
 

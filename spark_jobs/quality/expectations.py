@@ -15,6 +15,8 @@ WARN, QUARANTINE, FAIL = "warn", "quarantine", "fail"
 ACTIONS = (WARN, QUARANTINE, FAIL)
 PRE, POST = "pre", "post"  # validated before anything is published, or on the published result
 DEFAULT_MAX_QUARANTINED = 0.05
+# a single bad event never stops a table: in a small batch it alone is over any share (1 of 16 is 6.25%)
+DEFAULT_MIN_QUARANTINED_TO_FAIL = 2
 
 
 @dataclass(frozen=True)
@@ -82,11 +84,16 @@ def flag_expectations(layer: str) -> list[Expectation]:
 
 @dataclass(frozen=True)
 class Quality:
-    """Gate settings of one table or gold model: the share of a batch that may be quarantined (above it
-    the gate fails) and per-expectation actions that override the defaults."""
+    """Gate settings of one table or gold model: the quarantine circuit breaker (the gate fails when more
+    than `max_quarantined` of a batch is quarantined and that is at least `min_quarantined_to_fail`
+    records) and per-expectation actions that override the defaults."""
 
     max_quarantined: float = DEFAULT_MAX_QUARANTINED
     overrides: tuple[tuple[str, str], ...] = ()
+    min_quarantined_to_fail: int = DEFAULT_MIN_QUARANTINED_TO_FAIL
+
+    def breaker_trips(self, quarantined: int, share: float) -> bool:
+        return quarantined >= self.min_quarantined_to_fail and share > self.max_quarantined
 
     def action(self, name: str) -> str:
         return dict(self.overrides).get(name, EXPECTATIONS[name].action)

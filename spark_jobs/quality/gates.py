@@ -78,9 +78,11 @@ def _keys(quality: Quality, frame: str, keys: tuple[str, ...]) -> list[Check]:
 
 
 def max_quarantined(quality: Quality) -> Check:
-    """The share of the batch quarantined at most the table's limit."""
+    """The quarantine circuit breaker: the share of the batch quarantined at most the table's limit, unless
+    fewer records than `min_quarantined_to_fail` were (figure `quarantined`)."""
     return Check("max_quarantined", FIGURES, BETWEEN, {"column": "quarantined_share", "min_value": 0,
-                                                       "max_value": quality.max_quarantined}, FAIL)
+                                                       "max_value": quality.max_quarantined,
+                                                       "unless_fewer_than": quality.min_quarantined_to_fail}, FAIL)
 
 
 def bronze_checks(table: TableConfig) -> list[Check]:
@@ -209,6 +211,10 @@ def _figures(check: Check, figures: dict[str, Any]) -> Finding:
         value, low, high = figures[check.kwargs["column"]], check.kwargs.get("min_value"), check.kwargs.get("max_value")
         ok = value is not None and (low is None or value >= low) and (high is None or value <= high)
         shown = f"{value}" + (f" (max {high})" if high is not None else "")
+        least = check.kwargs.get("unless_fewer_than")
+        if least is not None:  # the breaker: a few bad records never trip it, whatever their share
+            ok = ok or figures["quarantined"] < least
+            shown += f", {figures['quarantined']} record(s) (fails from {least})"
     return Finding(check.label(), check.action, bool(ok), None, None, shown)
 
 

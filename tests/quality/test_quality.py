@@ -4,6 +4,7 @@ checks and write-audit-publish, through the CLI (the DAG tasks' code path) and o
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -40,6 +41,36 @@ def _reports(tmp_path, layer):
     return [json.loads(f.read_text()) for r in runs for f in r.glob(f"orders.{layer}.json")]
 
 
+def test_one_keyless_delete_in_a_small_batch_is_quarantined_and_the_other_events_go_on(spark, engine, tmp_path, capsys):
+    """The circuit breaker takes a share and a count: one bad event of 16 (6.25%, over the default 5%) is
+    quarantined and the 15 others applied; two of 16 stop the table; `min_quarantined_to_fail: 1` makes
+    any share over the limit stop it."""
+    config = _config(tmp_path)
+    _land(tmp_path, "orders", 0, [*[_pg_event("c", 10 + i, after={"id": i, "v": "x"}) for i in range(15)],
+                                  _pg_event("d", 30, before={"v": "no key"})])
+    code, out, err = _run(capsys, tmp_path, config)
+    assert (code, err) == (0, "")
+    bronze = summary_line(out, "bronze", "orders")
+    assert (bronze["events"], bronze["quarantined"], bronze["quarantined_share"], bronze["gate"]) == (
+        "15", "delete_has_key:1", "0.0625", "passed-with-warnings")
+    assert sorted(silver_rows(spark, engine, tmp_path / "lake", "orders", ("id",))) == [(i,) for i in range(15)]
+    finding = [c for c in _reports(tmp_path, "bronze")[-1]["checks"] if c["expectation"] == "max_quarantined"][0]
+    assert (finding["success"], finding["observed"]) == (True, "0.0625 (max 0.05), 1 record(s) (fails from 2)")
+    shutil.copytree(tmp_path / "landing", tmp_path / "first_batch")
+
+    _land(tmp_path, "orders", 16, [*[_pg_event("u", 40 + i, after={"id": i, "v": "y"}) for i in range(14)],
+                                   _pg_event("d", 60, before={"v": "no key"}), _pg_event("d", 61, before={"v": "no"})])
+    code, out, err = _run(capsys, tmp_path, config)
+    assert code == 1
+    assert err == ("gate failed: table=orders layer=bronze expectation=max_quarantined observed=0.125 (max 0.05), "
+                   "2 record(s) (fails from 2); quarantined by delete_has_key(id) unexpected=2 of 2\n")
+
+    strict = _config(tmp_path, ", quality: {min_quarantined_to_fail: 1}")
+    code, _, err = run(capsys, strict, tmp_path / "first_batch", tmp_path / "strict_lake")
+    assert code == 1 and err.startswith("gate failed: table=orders layer=bronze expectation=max_quarantined "
+                                        "observed=0.0625 (max 0.05), 1 record(s) (fails from 1)")
+
+
 def test_keyless_events_are_quarantined_and_a_batch_of_only_bad_events_fails_leaving_silver_as_it_was(
         spark, engine, tmp_path, capsys):
     config = _config(tmp_path)
@@ -62,7 +93,8 @@ def test_keyless_events_are_quarantined_and_a_batch_of_only_bad_events_fails_lea
     _land(tmp_path, "orders", 42, [_pg_event("u", 200 + i, after={"v": "no key"}) for i in range(3)])
     code, out, err = _run(capsys, tmp_path, config)
     assert code == 1
-    assert err == ("gate failed: table=orders layer=bronze expectation=max_quarantined observed=1.0 (max 0.05); "
+    assert err == ("gate failed: table=orders layer=bronze expectation=max_quarantined observed=1.0 (max 0.05), "
+                   "3 record(s) (fails from 2); "
                    "quarantined by event_has_key(id) unexpected=3 of 3\n")
     assert engine.version(Lake(str(tmp_path / "lake")).silver("orders")) == silver_version
     assert engine.read(spark, Lake(str(tmp_path / "lake")).quarantine("orders")).count() == 5
@@ -192,6 +224,8 @@ def test_tombstones_are_matched_to_the_delete_at_the_previous_offset_of_their_pa
     ("quality: {checks: {key_unique: quarantine}}", "expectation 'key_unique' takes action warn | fail"),
     ("quality: {checks: {no_such: warn}}", "unknown expectation 'no_such' in quality.checks"),
     ("quality: {max_quarantined: 120%}", "'max_quarantined' must be a share like 5% or 0.05"),
+    ("quality: {min_quarantined_to_fail: 0}", "'min_quarantined_to_fail' must be a whole number of records, 1 or more"),
+    ("quality: {min_quarantined_to_fail: 2.5}", "'min_quarantined_to_fail' must be a whole number of records"),
 ])
 def test_quality_settings_are_validated(tmp_path, quality, error):
     from spark_jobs.errors import ConfigError
