@@ -165,7 +165,7 @@ def spark_paths(landing: str, files: list[LandingFile], staging: str) -> dict[st
     download to a folder, an upload or server-side copy to S3. Files that cannot be opened are left out."""
     from spark_jobs.storage import is_s3, s3_client, split_s3
 
-    paths = {}
+    paths, client, store = {}, None, None
     for index, f in enumerate(files):
         if f.problem:
             continue
@@ -176,15 +176,17 @@ def spark_paths(landing: str, files: list[LandingFile], staging: str) -> dict[st
         target = f"{staging}/{staged_name(index, f)}"
         if is_s3(staging):
             bucket, key = split_s3(target)
+            client = client or s3_client()
             if is_s3(source):
                 from_bucket, from_key = split_s3(source)
-                s3_client().copy({"Bucket": from_bucket, "Key": from_key}, bucket, key)
+                client.copy({"Bucket": from_bucket, "Key": from_key}, bucket, key)
             else:
-                s3_client().upload_file(source, bucket, key)
+                client.upload_file(source, bucket, key)
         else:
             Path(staging).mkdir(parents=True, exist_ok=True)
             if is_s3(source):
-                S3Store(landing).download(f.path, Path(target))
+                store = store or S3Store(landing)
+                store.download(f.path, Path(target))
             else:
                 Path(target).symlink_to(source)
         paths[target] = f

@@ -179,6 +179,14 @@ def test_landing_files_on_a_local_s3_server_are_listed_and_read_through_s3a(spar
     for name, value in s3_environment(s3_endpoint).items():
         monkeypatch.setenv(name, value)
     use_s3_settings(spark)  # as the CLI's session gets them: Spark reads the files through s3a:// itself
+    # a name Spark would read as a glob: downloaded into the lake's staging under a safe name instead
+    import boto3
+
+    odd = keys[-1].rsplit("/", 1)[0] + "/late [copy] 1%.json"
+    client = boto3.client("s3")
+    client.copy_object(Bucket="landing", Key=odd, CopySource={"Bucket": "landing", "Key": keys[-1]})
+    client.delete_object(Bucket="landing", Key=keys[-1])
+    keys[-1] = odd
     listed = list_topic("s3://landing/cdc", generated.topic)
     assert [f"cdc/{f.path}" for f in listed] == keys
     assert [f.path for f in listed if f in LandingWindow.parse("2001-01-01", None)] == [f.path for f in listed]
