@@ -9,6 +9,7 @@ pyarrow's S3 filesystem for ranged reads of landing files. Pure Python: the DAGs
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -71,9 +72,17 @@ def hadoop_s3a_conf(with_keys: bool = True) -> dict[str, str]:
 
 
 def s3_client() -> Any:
+    """boto3's S3 client for this process's AWS_* settings. Made once per distinct settings: a client takes
+    tens of milliseconds to build, and the lake's own files (a run's reports read every run's summaries)
+    would otherwise build one per use; boto3 clients are safe to share between threads."""
+    return _client(s3_endpoint(), s3_region(), *(os.environ.get(k) for k in KEY_VARIABLES))
+
+
+@functools.lru_cache(maxsize=8)
+def _client(endpoint: str | None, region: str, *keys: str | None) -> Any:
     import boto3
 
-    return boto3.client("s3")
+    return boto3.client("s3")  # boto3 reads the same variables the cache is keyed on
 
 
 def split_s3(uri: str) -> tuple[str, str]:
