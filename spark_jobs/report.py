@@ -32,19 +32,25 @@ def publish(lake: Lake, run_id: str, summary: dict[str, Any]) -> str:
     return path
 
 
-def load_run(lake: Lake, run_id: str) -> list[dict[str, Any]]:
+def load_run(lake: Lake, run_id: str, paths: list[str] | None = None) -> list[dict[str, Any]]:
+    """A run's summaries, from `paths` when the caller has listed them already."""
     order = {"bronze": 0, "silver": 1, "gold": 2}
     files = lake.files
-    summaries = [json.loads(files.read(p) or b"{}") for p in files.list(lake.run_reports(run_id)) if p.endswith(".json")]
-    summaries = [s for s in summaries if s]
+    if paths is None:
+        paths = [p for p in files.list(lake.run_reports(run_id)) if p.endswith(".json")]
+    summaries = [s for s in (json.loads(files.read(p) or b"{}") for p in paths) if s]
     return sorted(summaries, key=lambda s: (s.get("published_at", ""), order.get(s.get("layer", ""), 3)))
 
 
 def load_runs(lake: Lake, newest: int = 200) -> list[tuple[str, list[dict[str, Any]]]]:
-    """The newest runs first (by when their first summary was published), each with its summaries."""
+    """The newest runs first (by when their first summary was published), each with its summaries. One
+    listing of every run's files (on S3 one LIST, not one per run)."""
     prefix = lake.runs_reports + "/"
-    names = {p[len(prefix):].split("/", 1)[0] for p in lake.files.list(lake.runs_reports) if p.endswith(".json")}
-    runs = [(name, load_run(lake, name)) for name in names]
+    by_run: dict[str, list[str]] = {}
+    for p in lake.files.list(lake.runs_reports):
+        if p.endswith(".json"):
+            by_run.setdefault(p[len(prefix):].split("/", 1)[0], []).append(p)
+    runs = [(name, load_run(lake, name, paths)) for name, paths in by_run.items()]
     runs = [(name, s) for name, s in runs if s]
     runs.sort(key=lambda r: (r[1][0].get("published_at", ""), r[0]), reverse=True)
     return runs[:newest]

@@ -26,8 +26,7 @@ SESSION_CONF = {
 
 def jvm_conf() -> dict[str, str]:
     """What a JVM must start with: the pinned jars (spark_jobs/jvm.py), Delta's SQL extension and catalog, and
-    the driver's heap,
-    and S3A's settings for s3:// and s3a:// paths (spark_jobs/storage.py).
+    the driver's heap, and S3A's settings for s3:// and s3a:// paths (spark_jobs/storage.py).
     New Delta tables get deletion vectors, so delta-spark's merges and deletes mark rows instead of rewriting
     whole files (readers of either engine honour them: spark_jobs/delta)."""
     from spark_jobs.jvm import DELTA_CONF, jars
