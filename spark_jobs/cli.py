@@ -135,10 +135,13 @@ def run(args: argparse.Namespace) -> int:
     from spark_jobs.lake import Lake
     from spark_jobs.landing import LandingWindow
     from spark_jobs.layers import bronze, gold, silver
+    from spark_jobs.quality.user_expectations import validate
     from spark_jobs.session import build_session
     from spark_jobs.state import new_batch_id
 
     tables, models = _selected(load_registry(args.config), args)
+    for declared in [*(t.expectations for t in tables), *(m.expectations for m in models)]:
+        validate(declared)  # GX checks the user's expectations before any work (and any JVM) starts
     try:
         window = LandingWindow.parse(args.since, args.until)
     except ValueError as exc:

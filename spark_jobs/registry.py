@@ -5,6 +5,7 @@ Pure Python (yaml + dataclasses): the DAG files read it at parse time.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass, replace
@@ -14,13 +15,13 @@ from typing import Any
 import yaml
 
 from spark_jobs.errors import ConfigError
-from spark_jobs.quality.expectations import EXPECTATIONS, Quality
+from spark_jobs.quality.expectations import ACTIONS, EXPECTATIONS, WARN, Quality, UserExpectation
 from spark_jobs.settings import resolve
 
 FORMATS = ("auto", "json", "json-flat", "parquet", "avro")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TABLE_FIELDS = {"topic", "keys", "format", "sequence_by", "partition_by", "columns", "history", "tombstone_retention",
-                 "quality", "unavailable_value_placeholder"}
+                 "quality", "unavailable_value_placeholder", "expectations"}
 # what Debezium's PostgreSQL connector sends for an unchanged TOASTed column (unavailable.value.placeholder)
 UNAVAILABLE_PLACEHOLDER = "__debezium_unavailable_value"
 # Spark SQL types a column override may name (checked here, without importing pyspark)
@@ -57,6 +58,7 @@ class TableConfig:
     tombstone_retention_s: int | None = None  # None = keep tombstones forever
     quality: Quality = Quality()
     unavailable_value_placeholder: str = UNAVAILABLE_PLACEHOLDER
+    expectations: tuple[UserExpectation, ...] = ()  # the user's own, on silver's typed rows
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,7 @@ class GoldModel:
     row_count: tuple[int, int | None] = (1, None)  # (min, max); max None = unbounded
     freshness_s: int | None = None  # newest source change at most this old; None = not checked
     references: tuple[Reference, ...] = ()
+    expectations: tuple[UserExpectation, ...] = ()  # the user's own, on the model's rows
 
 
 @dataclass(frozen=True)
@@ -211,6 +214,7 @@ def parse_table(name: str, spec: Any, defaults: Quality = Quality()) -> TableCon
         history=_flag(spec.get("history", False), name, "history"),
         tombstone_retention_s=_retention(spec.get("tombstone_retention", "forever"), name),
         quality=parse_quality(spec.get("quality"), f"table {name!r}", ("bronze", "silver"), defaults),
+        expectations=parse_expectations(spec.get("expectations"), f"table {name!r}"),
         unavailable_value_placeholder=_placeholder(spec.get("unavailable_value_placeholder", UNAVAILABLE_PLACEHOLDER), name),
         name=name,
         topic=topic,
@@ -219,6 +223,40 @@ def parse_table(name: str, spec: Any, defaults: Quality = Quality()) -> TableCon
         sequence_by=sequence_by,
         partition_by=_names(spec.get("partition_by", []), name, "partition_by", required=False),
     )
+
+
+_EXPECTATION_NAME = re.compile(r"^expect_[a-z0-9_]+$")
+
+
+def parse_expectations(spec: Any, where: str) -> tuple[UserExpectation, ...]:
+    """`expectations:` a list of `{<gx expectation>: {arguments}, action: warn|quarantine|fail, description: ..}`
+    (action defaults to warn). Only the shape is checked here; GX checks names and arguments at job start."""
+    if spec is None:
+        return ()
+    if not isinstance(spec, list):
+        raise ConfigError(f"{where}: field 'expectations' must be a list, got {spec!r}")
+    parsed = []
+    for item in spec:
+        names = [k for k in item if k not in ("action", "description")] if isinstance(item, dict) else []
+        if len(names) != 1:
+            raise ConfigError(f"{where}: each expectation is {{expect_...: {{arguments}}, action: warn|quarantine|fail}}"
+                              f", got {item!r}")
+        name, arguments = names[0], item[names[0]]
+        if not _EXPECTATION_NAME.match(str(name)):
+            raise ConfigError(f"{where}: {name!r} is not a GX expectation name (snake case, expect_...)")
+        if arguments is None:
+            arguments = {}
+        if not isinstance(arguments, dict) or not all(isinstance(k, str) for k in arguments):
+            raise ConfigError(f"{where}: expectation {name!r} takes a mapping of arguments, got {arguments!r}")
+        action = item.get("action", WARN)
+        if action not in ACTIONS:
+            raise ConfigError(f"{where}: expectation {name!r} takes action {' | '.join(ACTIONS)}, got {action!r}")
+        description = item.get("description")
+        if description is not None and not isinstance(description, str):
+            raise ConfigError(f"{where}: expectation {name!r}: 'description' must be text, got {description!r}")
+        parsed.append(UserExpectation(name, json.dumps(arguments, sort_keys=True, default=str), action, where,
+                                      description))
+    return tuple(parsed)
 
 
 _HEADER = re.compile(r"^--\s*(keys|sources)\s*:\s*(.*)$", re.IGNORECASE)
@@ -271,7 +309,7 @@ def load_registry(config_path: str | os.PathLike[str], gold_dir: str | os.PathLi
     return Registry(tables=tables, gold={m.name: m for m in models})
 
 
-_GOLD_FIELDS = {"quality", "row_count", "freshness", "references"}
+_GOLD_FIELDS = {"quality", "row_count", "freshness", "references", "expectations"}
 
 
 def parse_gold_settings(model: GoldModel, spec: Any, tables: dict[str, TableConfig], defaults: Quality) -> GoldModel:
@@ -298,4 +336,4 @@ def parse_gold_settings(model: GoldModel, spec: Any, tables: dict[str, TableConf
     return replace(model, quality=parse_quality(spec.get("quality"), where, ("gold",), defaults),
                    row_count=(bounds.get("min", 0), bounds.get("max")),
                    freshness_s=None if freshness is None else _duration(freshness, where, "freshness"),
-                   references=tuple(references))
+                   references=tuple(references), expectations=parse_expectations(spec.get("expectations"), where))

@@ -16,6 +16,7 @@ from spark_jobs.delta import DeltaEngine
 from spark_jobs.lake import Lake
 from spark_jobs.layers import changes
 from spark_jobs.layers.common import one_row
+from spark_jobs.quality.user_expectations import check_columns, violations
 from spark_jobs.registry import TableConfig
 
 NO_SEQUENCE = "missing_sequence: no log position for this connector; set sequence_by"
@@ -82,7 +83,8 @@ def _plan_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     typed, plan.fields = typed_changes(spark, table, changes_in, plan.target_schema, has_plain, unavailable)
     if unavailable:
         typed = fill_unavailable(spark, engine, lake, table, typed.localCheckpoint())
-    plan.typed = typed = typed.localCheckpoint()
+    plan.typed = typed = _quarantine_by_expectations(table, typed.withColumn(
+        EVENT_ID, F.monotonically_increasing_id()).localCheckpoint(), plan)
     plan.quarantine = plan.quarantine.unionByName(typed.where("reason IS NOT NULL").select(*QUARANTINED))
     events = typed.where("reason IS NULL")
     # audit frames are materialised once: the gate computes each expectation with its own Spark job
@@ -101,6 +103,26 @@ def _plan_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     plan.effective = plan.rows.count()
     plan.deletes = events.where("op = 'd'").select(*table.keys, "_seq").distinct().localCheckpoint()
     plan.delete_counts = classify_deletes(plan.deletes, plan.latest, plan.state, table.keys, plan.truncated_at)
+
+
+EVENT_ID = "_cdc_event_id"  # the typed event's id while it is checked against the user's expectations
+
+
+def _quarantine_by_expectations(table: TableConfig, typed: DataFrame, plan: BatchPlan) -> DataFrame:
+    """The user's expectations (tables.yaml) judge the typed row of each insert, update and snapshot read
+    not quarantined already (`upserts`, the gate's frame for them); those failing a `quarantine` one get it
+    as their reason, so they never reach silver and the key keeps the state its other events give it.
+    Deletes are not judged: the row leaves, whatever its values were."""
+    if not table.expectations:
+        return typed.drop(EVENT_ID)
+    upserts = typed.where("reason IS NULL AND op <> 'd'").select(EVENT_ID, "_row.*")
+    check_columns(upserts, table.expectations, "silver's columns")
+    plan.frames["upserts"] = upserts
+    failing = violations(upserts, table.expectations, EVENT_ID)
+    if failing is not None:
+        typed = typed.join(failing.withColumnRenamed("reason", "_failed"), EVENT_ID, "left").withColumn(
+            "reason", F.coalesce("reason", "_failed")).drop("_failed").localCheckpoint()
+    return typed.drop(EVENT_ID)
 
 
 def image_fields(spark: SparkSession, table: TableConfig, events: DataFrame, has_plain: bool) -> list[types.ImageField]:

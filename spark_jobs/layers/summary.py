@@ -96,4 +96,6 @@ class GoldSummary(LayerSummary):
     layer: str = "gold"
     sources: list[str] = field(default_factory=list)
     rows: int | None = None
+    quarantined: Counts | None = None  # rows a `quarantine` expectation kept out of the published table
+    quarantined_share: float | None = None
     lag_s: float | None = None

@@ -9,7 +9,9 @@ Pure Python: the registry validates tables.yaml against these names without impo
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from typing import Any
 
 WARN, QUARANTINE, FAIL = "warn", "quarantine", "fail"
 ACTIONS = (WARN, QUARANTINE, FAIL)
@@ -97,3 +99,39 @@ class Quality:
 
     def action(self, name: str) -> str:
         return dict(self.overrides).get(name, EXPECTATIONS[name].action)
+
+
+SILVER, GOLD = "silver", "gold"
+
+
+@dataclass(frozen=True)
+class UserExpectation:
+    """A GX 1.x expectation a user declared in tables.yaml for a table's silver rows or a gold model's rows:
+    its snake_case name (`expect_column_values_to_be_between`), its arguments, the action a failure takes
+    and an optional description shown in Data Docs. The registry checks the shape without importing GX;
+    `quality.user_expectations.validate` checks the name and arguments against GX itself."""
+
+    type: str
+    arguments: str  # the arguments as canonical JSON (the record stays hashable and comparable)
+    action: str
+    where: str  # "table 'customers'" or "gold model 'x'", for error messages
+    description: str | None = None
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return dict(json.loads(self.arguments))
+
+    @property
+    def label(self) -> str:
+        """How findings and quarantine reasons name it: `expect_column_values_to_be_between(fico)`."""
+        kwargs = self.kwargs
+        column = kwargs.get("column") or kwargs.get("column_list") or [
+            kwargs[k] for k in ("column_A", "column_B") if k in kwargs]
+        shown = ",".join(map(str, column)) if isinstance(column, list) else column
+        return f"{self.type}({shown})" if shown else self.type
+
+    def reason(self) -> str:
+        """The quarantine reason of a row that fails it: the expectation with its arguments."""
+        args = ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items() if k not in ("column", "column_A", "column_B",
+                                                                               "column_list"))
+        return f"expectation: {self.label}" + (f" {args}" if args else "")

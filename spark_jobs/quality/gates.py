@@ -21,7 +21,16 @@ from pyspark.sql import DataFrame
 
 from spark_jobs.errors import GateFailed
 from spark_jobs.lake import Lake
-from spark_jobs.quality.expectations import EXPECTATIONS, FAIL, POST, QUARANTINE, WARN, Quality, flag_expectations
+from spark_jobs.quality.expectations import (
+    EXPECTATIONS,
+    FAIL,
+    POST,
+    QUARANTINE,
+    WARN,
+    Quality,
+    UserExpectation,
+    flag_expectations,
+)
 from spark_jobs.registry import GoldModel, TableConfig
 
 # GX phones home by default; this pipeline runs offline and must not try.
@@ -43,6 +52,7 @@ class Check:
     type: str
     kwargs: dict[str, Any] = field(default_factory=dict)
     action: str = FAIL
+    description: str | None = None  # what Data Docs say the check means, in plain words
 
     def label(self) -> str:
         if self.frame == FIGURES:  # the finding shows the figures themselves
@@ -53,7 +63,12 @@ class Check:
 
 
 def _with(quality: Quality, name: str, frame: str, type_: str, **kwargs: Any) -> Check:
-    return Check(name, frame, type_, kwargs, quality.action(name))
+    return Check(name, frame, type_, kwargs, quality.action(name), EXPECTATIONS[name].doc)
+
+
+def user_checks(expectations: tuple[UserExpectation, ...], frame: str) -> list[Check]:
+    """The user's own expectations (tables.yaml), each on `frame` under its GX name."""
+    return [Check(u.type, frame, u.type, u.kwargs, u.action, u.description) for u in expectations]
 
 
 def _flag(quality: Quality, name: str, frame: str, column: str) -> Check:
@@ -110,6 +125,7 @@ def silver_checks(table: TableConfig) -> list[Check]:
         _with(q, "deletes_reconcile", FIGURES, EQUAL,
               column_A="deletes_received", column_B="deletes_accounted"),
         max_quarantined(q),
+        *user_checks(table.expectations, "upserts"),
     ]
 
 
@@ -124,7 +140,9 @@ def gold_checks(model: GoldModel) -> list[Check]:
         checks += _flags(q, "gold")
     if model.freshness_s is not None:
         checks.append(_with(q, "freshness", FIGURES, BETWEEN, column="lag_s", max_value=model.freshness_s))
-    return checks
+    if any(u.action == QUARANTINE for u in model.expectations):
+        checks.append(max_quarantined(q))
+    return [*checks, *user_checks(model.expectations, "model")]
 
 
 @dataclass
@@ -250,7 +268,8 @@ def run_gate(frames: dict[str, DataFrame], table: str, layer: str, checks: list[
         suite = gx.ExpectationSuite(name=name)
         for n, check in enumerate(frame_checks):
             cls = getattr(gxe, "".join(part.title() for part in check.type.split("_")))
-            suite.add_expectation(cls(**check.kwargs, severity=_SEVERITY[check.action],
+            described = {"description": check.description} if check.description else {}
+            suite.add_expectation(cls(**check.kwargs, **described, severity=_SEVERITY[check.action],
                                       meta={"check": check.name, "action": check.action, "n": n}))
         suite = context.suites.add_or_update(suite)
         definition = context.validation_definitions.add_or_update(gx.ValidationDefinition(name=name, data=batch, suite=suite))
