@@ -24,7 +24,7 @@ export LAYER_DAGS := from spark_jobs.registry import load_registry; from spark_j
 r = load_registry(settings().config); \
 print(" ".join(["cdc_bronze", *("cdc_silver_" + t for t in r.tables), *("cdc_gold_" + m for m in r.gold)]))
 
-.PHONY: demo test lint bench venv java jars browser clean-demo
+.PHONY: demo test lint bench venv java jars assets browser clean-demo
 
 venv: $(VENV)/.installed
 # the pinned set, then the project itself, editable (spark_jobs and plugins/cdc_airflow; `cdc-pipeline`)
@@ -40,6 +40,12 @@ $(JARS_DIR)/.resolved: spark_jobs/jvm.py | venv java
 	$(BIN)/python -m spark_jobs jars
 	touch $@
 
+# GX Data Docs' styles and scripts (spark_jobs/quality/docs_assets.py), fetched once from the npm registry
+assets: spark_jobs/quality/docs_static/.fetched
+spark_jobs/quality/docs_static/.fetched: spark_jobs/quality/docs_assets.py | venv
+	$(BIN)/python -m spark_jobs assets
+	touch $@
+
 java:
 	@major=$$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1); \
 	if [ -z "$$major" ] || [ "$$major" -lt 17 ]; then \
@@ -53,7 +59,7 @@ browser:
 	    apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null; \
 	  else echo "The browser test needs Debian's chromium: sudo apt-get install chromium chromium-driver" >&2; exit 1; fi; fi
 
-demo: venv java jars
+demo: venv java jars assets
 	$(BIN)/python -m spark_jobs generate --landing data/landing
 	$(BIN)/airflow db migrate > $(AIRFLOW_HOME)-migrate.log 2>&1 || (cat $(AIRFLOW_HOME)-migrate.log; exit 1)
 	@# each layer's DAG in turn (a scheduler would start silver and gold from the assets bronze updates)
@@ -63,12 +69,12 @@ demo: venv java jars
 
 # two workers, one per core, each test file on one of them (Spark, Airflow and chromium spend much of a
 # test waiting on each other, so the suite runs in about 12 minutes instead of 18)
-test: venv java jars browser
+test: venv java jars assets browser
 	$(BIN)/pytest -n 2 --dist loadfile
 
 # the pipeline against the single-node floor, every workload of tests/benchmarks (not part of `make test`);
 # at scale 1.0 (issue 6's sizes) it takes hours here: e.g. `make bench BENCH_ARGS="--scale 0.1 --runs 2"`
-bench: venv java jars
+bench: venv java jars assets
 	$(BIN)/python -m tests.benchmarks $(BENCH_ARGS)
 
 lint: venv

@@ -5,6 +5,8 @@
   without a window), replaces their rows in bronze (never duplicating a line), and applies them to silver;
   `rebuild` recomputes silver from all of bronze in a staging area and publishes it when its gate passes.
 - `since` / `until`: the landing-time window of a reprocess (ISO 8601, UTC when naive).
+- `max_quarantined`: for this replay only, the share of a batch that may be quarantined (e.g. `20%`):
+  one way on after a gate failed on a batch with more bad records than the table allows.
 
 Then the gold models reading those tables are refreshed. Bad params fail the run before any work, naming
 the param. A replay of unchanged data and code leaves silver and gold as they were; it writes one table
@@ -43,14 +45,15 @@ with DAG(
     plan = replay_plan()
     silver = {}
     window = ["--since", "{{ params.since or '' }}", "--until", "{{ params.until or '' }}"]
+    limit = ["--max-quarantined", "{{ params.max_quarantined or '' }}"]
     for name in TABLES:
         bronze = CdcSparkJob(
             task_id=f"bronze_reprocess_{name}", landing=W.landing,
-            cli_args=W.cli_args("--layers", "bronze", "--tables", name, "--mode", "reprocess", *window),
+            cli_args=W.cli_args("--layers", "bronze", "--tables", name, "--mode", "reprocess", *window, *limit),
             doc_md="Reads the window's landing files again and replaces their bronze rows in one commit.")
         silver[name] = CdcSparkJob(
             task_id=f"silver_replay_{name}", landing=W.landing, trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS,
-            cli_args=W.cli_args("--layers", "silver", "--tables", name, "--mode", "{{ params.mode }}"),
+            cli_args=W.cli_args("--layers", "silver", "--tables", name, "--mode", "{{ params.mode }}", *limit),
             doc_md="reprocess: applies the re-read bronze rows; rebuild: recomputes silver from all of bronze.")
         plan >> bronze >> silver[name]
         plan >> silver[name]

@@ -14,15 +14,16 @@ import sys
 import threading
 import time
 import traceback
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from spark_jobs.errors import ConfigError, GateFailed, LayerFailed, is_transient
-from spark_jobs.registry import GoldModel, Registry, TableConfig, load_registry
+from spark_jobs.registry import GoldModel, Registry, TableConfig, load_registry, parse_share
 from spark_jobs.settings import PROJECT_ROOT, resolve_uri, settings
 
 LAYERS = ("bronze", "silver", "gold")
-MODES = ("incremental", "reprocess", "rebuild")
+MODES = ("incremental", "reprocess", "rebuild", "skip")
 EXIT_TRANSIENT = 75  # EX_TEMPFAIL: worth a retry (a busy table, an unreachable store); 1 and 2 are not
 
 
@@ -63,11 +64,15 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--mode", choices=MODES, default="incremental",
                      help="incremental: new landing files and bronze rows; reprocess: read the landing files in the "
                           "window again, replacing their bronze rows, and apply them; rebuild: recompute silver from "
-                          "all of bronze, then gold (bronze is left alone)")
+                          "all of bronze, then gold (bronze is left alone); skip: set the --files aside unread (each "
+                          "is logged as taken and quarantined whole with --reason; a later reprocess reads it again)")
     run.add_argument("--since", default=None, help="landing time (ISO 8601, UTC if naive) from which files are taken")
     run.add_argument("--until", default=None, help="landing time before which files are taken")
     run.add_argument("--files", type=_file_list, default=None,
                      help="exactly these landing files (JSON list of landing paths, or @file holding one)")
+    run.add_argument("--reason", default="set aside by hand", help="with --mode skip: why, kept in the quarantine")
+    run.add_argument("--max-quarantined", default=None,
+                     help="this run only: the share of a batch that may be quarantined (e.g. 20%%), over tables.yaml")
     status = sub.add_parser("status", help="row counts per layer, latest gate verdicts, where things are")
     status.add_argument("--config", default="include/tables.yaml")
     status.add_argument("--lake", required=True)
@@ -78,6 +83,8 @@ def parser() -> argparse.ArgumentParser:
     server.add_argument("--port", type=int, default=15002)
     server.add_argument("--master", default=None, help="Spark master (default: CDC_SPARK_MASTER, else local[*])")
     server.add_argument("--driver-memory", default=None, help="the server's heap (default: CDC_DRIVER_MEMORY, else 2g)")
+    sub.add_parser("assets", help="fetch the pinned styles and scripts of GX Data Docs from the npm registry once "
+                                  "(`make assets`), so Data Docs render offline")
     sub.add_parser("jars", help="fetch the pinned JVM jars (Delta, hadoop-aws, spark-avro) into CDC_JARS_DIR once "
                                 "(`make jars`); offline afterwards")
     gen = sub.add_parser("generate", help="write sample Debezium change files in the S3 sink layout")
@@ -135,13 +142,24 @@ def run(args: argparse.Namespace) -> int:
     from spark_jobs.lake import Lake
     from spark_jobs.landing import LandingWindow
     from spark_jobs.layers import bronze, gold, silver
-    from spark_jobs.quality.user_expectations import validate
+    from spark_jobs.quality.user_expectations import validate, validate_actions
     from spark_jobs.session import build_session
     from spark_jobs.state import new_batch_id
 
     tables, models = _selected(load_registry(args.config), args)
+    if args.max_quarantined:  # a one-run override: nothing is written back to tables.yaml
+        limit = parse_share(args.max_quarantined, "--max-quarantined")
+        tables = [replace(t, quality=replace(t.quality, max_quarantined=limit)) for t in tables]
+        models = [replace(m, quality=replace(m.quality, max_quarantined=limit)) for m in models]
+    if args.mode == "skip" and (args.files is None or args.layers != ["bronze"]):
+        raise ConfigError("--mode skip sets landing files aside: it takes --files and --layers bronze")
+    # GX checks the user's expectations and actions before any work (and any JVM) starts
     for declared in [*(t.expectations for t in tables), *(m.expectations for m in models)]:
-        validate(declared)  # GX checks the user's expectations before any work (and any JVM) starts
+        validate(declared)
+    for where, quality in [*((f"table {t.name!r}", t.quality) for t in tables),
+                           *((f"gold model {m.name!r}", m.quality) for m in models)]:
+        if quality.actions:
+            validate_actions(quality.actions, where)
     try:
         window = LandingWindow.parse(args.since, args.until)
     except ValueError as exc:
@@ -162,7 +180,10 @@ def run(args: argparse.Namespace) -> int:
     steps = Steps(spark, engine, lake, batch_id)
     try:
         for table in tables:
-            if "bronze" in args.layers and args.mode != "rebuild":
+            if args.mode == "skip":
+                steps.run(table.name, "bronze", table.name, bronze.skip_files, table, landing, lake, batch_id,
+                          selection, args.reason)
+            elif "bronze" in args.layers and args.mode != "rebuild":
                 steps.run(table.name, "bronze", table.name, bronze.bronze_ingest, table, landing, lake, batch_id, selection)
             if "silver" in args.layers:
                 layer_step = silver.silver_rebuild if args.mode == "rebuild" else silver.silver_merge
@@ -230,6 +251,14 @@ def spark_server(args: argparse.Namespace) -> int:
     os.execve(command[0], command, {**os.environ, "SPARK_HOME": str(home), "PYTHONPATH": path})
 
 
+def fetch_assets(args: argparse.Namespace) -> int:
+    from spark_jobs.quality import docs_assets
+
+    fetched = docs_assets.fetch()
+    print(f"Data Docs assets {'fetched: ' + ', '.join(fetched) if fetched else 'present'} in {docs_assets.assets_dir()}")
+    return 0
+
+
 def fetch_jars(args: argparse.Namespace) -> int:
     from spark_jobs import jvm
 
@@ -291,7 +320,8 @@ def status(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    commands = {"run": run, "generate": generate, "status": status, "spark-server": spark_server, "jars": fetch_jars}
+    commands = {"run": run, "generate": generate, "status": status, "spark-server": spark_server, "jars": fetch_jars,
+                "assets": fetch_assets}
     try:
         return commands[args.command](args)
     except ConfigError as exc:

@@ -152,7 +152,7 @@ def _retention(value: Any, table: str) -> int | None:
     return None if value == "forever" else _duration(value, f"table {table!r}", "tombstone_retention", "'forever' or ")
 
 
-def _share(value: Any, where: str) -> float:
+def parse_share(value: Any, where: str) -> float:
     """`5%` or a fraction such as 0.05."""
     text = str(value).strip()
     try:
@@ -160,7 +160,7 @@ def _share(value: Any, where: str) -> float:
     except ValueError:
         share = -1.0
     if not 0 <= share <= 1:
-        raise ConfigError(f"{where}: field 'max_quarantined' must be a share like 5% or 0.05, got {value!r}")
+        raise ConfigError(f"{where}: 'max_quarantined' must be a share like 5% or 0.05, got {value!r}")
     return share
 
 
@@ -169,9 +169,9 @@ def parse_quality(spec: Any, where: str, layers: tuple[str, ...], base: Quality 
     over `base`."""
     if spec is None:
         return base
-    if not isinstance(spec, dict) or set(spec) - {"max_quarantined", "min_quarantined_to_fail", "checks"}:
-        raise ConfigError(f"{where}: field 'quality' takes max_quarantined, min_quarantined_to_fail and checks, "
-                          f"got {spec!r}")
+    if not isinstance(spec, dict) or set(spec) - {"max_quarantined", "min_quarantined_to_fail", "checks", "actions"}:
+        raise ConfigError(f"{where}: field 'quality' takes max_quarantined, min_quarantined_to_fail, checks and "
+                          f"actions, got {spec!r}")
     checks = spec.get("checks") or {}
     if not isinstance(checks, dict):
         raise ConfigError(f"{where}: 'quality.checks' must map expectation names to actions, got {checks!r}")
@@ -185,12 +185,18 @@ def parse_quality(spec: Any, where: str, layers: tuple[str, ...], base: Quality 
             raise ConfigError(f"{where}: expectation {name!r} takes action {' | '.join(expectation.actions)}, "
                               f"got {action!r}")
         overrides[name] = action
-    share = _share(spec["max_quarantined"], where) if "max_quarantined" in spec else base.max_quarantined
+    share = parse_share(spec["max_quarantined"], where) if "max_quarantined" in spec else base.max_quarantined
     least = spec.get("min_quarantined_to_fail", base.min_quarantined_to_fail)
     if isinstance(least, bool) or not isinstance(least, int) or least < 1:
         raise ConfigError(f"{where}: field 'min_quarantined_to_fail' must be a whole number of records, 1 or more, "
                           f"got {least!r}")
-    return Quality(max_quarantined=share, overrides=tuple(sorted(overrides.items())), min_quarantined_to_fail=least)
+    actions = spec.get("actions", None)
+    if actions is not None and (not isinstance(actions, list) or not all(
+            isinstance(a, dict) and isinstance(a.get("type"), str) and isinstance(a.get("name"), str) for a in actions)):
+        raise ConfigError(f"{where}: 'quality.actions' must be a list of GX Checkpoint actions, each with a type "
+                          f"and a name (e.g. {{type: slack, name: alert, slack_webhook: ..}}), got {actions!r}")
+    return Quality(max_quarantined=share, overrides=tuple(sorted(overrides.items())), min_quarantined_to_fail=least,
+                   actions=base.actions if actions is None else tuple(json.dumps(a, sort_keys=True) for a in actions))
 
 
 def parse_table(name: str, spec: Any, defaults: Quality = Quality()) -> TableConfig:

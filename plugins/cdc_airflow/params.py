@@ -32,6 +32,9 @@ def replay_params(tables: list[str]) -> dict[str, Param]:
                       description="reprocess: read the landing files in the window again (replacing their bronze "
                                   "rows) and apply them; rebuild: recompute silver, then gold, from all of bronze"),
         **window_params("reprocessed"),
+        "max_quarantined": Param(None, type=["null", "string"], pattern="^\\d+(\\.\\d+)?%?$", title="Max quarantined",
+                                 description="this replay only: the share of a batch that may be quarantined "
+                                             "(e.g. 20%), over tables.yaml; empty: as configured"),
     }
 
 

@@ -68,6 +68,25 @@ def bronze_ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     return summary
 
 
+def skip_files(spark: SparkSession, engine: DeltaEngine, table: TableConfig, landing: str, lake: Lake, batch_id: str,
+               selection: Selection, reason: str) -> BronzeSummary:
+    """Set pending landing files aside unread (the way on after a bad file stops bronze, besides fixing it):
+    each is logged as taken, so the sensor and later runs pass it by, and quarantined whole (line 0, the
+    reason `skipped: <reason>`), so it is counted and found. It stays in landing: a reprocess over its
+    landing time reads it again."""
+    files = _select(landing, lake, table, selection, set())
+    summary = BronzeSummary(table=table.name, batch_id=batch_id, files=len(files), mode="skip",
+                            gate="skipped (files set aside)")
+    if files:
+        rows = spark.createDataFrame([(f.path, 0, "", f"skipped: {reason}") for f in files],
+                                     "_source_file STRING, _line BIGINT, _raw STRING, reason STRING")
+        summary.quarantined = write_quarantine(engine, lake, table.name, rows, "bronze", batch_id)
+        # lines, events and tombstones unknown: the files were not read
+        _log_files(spark, engine, lake, table.name, {f.path: (f.size, f.modified_ms, None, 0, None, None)
+                                                     for f in files}, batch_id, None)
+    return summary
+
+
 def _clear_staging(lake: Lake, table: str) -> None:
     mine = f"{lake.staging_files}/{table}-"
     for folder in {p.rsplit("/", 1)[0] for p in lake.files.list(lake.staging_files) if p.startswith(mine)}:
@@ -160,7 +179,8 @@ def _audit(classified: DataFrame, matched: DataFrame, batch: _Batch, summary: Br
                                  *[F.get_json_object(envelope.key_image(), f"$.{k}").alias(k) for k in table.keys])
     flags = audit.unionByName(matched.select("_follows_delete"), allowMissingColumns=True)
     figures = {"quarantined_share": summary.quarantined_share, "quarantined": sum((summary.quarantined or {}).values())}
-    gate({"events": flags}, figures, table.name, "bronze", bronze_checks(table), batch.lake, summary)
+    gate({"events": flags}, figures, table.name, "bronze", bronze_checks(table), batch.lake, summary,
+         table.quality.actions)
 
 
 def _commit(engine: DeltaEngine, events: DataFrame, batch: _Batch, summary: BronzeSummary) -> int | None:

@@ -60,10 +60,10 @@ Gate = Callable[[dict[str, DataFrame], dict[str, Any], str, str, list[Check], La
 
 
 def gate(frames: dict[str, DataFrame], figures: dict[str, Any], name: str, layer: str, checks: list[Check], lake: Lake,
-         summary: LayerSummary) -> GateResult:
+         summary: LayerSummary, actions: tuple[str, ...] = ()) -> GateResult:
     """Run a gate over the audit frames and the batch's figures; the summary records the findings (and,
     when the gate fails, goes with the exception so the failed run's report still has it)."""
-    result = run_gate(frames, name, layer, checks, lake, raise_on_failure=False, figures=figures)
+    result = run_gate(frames, name, layer, checks, lake, raise_on_failure=False, figures=figures, actions=actions)
     summary.record_gate(result)
     if not result.success:
         raise GateFailed(result, summary)

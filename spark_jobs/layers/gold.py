@@ -46,7 +46,7 @@ def gold_refresh(spark: SparkSession, engine: DeltaEngine, model: GoldModel, lak
         summary.quarantined = write_quarantine(engine, lake, model.name, quarantine, "gold", batch_id)
         figures["quarantined"] = sum(summary.quarantined.values())
         figures["quarantined_share"] = summary.quarantined_share = share(figures["quarantined"], rows)
-    gate(frames, figures, model.name, "gold", gold_checks(model), lake, summary)
+    gate(frames, figures, model.name, "gold", gold_checks(model), lake, summary, model.quality.actions)
     summary.version = engine.overwrite(published, lake.gold(model.name))
     return summary
 

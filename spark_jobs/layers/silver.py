@@ -5,6 +5,7 @@ ledger, history, the truncate log) and audited again: a failed gate leaves every
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -143,7 +144,7 @@ def apply_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     `truncated_at` is the position of the latest truncate already applied; returns the batch's counts
     (with the gate's verdict and findings) and the truncate position in force afterwards. `gate` runs the
     checks (default: Great Expectations, publishing Data Docs) and raises GateFailed when they fail."""
-    check = gate or run_gate
+    check = gate or partial(run_gate, actions=table.quality.actions)
     paths = (lake.silver(table.name), lake.tombstones(table.name), lake.history(table.name), lake.truncates(table.name))
     published = {path: engine.version(path) for path in paths}
     plan = plan_batch(spark, engine, table, lake, batch, truncated_at)

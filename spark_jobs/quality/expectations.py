@@ -93,6 +93,9 @@ class Quality:
     max_quarantined: float = DEFAULT_MAX_QUARANTINED
     overrides: tuple[tuple[str, str], ...] = ()
     min_quarantined_to_fail: int = DEFAULT_MIN_QUARANTINED_TO_FAIL
+    # GX Checkpoint actions run after each of the gate's validations besides the Data Docs update (e.g.
+    # `{type: slack, slack_webhook: ..., notify_on: failure}`), each as JSON
+    actions: tuple[str, ...] = ()
 
     def breaker_trips(self, quarantined: int, share: float) -> bool:
         return quarantined >= self.min_quarantined_to_fail and share > self.max_quarantined

@@ -13,6 +13,7 @@ write the same GX files.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,11 +94,14 @@ def _keys(quality: Quality, frame: str, keys: tuple[str, ...]) -> list[Check]:
 
 
 def max_quarantined(quality: Quality) -> Check:
-    """The quarantine circuit breaker: the share of the batch quarantined at most the table's limit, unless
-    fewer records than `min_quarantined_to_fail` were (figure `quarantined`)."""
-    return Check("max_quarantined", FIGURES, BETWEEN, {"column": "quarantined_share", "min_value": 0,
-                                                       "max_value": quality.max_quarantined,
-                                                       "unless_fewer_than": quality.min_quarantined_to_fail}, FAIL)
+    """The quarantine circuit breaker on the batch's figures: the share quarantined at most the table's
+    limit, checked only when at least `min_quarantined_to_fail` records were (GX's row condition on the
+    figures' one row: below that count the check has nothing to judge, so a few bad records never trip it)."""
+    return Check("max_quarantined", FIGURES, BETWEEN, {
+        "column": "quarantined_share", "min_value": 0, "max_value": quality.max_quarantined,
+        "row_condition": f"quarantined >= {quality.min_quarantined_to_fail}", "condition_parser": "pandas"}, FAIL,
+        f"at most {quality.max_quarantined:.2%} of the batch is quarantined, once {quality.min_quarantined_to_fail} "
+        "or more records are (fewer never stop the table)")
 
 
 def bronze_checks(table: TableConfig) -> list[Check]:
@@ -212,7 +216,7 @@ def _context(lake: Lake, table: str) -> Any:
     site: Any = {
         "class_name": "SiteBuilder",
         "show_how_to_buttons": False,
-        "store_backend": {**LAKE_BACKEND, "base_directory": docs_dir},
+        "store_backend": {**LAKE_BACKEND, "class_name": "DataDocsStoreBackend", "base_directory": docs_dir},
         "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
     }
     config = DataContextConfig(store_backend_defaults=defaults, data_docs_sites={"reports": site},
@@ -220,20 +224,26 @@ def _context(lake: Lake, table: str) -> Any:
     return gx.get_context(project_config=config, mode="ephemeral")
 
 
-def _figures(check: Check, figures: dict[str, Any]) -> Finding:
-    """A check on the batch's figures, e.g. `quarantined_share=0.5 (max 0.05)`."""
+def _figures_frame(figures: dict[str, Any]) -> Any:
+    """The batch's figures as the one row GX validates with pandas (a few numbers: no Spark job). A lag that
+    is not known (no source time in the batch) is infinitely old, so a freshness check fails on it."""
+    import pandas as pd
+
+    return pd.DataFrame([{k: (float("inf") if k == "lag_s" and v is None else v) for k, v in figures.items()}])
+
+
+def _shown(check: Check, figures: dict[str, Any]) -> str:
+    """The figures a check on them read, for the finding: `0.5 (max 0.05), 3 record(s) (fails from 2)`."""
     if check.type == EQUAL:
-        a, b = figures[check.kwargs["column_A"]], figures[check.kwargs["column_B"]]
-        ok, shown = a == b, f"{check.kwargs['column_A']}={a}, {check.kwargs['column_B']}={b}"
-    else:
-        value, low, high = figures[check.kwargs["column"]], check.kwargs.get("min_value"), check.kwargs.get("max_value")
-        ok = value is not None and (low is None or value >= low) and (high is None or value <= high)
-        shown = f"{value}" + (f" (max {high})" if high is not None else "")
-        least = check.kwargs.get("unless_fewer_than")
-        if least is not None:  # the breaker: a few bad records never trip it, whatever their share
-            ok = ok or figures["quarantined"] < least
-            shown += f", {figures['quarantined']} record(s) (fails from {least})"
-    return Finding(check.label(), check.action, bool(ok), None, None, shown)
+        a, b = check.kwargs["column_A"], check.kwargs["column_B"]
+        return f"{a}={figures[a]}, {b}={figures[b]}"
+    shown = f"{figures[check.kwargs['column']]}"
+    if check.kwargs.get("max_value") is not None:
+        shown += f" (max {check.kwargs['max_value']})"
+    if check.name == "max_quarantined":
+        least = check.kwargs["row_condition"].rsplit(" ", 1)[1]
+        shown += f", {figures['quarantined']} record(s) (fails from {least})"
+    return shown
 
 
 # GX severities shown in Data Docs for each action
@@ -241,27 +251,34 @@ _SEVERITY = {FAIL: "critical", QUARANTINE: "warning", WARN: "info"}
 
 
 def run_gate(frames: dict[str, DataFrame], table: str, layer: str, checks: list[Check], lake: Lake,
-             raise_on_failure: bool = True, figures: dict[str, Any] | None = None) -> GateResult:
-    """Validate each frame against its checks (and `figures` against theirs), publish Data Docs, and
-    return the verdict; raise GateFailed when a `fail` check fails (unless told not to: the caller then
-    raises after writing its evidence). Checks on frames not given are not run."""
+             raise_on_failure: bool = True, figures: dict[str, Any] | None = None,
+             actions: tuple[str, ...] = ()) -> GateResult:
+    """Validate each frame against its checks (and `figures` against theirs) through a GX Checkpoint per
+    frame, whose actions update Data Docs (and run the table's notification `actions`), and return the
+    verdict; raise GateFailed when a `fail` check fails (unless told not to: the caller then raises after
+    writing its evidence). Checks on frames not given are not run.
+
+    One Checkpoint per frame, not one per gate: a Checkpoint hands all its validation definitions the same
+    batch parameters, and each frame of a gate is its own dataframe."""
     import great_expectations as gx
     import great_expectations.expectations as gxe
+    from great_expectations.checkpoint import UpdateDataDocsAction
     from great_expectations.core.run_identifier import RunIdentifier
-    from great_expectations.data_context.types.resource_identifiers import (
-        ExpectationSuiteIdentifier,
-        ValidationResultIdentifier,
-    )
 
     context = _context(lake, table)
-    source = context.data_sources.add_or_update_spark(name="lake")
+    sources = {"spark": context.data_sources.add_or_update_spark(name="lake"),
+               "pandas": context.data_sources.add_or_update_pandas(name="figures")}
+    inputs: dict[str, Any] = dict(frames)
+    if figures is not None:
+        inputs[FIGURES] = _figures_frame(figures)
     run_id = RunIdentifier(run_name=f"{table}.{layer}")
-    findings, rendered = [], []
-    for frame, df in frames.items():
+    findings = []
+    for frame, df in inputs.items():
         frame_checks = [c for c in checks if c.frame == frame]
         if not frame_checks:
             continue
         name = f"{table}.{layer}.{frame}"
+        source = sources["pandas" if frame == FIGURES else "spark"]
         asset = next((a for a in source.assets if a.name == name), None) or source.add_dataframe_asset(name=name)
         batch = next((b for b in asset.batch_definitions if b.name == "batch"), None)
         batch = batch or asset.add_batch_definition_whole_dataframe("batch")
@@ -273,21 +290,24 @@ def run_gate(frames: dict[str, DataFrame], table: str, layer: str, checks: list[
                                       meta={"check": check.name, "action": check.action, "n": n}))
         suite = context.suites.add_or_update(suite)
         definition = context.validation_definitions.add_or_update(gx.ValidationDefinition(name=name, data=batch, suite=suite))
-        # BASIC has the counts the gate reports; SUMMARY adds value-count tables, a Spark job per expectation
-        outcome = definition.run(batch_parameters={"dataframe": df}, result_format={"result_format": "BASIC"},
-                                 run_id=run_id)
-        rendered += [ValidationResultIdentifier(ExpectationSuiteIdentifier(name), run_id, outcome.batch_id),
-                     ExpectationSuiteIdentifier(name)]
+        checkpoint = context.checkpoints.add_or_update(gx.Checkpoint(
+            name=name, validation_definitions=[definition],
+            actions=[UpdateDataDocsAction(name="data_docs", site_names=["reports"]), *map(json.loads, actions)],
+            # BASIC has the counts the gate reports; SUMMARY adds value-count tables, a Spark job per expectation
+            result_format={"result_format": "BASIC"}))
+        outcome = next(iter(checkpoint.run(batch_parameters={"dataframe": df}, run_id=run_id).run_results.values()))
         for r in sorted(outcome.results, key=lambda r: r.expectation_config.meta["n"]):
             check, result = frame_checks[r.expectation_config.meta["n"]], r.result or {}
+            if frame == FIGURES:  # the finding shows the figures themselves
+                findings.append(Finding(check.label(), check.action, bool(r.success), None, None,
+                                        _shown(check, figures or {})))
+                continue
             # flags are null where they do not apply: count the rows they apply to
             total = result.get("element_count")
             if total is not None and check.type == IN_SET:
                 total -= result.get("missing_count") or 0
             findings.append(Finding(check.label(), check.action, bool(r.success), result.get("unexpected_count"),
                                     total, result.get("observed_value")))
-    findings += [_figures(c, figures) for c in checks if c.frame == FIGURES and figures is not None]
-    context.build_data_docs(site_names=["reports"], resource_identifiers=rendered)
     docs = f"{lake.data_docs(table)}/index.html"
     gate = GateResult(table, layer, findings, docs if lake.files.exists(docs) else None)
     if raise_on_failure and not gate.success:

@@ -14,6 +14,7 @@ from typing import Any
 from great_expectations.data_context.store.tuple_store_backend import TupleFilesystemStoreBackend, TupleStoreBackend
 from great_expectations.exceptions import InvalidKeyError
 
+from spark_jobs.quality.docs_assets import PACKAGES, VENDOR, offline_page, site_files
 from spark_jobs.storage import is_s3, lake_files
 
 
@@ -91,3 +92,28 @@ class LakeStoreBackend(TupleFilesystemStoreBackend):
 
 def _absolute(path: str) -> bool:
     return is_s3(path) or os.path.isabs(path)
+
+
+class DataDocsStoreBackend(LakeStoreBackend):
+    """A table's Data Docs site: pages are written offline-ready (quality/docs_assets.py), linking to the
+    vendored styles and scripts beside the sites, copied there when a lake's first page is written."""
+
+    _assets_present = False
+
+    def _set(self, key: Any, value: Any, **kwargs: Any) -> str:  # type: ignore[override]  # as GX's own
+        relative = self._convert_key_to_filepath(key if isinstance(key, tuple) else key.to_tuple())
+        if relative.endswith(".html") and isinstance(value, str):
+            self._ensure_assets()
+            value = offline_page(value, relative.count("/"))
+        return super()._set(key, value, **kwargs)
+
+    def _ensure_assets(self) -> None:
+        if self._assets_present:
+            return
+        folder = f"{self.full_base_directory.rsplit('/', 1)[0]}/{VENDOR}"
+        pinned = "\n".join(f"{p.name}@{p.version} {p.integrity}" for p in PACKAGES).encode()
+        if self._files.read(f"{folder}/.complete") != pinned:
+            for inside, source in site_files().items():
+                self._files.write(f"{folder}/{inside}", source.read_bytes())
+            self._files.write(f"{folder}/.complete", pinned)  # last: a copy cut short is made again
+        self._assets_present = True

@@ -9,6 +9,7 @@ same filters (row_condition, ignore_row_if) and the same verdict per row."""
 
 from __future__ import annotations
 
+import json
 from functools import reduce
 from typing import Any
 
@@ -64,6 +65,16 @@ def build(user: UserExpectation, **extra: Any) -> Any:
 def validate(expectations: tuple[UserExpectation, ...]) -> None:
     for user in expectations:
         build(user)
+
+
+def validate_actions(actions: tuple[str, ...], where: str) -> None:
+    """The GX Checkpoint actions a table's gates run (`quality.actions`), checked by GX's own parser."""
+    import great_expectations as gx
+
+    try:
+        gx.Checkpoint(name="check", validation_definitions=[], actions=[json.loads(a) for a in actions])
+    except Exception as exc:  # GX's account of the bad action (an unknown type, a missing field)
+        raise ConfigError(f"{where}: bad entry in quality.actions: {' '.join(str(exc).split())}") from None
 
 
 def check_columns(frame: DataFrame, expectations: tuple[UserExpectation, ...], what: str) -> None:

@@ -259,3 +259,34 @@ def test_gold_checks_keys_row_counts_references_and_freshness(spark, engine, tmp
     engine.overwrite(spark.createDataFrame([(10,), (11,), (12,)], "id INT"), lake.silver("customers"))
     summary = gold.gold_refresh(spark, engine, ok, lake, "b2")
     assert (summary.gate, summary.rows, summary.version) == ("passed", 3, 0)
+
+
+def test_after_a_failed_gate_a_run_may_raise_the_limit_once_or_set_the_files_aside(spark, engine, tmp_path, capsys):
+    """The ways on after a failed gate without editing tables.yaml (README "Moving on after a failed
+    gate"): `--max-quarantined` for one run, or `--mode skip` for the files, each counted in quarantine."""
+    config = _config(tmp_path)
+    _land(tmp_path, "orders", 0, [*[_pg_event("c", 10 + i, after={"id": i, "v": "x"}) for i in range(14)],
+                                  _pg_event("d", 30, before={"v": "no key"}), _pg_event("d", 31, before={"v": "no"})])
+    assert _run(capsys, tmp_path, config)[0] == 1  # 2 of 16 quarantined: over 5%, and 2 records
+    code, out, err = _run(capsys, tmp_path, config, "--max-quarantined", "20%")
+    assert (code, err) == (0, "")
+    assert summary_line(out, "bronze", "orders")["gate"] == "passed-with-warnings"
+    assert sorted(silver_rows(spark, engine, tmp_path / "lake", "orders", ("id",))) == [(i,) for i in range(14)]
+
+    # the override was for that run only: the next bad batch stops the table again
+    _land(tmp_path, "orders", 16, [_pg_event("u", 40, after={"v": "no key"}), _pg_event("u", 41, after={"v": "no"})])
+    assert _run(capsys, tmp_path, config)[0] == 1
+    bad = "topics/shop.public.orders/partition=0/shop.public.orders+0+0000000016.json"  # relative to the landing root
+    code, out, err = _run(capsys, tmp_path, config, "--mode", "skip", "--layers", "bronze", "--files", json.dumps([bad]),
+                          "--reason", "export bug, ticket 42")
+    assert (code, err) == (0, ""), err
+    assert summary_line(out, "bronze", "orders")["mode"] == "skip"
+    set_aside = [(r["_source_file"], r["_line"], r["reason"]) for r in engine.read(
+        spark, Lake(str(tmp_path / "lake")).quarantine("orders")).where("_line = 0").collect()]
+    assert set_aside == [(bad, 0, "skipped: export bug, ticket 42")]
+    code, out, err = _run(capsys, tmp_path, config)  # nothing pending: the table goes on
+    assert (code, err, summary_line(out, "bronze", "orders")["files"]) == (0, "", "0")
+    assert sorted(silver_rows(spark, engine, tmp_path / "lake", "orders", ("id",))) == [(i,) for i in range(14)]
+    # a skip needs the files named, and only bronze
+    code, _, err = _run(capsys, tmp_path, config, "--mode", "skip")
+    assert code == 2 and "--mode skip sets landing files aside" in err

@@ -189,3 +189,52 @@ def test_a_run_with_a_bad_or_misnamed_expectation_stops_with_a_config_error(spar
     assert (code, err) == (1, "table=orders layer=silver failed: ConfigError: table 'orders': expectation "
                               "expect_column_values_to_not_be_null(ficoo) names column(s) ficoo not in silver's "
                               "columns (fico, id, state)\n")
+
+
+def test_data_docs_of_a_failed_run_show_the_failing_expectation_offline_and_gx_actions_run(
+        spark, engine, tmp_path, capsys):
+    """The failed run's Data Docs page names the failing expectation by its description with its counts,
+    and loads nothing from the internet; a GX Checkpoint action declared in tables.yaml (here GX's Slack
+    notification, to a local webhook) receives each validation's outcome."""
+    import http.server
+    import re
+    import threading
+
+    received: list[dict] = []
+
+    class Hook(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (the standard library's name)
+            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        config = _config(tmp_path, "      - expect_column_values_to_not_be_null: {column: state}\n"
+                                   "        action: fail\n        description: every customer has a state\n",
+                         "    quality:\n      actions:\n        - {type: slack, name: notify, notify_on: failure, "
+                         f"slack_webhook: 'http://127.0.0.1:{server.server_port}/hook'}}\n")
+        _land(tmp_path, 0, [_pg_event("c", 10, after=_row(1, 700)), _pg_event("c", 21, after=_row(2, 600, None))])
+        assert run(capsys, config, tmp_path / "landing", tmp_path / "lake")[0] == 1
+    finally:
+        server.shutdown()
+    docs = tmp_path / "lake" / "reports" / "data_docs"
+    page = next((docs / "orders" / "validations" / "orders" / "silver" / "upserts").rglob("*.html")).read_text()
+    text = " ".join(re.sub(r"<[^>]+>", " ", page).split())
+    assert "every customer has a state 1 unexpected values found. 50% of 2 total rows." in text
+    # the breaker and delete reconciliation are GX expectations too, described in plain words
+    figures = next((docs / "orders" / "validations" / "orders" / "silver" / "figures").rglob("*.html")).read_text()
+    assert "of the batch is quarantined, once 2 or more records are" in figures
+    for html in docs.rglob("*.html"):
+        loads = re.findall(r'<(?:script|img|link)[^>]*(?:src|href)="([^"]+)"', html.read_text())
+        assert loads and not [u for u in loads if "://" in u], (html, loads)
+        for url in loads:  # each relative link resolves to a file in the lake
+            assert (html.parent / url.split("?")[0]).resolve().is_file(), (html, url)
+    # one message per failed validation: silver's rows of upserts (the bronze gate and silver's other
+    # frames passed)
+    messages = [json.dumps(m) for m in received]
+    assert len(messages) == 1 and "orders.silver.upserts" in messages[0] and "Failure" in messages[0], messages
