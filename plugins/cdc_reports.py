@@ -99,11 +99,18 @@ def _serve_s3(files: S3Files, base: str, path: str) -> Response:
 def _missing(path: str) -> Response:
     if not path:
         return Response("<p>No pipeline run has published a report yet.</p>", media_type="text/html")
+    if path.startswith("runs/") and path.endswith("/index.html"):  # the DAG run tab of a run with no report
+        return Response("<p>This DAG run has published no CDC report (it took nothing new, or it is not a "
+                        "pipeline run).</p>", media_type="text/html", status_code=404)
     return Response("not found", status_code=404)
 
 
 class CdcReportsPlugin(AirflowPlugin):
     name = "cdc_reports"
     fastapi_apps = [{"app": app, "url_prefix": PREFIX, "name": "CDC data-quality reports"}]
+    # the menu entry, and a tab on every DAG run page with the report of that run (the pipeline's runs are
+    # reported under their Airflow run id; the UI puts the run's id in place of {RUN_ID})
     external_views = [{"name": "CDC data quality", "href": f"{PREFIX}/", "destination": "nav", "category": "browse",
-                       "url_route": "cdc-reports"}]
+                       "url_route": "cdc-reports"},
+                      {"name": "Data quality", "href": f"{PREFIX}/runs/{{RUN_ID}}/index.html", "destination": "dag_run",
+                       "url_route": "cdc-run-report"}]

@@ -23,13 +23,30 @@ COUNTS = ("files", "lines", "events", "rows", "inserted", "updated", "deleted", 
           "bronze_version", "history_rows", "seconds")
 
 
+SECONDS = ("lag_s", "seconds")
+
+
 def publish(lake: Lake, run_id: str, summary: dict[str, Any]) -> str:
     path = f"{lake.run_reports(run_id)}/{summary['table']}.{summary['layer']}.json"
     stamped = {**summary, "published_at": dt.datetime.now(dt.UTC).isoformat()}
     lake.files.write(path, json.dumps(stamped, indent=2, sort_keys=True, default=str))
     render_run(lake, run_id)
-    render_index(lake)
+    runs = load_runs(lake)
+    render_index(lake, runs)
+    render_table(lake, summary["table"], runs)
     return path
+
+
+def human_seconds(value: Any) -> str:
+    """Durations and lags as people read them: `850 ms`, `12.5 s`, `3.2 min`, `5.0 h`, `3.1 d`, `3.0 years`."""
+    if value is None or value == "":
+        return ""
+    s = float(value)
+    for limit, unit, size in ((1, "ms", 0.001), (60, "s", 1), (3600, "min", 60), (86400, "h", 3600),
+                              (86400 * 365.25, "d", 86400)):
+        if abs(s) < limit:
+            return f"{s / size:.0f} {unit}" if unit == "ms" else f"{s / size:.1f} {unit}"
+    return f"{s / (86400 * 365.25):.1f} years"
 
 
 def load_run(lake: Lake, run_id: str, paths: list[str] | None = None) -> list[dict[str, Any]]:
@@ -86,7 +103,8 @@ def _check_row(c: dict[str, Any]) -> str:
 
 
 def _section(s: dict[str, Any]) -> str:
-    counts = "".join(f"<tr><th>{k}</th><td>{_e(s[k])}</td></tr>" for k in COUNTS if s.get(k) not in (None, ""))
+    counts = "".join(f"<tr><th>{k}</th><td>{_e(human_seconds(s[k]) if k in SECONDS else s[k])}</td></tr>"
+                     for k in COUNTS if s.get(k) not in (None, ""))
     parts = [f"<h2 id='{_e(s['table'])}.{_e(s['layer'])}'>{_e(s['layer'])} · {_e(s['table'])} — "
              f"{_verdict(s.get('gate'))}</h2>"]
     if s.get("error"):
@@ -120,18 +138,102 @@ def render_run(lake: Lake, run_id: str) -> str:
     return path
 
 
-def render_index(lake: Lake) -> str:
+def render_index(lake: Lake, runs: list[tuple[str, list[dict[str, Any]]]] | None = None) -> str:
+    runs = load_runs(lake) if runs is None else runs
     rows = []
-    for run_id, summaries in load_runs(lake):
+    for run_id, summaries in runs:
         tables = ", ".join(f"{_e(s['layer'])}/{_e(s['table'])}: {_verdict(s.get('gate'))}" for s in summaries
                            if not str(s.get("gate", "")).startswith("skipped"))
         quarantined = sum(sum((s.get("quarantined") or {}).values()) for s in summaries)
         rows.append(f"<tr><td><a href='runs/{_e(run_id)}/index.html'>{_e(run_id)}</a></td>"
                     f"<td>{_e(str(summaries[0].get('published_at', ''))[:19])}Z</td><td>{_verdict(run_verdict(summaries))}</td>"
                     f"<td>{quarantined}</td><td>{tables or 'nothing new'}</td></tr>")
+    names = sorted({s["table"] for _, summaries in runs for s in summaries})
+    links = " · ".join(f"<a href='tables/{_e(t)}.html'>{_e(t)}</a>" for t in names)
     body = ("<h1>CDC pipeline runs</h1><p>Newest first. Each run links to its report; each report links to the "
-            "Great Expectations Data Docs of its tables.</p><table><tr><th>run</th><th>started</th><th>verdict</th>"
+            f"Great Expectations Data Docs of its tables.</p><p>Trends per table: {links}</p>"
+            "<table><tr><th>run</th><th>started</th><th>verdict</th>"
             "<th>quarantined</th><th>gates</th></tr>" + "".join(rows) + "</table>")
     path = lake.reports_index
     lake.files.write(path, _page("CDC pipeline runs", body))
+    return path
+
+
+# Charts are drawn here as inline SVG: the pages must render from the lake's files and behind a firewall with
+# no script, and the plotting library at hand (altair, which GX brings) needs a Vega runtime of its own version
+COLOURS = ("#0969da", "#1a7f37", "#9a6700", "#b00020", "#8250df")
+
+
+def line_chart(title: str, labels: list[str], series: dict[str, list[float | None]], shown: Any = str) -> str:
+    """One SVG line chart over the runs (oldest left): a line and a dot per series and run with a value
+    (the dot's tooltip says which run and how much), the y axis from 0 to the largest value."""
+    width, height, left, bottom, top = 660, 190, 78, 24, 14
+    values = [v for points in series.values() for v in points if v is not None]
+    if not values:
+        return f"<p class='chart-empty'>{_e(title)}: no figures yet</p>"
+    high = max(values) or 1.0
+    step = (width - left - 12) / max(len(labels) - 1, 1)
+
+    def xy(i: int, v: float) -> tuple[float, float]:
+        return left + i * step, top + (height - top - bottom) * (1 - v / high)
+
+    parts = [f"<svg class='chart' role='img' aria-label='{_e(title)}' width='{width}' height='{height + 18}' "
+             f"xmlns='http://www.w3.org/2000/svg'><text x='{left}' y='10' font-size='12' font-weight='600'>{_e(title)}"
+             "</text>",
+             f"<line x1='{left}' y1='{height - bottom}' x2='{width - 8}' y2='{height - bottom}' stroke='#8c959f'/>",
+             f"<line x1='{left}' y1='{top}' x2='{left}' y2='{height - bottom}' stroke='#8c959f'/>",
+             f"<text class='axis' x='{left - 4}' y='{top + 4}' font-size='10' text-anchor='end'>{_e(shown(high))}</text>",
+             f"<text class='axis' x='{left - 4}' y='{height - bottom}' font-size='10' text-anchor='end'>{_e(shown(0))}</text>",
+             f"<text x='{left}' y='{height - 8}' font-size='10'>{_e(labels[0])}</text>",
+             f"<text x='{width - 8}' y='{height - 8}' font-size='10' text-anchor='end'>{_e(labels[-1])}</text>"]
+    for n, (name, points) in enumerate(series.items()):
+        colour = COLOURS[n % len(COLOURS)]
+        dots = [(i, v) for i, v in enumerate(points) if v is not None]
+        line = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(i, v) for i, v in dots))
+        parts.append(f"<polyline class='series' points='{line}' fill='none' stroke='{colour}' stroke-width='1.5'/>")
+        parts += [f"<circle cx='{x:.1f}' cy='{y:.1f}' r='2.5' fill='{colour}'><title>{_e(labels[i])}: {_e(name)} "
+                  f"{_e(shown(v))}</title></circle>" for i, v in dots for x, y in [xy(i, v)]]
+        parts.append(f"<text x='{left + 8 + n * 120}' y='{height + 14}' font-size='11' fill='{colour}'>■ {_e(name)}</text>")
+    return "".join(parts) + "</svg>"
+
+
+def _percent(value: float) -> str:
+    return f"{value:.1%}"
+
+
+def render_table(lake: Lake, table: str, runs: list[tuple[str, list[dict[str, Any]]]]) -> str:
+    """`reports/tables/<table>.html`: the table's (or gold model's) runs, oldest left, as charts of lag, rows
+    per run and the quarantined share, and each run's verdicts and the checks that did not pass."""
+    mine = [(run_id, {s["layer"]: s for s in summaries if s["table"] == table}) for run_id, summaries in reversed(runs)]
+    mine = [(run_id, layers) for run_id, layers in mine if layers]
+    labels = [str(next(iter(layers.values())).get("published_at", ""))[:16].replace("T", " ") for _, layers in mine]
+
+    def figure(layer: str, key: str) -> list[float | None]:
+        return [None if layers.get(layer, {}).get(key) in (None, "") else float(layers[layer][key]) for _, layers in mine]
+
+    charts = []
+    if labels:
+        lag_layer = "gold" if any("gold" in layers for _, layers in mine) else "silver"
+        charts.append(line_chart("Lag: the newest source change, seen by the run", labels,
+                                 {lag_layer: figure(lag_layer, "lag_s")}, human_seconds))
+        rows = ({"rows": figure("gold", "rows")} if lag_layer == "gold" else
+                {"events in": figure("bronze", "events"), "inserted": figure("silver", "inserted"),
+                 "updated": figure("silver", "updated"), "deleted": figure("silver", "deleted")})
+        charts.append(line_chart("Rows per run", labels, rows, lambda v: f"{v:,.0f}"))
+        charts.append(line_chart("Quarantined share of the batch", labels,
+                                 {layer: figure(layer, "quarantined_share") for layer in ("bronze", "silver", "gold")
+                                  if any(layer in layers for _, layers in mine)}, _percent))
+    verdicts = []
+    for (run_id, layers), when in zip(reversed(mine), reversed(labels), strict=True):
+        cells = "".join(f"<td>{_verdict(layers[layer].get('gate')) if layer in layers else ''}</td>"
+                        for layer in ("bronze", "silver", "gold"))
+        failing = [c["expectation"] for s in layers.values() for c in s.get("checks") or [] if not c["success"]]
+        verdicts.append(f"<tr><td><a href='../runs/{_e(run_id)}/index.html'>{_e(run_id)}</a></td><td>{_e(when)}</td>"
+                        f"{cells}<td>{_e(', '.join(failing))}</td></tr>")
+    body = (f"<p><a href='../index.html'>← all runs</a> · <a href='../data_docs/{_e(table)}/index.html'>Data Docs</a>"
+            f"</p><h1>{_e(table)}</h1>" + "".join(f"<div>{c}</div>" for c in charts)
+            + "<h2>Runs, newest first</h2><table><tr><th>run</th><th>published</th><th>bronze</th><th>silver</th>"
+              "<th>gold</th><th>checks not passed</th></tr>" + "".join(verdicts) + "</table>")
+    path = f"{lake.reports}/tables/{table}.html"
+    lake.files.write(path, _page(f"CDC table {table}", body))
     return path

@@ -93,8 +93,9 @@ def check_reports_behind_airflow_auth(base: str) -> None:
         assert (status, "reader-pass" in body) == (404, False), escape
 
 
-def browse_reports_in_the_airflow_ui(base: str, screenshot: Path) -> str:
-    """Log in through Airflow's login page, open the plugin's menu entry and return the report's text."""
+def browse_reports_in_the_airflow_ui(base: str, screenshot: Path, bronze_run: str) -> str:
+    """Log in through Airflow's login page, open the plugin's menu entry and return the report's text; then
+    a table's trend page, a DAG run's "Data quality" tab and the Data Docs."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
@@ -118,6 +119,9 @@ def browse_reports_in_the_airflow_ui(base: str, screenshot: Path) -> str:
         driver.switch_to.default_content()
         screenshot.parent.mkdir(parents=True, exist_ok=True)
         driver.save_screenshot(str(screenshot))
+        check_trend_charts(driver, base, screenshot.with_name("table-trends.png"))
+        check_dag_run_tab(driver, base, bronze_run, screenshot.with_name("dag-run-data-quality-tab.png"))
+        check_data_docs_render_offline(driver, base, screenshot.with_name("data-docs-offline.png"))
         return text
     finally:
         driver.quit()
@@ -154,6 +158,64 @@ class Airflow:
 
 
 @pytest.mark.slow
+def check_trend_charts(driver, base: str, screenshot: Path) -> None:
+    """The table's trend page draws its three charts (lag, rows per run, quarantined share) over the runs."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get(f"{base}/cdc-reports/tables/customers.html")
+    WebDriverWait(driver, 60).until(EC.presence_of_element_located((By.CSS_SELECTOR, "svg.chart")))
+    charts = driver.find_elements(By.CSS_SELECTOR, "svg.chart")
+    assert [c.get_attribute("aria-label") for c in charts] == [
+        "Lag: the newest source change, seen by the run", "Rows per run", "Quarantined share of the batch"]
+    assert all(c.size["width"] > 600 and c.size["height"] > 150 for c in charts)  # laid out, not collapsed
+    assert len(charts[1].find_elements(By.CSS_SELECTOR, "polyline.series")) == 4
+    assert charts[1].find_elements(By.CSS_SELECTOR, "circle")  # a dot per run and series
+    driver.save_screenshot(str(screenshot))
+
+
+def check_dag_run_tab(driver, base: str, run_id: str, screenshot: Path) -> None:
+    """The DAG run page of `cdc_bronze` has a "Data quality" tab that opens that run's report."""
+    from urllib.parse import quote
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(driver, 60)
+    driver.get(f"{base}/dags/cdc_bronze/runs/{quote(run_id, safe='')}/plugin/cdc-run-report")
+    wait.until(EC.frame_to_be_available_and_switch_to_it((By.TAG_NAME, "iframe")))
+    wait.until(EC.presence_of_element_located((By.TAG_NAME, "h1")))
+    heading = driver.find_element(By.TAG_NAME, "h1").text
+    driver.switch_to.default_content()
+    driver.save_screenshot(str(screenshot))
+    assert heading.startswith(f"Run {run_id}"), heading
+
+
+def check_data_docs_render_offline(driver, base: str, screenshot: Path) -> None:
+    """A table's Data Docs, as the plugin serves them, load every style, script and image from the plugin
+    (this machine has no internet: a CDN link would leave the page unstyled, its tables and charts dead)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get(f"{base}/cdc-reports/data_docs/customers/index.html")
+    WebDriverWait(driver, 60).until(EC.presence_of_element_located((By.CSS_SELECTOR, "table")))
+    loaded = driver.execute_script(
+        "return {resources: performance.getEntriesByType('resource').map(e => e.name),"
+        " jquery: typeof window.jQuery, table: typeof (window.jQuery && jQuery.fn.bootstrapTable),"
+        " vega: typeof window.vegaEmbed, bootstrap: typeof (window.jQuery && jQuery.fn.modal),"
+        " navbar: getComputedStyle(document.querySelector('nav.navbar') || document.body).display,"
+        " logo: [...document.images].map(i => [i.src, i.naturalWidth])}")
+    driver.save_screenshot(str(screenshot))
+    assert loaded["resources"] and all(r.startswith(base) for r in loaded["resources"]), loaded["resources"]
+    assert (loaded["jquery"], loaded["table"], loaded["vega"], loaded["bootstrap"]) == (
+        "function", "function", "function", "function"), loaded
+    assert loaded["logo"] and all(width > 0 for _, width in loaded["logo"]), loaded["logo"]
+    assert "newsletter" not in driver.page_source
+
+
 def test_airflow_runs_the_pipeline_from_s3_and_replays_leave_it_unchanged(tmp_path, s3_endpoint):
     """Files landing in a bucket (a local S3 server) to silver and gold through the layer DAGs, the
     reports in the Airflow UI, then `cdc_replay` rebuild and reprocess (issue 5's "done when")."""
@@ -181,7 +243,8 @@ def test_airflow_runs_the_pipeline_from_s3_and_replays_leave_it_unchanged(tmp_pa
     # the reports inside the Airflow UI, behind its login: the latest run's verdicts
     with api_server(env, tmp_path / "airflow") as base:
         check_reports_behind_airflow_auth(base)
-        text = browse_reports_in_the_airflow_ui(base, ARTIFACTS / "airflow-ui-cdc-reports.png")
+        bronze_run = next(p.parent.name for p in (lake / "reports" / "runs").glob("*/customers.bronze.json"))
+        text = browse_reports_in_the_airflow_ui(base, ARTIFACTS / "airflow-ui-cdc-reports.png", bronze_run)
     latest = text.split("CDC pipeline runs", 1)[1].splitlines()
     assert [line for line in latest if "gold/customers_by_state" in line][0].split()[2] == "passed"
     assert "silver/customers: passed" in text and "bronze/customers: passed" in text

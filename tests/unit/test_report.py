@@ -32,3 +32,24 @@ def test_runs_are_listed_newest_first_and_each_run_has_its_page(tmp_path):
     run_a = (tmp_path / "reports" / "runs" / "run-a" / "index.html").read_text()
     assert "<td>3</td><td>1</td><td>1</td><td>0</td><td>1</td><td>3</td>" in run_a  # received .. superseded, accounted
     assert json.loads((tmp_path / "reports" / "runs" / "run-a" / "orders.silver.json").read_text())["events"] == 3
+
+
+def test_each_table_has_a_trend_page_with_charts_over_its_runs_in_human_units(tmp_path):
+    lake = Lake(str(tmp_path))
+    for n, (inserted, share, lag) in enumerate([(5, 0.0, 95406427.398), (3, 0.25, 42.0), (0, 0.5, 7200.0)]):
+        publish(lake, f"run-{n}", {"table": "orders", "layer": "bronze", "gate": "passed", "events": 10 + n,
+                                   "quarantined_share": share})
+        publish(lake, f"run-{n}", {"table": "orders", "layer": "silver", "gate": "failed" if n == 2 else "passed",
+                                   "inserted": inserted, "updated": 1, "deleted": 0, "lag_s": lag, "seconds": 0.85,
+                                   "checks": [{**CHECKS[1], "success": n != 2}]})
+    page = (tmp_path / "reports" / "tables" / "orders.html").read_text()
+    assert page.count("<svg class='chart'") == 3
+    assert page.count("<polyline class='series'") == 1 + 4 + 2  # lag; in, inserted, updated, deleted; two layers
+    assert "<title>" in page and "silver 3.0 years</title>" in page and "silver 2.0 h</title>" in page
+    assert "bronze 50.0%</title>" in page
+    # runs newest first, each with its verdicts and the checks that did not pass
+    assert page.index("run-2") < page.index("run-1") < page.index("run-0")
+    assert "<span class='failed'>failed</span></td><td></td><td>max_quarantined</td>" in page
+    assert "<a href='tables/orders.html'>orders</a>" in (tmp_path / "reports" / "index.html").read_text()
+    run_page = (tmp_path / "reports" / "runs" / "run-0" / "index.html").read_text()
+    assert "<tr><th>lag_s</th><td>3.0 years</td></tr>" in run_page and "<td>850 ms</td>" in run_page
