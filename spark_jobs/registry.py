@@ -58,7 +58,10 @@ class TableConfig:
     tombstone_retention_s: int | None = None  # None = keep tombstones forever
     quality: Quality = Quality()
     unavailable_value_placeholder: str = UNAVAILABLE_PLACEHOLDER
-    expectations: tuple[UserExpectation, ...] = ()  # the user's own, on silver's typed rows
+    expectations: tuple[UserExpectation, ...] = ()  # the user's own, on silver's typed rows or bronze's events
+
+    def layer_expectations(self, layer: str) -> tuple[UserExpectation, ...]:
+        return tuple(e for e in self.expectations if e.layer == layer)
 
 
 @dataclass(frozen=True)
@@ -220,7 +223,7 @@ def parse_table(name: str, spec: Any, defaults: Quality = Quality()) -> TableCon
         history=_flag(spec.get("history", False), name, "history"),
         tombstone_retention_s=_retention(spec.get("tombstone_retention", "forever"), name),
         quality=parse_quality(spec.get("quality"), f"table {name!r}", ("bronze", "silver"), defaults),
-        expectations=parse_expectations(spec.get("expectations"), f"table {name!r}"),
+        expectations=parse_expectations(spec.get("expectations"), f"table {name!r}", ("silver", "bronze")),
         unavailable_value_placeholder=_placeholder(spec.get("unavailable_value_placeholder", UNAVAILABLE_PLACEHOLDER), name),
         name=name,
         topic=topic,
@@ -234,16 +237,17 @@ def parse_table(name: str, spec: Any, defaults: Quality = Quality()) -> TableCon
 _EXPECTATION_NAME = re.compile(r"^expect_[a-z0-9_]+$")
 
 
-def parse_expectations(spec: Any, where: str) -> tuple[UserExpectation, ...]:
-    """`expectations:` a list of `{<gx expectation>: {arguments}, action: warn|quarantine|fail, description: ..}`
-    (action defaults to warn). Only the shape is checked here; GX checks names and arguments at job start."""
+def parse_expectations(spec: Any, where: str, layers: tuple[str, ...] = ("silver",)) -> tuple[UserExpectation, ...]:
+    """`expectations:` a list of `{<gx expectation>: {arguments}, action: warn|quarantine|fail, description: ..,
+    layer: ..}` (action defaults to warn, layer to the first of `layers`). Only the shape is checked here; GX
+    checks names and arguments at job start."""
     if spec is None:
         return ()
     if not isinstance(spec, list):
         raise ConfigError(f"{where}: field 'expectations' must be a list, got {spec!r}")
     parsed = []
     for item in spec:
-        names = [k for k in item if k not in ("action", "description")] if isinstance(item, dict) else []
+        names = [k for k in item if k not in ("action", "description", "layer")] if isinstance(item, dict) else []
         if len(names) != 1:
             raise ConfigError(f"{where}: each expectation is {{expect_...: {{arguments}}, action: warn|quarantine|fail}}"
                               f", got {item!r}")
@@ -260,8 +264,11 @@ def parse_expectations(spec: Any, where: str) -> tuple[UserExpectation, ...]:
         description = item.get("description")
         if description is not None and not isinstance(description, str):
             raise ConfigError(f"{where}: expectation {name!r}: 'description' must be text, got {description!r}")
+        layer = item.get("layer", layers[0])
+        if layer not in layers:
+            raise ConfigError(f"{where}: expectation {name!r} takes layer {' | '.join(layers)}, got {layer!r}")
         parsed.append(UserExpectation(name, json.dumps(arguments, sort_keys=True, default=str), action, where,
-                                      description))
+                                      description, layer))
     return tuple(parsed)
 
 
@@ -342,4 +349,5 @@ def parse_gold_settings(model: GoldModel, spec: Any, tables: dict[str, TableConf
     return replace(model, quality=parse_quality(spec.get("quality"), where, ("gold",), defaults),
                    row_count=(bounds.get("min", 0), bounds.get("max")),
                    freshness_s=None if freshness is None else _duration(freshness, where, "freshness"),
-                   references=tuple(references), expectations=parse_expectations(spec.get("expectations"), where))
+                   references=tuple(references), expectations=parse_expectations(spec.get("expectations"), where,
+                                                                                 ("gold",)))

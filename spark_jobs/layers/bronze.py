@@ -20,6 +20,7 @@ from spark_jobs.layers.landing_reader import read_landing
 from spark_jobs.layers.summary import BronzeSummary
 from spark_jobs.quality.expectations import QUARANTINE, row_checks
 from spark_jobs.quality.gates import bronze_checks
+from spark_jobs.quality.user_expectations import check_columns, violations
 from spark_jobs.registry import TableConfig
 from spark_jobs.state import ingest_log, ingested_files
 
@@ -114,6 +115,8 @@ def _ingest(spark: SparkSession, engine: DeltaEngine, batch: _Batch, staged: dic
     parsed = parsed.withColumn("_schema", F.coalesce("_typed_schema", "_schema")).drop("_typed_schema")
     to_quarantine = frozenset(n for n in row_checks("bronze") if table.quality.action(n) == QUARANTINE)
     classified = envelope.classify(parsed, table.keys, to_quarantine).localCheckpoint()
+    raw = _raw_events(classified, table)
+    classified = _quarantine_by_expectations(classified, raw, table)
     _quarantine(spark, engine, batch, classified, unreadable, summary)
     per_file = _per_file(classified)
     # tombstone lines that open a file follow a record of an earlier batch: look in bronze for those only
@@ -122,13 +125,43 @@ def _ingest(spark: SparkSession, engine: DeltaEngine, batch: _Batch, staged: dic
     earlier = _preceding_rows(spark, engine, lake, table.name, opening) if opening else None
     matched = envelope.match_tombstones(classified, earlier).localCheckpoint()
     _count(classified, matched, per_file, batch, len(unreadable), summary)
-    _audit(classified, matched, batch, summary)
+    _audit(classified, matched, raw, batch, summary)
     summary.tombstones_matched_late = _track_pending_tombstones(spark, engine, lake, table.name, classified, matched)
     committed = _commit(engine, classified.where("_kind = 'event'"), batch, summary)
     for f in unreadable:
         per_file[f.path] = (0, 0, 0, 1)
     _log_files(spark, engine, lake, table.name, {f.path: (f.size, f.modified_ms, *per_file.get(f.path, (0, 0, 0, 0)))
                                                  for f in batch.files}, batch.batch_id, committed)
+
+
+def _raw_events(classified: DataFrame, table: TableConfig) -> DataFrame | None:
+    """The change events as they landed, as the user's `layer: bronze` expectations see them (RAW_COLUMNS,
+    and the key columns as text); None when the table declares none."""
+    if not table.layer_expectations("bronze"):
+        return None
+    source = {f"source_{f}": F.get_json_object("source", f"$.{f}") for f in ("connector", "db", "table", "snapshot")}
+    raw = classified.where("_kind = 'event'").select(
+        "op", "ts_ms", *[c.alias(n) for n, c in source.items()],
+        F.get_json_object("source", "$.ts_ms").cast("long").alias("source_ts_ms"), "_source_file", "_line",
+        *[F.get_json_object(envelope.key_image(), f"$.{k}").alias(k) for k in table.keys])
+    check_columns(raw, table.layer_expectations("bronze"), "bronze's raw event columns")
+    return raw
+
+
+def _quarantine_by_expectations(classified: DataFrame, raw: DataFrame | None, table: TableConfig) -> DataFrame:
+    """Events failing a `quarantine` expectation of `layer: bronze` are quarantined with it as the reason."""
+    failing = None if raw is None else violations(
+        raw.withColumn(EVENT, F.struct("_source_file", "_line")), table.layer_expectations("bronze"), EVENT)
+    if failing is None:
+        return classified
+    failing = failing.select(F.col(f"{EVENT}._source_file").alias("_source_file"), F.col(f"{EVENT}._line").alias("_line"),
+                             F.col("reason").alias("_failed"))
+    refused = classified.join(failing, ["_source_file", "_line"], "left")
+    return refused.withColumn("_kind", F.when(F.col("_failed").isNotNull(), "quarantine").otherwise(F.col("_kind"))) \
+        .withColumn("reason", F.coalesce("reason", "_failed")).drop("_failed").localCheckpoint()
+
+
+EVENT = "_cdc_event"
 
 
 def _quarantine(spark: SparkSession, engine: DeltaEngine, batch: _Batch, classified: DataFrame,
@@ -171,7 +204,8 @@ def _count(classified: DataFrame, matched: DataFrame, per_file: dict[str, tuple[
     summary.flagged = flagged or None
 
 
-def _audit(classified: DataFrame, matched: DataFrame, batch: _Batch, summary: BronzeSummary) -> None:
+def _audit(classified: DataFrame, matched: DataFrame, raw: DataFrame | None, batch: _Batch,
+           summary: BronzeSummary) -> None:
     """The bronze gate over the change events' flags and the tombstone lines' `_follows_delete`."""
     table = batch.table
     change_events = classified.where(f"_kind <> 'tombstone' AND _json_ok AND op IN {envelope.OPS}")
@@ -179,7 +213,8 @@ def _audit(classified: DataFrame, matched: DataFrame, batch: _Batch, summary: Br
                                  *[F.get_json_object(envelope.key_image(), f"$.{k}").alias(k) for k in table.keys])
     flags = audit.unionByName(matched.select("_follows_delete"), allowMissingColumns=True)
     figures = {"quarantined_share": summary.quarantined_share, "quarantined": sum((summary.quarantined or {}).values())}
-    gate({"events": flags}, figures, table.name, "bronze", bronze_checks(table), batch.lake, summary,
+    frames = {"events": flags, **({"raw": raw} if raw is not None else {})}
+    gate(frames, figures, table.name, "bronze", bronze_checks(table), batch.lake, summary,
          table.quality.actions)
 
 

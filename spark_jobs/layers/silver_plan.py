@@ -113,12 +113,13 @@ def _quarantine_by_expectations(table: TableConfig, typed: DataFrame, plan: Batc
     not quarantined already (`upserts`, the gate's frame for them); those failing a `quarantine` one get it
     as their reason, so they never reach silver and the key keeps the state its other events give it.
     Deletes are not judged: the row leaves, whatever its values were."""
-    if not table.expectations:
+    expectations = table.layer_expectations("silver")
+    if not expectations:
         return typed.drop(EVENT_ID)
     upserts = typed.where("reason IS NULL AND op <> 'd'").select(EVENT_ID, "_row.*")
-    check_columns(upserts, table.expectations, "silver's columns")
+    check_columns(upserts, expectations, "silver's columns")
     plan.frames["upserts"] = upserts
-    failing = violations(upserts, table.expectations, EVENT_ID)
+    failing = violations(upserts, expectations, EVENT_ID)
     if failing is not None:
         typed = typed.join(failing.withColumnRenamed("reason", "_failed"), EVENT_ID, "left").withColumn(
             "reason", F.coalesce("reason", "_failed")).drop("_failed").localCheckpoint()

@@ -104,7 +104,7 @@ class Quality:
         return dict(self.overrides).get(name, EXPECTATIONS[name].action)
 
 
-SILVER, GOLD = "silver", "gold"
+BRONZE, SILVER, GOLD = "bronze", "silver", "gold"
 
 
 @dataclass(frozen=True)
@@ -119,6 +119,7 @@ class UserExpectation:
     action: str
     where: str  # "table 'customers'" or "gold model 'x'", for error messages
     description: str | None = None
+    layer: str = SILVER  # a table's: silver (its typed rows) or bronze (its raw change events)
 
     @property
     def kwargs(self) -> dict[str, Any]:

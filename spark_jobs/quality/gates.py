@@ -115,6 +115,7 @@ def bronze_checks(table: TableConfig) -> list[Check]:
           for k in table.keys],
         *_flags(q, "bronze"),
         max_quarantined(q),
+        *user_checks(table.layer_expectations("bronze"), "raw"),
     ]
 
 
@@ -129,7 +130,7 @@ def silver_checks(table: TableConfig) -> list[Check]:
         _with(q, "deletes_reconcile", FIGURES, EQUAL,
               column_A="deletes_received", column_B="deletes_accounted"),
         max_quarantined(q),
-        *user_checks(table.expectations, "upserts"),
+        *user_checks(table.layer_expectations("silver"), "upserts"),
     ]
 
 

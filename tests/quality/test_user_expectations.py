@@ -172,6 +172,8 @@ def test_bad_user_expectations_are_config_errors_naming_table_and_expectation(tm
     ("- column_values_between: {column: fico}", "table 'orders': 'column_values_between' is not a GX expectation name"),
     ("- expect_column_values_to_not_be_null: fico", "expectation 'expect_column_values_to_not_be_null' takes a mapping"),
     ("- {expect_a: {}, expect_b: {}}", "table 'orders': each expectation is"),
+    ("- {expect_column_values_to_not_be_null: {column: fico}, layer: gold}",
+     "table 'orders': expectation 'expect_column_values_to_not_be_null' takes layer silver | bronze, got 'gold'"),
 ])
 def test_the_shape_of_user_expectations_is_checked_when_the_registry_loads(tmp_path, expectation, error):
     with pytest.raises(ConfigError, match=error):
@@ -238,3 +240,31 @@ def test_data_docs_of_a_failed_run_show_the_failing_expectation_offline_and_gx_a
     # frames passed)
     messages = [json.dumps(m) for m in received]
     assert len(messages) == 1 and "orders.silver.upserts" in messages[0] and "Failure" in messages[0], messages
+
+
+def test_bronze_layer_expectations_judge_the_raw_events(spark, engine, tmp_path, capsys):
+    """`layer: bronze`: on each change event as it landed (op, ts_ms, the source block's fields, the keys);
+    a quarantined event never enters bronze, a failing `fail` one stops the batch before bronze."""
+    config = _config(tmp_path, "      - expect_column_values_to_not_be_null: {column: source_ts_ms}\n"
+                               "        layer: bronze\n        action: quarantine\n"
+                               "      - expect_column_values_to_be_in_set: {column: op, value_set: [c, u, d]}\n"
+                               "        layer: bronze\n        action: fail\n",
+                     "    quality: {max_quarantined: 50%}\n")
+    no_time = json.dumps({"before": None, "after": _row(2, 650), "op": "c", "ts_ms": 1,
+                          "source": {"connector": "postgresql", "lsn": 11, "snapshot": "false"}})
+    _land(tmp_path, 0, [_pg_event("c", 10, after=_row(1, 700)), no_time, _pg_event("c", 12, after=_row(3, 600))])
+    code, out, err = run(capsys, config, tmp_path / "landing", tmp_path / "lake")
+    assert (code, err) == (0, "")
+    bronze = summary_line(out, "bronze", "orders")
+    assert (bronze["events"], bronze["gate"]) == ("2", "passed-with-warnings")
+    lake = Lake(str(tmp_path / "lake"))
+    assert sorted(r["_line"] for r in engine.read(spark, lake.bronze("orders")).collect()) == [1, 3]
+    assert [(r["_line"], r["reason"]) for r in engine.read(spark, lake.quarantine("orders")).collect()] == [
+        (2, "expectation: expect_column_values_to_not_be_null(source_ts_ms)")]
+    assert sorted(silver_rows(spark, engine, tmp_path / "lake", "orders", ("id",))) == [(1,), (3,)]
+
+    _land(tmp_path, 3, [_pg_event("r", 20, after=_row(4, 700)), _pg_event("u", 21, after=_row(1, 710))])
+    code, _, err = run(capsys, config, tmp_path / "landing", tmp_path / "lake")
+    assert (code, err) == (1, "gate failed: table=orders layer=bronze expectation=expect_column_values_to_be_in_set(op) "
+                              "unexpected=1 of 2\n")
+    assert engine.version(lake.bronze("orders")) == 0
