@@ -52,6 +52,14 @@ def check_replay(params: dict[str, Any], known: Sequence[str]) -> dict[str, Any]
         window = LandingWindow.parse(params.get("since"), params.get("until"))
     except ValueError as exc:
         raise AirflowFailException(f"param {exc}") from None
+    if params.get("max_quarantined"):
+        from spark_jobs.errors import ConfigError
+        from spark_jobs.registry import parse_share
+
+        try:
+            parse_share(params["max_quarantined"], "param max_quarantined")
+        except ConfigError as exc:
+            raise AirflowFailException(str(exc)) from None
     if params["mode"] == "rebuild" and (window.since_ms or window.until_ms):
         raise AirflowFailException("param since/until: a rebuild recomputes from all of bronze; a window is for reprocess")
     return {"tables": list(params["tables"]), "mode": params["mode"], "window": window.describe()}

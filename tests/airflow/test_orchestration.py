@@ -47,14 +47,17 @@ def test_a_backfill_run_takes_its_data_interval_and_other_runs_everything_pendin
 
 def test_replay_params_are_checked_before_any_work_naming_the_param():
     params = ParamsDict(replay_params(["customers", "orders"]))
-    assert params.validate() == {"tables": ["customers", "orders"], "mode": "reprocess", "since": None, "until": None}
+    assert params.validate() == {"tables": ["customers", "orders"], "mode": "reprocess", "since": None, "until": None,
+                                 "max_quarantined": None}
     for bad, name in (({"tables": ["nope"]}, "tables"), ({"tables": []}, "tables"), ({"mode": "replace"}, "mode"),
-                      ({"since": "last tuesday"}, "since")):
+                      ({"since": "last tuesday"}, "since"), ({"max_quarantined": "lots"}, "max_quarantined")):
         with pytest.raises(ParamValidationError, match=f"Invalid input for param {name}:"):
             ParamsDict(replay_params(["customers", "orders"])).update(bad)
     known = ["customers", "orders"]
     with pytest.raises(AirflowFailException, match=r"^param since \(2026-03-02\) must be before until \(2026-03-01\)$"):
         check_replay({"tables": known, "mode": "reprocess", "since": "2026-03-02", "until": "2026-03-01"}, known)
+    with pytest.raises(AirflowFailException, match="^param max_quarantined: 'max_quarantined' must be a share like 5%"):
+        check_replay({"tables": known, "mode": "reprocess", "max_quarantined": "150%"}, known)
     with pytest.raises(AirflowFailException, match="^param since/until: a rebuild recomputes from all of bronze"):
         check_replay({"tables": known, "mode": "rebuild", "since": "2026-03-01", "until": None}, known)
     assert check_replay({"tables": ["orders"], "mode": "reprocess", "since": "2026-03-01", "until": None}, known) == {
