@@ -24,7 +24,7 @@ export LAYER_DAGS := from spark_jobs.registry import load_registry; from spark_j
 r = load_registry(settings().config); \
 print(" ".join(["cdc_bronze", *("cdc_silver_" + t for t in r.tables), *("cdc_gold_" + m for m in r.gold)]))
 
-.PHONY: demo test lint bench venv java jars assets browser clean-demo
+.PHONY: demo test lint bench venv java jars assets debs clean-demo
 
 venv: $(VENV)/.installed
 # the pinned set, then the project itself, editable (spark_jobs and plugins/cdc_airflow; `cdc-pipeline`)
@@ -52,12 +52,14 @@ java:
 	  echo "Java 17 or newer is required for Spark 4 (found: $${major:-none}). Install it, e.g. apt-get install openjdk-17-jre-headless" >&2; \
 	  exit 1; fi
 
-# the reports' browser test drives Debian's chromium through its chromedriver
-browser:
-	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
+# Debian packages the tests use: the reports' browser test drives chromium through its chromedriver; the
+# maintenance tests move the clock forward with faketime (VACUUM and retention go by the wall clock)
+debs:
+	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ] || [ ! -x /usr/bin/faketime ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null; \
-	  else echo "The browser test needs Debian's chromium: sudo apt-get install chromium chromium-driver" >&2; exit 1; fi; fi
+	    apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium chromium-driver faketime >/dev/null; \
+	  else echo "The tests need Debian's chromium and faketime: sudo apt-get install chromium chromium-driver faketime" >&2; \
+	  exit 1; fi; fi
 
 demo: venv java jars assets
 	$(BIN)/python -m spark_jobs generate --landing data/landing
@@ -69,7 +71,7 @@ demo: venv java jars assets
 
 # two workers, one per core, each test file on one of them (Spark, Airflow and chromium spend much of a
 # test waiting on each other, so the suite runs in about 12 minutes instead of 18)
-test: venv java jars assets browser
+test: venv java jars assets debs
 	$(BIN)/pytest -n 2 --dist loadfile
 
 # the pipeline against the single-node floor, every workload of tests/benchmarks (not part of `make test`);

@@ -1,4 +1,4 @@
-"""`python -m spark_jobs run|generate|status|spark-server` (or `cdc-pipeline ...`): the same code path the
+"""`python -m spark_jobs run|generate|status|maintain|spark-server` (or `cdc-pipeline ...`): the same code path the
 DAG tasks run (docs/architecture.md, "Command line").
 
 Exit 0 on success; 1 when a gate fails or input cannot be processed; 2 on bad arguments or config.
@@ -78,6 +78,14 @@ def parser() -> argparse.ArgumentParser:
     status.add_argument("--lake", required=True)
     status.add_argument("--require-tables", action="store_true",
                         help="exit 1 unless every layer holds non-empty tables and an HTML report exists")
+    upkeep = sub.add_parser("maintain", help="compact, checkpoint and vacuum the tables; drop reports and GX results "
+                                             "past their retention (tables.yaml `maintenance:`)")
+    upkeep.add_argument("--config", default="include/tables.yaml")
+    upkeep.add_argument("--lake", required=True)
+    upkeep.add_argument("--tables", type=_csv, default=None, help="comma-separated table names")
+    upkeep.add_argument("--models", type=_csv, default=None, help="comma-separated gold models")
+    upkeep.add_argument("--reports", action="store_true", help="expire the run reports (lake-wide)")
+    upkeep.add_argument("--run-id", default=None)
     server = sub.add_parser("spark-server", help="run a long-lived Spark Connect server for runs to attach to "
                                                  "(CDC_SPARK_REMOTE=sc://localhost:PORT)")
     server.add_argument("--port", type=int, default=15002)
@@ -120,7 +128,7 @@ def _flat(value: Any) -> Any:
 
 
 def format_summary(s: dict[str, Any]) -> str:
-    skip = {"table", "layer", "batch_id", "docs", "sources", "checks", "deletes"}
+    skip = {"table", "layer", "batch_id", "docs", "sources", "checks", "deletes", "tables"}
     fields = " ".join(f"{k}={_flat(v)}" for k, v in s.items() if k not in skip and v not in (None, {}))
     return f"{s['layer']:<6} {s['table']:<22} {fields}"
 
@@ -229,6 +237,49 @@ class Steps:
         print(format_summary(summary.as_dict()), flush=True)
 
 
+def maintain(args: argparse.Namespace) -> int:
+    """Without --tables, --models or --reports: everything (every table, every model, the reports)."""
+    from spark_jobs import maintenance
+    from spark_jobs.lake import Lake
+    from spark_jobs.state import new_batch_id
+
+    registry = load_registry(args.config)
+    everything = not (args.tables or args.models or args.reports)
+    tables = registry.select(args.tables) if args.tables or everything else []
+    models = [registry.gold[m] for m in registry.gold if everything or m in (args.models or [])]
+    if args.models and len(models) != len(args.models):
+        raise ConfigError(f"unknown gold model(s) in {args.models}; known: {', '.join(registry.gold)}")
+    lake, batch_id = Lake(resolve_uri(args.lake)), args.run_id or new_batch_id()
+    spark = None
+    if settings().delta_engine != "delta-rs":  # delta-rs maintains without Spark; delta-spark's commands are jobs
+        from spark_jobs.session import build_session
+
+        spark = build_session("cdc-maintain")
+    from spark_jobs.delta import make_engine
+
+    engine = make_engine(spark)
+    steps = Steps(spark, engine, lake, batch_id)
+
+    def upkeep(fn: Any) -> Any:
+        def step(spark: Any, engine: Any, *fn_args: Any) -> Any:
+            summary = fn(engine, *fn_args)
+            for delta in summary.tables:
+                print(f"maintain {summary.table} {maintenance.DeltaUpkeep(**delta).line()}", flush=True)
+            return summary
+        return step
+
+    for table in tables:
+        steps.run(table.name, "maintenance", table.name, upkeep(maintenance.maintain_table), lake, table, batch_id)
+    for model in models:
+        steps.run(model.name, "maintenance", f"gold.{model.name}", upkeep(maintenance.maintain_model), lake, model,
+                  batch_id)
+    if args.reports or everything:
+        expired = maintenance.expire_reports(lake, registry)
+        print(f"maintain reports: {len(expired)} run report(s) past "
+              f"{registry.maintenance.report_retention_s // 86400} days removed", flush=True)
+    return 0
+
+
 def spark_server(args: argparse.Namespace) -> int:
     """Replaces this process with a Spark Connect server (pyspark's own jars) set up as every run's session:
     runs attach to it and skip the JVM start and warm-up they would otherwise pay each time."""
@@ -320,8 +371,8 @@ def status(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    commands = {"run": run, "generate": generate, "status": status, "spark-server": spark_server, "jars": fetch_jars,
-                "assets": fetch_assets}
+    commands = {"run": run, "generate": generate, "status": status, "maintain": maintain, "spark-server": spark_server,
+                "jars": fetch_jars, "assets": fetch_assets}
     try:
         return commands[args.command](args)
     except ConfigError as exc:

@@ -21,7 +21,7 @@ from spark_jobs.settings import resolve
 FORMATS = ("auto", "json", "json-flat", "parquet", "avro")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TABLE_FIELDS = {"topic", "keys", "format", "sequence_by", "partition_by", "columns", "history", "tombstone_retention",
-                 "quality", "unavailable_value_placeholder", "expectations"}
+                 "quality", "unavailable_value_placeholder", "expectations", "maintenance"}
 # what Debezium's PostgreSQL connector sends for an unchanged TOASTed column (unavailable.value.placeholder)
 UNAVAILABLE_PLACEHOLDER = "__debezium_unavailable_value"
 # Spark SQL types a column override may name (checked here, without importing pyspark)
@@ -44,6 +44,53 @@ class Reference:
         return f"{','.join(self.columns)} -> {self.table}.{','.join(self.to)}"
 
 
+# a run may read a table's snapshot for up to its task's execution_timeout (an hour, cdc_airflow.wiring): VACUUM
+# never removes files a version younger than this still needs
+MIN_RETAIN_VERSIONS_S = 3600
+
+
+@dataclass(frozen=True)
+class Maintenance:
+    """What `maintain` does to a table's Delta tables (bronze, silver, its state, quarantine) or a gold model's
+    (tables.yaml `maintenance:`, top level and per table or model; README "Operating for months")."""
+
+    target_file_mb: int = 128  # compaction writes files of about this size
+    min_small_files: int = 8  # compact when a table holds at least this many files under the target size
+    cluster_by_key: bool = True  # silver and gold compact by Z-order on their keys: a merge reads fewer files
+    retain_versions_s: int = 7 * 86400  # time travel window: VACUUM keeps every file a version this young needs
+    report_retention_s: int = 90 * 86400  # run reports, GX validation results and their Data Docs pages
+
+
+_MAINTENANCE_FIELDS = {"target_file_mb", "min_small_files", "cluster_by_key", "retain_versions", "report_retention"}
+
+
+def parse_maintenance(spec: Any, where: str, base: Maintenance = Maintenance()) -> Maintenance:
+    """`maintenance: {target_file_mb: 128, min_small_files: 8, cluster_by_key: true, retain_versions: 7d,
+    report_retention: 90d}` over `base` (the top-level block's)."""
+    if spec is None:
+        return base
+    if not isinstance(spec, dict) or set(spec) - _MAINTENANCE_FIELDS:
+        raise ConfigError(f"{where}: field 'maintenance' takes {', '.join(sorted(_MAINTENANCE_FIELDS))}, got {spec!r}")
+    for field in ("target_file_mb", "min_small_files"):
+        if field in spec and (not isinstance(spec[field], int) or isinstance(spec[field], bool) or spec[field] < 1):
+            raise ConfigError(f"{where}: 'maintenance.{field}' must be a whole number of at least 1, got {spec[field]!r}")
+    retain = _duration(spec["retain_versions"], where, "maintenance.retain_versions") if "retain_versions" in spec \
+        else base.retain_versions_s
+    if retain < MIN_RETAIN_VERSIONS_S:
+        raise ConfigError(f"{where}: 'maintenance.retain_versions' must be at least 1h: a run may read a snapshot "
+                          f"for up to an hour, and VACUUM would remove its files; got {spec['retain_versions']!r}")
+    cluster = spec.get("cluster_by_key", base.cluster_by_key)
+    if not isinstance(cluster, bool):
+        raise ConfigError(f"{where}: 'maintenance.cluster_by_key' must be true or false, got {cluster!r}")
+    return Maintenance(
+        target_file_mb=spec.get("target_file_mb", base.target_file_mb),
+        min_small_files=spec.get("min_small_files", base.min_small_files),
+        cluster_by_key=cluster,
+        retain_versions_s=retain,
+        report_retention_s=_duration(spec["report_retention"], where, "maintenance.report_retention")
+        if "report_retention" in spec else base.report_retention_s)
+
+
 @dataclass(frozen=True)
 class TableConfig:
     name: str
@@ -59,6 +106,7 @@ class TableConfig:
     quality: Quality = Quality()
     unavailable_value_placeholder: str = UNAVAILABLE_PLACEHOLDER
     expectations: tuple[UserExpectation, ...] = ()  # the user's own, on silver's typed rows or bronze's events
+    maintenance: Maintenance = Maintenance()
 
     def layer_expectations(self, layer: str) -> tuple[UserExpectation, ...]:
         return tuple(e for e in self.expectations if e.layer == layer)
@@ -76,12 +124,14 @@ class GoldModel:
     freshness_s: int | None = None  # newest source change at most this old; None = not checked
     references: tuple[Reference, ...] = ()
     expectations: tuple[UserExpectation, ...] = ()  # the user's own, on the model's rows
+    maintenance: Maintenance = Maintenance()
 
 
 @dataclass(frozen=True)
 class Registry:
     tables: dict[str, TableConfig]
     gold: dict[str, GoldModel]
+    maintenance: Maintenance = Maintenance()  # the top-level block's: what the lake-wide steps (reports) use
 
     def select(self, names: list[str] | None) -> list[TableConfig]:
         if not names:
@@ -202,7 +252,7 @@ def parse_quality(spec: Any, where: str, layers: tuple[str, ...], base: Quality 
                    actions=base.actions if actions is None else tuple(json.dumps(a, sort_keys=True) for a in actions))
 
 
-def parse_table(name: str, spec: Any, defaults: Quality = Quality()) -> TableConfig:
+def parse_table(name: str, spec: Any, defaults: Quality = Quality(), upkeep: Maintenance = Maintenance()) -> TableConfig:
     if not _NAME.match(name):
         raise ConfigError(f"table {name!r}: name must be a valid identifier")
     if not isinstance(spec, dict):
@@ -224,6 +274,7 @@ def parse_table(name: str, spec: Any, defaults: Quality = Quality()) -> TableCon
         tombstone_retention_s=_retention(spec.get("tombstone_retention", "forever"), name),
         quality=parse_quality(spec.get("quality"), f"table {name!r}", ("bronze", "silver"), defaults),
         expectations=parse_expectations(spec.get("expectations"), f"table {name!r}", ("silver", "bronze")),
+        maintenance=parse_maintenance(spec.get("maintenance"), f"table {name!r}", upkeep),
         unavailable_value_placeholder=_placeholder(spec.get("unavailable_value_placeholder", UNAVAILABLE_PLACEHOLDER), name),
         name=name,
         topic=topic,
@@ -304,11 +355,12 @@ def load_registry(config_path: str | os.PathLike[str], gold_dir: str | os.PathLi
         raise ConfigError(f"table registry {path} is not valid YAML: {exc}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("tables"), dict) or not doc["tables"]:
         raise ConfigError(f"table registry {path}: expected a non-empty 'tables:' mapping")
-    extra = sorted(set(doc) - {"tables", "quality", "gold"})
+    extra = sorted(set(doc) - {"tables", "quality", "gold", "maintenance"})
     if extra:
         raise ConfigError(f"table registry {path}: unknown top-level field(s) {', '.join(extra)}")
     defaults = parse_quality(doc.get("quality"), "top-level quality", ("bronze", "silver", "gold"))
-    tables = {name: parse_table(name, spec, defaults) for name, spec in doc["tables"].items()}
+    upkeep = parse_maintenance(doc.get("maintenance"), "top-level maintenance")
+    tables = {name: parse_table(name, spec, defaults, upkeep) for name, spec in doc["tables"].items()}
     gold_path = Path(gold_dir) if gold_dir else path.parent / "gold"
     models = [parse_gold_model(p, tables) for p in sorted(gold_path.glob("*.sql"))] if gold_path.is_dir() else []
     gold_specs = doc.get("gold") or {}
@@ -318,14 +370,15 @@ def load_registry(config_path: str | os.PathLike[str], gold_dir: str | os.PathLi
     if unknown:
         raise ConfigError(f"table registry {path}: 'gold:' names unknown model(s) {', '.join(unknown)}; "
                           f"known: {', '.join(m.name for m in models)}")
-    models = [parse_gold_settings(m, gold_specs.get(m.name), tables, defaults) for m in models]
-    return Registry(tables=tables, gold={m.name: m for m in models})
+    models = [parse_gold_settings(m, gold_specs.get(m.name), tables, defaults, upkeep) for m in models]
+    return Registry(tables=tables, gold={m.name: m for m in models}, maintenance=upkeep)
 
 
-_GOLD_FIELDS = {"quality", "row_count", "freshness", "references", "expectations"}
+_GOLD_FIELDS = {"quality", "row_count", "freshness", "references", "expectations", "maintenance"}
 
 
-def parse_gold_settings(model: GoldModel, spec: Any, tables: dict[str, TableConfig], defaults: Quality) -> GoldModel:
+def parse_gold_settings(model: GoldModel, spec: Any, tables: dict[str, TableConfig], defaults: Quality,
+                        upkeep: Maintenance = Maintenance()) -> GoldModel:
     """A model's entry under `gold:` in tables.yaml: row count bounds, freshness, references, actions."""
     where = f"gold model {model.name!r}"
     spec = spec or {}
@@ -350,4 +403,5 @@ def parse_gold_settings(model: GoldModel, spec: Any, tables: dict[str, TableConf
                    row_count=(bounds.get("min", 0), bounds.get("max")),
                    freshness_s=None if freshness is None else _duration(freshness, where, "freshness"),
                    references=tuple(references), expectations=parse_expectations(spec.get("expectations"), where,
-                                                                                 ("gold",)))
+                                                                                 ("gold",)),
+                   maintenance=parse_maintenance(spec.get("maintenance"), where, upkeep))

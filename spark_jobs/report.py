@@ -59,9 +59,9 @@ def load_run(lake: Lake, run_id: str, paths: list[str] | None = None) -> list[di
     return sorted(summaries, key=lambda s: (s.get("published_at", ""), order.get(s.get("layer", ""), 3)))
 
 
-def load_runs(lake: Lake, newest: int = 200) -> list[tuple[str, list[dict[str, Any]]]]:
-    """The newest runs first (by when their first summary was published), each with its summaries. One
-    listing of every run's files (on S3 one LIST, not one per run)."""
+def load_runs(lake: Lake, newest: int | None = 200) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The newest runs first (by when their first summary was published), each with its summaries (all of
+    them when `newest` is None). One listing of every run's files (on S3 one LIST, not one per run)."""
     prefix = lake.runs_reports + "/"
     by_run: dict[str, list[str]] = {}
     for p in lake.files.list(lake.runs_reports):
@@ -70,7 +70,7 @@ def load_runs(lake: Lake, newest: int = 200) -> list[tuple[str, list[dict[str, A
     runs = [(name, load_run(lake, name, paths)) for name, paths in by_run.items()]
     runs = [(name, s) for name, s in runs if s]
     runs.sort(key=lambda r: (r[1][0].get("published_at", ""), r[0]), reverse=True)
-    return runs[:newest]
+    return runs if newest is None else runs[:newest]
 
 
 def run_verdict(summaries: list[dict[str, Any]]) -> str:

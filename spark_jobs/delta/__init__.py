@@ -48,6 +48,27 @@ class DeltaEngine(Protocol):
     def restore(self, path: str, version: int) -> int: ...
     # `value` as a string literal in the SQL dialect of the engine's predicates
     def literal(self, value: str) -> str: ...
+    # maintenance (spark_jobs/maintenance.py), Delta's own commands: OPTIMIZE (Z-ordered by `zorder_by` when
+    # given) into files of about `target_bytes`; a checkpoint, and the log kept for at least `retain_s`;
+    # VACUUM of the files no version younger than `retain_s` needs
+    def compact(self, path: str, target_bytes: int, zorder_by: tuple[str, ...] = ()) -> None: ...
+    def checkpoint(self, path: str, retain_s: int) -> None: ...
+    def vacuum(self, path: str, retain_s: int) -> None: ...
+
+
+# Delta's default delta.logRetentionDuration: commits older than this go at a checkpoint, and with them time travel
+LOG_RETENTION_S = 30 * 86400
+
+
+def log_retention(retain_s: int) -> str | None:
+    """The delta.logRetentionDuration a time-travel window longer than Delta's default needs (None: the default
+    covers it)."""
+    return None if retain_s <= LOG_RETENTION_S else f"interval {-(-retain_s // 86400)} days"
+
+
+def retention_hours(retain_s: int) -> int:
+    """VACUUM takes whole hours: rounded up, so it never keeps less than asked."""
+    return -(-retain_s // 3600)
 
 
 def delta_jars_present(spark: SparkSession) -> bool:
@@ -67,7 +88,8 @@ def is_remote_session(spark: SparkSession) -> bool:
     return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
-def make_engine(spark: SparkSession, choice: str | None = None) -> DeltaEngine:
+def make_engine(spark: SparkSession | None, choice: str | None = None) -> DeltaEngine:
+    """The engine CDC_DELTA_ENGINE names; delta-rs needs no session (maintenance runs without Spark)."""
     from spark_jobs.settings import settings
 
     choice = choice or settings().delta_engine
@@ -79,6 +101,8 @@ def make_engine(spark: SparkSession, choice: str | None = None) -> DeltaEngine:
         from spark_jobs.delta.delta_spark import DeltaSparkEngine
         from spark_jobs.errors import ConfigError
 
+        if spark is None:
+            raise ValueError("delta-spark needs a Spark session")
         if is_remote_session(spark):  # delta-spark's Python API over Spark Connect needs Delta Connect server-side
             raise ConfigError("CDC_DELTA_ENGINE=delta-spark does not run attached to a Spark Connect server "
                               "(CDC_SPARK_REMOTE): use a Spark session of its own, or delta-rs")

@@ -31,7 +31,7 @@ from deltalake.exceptions import TableNotFoundError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from spark_jobs.delta import MergeResult, MergeSpec, key_predicate
+from spark_jobs.delta import MergeResult, MergeSpec, key_predicate, log_retention, retention_hours
 from spark_jobs.delta.features import unplain_features
 from spark_jobs.errors import UnsupportedTable
 from spark_jobs.settings import settings
@@ -203,6 +203,29 @@ class DeltaRsEngine:
         table = self._must(path)
         table.restore(version)
         return self._must(path).version()
+
+    def compact(self, path: str, target_bytes: int, zorder_by: tuple[str, ...] = ()) -> None:
+        self._writable(path)
+        optimize = self._must(path).optimize
+        if zorder_by:
+            optimize.z_order(list(zorder_by), target_size=target_bytes)
+        else:
+            optimize.compact(target_size=target_bytes)
+
+    def checkpoint(self, path: str, retain_s: int) -> None:
+        self._writable(path)
+        table = self._must(path)
+        wanted = log_retention(retain_s)
+        if wanted and table.metadata().configuration.get("delta.logRetentionDuration") != wanted:
+            table.alter.set_table_properties({"delta.logRetentionDuration": wanted})
+        table.create_checkpoint()
+        table.cleanup_metadata()  # log files older than the log retention and than the checkpoint
+
+    def vacuum(self, path: str, retain_s: int) -> None:
+        # delta-rs refuses a retention under the table's deletedFileRetentionDuration (7 days) unless told:
+        # the window is the project's setting, never under an hour (registry.MIN_RETAIN_VERSIONS_S)
+        self._writable(path)  # its VACUUM does not know deletion vectors' files
+        self._must(path).vacuum(retention_hours=retention_hours(retain_s), dry_run=False, enforce_retention_duration=False)
 
     def _must(self, path: str) -> DeltaTable:
         table = self._table(path)

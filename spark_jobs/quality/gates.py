@@ -225,6 +225,11 @@ def _context(lake: Lake, table: str) -> Any:
     return gx.get_context(project_config=config, mode="ephemeral")
 
 
+def rebuild_data_docs(lake: Lake, table: str) -> None:
+    """The table's Data Docs from the validation results its store holds (after maintenance removed old ones)."""
+    _context(lake, table).build_data_docs(site_names=["reports"])
+
+
 def _figures_frame(figures: dict[str, Any]) -> Any:
     """The batch's figures as the one row GX validates with pandas (a few numbers: no Spark job). A lag that
     is not known (no source time in the batch) is infinitely old, so a freshness check fails on it."""

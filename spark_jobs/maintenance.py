@@ -1,0 +1,183 @@
+"""Table maintenance over months (`python -m spark_jobs maintain`, the `cdc_maintenance` DAG): every Delta
+table of a source table (bronze, silver, its history, the pipeline's state, quarantine) or of a gold model is
+compacted when small files have piled up (silver and gold Z-ordered by their keys, so a merge touches
+fewer files), checkpointed, and vacuumed with a retention that keeps every version of the time-travel window
+readable; GX validation results, their Data Docs pages and run reports older than their retention go.
+
+Delta's own commands do the work (delta-rs' or delta-spark's OPTIMIZE, VACUUM and checkpoint, through the
+engine); this module decides what to run on which table and counts what it changed, under the table's
+writer lock so no run writes while it compacts."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from spark_jobs.lake import Lake
+from spark_jobs.layers.summary import LayerSummary
+from spark_jobs.registry import GoldModel, Maintenance, Registry, TableConfig
+from spark_jobs.storage import delta_storage_options
+
+# GX names a validation result's folder (and its Data Docs page's) after the run's time
+_RUN_TIME = re.compile(r"/(\d{8}T\d{6}\.\d{6}Z)/")
+
+
+@dataclass(frozen=True)
+class DeltaUpkeep:
+    """What maintenance did to one Delta table: its snapshot's files and bytes, the files on storage
+    (the snapshot's plus those older versions still need), and its version, before and after."""
+
+    name: str  # bronze, silver, history, quarantine, ingest_log, ... or gold
+    path: str
+    files_before: int
+    files_after: int
+    bytes_before: int
+    bytes_after: int
+    stored_before: int
+    stored_after: int
+    version_before: int
+    version_after: int
+    compacted: bool
+
+    def line(self) -> str:
+        return (f"{self.name}: files {self.files_before} -> {self.files_after}, bytes {self.bytes_before:,} -> "
+                f"{self.bytes_after:,}, stored files {self.stored_before} -> {self.stored_after}, version "
+                f"{self.version_before} -> {self.version_after}{' (compacted)' if self.compacted else ''}")
+
+
+@dataclass(kw_only=True)
+class MaintenanceSummary(LayerSummary):
+    """One source table's (or gold model's) maintenance, as its run report shows it."""
+
+    layer: str = "maintenance"
+    files_before: int = 0
+    files_after: int = 0
+    bytes_before: int = 0
+    bytes_after: int = 0
+    stored_files_before: int = 0
+    stored_files_after: int = 0
+    results_removed: int = 0  # GX validation results and Data Docs pages past the report retention
+    tables: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, upkeep: DeltaUpkeep) -> None:
+        self.files_before += upkeep.files_before
+        self.files_after += upkeep.files_after
+        self.bytes_before += upkeep.bytes_before
+        self.bytes_after += upkeep.bytes_after
+        self.stored_files_before += upkeep.stored_before
+        self.stored_files_after += upkeep.stored_after
+        self.tables.append(upkeep.__dict__.copy())
+
+
+def table_paths(lake: Lake, table: TableConfig) -> list[tuple[str, str, tuple[str, ...]]]:
+    """Every Delta table a source table owns: (name, path, columns to cluster by when compacting)."""
+    keys = table.keys
+    return [("bronze", lake.bronze(table.name), ()), ("silver", lake.silver(table.name), keys),
+            ("history", lake.history(table.name), ()), ("quarantine", lake.quarantine(table.name), ()),
+            ("ingest_log", lake.ingest_log(table.name), ()), ("tombstones", lake.tombstones(table.name), ()),
+            ("truncates", lake.truncates(table.name), ()), ("progress", lake.progress(table.name), ()),
+            ("pending_tombstones", lake.pending_tombstones(table.name), ())]
+
+
+def maintain_table(engine: Any, lake: Lake, table: TableConfig, batch_id: str) -> MaintenanceSummary:
+    summary = MaintenanceSummary(table=table.name, batch_id=batch_id)
+    for name, path, cluster in table_paths(lake, table):
+        upkeep = maintain_delta(engine, name, path, table.maintenance, cluster)
+        if upkeep is not None:
+            summary.add(upkeep)
+    summary.results_removed = expire_gx_results(lake, table.name, table.maintenance.report_retention_s)
+    return summary
+
+
+def maintain_model(engine: Any, lake: Lake, model: GoldModel, batch_id: str) -> MaintenanceSummary:
+    summary = MaintenanceSummary(table=model.name, batch_id=batch_id)
+    upkeep = maintain_delta(engine, "gold", lake.gold(model.name), model.maintenance, model.keys)
+    if upkeep is not None:
+        summary.add(upkeep)
+    summary.results_removed = expire_gx_results(lake, model.name, model.maintenance.report_retention_s)
+    return summary
+
+
+def maintain_delta(engine: Any, name: str, path: str, policy: Maintenance, cluster: tuple[str, ...]) -> DeltaUpkeep | None:
+    """Compact (when at least `min_small_files` files are under the target size), checkpoint, vacuum. None
+    when the table does not exist (a table without history, a model never published)."""
+    before = _snapshot_files(path)
+    if before is None:
+        return None
+    stored_before = _stored_files(path)
+    target = policy.target_file_mb * 2**20
+    small = sum(1 for size in before[1] if size < target)
+    compacted = small >= policy.min_small_files
+    if compacted:
+        engine.compact(path, target, cluster if policy.cluster_by_key else ())
+    engine.checkpoint(path, policy.retain_versions_s)
+    engine.vacuum(path, policy.retain_versions_s)
+    after = _snapshot_files(path)
+    assert after is not None
+    return DeltaUpkeep(name=name, path=path, files_before=len(before[1]), files_after=len(after[1]),
+                       bytes_before=sum(before[1]), bytes_after=sum(after[1]), stored_before=stored_before,
+                       stored_after=_stored_files(path), version_before=before[0], version_after=after[0],
+                       compacted=compacted)
+
+
+def _snapshot_files(path: str) -> tuple[int, list[int]] | None:
+    """The version and the sizes of the snapshot's data files, from the log (no data read, either engine)."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        table = DeltaTable(path, storage_options=delta_storage_options(path))
+    except TableNotFoundError:
+        return None
+    sizes = table.get_add_actions(flatten=True).column("size_bytes").to_pylist()
+    return table.version(), [int(s) for s in sizes]
+
+
+def _stored_files(path: str) -> int:
+    """Data files on storage, the log's own files left out: what VACUUM removes from."""
+    from spark_jobs.storage import lake_files
+
+    return sum(1 for p in lake_files(path).list(path) if "/_delta_log/" not in p and p.endswith(".parquet"))
+
+
+def _older_than(retention_s: int) -> str:
+    """GX's run-time folder name of the moment `retention_s` ago: names sort as times."""
+    cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=retention_s)
+    return cutoff.strftime("%Y%m%dT%H%M%S.%fZ")
+
+
+def expire_gx_results(lake: Lake, table: str, retention_s: int) -> int:
+    """Removes the table's GX validation results and their Data Docs pages older than `retention_s`, then
+    rebuilds its Data Docs so that their index lists only what is left. Returns the files removed."""
+    cutoff = _older_than(retention_s)
+    files = lake.files
+    stores = [f"{lake.gx_stores(table)}/uncommitted/validations", f"{lake.data_docs(table)}/validations"]
+    expired = [p for store in stores for p in files.list(store)
+               if (m := _RUN_TIME.search(p)) and m.group(1) < cutoff]
+    for path in expired:
+        files.remove(path)
+    if expired:
+        from spark_jobs.quality.gates import rebuild_data_docs
+
+        rebuild_data_docs(lake, table)
+    return len(expired)
+
+
+def expire_reports(lake: Lake, registry: Registry) -> list[str]:
+    """Removes run reports whose newest summary is older than the top-level report retention, then
+    renders the history page and every table's trend page again. Returns the runs removed."""
+    from spark_jobs import report
+
+    cutoff = (dt.datetime.now(dt.UTC) - dt.timedelta(seconds=registry.maintenance.report_retention_s)).isoformat()
+    expired = [run_id for run_id, summaries in report.load_runs(lake, newest=None)
+               if max(str(s.get("published_at", "")) for s in summaries) < cutoff]
+    for run_id in expired:
+        lake.files.delete_tree(lake.run_reports(run_id))
+    if expired:
+        runs = report.load_runs(lake)
+        report.render_index(lake, runs)
+        for name in [*registry.tables, *registry.gold]:
+            report.render_table(lake, name, runs)
+    return expired
