@@ -64,6 +64,8 @@ debs:
 demo: venv java jars assets
 	$(BIN)/python -m spark_jobs generate --landing data/landing
 	$(BIN)/airflow db migrate > $(AIRFLOW_HOME)-migrate.log 2>&1 || (cat $(AIRFLOW_HOME)-migrate.log; exit 1)
+	@# one pool of one slot per table and gold model: a second writer of a table waits queued (README)
+	$(BIN)/python -m cdc_airflow.pools 2>> $(AIRFLOW_HOME)-migrate.log
 	@# each layer's DAG in turn (a scheduler would start silver and gold from the assets bronze updates)
 	@for dag in $$($(BIN)/python -c "$$LAYER_DAGS"); do echo "airflow dags test $$dag"; \
 	  $(BIN)/airflow dags test $$dag > $(AIRFLOW_HOME)-dags-test.log 2>&1 || { tail -50 $(AIRFLOW_HOME)-dags-test.log; exit 1; }; done

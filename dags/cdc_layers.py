@@ -21,7 +21,7 @@ from airflow.timetables.interval import DeltaDataIntervalTimetable
 from cdc_airflow.operators import CdcSparkJob
 from cdc_airflow.params import window_params
 from cdc_airflow.sensors import LandingSensor
-from cdc_airflow.wiring import default_args, wiring
+from cdc_airflow.wiring import default_args, wiring, writer_pool
 
 W = wiring()
 START = datetime(2024, 1, 1, tzinfo=UTC)
@@ -47,7 +47,7 @@ with DAG(
         sense >> CdcSparkJob(
             task_id=f"bronze_ingest_{table.name}", landing=W.landing, files_from=sense.task_id,
             cli_args=W.cli_args("--layers", "bronze", "--tables", table.name), outlets=[W.asset("bronze", table.name)],
-            max_active_tis_per_dag=1,  # one writer per table across runs (backfills included)
+            pool=writer_pool(table.name),  # one writer per table: others wait queued (cdc_airflow.wiring)
             doc_md="Ingests exactly the sensor's files: bad lines to quarantine with a reason, the rest appended "
                    "to bronze when the bronze gate passes.")
 
@@ -64,7 +64,7 @@ for table in W.registry.tables.values():
         tags=["cdc", "silver", f"source:{table.topic.split('.')[0]}"],
         default_args=default_args(),
     ):
-        CdcSparkJob(task_id=f"silver_merge_{table.name}", landing=W.landing,
+        CdcSparkJob(task_id=f"silver_merge_{table.name}", landing=W.landing, pool=writer_pool(table.name),
                     cli_args=W.cli_args("--layers", "silver", "--tables", table.name),
                     outlets=[W.asset("silver", table.name)],
                     doc_md="Applies the bronze rows silver has not seen; the gate's report is in Browse > CDC data quality.")
@@ -81,6 +81,6 @@ for model in W.registry.gold.values():
         tags=["cdc", "gold", *[f"source:{W.registry.tables[s].topic.split('.')[0]}" for s in model.sources]],
         default_args=default_args(),
     ):
-        CdcSparkJob(task_id=f"gold_refresh_{model.name}", landing=W.landing,
+        CdcSparkJob(task_id=f"gold_refresh_{model.name}", landing=W.landing, pool=writer_pool(model.name, gold=True),
                     cli_args=W.cli_args("--layers", "gold", "--models", model.name), outlets=[W.asset("gold", model.name)],
                     doc_md="Runs the model's SQL over silver; publishes it when the gold gate passes.")

@@ -10,7 +10,8 @@
 
 Then the gold models reading those tables are refreshed. Bad params fail the run before any work, naming
 the param. A replay of unchanged data and code leaves silver and gold as they were; it writes one table
-at a time with the other DAGs (a lock per table), so it is safe to trigger at any time.
+at a time with the other DAGs (each task waits in its table's pool, queued by Airflow; a lock per table
+guards writers outside Airflow), so it is safe to trigger at any time.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from airflow.sdk import DAG, TriggerRule, get_current_context, task
 
 from cdc_airflow.operators import CdcSparkJob
 from cdc_airflow.params import check_replay, replay_params
-from cdc_airflow.wiring import default_args, wiring
+from cdc_airflow.wiring import default_args, wiring, writer_pool
 
 W = wiring()
 TABLES = list(W.registry.tables)
@@ -48,17 +49,19 @@ with DAG(
     limit = ["--max-quarantined", "{{ params.max_quarantined or '' }}"]
     for name in TABLES:
         bronze = CdcSparkJob(
-            task_id=f"bronze_reprocess_{name}", landing=W.landing,
+            task_id=f"bronze_reprocess_{name}", landing=W.landing, pool=writer_pool(name),
             cli_args=W.cli_args("--layers", "bronze", "--tables", name, "--mode", "reprocess", *window, *limit),
             doc_md="Reads the window's landing files again and replaces their bronze rows in one commit.")
         silver[name] = CdcSparkJob(
-            task_id=f"silver_replay_{name}", landing=W.landing, trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS,
+            task_id=f"silver_replay_{name}", landing=W.landing, pool=writer_pool(name),
+            trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS,
             cli_args=W.cli_args("--layers", "silver", "--tables", name, "--mode", "{{ params.mode }}", *limit),
             doc_md="reprocess: applies the re-read bronze rows; rebuild: recomputes silver from all of bronze.")
         plan >> bronze >> silver[name]
         plan >> silver[name]
     for model in W.registry.gold.values():
         [silver[s] for s in model.sources] >> CdcSparkJob(
-            task_id=f"gold_refresh_{model.name}", landing=W.landing, trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS,
+            task_id=f"gold_refresh_{model.name}", landing=W.landing, pool=writer_pool(model.name, gold=True),
+            trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS,
             cli_args=W.cli_args("--layers", "gold", "--models", model.name), outlets=[W.asset("gold", model.name)],
             doc_md="Refreshes the model from the replayed silver tables.")

@@ -52,6 +52,7 @@ class MaintenanceSummary(LayerSummary):
     """One source table's (or gold model's) maintenance, as its run report shows it."""
 
     layer: str = "maintenance"
+    gate: str | None = "done"  # no gate: maintenance changes no row
     files_before: int = 0
     files_after: int = 0
     bytes_before: int = 0

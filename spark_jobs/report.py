@@ -20,7 +20,10 @@ STYLE = ("body{font-family:system-ui,sans-serif;margin:1.5em;color:#1b1f24}td,th
 COUNTS = ("files", "lines", "events", "rows", "inserted", "updated", "deleted", "duplicates_dropped",
           "superseded_in_batch", "stale_ignored", "ties", "truncates", "tombstones", "tombstones_matched",
           "tombstones_unmatched", "tombstones_matched_late", "recovered_commits", "quarantined_share", "lag_s", "version",
-          "bronze_version", "history_rows", "seconds")
+          "bronze_version", "history_rows", "files_before", "files_after", "bytes_before", "bytes_after",
+          "stored_files_before", "stored_files_after", "results_removed", "seconds")
+UPKEEP = ("name", "files_before", "files_after", "bytes_before", "bytes_after", "stored_before", "stored_after",
+          "version_before", "version_after", "compacted")
 
 
 SECONDS = ("lag_s", "seconds")
@@ -120,6 +123,10 @@ def _section(s: dict[str, Any]) -> str:
         parts.append("<h3>Deletes: bronze → silver</h3><table><tr>" + "".join(f"<th>{_e(k)}</th>" for k in d)
                      + "<th>accounted</th></tr><tr>" + "".join(f"<td>{_e(v)}</td>" for v in d.values())
                      + f"<td>{accounted}</td></tr></table>")
+    if s.get("tables"):  # maintenance: each Delta table of the source table
+        rows = "".join("<tr>" + "".join(f"<td>{_e(t.get(k))}</td>" for k in UPKEEP) + "</tr>" for t in s["tables"])
+        parts.append("<h3>Delta tables</h3><table><tr>" + "".join(f"<th>{k}</th>" for k in UPKEEP)
+                     + f"</tr>{rows}</table>")
     if s.get("checks"):
         rows = "".join(_check_row(c) for c in s["checks"])
         parts.append("<h3>Expectations</h3><table><tr><th>expectation</th><th>action</th><th>result</th>"

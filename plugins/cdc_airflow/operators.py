@@ -26,7 +26,7 @@ REMOTE_ENV = Settings.variable("spark_remote")
 
 
 class CdcSparkJob(SparkSubmitOperator):
-    """`python -m spark_jobs run ...` for one table (or gold model) and layer, through spark-submit, or,
+    """`python -m spark_jobs run ...` (or `maintain ...`) for one table (or gold model) and layer, through spark-submit, or,
     when CDC_SPARK_REMOTE names a Spark Connect server, as a plain process attached to it.
 
     S3 credentials go to the job as AWS_* variables from the Airflow connection (set at run time, never
@@ -35,11 +35,11 @@ class CdcSparkJob(SparkSubmitOperator):
     table, an unreachable store, a killed process) are retried."""
 
     def __init__(self, *, cli_args: list[str], landing: str, files_from: str | None = None,
-                 aws_conn_id: str | None = None, **kwargs: Any):
+                 aws_conn_id: str | None = None, command: str = "run", **kwargs: Any):
         kwargs.setdefault("conn_id", "spark_default")
         kwargs.setdefault("conf", {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"})
         kwargs.setdefault("env_vars", {"GX_ANALYTICS_ENABLED": "false"})
-        super().__init__(application=ENTRY_POINT, application_args=["run", *cli_args, "--run-id", "{{ run_id }}"],
+        super().__init__(application=ENTRY_POINT, application_args=[command, *cli_args, "--run-id", "{{ run_id }}"],
                          name=f"cdc-{kwargs['task_id']}", **kwargs)
         self.landing, self.files_from, self.aws_conn_id = landing, files_from, aws_conn_id or settings().aws_conn_id
 
@@ -58,8 +58,8 @@ class CdcSparkJob(SparkSubmitOperator):
             failure = Path(scratch) / "failure.txt"
             self.env_vars = {**env, Settings.variable("failure_file"): str(failure)}
             remote = settings().spark_remote
-            if remote:
-                code = self._attached(remote)
+            if remote or self._needs_no_spark():
+                code = self._plain_process({REMOTE_ENV: remote} if remote else {})
                 exited = f"the job exited {code}"
             else:
                 self._with_jvm_dependencies()
@@ -84,11 +84,15 @@ class CdcSparkJob(SparkSubmitOperator):
         self.jars = conf.pop("spark.jars")
         self.conf = {**conf, **(self.conf or {})}
 
-    def _attached(self, remote: str) -> int:
-        """The job as a plain Python process on the long-lived Spark Connect server (no spark-submit, no JVM
-        of its own); its output goes to the task's log. Returns its exit code."""
+    def _needs_no_spark(self) -> bool:
+        """Maintenance with delta-rs is Delta's own commands in-process: no JVM to start."""
+        return (self.application_args or [None])[0] == "maintain" and settings().delta_engine == "delta-rs"
+
+    def _plain_process(self, extra_env: dict[str, str]) -> int:
+        """The job as a plain Python process, attached to the long-lived Spark Connect server or needing no Spark
+        (no spark-submit, no JVM of its own); its output goes to the task's log. Returns its exit code."""
         self._process = subprocess.Popen([sys.executable, ENTRY_POINT, *(self.application_args or [])],
-                                         env={**os.environ, **(self.env_vars or {}), REMOTE_ENV: remote}, cwd=PROJECT_ROOT,
+                                         env={**os.environ, **(self.env_vars or {}), **extra_env}, cwd=PROJECT_ROOT,
                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         assert self._process.stdout is not None
         for line in self._process.stdout:

@@ -29,9 +29,23 @@ class Wiring:
     def cli_args(self, *selection: str) -> list[str]:
         return ["--config", self.config, "--landing", self.landing, "--lake", self.lake, *selection]
 
+    def maintain_args(self, *selection: str) -> list[str]:
+        return ["--config", self.config, "--lake", self.lake, *selection]
+
+    def pools(self) -> dict[str, str]:
+        """One Airflow pool of one slot per table and per gold model, every task writing it in that pool: a second
+        writer (a replay beside a scheduled run, two backfill intervals, maintenance) waits in Airflow's queue,
+        holding no worker slot and no JVM. The lake's writer lock stays the guard for writers outside Airflow."""
+        return {**{writer_pool(t): f"one writer at a time of table {t} (all its layers)" for t in self.registry.tables},
+                **{writer_pool(m, gold=True): f"one writer at a time of gold model {m}" for m in self.registry.gold}}
+
     def asset(self, layer: str, name: str) -> Asset:
         """A table (or gold model) of a layer; its URI is the Delta table's location."""
         return Asset(name=f"cdc.{layer}.{name}", uri=Lake(self.lake).table_uri(layer, name), group="cdc")
+
+
+def writer_pool(name: str, gold: bool = False) -> str:
+    return f"cdc_{'gold_' if gold else 'table_'}{name}"
 
 
 def wiring() -> Wiring:

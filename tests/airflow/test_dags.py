@@ -28,7 +28,7 @@ print(json.dumps({
         "schedule": schedule(dag), "tags": sorted(dag.tags), "max_active_runs": dag.max_active_runs, "doc": bool(dag.doc_md),
         "tasks": {t.task_id: {"down": sorted(t.downstream_task_ids), "outlets": [o.name for o in t.outlets],
                               "doc": bool(t.doc_md), "retries": t.retries, "timeout": str(t.execution_timeout),
-                              "on_failure": bool(t.on_failure_callback), "type": type(t).__name__}
+                              "on_failure": bool(t.on_failure_callback), "type": type(t).__name__, "pool": t.pool}
                   for t in dag.tasks}} for dag_id, dag in bag.dags.items()},
     "heavy": sorted({m.split(".")[0] for m in sys.modules} & {"pyspark", "great_expectations", "deltalake"}),
 }))
@@ -49,17 +49,17 @@ def test_dag_folder_parses_in_a_fresh_home_without_errors_or_heavy_imports(tmp_p
     dags = parsed["dags"]
     tables = ["actor", "customers", "film", "film_actor", "inventory_customers", "products"]
     models = ["customer_email_domains", "customers_by_state", "films_per_actor", "products_by_weight"]
-    assert sorted(dags) == sorted(["cdc_bronze", "cdc_replay", *[f"cdc_silver_{t}" for t in tables],
+    assert sorted(dags) == sorted(["cdc_bronze", "cdc_replay", "cdc_maintenance", *[f"cdc_silver_{t}" for t in tables],
                                    *[f"cdc_gold_{m}" for m in models]])
 
     bronze = dags["cdc_bronze"]
     assert bronze["schedule"] == "0:15:00" and bronze["tags"] == ["bronze", "cdc", "landing"]
     assert bronze["tasks"]["landing_sense_customers"] == {
         "down": ["bronze_ingest_customers"], "outlets": [], "doc": True, "retries": 1, "timeout": "1:00:00",
-        "on_failure": True, "type": "LandingSensor"}
+        "on_failure": True, "type": "LandingSensor", "pool": "default_pool"}
     assert bronze["tasks"]["bronze_ingest_customers"] == {
         "down": [], "outlets": ["cdc.bronze.customers"], "doc": True, "retries": 3, "timeout": "1:00:00",
-        "on_failure": True, "type": "CdcSparkJob"}
+        "on_failure": True, "type": "CdcSparkJob", "pool": "cdc_table_customers"}
     assert len(bronze["tasks"]) == 2 * len(tables)
 
     # each layer's DAG is scheduled by the asset it reads, and updates the one it writes
@@ -80,13 +80,28 @@ def test_dag_folder_parses_in_a_fresh_home_without_errors_or_heavy_imports(tmp_p
     assert all(t["doc"] and t["on_failure"] for d in dags.values() for t in d["tasks"].values())
     assert all(d["doc"] for d in dags.values())
 
+    # every task writing a table or gold model, in any DAG, waits in that table's pool of one slot
+    writers = {(dag_id, task_id): t["pool"] for dag_id, d in dags.items() for task_id, t in d["tasks"].items()
+               if t["type"] == "CdcSparkJob" and task_id != "expire_reports"}
+    for (dag_id, task_id), pool in writers.items():
+        name = max((n for n in [*tables, *models] if task_id.endswith(f"_{n}")), key=len)  # film_actor, not actor
+        assert pool == (f"cdc_gold_{name}" if name in models else f"cdc_table_{name}"), (dag_id, task_id)
+    # bronze, silver, replay's bronze and silver, maintenance per table; gold, replay's gold, maintenance per model
+    assert len(writers) == 5 * len(tables) + 3 * len(models)
+
+    upkeep = dags["cdc_maintenance"]
+    assert (upkeep["schedule"], upkeep["max_active_runs"]) == ("0 0 * * *", 1)
+    assert upkeep["tasks"]["maintain_customers"]["down"] == ["expire_reports"]
+    assert sorted(upkeep["tasks"]) == sorted(["expire_reports", *[f"maintain_{t}" for t in tables],
+                                              *[f"maintain_gold_{m}" for m in models]])
+
 
 def test_dags_follow_the_cdc_config_environment(tmp_path):
     config = tmp_path / "tables.yaml"
     config.write_text("tables:\n  orders:\n    topic: shop.public.orders\n    keys: [id]\n")
     parsed = parse_dags(tmp_path, CDC_CONFIG=str(config))
     assert parsed["errors"] == {}
-    assert sorted(parsed["dags"]) == ["cdc_bronze", "cdc_replay", "cdc_silver_orders"]
+    assert sorted(parsed["dags"]) == ["cdc_bronze", "cdc_maintenance", "cdc_replay", "cdc_silver_orders"]
     assert sorted(parsed["dags"]["cdc_bronze"]["tasks"]) == ["bronze_ingest_orders", "landing_sense_orders"]
 
 

@@ -238,6 +238,8 @@ def test_airflow_runs_the_pipeline_from_s3_and_replays_leave_it_unchanged(tmp_pa
         CDC_SENSOR_TIMEOUT="3", CDC_SENSOR_POKE_INTERVAL="1")
     airflow = Airflow(env, tmp_path / "dags-test.log")
     airflow.sh(str(BIN / "airflow"), "db", "migrate")
+    pools = airflow.sh(str(BIN / "python"), "-m", "cdc_airflow.pools")  # the writer pools, as the README sets them up
+    assert "2 writer pools of one slot: cdc_table_customers, cdc_gold_customers_by_state" in pools.stdout
     silver = first_run_reaches_gold(airflow, config, lake, generated[0].final_rows)
 
     # the reports inside the Airflow UI, behind its login: the latest run's verdicts
@@ -250,6 +252,7 @@ def test_airflow_runs_the_pipeline_from_s3_and_replays_leave_it_unchanged(tmp_pa
     assert "silver/customers: passed" in text and "bronze/customers: passed" in text
 
     replays_leave_silver_unchanged(airflow, lake, silver)
+    maintenance_keeps_the_rows(airflow, lake, silver)
     backfills_and_bad_params(airflow, env)
 
 
@@ -273,6 +276,20 @@ def first_run_reaches_gold(airflow: Airflow, config: Path, lake_root: Path | str
     assert {(r["custkey"],): {c: r[c] for c in r if not c.startswith("_")} for r in silver} == final
     assert lake.files.exists(f"{lake.data_docs('customers')}/index.html")
     return silver
+
+
+def maintenance_keeps_the_rows(airflow: Airflow, lake: Path, silver: list[dict]) -> None:
+    """cdc_maintenance through Airflow (delta-rs: plain processes, no JVM): bronze's appends and silver's
+    commits compacted, the rows as they were, each table's counts in the run's report."""
+    from spark_jobs.lake import row_count
+
+    log = airflow.dag_test("cdc_maintenance")
+    assert "maintain customers bronze: files " in log and "maintain customers_by_state gold: files 1 -> 1" in log
+    assert silver_table(str(lake / "silver" / "customers")) == silver
+    assert row_count(str(lake / "bronze" / "customers")) == 100
+    run = next((lake / "reports" / "runs").glob("*/customers.maintenance.json")).parent
+    assert sorted(p.name for p in run.glob("*.maintenance.json")) == [
+        "customers.maintenance.json", "customers_by_state.maintenance.json"]
 
 
 def replays_leave_silver_unchanged(airflow: Airflow, lake: Path, silver: list[dict]) -> None:

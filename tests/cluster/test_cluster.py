@@ -93,6 +93,7 @@ def test_airflow_submits_the_layer_jobs_to_the_cluster(cluster, tmp_path, s3_end
         CDC_SENSOR_TIMEOUT="3", CDC_SENSOR_POKE_INTERVAL="1")
     airflow = Airflow(env, tmp_path / "dags-test.log")
     airflow.sh(str(BIN / "airflow"), "db", "migrate")
+    airflow.sh(str(BIN / "python"), "-m", "cdc_airflow.pools")  # the writer pools, as the README sets them up
     for name, value in s3_environment(s3_endpoint).items():  # this process reads the lake too
         monkeypatch.setenv(name, value)
     first_run_reaches_gold(airflow, config, lake, generated[0].final_rows)

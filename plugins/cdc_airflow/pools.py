@@ -1,0 +1,22 @@
+"""`python -m cdc_airflow.pools`: creates (or sets back to one slot) the writer pools the DAGs put every
+writing task in, one per table and per gold model (cdc_airflow.wiring). Run it after `airflow db migrate`
+and whenever tables.yaml gains a table: Airflow does not schedule a task whose pool does not exist."""
+
+from __future__ import annotations
+
+from cdc_airflow.wiring import wiring
+
+
+def ensure_pools() -> dict[str, str]:
+    from airflow.models.pool import Pool
+
+    pools = wiring().pools()
+    for name, description in pools.items():
+        # deferred tasks hold no slot; nothing that writes a table defers
+        Pool.create_or_update_pool(name, slots=1, description=description, include_deferred=False)
+    return pools
+
+
+if __name__ == "__main__":
+    created = ensure_pools()
+    print(f"{len(created)} writer pools of one slot: {', '.join(created)}")
