@@ -73,9 +73,13 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--reason", default="set aside by hand", help="with --mode skip: why, kept in the quarantine")
     run.add_argument("--max-quarantined", default=None,
                      help="this run only: the share of a batch that may be quarantined (e.g. 20%%), over tables.yaml")
-    status = sub.add_parser("status", help="row counts per layer, latest gate verdicts, where things are")
+    status = sub.add_parser("status", help="per table and layer: rows, latest gate verdict, lag, pending files, last "
+                                           "success; where things are")
     status.add_argument("--config", default="include/tables.yaml")
     status.add_argument("--lake", required=True)
+    status.add_argument("--landing", default=None, help="landing root: also count the files bronze has not taken")
+    status.add_argument("--json", action="store_true", help="per table: pending files, rows, verdicts, last success, "
+                                                            "lag, as JSON")
     status.add_argument("--require-tables", action="store_true",
                         help="exit 1 unless every layer holds non-empty tables and an HTML report exists")
     upkeep = sub.add_parser("maintain", help="compact, checkpoint and vacuum the tables; drop reports and GX results "
@@ -337,27 +341,30 @@ def generate(args: argparse.Namespace) -> int:
 
 def status(args: argparse.Namespace) -> int:
     from spark_jobs.lake import Lake, row_count
-    from spark_jobs.report import load_runs
+    from spark_jobs.report import human_seconds
+    from spark_jobs.status import lake_status
 
     registry = load_registry(args.config)
     lake = Lake(resolve_uri(args.lake))
-    layout = [("bronze", t, lake.bronze(t)) for t in registry.tables] + \
-             [("silver", t, lake.silver(t)) for t in registry.tables] + \
-             [("silver", f"{t.name}_history", lake.history(t.name)) for t in registry.tables.values() if t.history] + \
-             [("gold", m, lake.gold(m)) for m in registry.gold] + \
-             [("quarantine", t, lake.quarantine(t)) for t in registry.tables]
-    verdicts: dict[tuple[str, str], str] = {}
-    for _, summaries in reversed(load_runs(lake)):  # oldest first, so the newest verdict wins
-        for s in summaries:
-            if not str(s.get("gate", "")).startswith("skipped"):
-                verdicts[(s["layer"], s["table"])] = str(s["gate"])
+    state = lake_status(registry, lake, resolve_uri(args.landing) if args.landing else None)
+    if args.json:
+        print(json.dumps(state.as_dict(), indent=2))
+        return 0
     empty = []
-    print(f"{'layer':<11}{'table':<24}{'rows':>8}  gate")
-    for layer, name, path in layout:
-        rows = row_count(path)
-        if layer != "quarantine" and not rows:
-            empty.append(f"{layer}/{name}")
-        print(f"{layer:<11}{name:<24}{'-' if rows is None else rows:>8}  {verdicts.get((layer, name), '')}")
+    print(f"{'layer':<11}{'table':<24}{'rows':>8}  {'gate':<21}{'lag':>10}  {'pending':>7}  last success")
+    for item in state.tables:
+        for layer, s in item.layers.items():
+            if not s.rows:
+                empty.append(f"{layer}/{item.name}")
+            pending = "" if item.pending_files is None or layer != "bronze" else item.pending_files
+            print(f"{layer:<11}{item.name:<24}{'-' if s.rows is None else s.rows:>8}  {s.last_verdict or '':<21}"
+                  f"{human_seconds(s.lag_s):>10}  {pending:>7}  {s.last_success or ''}")
+    for table in registry.tables.values():
+        if table.history:
+            rows = row_count(lake.history(table.name))
+            print(f"{'silver':<11}{table.name + '_history':<24}{'-' if rows is None else rows:>8}")
+    for item in state.tables:
+        print(f"{'quarantine':<11}{item.name:<24}{'-' if item.quarantined_rows is None else item.quarantined_rows:>8}")
     index = lake.reports_index
     docs = [p for p in lake.files.list(lake.data_docs("")) if p.count("/") == lake.data_docs("").count("/") + 1
             and p.endswith("/index.html")]

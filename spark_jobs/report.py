@@ -33,6 +33,12 @@ def publish(lake: Lake, run_id: str, summary: dict[str, Any]) -> str:
     path = f"{lake.run_reports(run_id)}/{summary['table']}.{summary['layer']}.json"
     stamped = {**summary, "published_at": dt.datetime.now(dt.UTC).isoformat()}
     lake.files.write(path, json.dumps(stamped, indent=2, sort_keys=True, default=str))
+    # `status` reads a table's newest verdict and last success from these, not from every run of the lake
+    latest = json.dumps({**stamped, "run_id": run_id}, sort_keys=True, default=str)
+    if not str(summary.get("gate", "")).startswith("skipped"):
+        lake.files.write(lake.latest_summary(summary["table"], summary["layer"]), latest)
+    if summary.get("gate") in ("passed", "passed-with-warnings"):
+        lake.files.write(lake.latest_summary(summary["table"], summary["layer"], passed=True), latest)
     render_run(lake, run_id)
     runs = load_runs(lake)
     render_index(lake, runs)

@@ -5,6 +5,7 @@ one writer per table, and landing files on a local S3 server."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import threading
 from pathlib import Path
@@ -222,3 +223,51 @@ def test_a_lake_on_another_store_and_a_bad_window_are_config_errors_the_task_rea
     assert (code, err) == (2, "config error: since (2026-03-02) must be before until (2026-03-01)\n")
     code, _, err = run(capsys, config, tmp_path / "landing", tmp_path / "lake", "--until", "soon")
     assert (code, err) == (2, "config error: until: 'soon' is not an ISO 8601 date or timestamp\n")
+
+
+def test_status_json_gives_each_tables_pending_files_rows_verdicts_last_success_and_lag(tmp_path, capsys):
+    config = write_config(tmp_path)
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    (landed,) = generate(load_registry(str(config)).select(None), landing, Options(rows=20, changes=30, seed=4))
+
+    def status() -> dict:
+        assert cli.main(["status", "--json", "--config", str(config), "--lake", str(lake), "--landing", str(landing)]) == 0
+        parsed = json.loads(capsys.readouterr().out)
+        return {t["name"]: t for t in parsed["tables"]}
+
+    before = status()
+    assert before["customers"]["pending_files"] == len(landed.files)
+    assert before["customers"]["layers"]["silver"] == {"rows": None, "last_verdict": None, "last_run": None,
+                                                       "last_success": None, "lag_s": None}
+    code, _, err = run(capsys, config, landing, lake, "--run-id", "first")
+    assert (code, err) == (0, ""), err
+    after = status()
+    customers, gold = after["customers"], after["customers_by_state"]
+    assert (customers["kind"], customers["pending_files"], customers["quarantined_rows"]) == ("table", 0, None)
+    assert customers["layers"]["bronze"]["rows"] == landed.events
+    silver = customers["layers"]["silver"]
+    assert (silver["rows"], silver["last_verdict"], silver["last_run"]) == (len(landed.final_rows), "passed", "first")
+    success = dt.datetime.fromisoformat(silver["last_success"])
+    assert dt.datetime.now(dt.UTC) - success < dt.timedelta(minutes=5)
+    # the generator's changes are from 2024: the lag is the age of the newest change, now
+    newest_s = max(r["_source_ts_ms"] for r in silver_table_rows(lake)) / 1000
+    assert abs(silver["lag_s"] - (dt.datetime.now(dt.UTC).timestamp() - newest_s)) < 300
+    assert (gold["kind"], gold["layers"]["gold"]["last_verdict"]) == ("gold", "passed")
+
+    # a new landing file is pending; a failed gate is the newest verdict, the last success stays
+    (landing / "topics" / "burst.burst_bank.customers" / "partition=0" / "burst.burst_bank.customers+0+9999999999.json"
+     ).write_text("not json\n" * 3)
+    assert status()["customers"]["pending_files"] == 1
+    code, _, _ = run(capsys, config, landing, lake, "--run-id", "second", "--max-quarantined", "0")
+    assert code == 1
+    failed = status()["customers"]["layers"]["bronze"]
+    assert (failed["last_verdict"], failed["last_run"]) == ("failed", "second")
+    assert failed["last_success"] == customers["layers"]["bronze"]["last_success"]
+
+
+def silver_table_rows(lake: Path) -> list[dict]:
+    from spark_jobs.lake import read_columns
+
+    columns = read_columns(Lake(str(lake)).silver("customers"))
+    assert columns is not None
+    return [dict(zip(columns, values, strict=True)) for values in zip(*columns.values(), strict=True)]

@@ -75,7 +75,7 @@ def test_recorded_connector_output_with_landing_and_lake_on_s3_gives_the_source_
     assert cli.main(["status", "--config", str(FIXTURES / "tables.yaml"), "--lake", LAKE]) == 0
     status = {tuple(line.split()[:2]): line.split()[2:] for line in capsys.readouterr().out.splitlines()[1:]
               if line.strip() and not line.startswith(("tables:", "reports:"))}
-    assert status[("silver", "pg_customers")] == [str(len(RECORDED_FINAL["pg_customers"])), "passed"]
+    assert status[("silver", "pg_customers")][:2] == [str(len(RECORDED_FINAL["pg_customers"])), "passed"]
 
 
 def test_one_writer_per_table_holds_on_s3_and_a_dead_writers_lease_is_taken_over(s3, monkeypatch):
