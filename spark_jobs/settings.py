@@ -35,6 +35,8 @@ class Settings:
     spill_dir: str = ""  # CDC_SPILL_DIR: delta-rs merge sources too big for memory (default: the temp folder)
     merge_source_mb: int = 256  # CDC_MERGE_SOURCE_MB: merge sources up to this size stay in memory (delta-rs)
     max_line_bytes: int = 16 * 2**20  # CDC_MAX_LINE_BYTES: a longer landing line is quarantined, never parsed
+    # CDC_BRONZE_BATCH_FILES: a bronze run takes its landing files in batches of this many, each its own commit
+    bronze_batch_files: int = 1000
     lock_timeout: float = 900.0  # CDC_LOCK_TIMEOUT: seconds a run waits for another writer of its table
     failure_file: str = ""  # CDC_FAILURE_FILE: where a failed run writes its one-line cause (for the task)
     on_failure_callback: str = ""  # CDC_ON_FAILURE_CALLBACK: module:function the DAGs' failure hook calls

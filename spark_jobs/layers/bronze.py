@@ -22,6 +22,7 @@ from spark_jobs.quality.expectations import QUARANTINE, row_checks
 from spark_jobs.quality.gates import bronze_checks
 from spark_jobs.quality.user_expectations import check_columns, violations
 from spark_jobs.registry import TableConfig
+from spark_jobs.settings import settings
 from spark_jobs.state import ingest_log, ingested_files
 
 
@@ -60,12 +61,28 @@ def bronze_ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     # names Spark cannot read where they are get copies in the lake, which a cluster's executors see as the
     # driver does; what a killed run staged goes first (one writer per table: no live run of it has any)
     _clear_staging(lake, table.name)
-    staging = f"{lake.staging_files}/{table.name}-{batch_id}"
-    try:
-        batch = _Batch(table, lake, batch_id, files, _in_bronze(engine, lake, table.name, files) if selection.reprocess else [])
-        _ingest(spark, engine, batch, spark_paths(landing, files, staging), summary)
-    finally:
-        lake.files.delete_tree(staging)
+    # a backlog goes in bounded batches of files, each its own commit in landing order: memory stays bounded,
+    # and a run that dies midway keeps the batches it committed (the retry takes the rest)
+    size = settings().bronze_batch_files
+    chunks = [files[i:i + size] for i in range(0, len(files), size)]
+    unreadable_n = 0
+    for number, chunk in enumerate(chunks, 1):
+        part = summary if len(chunks) == 1 else BronzeSummary(table=table.name, batch_id=batch_id, files=len(chunk),
+                                                               mode=summary.mode)
+        staging = f"{lake.staging_files}/{table.name}-{batch_id}"
+        try:
+            batch = _Batch(table, lake, batch_id, chunk,
+                           _in_bronze(engine, lake, table.name, chunk) if selection.reprocess else [])
+            unreadable = _ingest(spark, engine, batch, spark_paths(landing, chunk, staging), part)
+        finally:
+            lake.files.delete_tree(staging)
+        if part is not summary:
+            summary.absorb(part)
+            unreadable_n += unreadable
+            summary.quarantined_share = share(sum((summary.quarantined or {}).values()), (summary.lines or 0) + unreadable_n)
+            print(f"bronze {table.name}: batch {number}/{len(chunks)} committed: {len(chunk)} files, {part.lines} "
+                  f"lines, {part.events} events, {sum((part.quarantined or {}).values())} quarantined "
+                  f"({min(number * size, len(files))} of {len(files)} files)", flush=True)
     return summary
 
 
@@ -106,9 +123,10 @@ class _Batch:
 
 
 def _ingest(spark: SparkSession, engine: DeltaEngine, batch: _Batch, staged: dict[str, LandingFile],
-            summary: BronzeSummary) -> None:
+            summary: BronzeSummary) -> int:
     """Bronze for the batch's files, read where `staged` says (landing.spark_paths): read and
-    classify, quarantine, audit, then append (or replace, for a reprocess) and log the files."""
+    classify, quarantine, audit, then append (or replace, for a reprocess) and log the files. Returns the
+    number of files that could not be read."""
     table, lake = batch.table, batch.lake
     lines, unreadable = read_landing(spark, staged, batch.files, table.format)
     parsed = envelope.parse_envelope(lines, table.format)
@@ -132,6 +150,7 @@ def _ingest(spark: SparkSession, engine: DeltaEngine, batch: _Batch, staged: dic
         per_file[f.path] = (0, 0, 0, 1)
     _log_files(spark, engine, lake, table.name, {f.path: (f.size, f.modified_ms, *per_file.get(f.path, (0, 0, 0, 0)))
                                                  for f in batch.files}, batch.batch_id, committed)
+    return len(unreadable)
 
 
 def _raw_events(classified: DataFrame, table: TableConfig) -> DataFrame | None:

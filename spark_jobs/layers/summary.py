@@ -60,6 +60,21 @@ class BronzeSummary(LayerSummary):
 
     AFTER_GATE = ("tombstones_matched_late",)
 
+    def absorb(self, part: BronzeSummary) -> None:
+        """Adds a committed batch of a backlog's files: counts summed, the newest lag, the worst verdict; the
+        gate's checks shown are the last batch's. The quarantined share is the caller's to set."""
+        for name in ("lines", "events", "tombstones", "tombstones_matched", "tombstones_unmatched",
+                     "tombstones_matched_late", "empty_files", "warnings"):
+            setattr(self, name, (getattr(self, name) or 0) + (getattr(part, name) or 0))
+        for name in ("quarantined", "flagged"):
+            merged = dict(getattr(self, name) or {})
+            for reason, n in (getattr(part, name) or {}).items():
+                merged[reason] = merged.get(reason, 0) + n
+            setattr(self, name, merged or None)
+        self.lag_s = min((v for v in (self.lag_s, part.lag_s) if v is not None), default=None)
+        self.gate = part.gate if self.gate in (None, "passed") else self.gate
+        self.checks, self.docs, self.version = part.checks, part.docs, part.version
+
 
 @dataclass(kw_only=True)
 class SilverSummary(LayerSummary):

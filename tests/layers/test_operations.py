@@ -23,7 +23,7 @@ from spark_jobs.registry import load_registry
 from spark_jobs.session import use_s3_settings
 from spark_jobs.state import writer_lock
 from tests.conftest import s3_environment, upload_landing
-from tests.support import run, summary_line
+from tests.support import run, silver_rows, summary_line
 
 ROOT = Path(__file__).resolve().parents[2]
 DAY = 86_400
@@ -271,3 +271,31 @@ def silver_table_rows(lake: Path) -> list[dict]:
     columns = read_columns(Lake(str(lake)).silver("customers"))
     assert columns is not None
     return [dict(zip(columns, values, strict=True)) for values in zip(*columns.values(), strict=True)]
+
+
+def test_a_backlog_in_bounded_batches_gives_the_tables_and_counts_of_one_batch(spark, engine, tmp_path, capsys,
+                                                                               monkeypatch):
+    """Files taken five at a time (each batch its own commit, tombstones opening a file matched to the
+    delete a batch before) give the bronze rows, silver and counts of taking them all at once."""
+    config = write_config(tmp_path, gold=False)
+    landing = tmp_path / "landing"
+    (landed,) = generate(load_registry(str(config)).select(None), landing,
+                         Options(rows=10, changes=30, records_per_file=3, seed=8, mix=(20, 40, 40)))
+    code, whole, err = run(capsys, config, landing, tmp_path / "whole", "--layers", "bronze,silver")
+    assert (code, err) == (0, ""), err
+    monkeypatch.setenv("CDC_BRONZE_BATCH_FILES", "5")
+    code, batched, err = run(capsys, config, landing, tmp_path / "batched", "--layers", "bronze,silver")
+    assert (code, err) == (0, ""), err
+    files = len(landed.files)
+    batches = -(-files // 5)
+    assert f"bronze customers: batch {batches}/{batches} committed: " in batched and f"({files} of {files} files)" in batched
+    counted = ("files", "lines", "events", "tombstones", "tombstones_matched", "tombstones_unmatched",
+               "quarantined_share", "gate")
+    assert {k: summary_line(batched, "bronze", "customers")[k] for k in counted} == \
+        {k: summary_line(whole, "bronze", "customers")[k] for k in counted}
+    assert int(summary_line(whole, "bronze", "customers")["tombstones_matched"]) > 0
+    drop = ("_batch_id", "_ingested_at", "_bronze_version")
+    a, b = Lake(str(tmp_path / "whole")), Lake(str(tmp_path / "batched"))
+    assert table_rows(spark, engine, b.bronze("customers"), drop) == table_rows(spark, engine, a.bronze("customers"), drop)
+    assert engine.version(b.bronze("customers")) == batches - 1  # a commit a batch
+    assert silver_rows(spark, engine, b.root, "customers", ("custkey",)) == landed.final_rows
