@@ -46,7 +46,8 @@ with DAG(
                    "when nothing arrives.")
         sense >> CdcSparkJob(
             task_id=f"bronze_ingest_{table.name}", landing=W.landing, files_from=sense.task_id,
-            cli_args=W.cli_args("--layers", "bronze", "--tables", table.name), outlets=[W.asset("bronze", table.name)],
+            cli_args=W.cli_args("--layers", "bronze", "--tables", table.name),
+            inlets=W.reads("bronze", table.name), outlets=[W.asset("bronze", table.name)],
             pool=writer_pool(table.name),  # one writer per table: others wait queued (cdc_airflow.wiring)
             doc_md="Ingests exactly the sensor's files: bad lines to quarantine with a reason, the rest appended "
                    "to bronze when the bronze gate passes.")
@@ -66,7 +67,7 @@ for table in W.registry.tables.values():
     ):
         CdcSparkJob(task_id=f"silver_merge_{table.name}", landing=W.landing, pool=writer_pool(table.name),
                     cli_args=W.cli_args("--layers", "silver", "--tables", table.name),
-                    outlets=[W.asset("silver", table.name)],
+                    inlets=W.reads("silver", table.name), outlets=[W.asset("silver", table.name)],
                     doc_md="Applies the bronze rows silver has not seen; the gate's report is in Browse > CDC data quality.")
 
 for model in W.registry.gold.values():
@@ -82,5 +83,6 @@ for model in W.registry.gold.values():
         default_args=default_args(),
     ):
         CdcSparkJob(task_id=f"gold_refresh_{model.name}", landing=W.landing, pool=writer_pool(model.name, gold=True),
-                    cli_args=W.cli_args("--layers", "gold", "--models", model.name), outlets=[W.asset("gold", model.name)],
+                    cli_args=W.cli_args("--layers", "gold", "--models", model.name),
+                    inlets=W.reads("gold", model.name), outlets=[W.asset("gold", model.name)],
                     doc_md="Runs the model's SQL over silver; publishes it when the gold gate passes.")

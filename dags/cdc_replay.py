@@ -51,11 +51,13 @@ with DAG(
         bronze = CdcSparkJob(
             task_id=f"bronze_reprocess_{name}", landing=W.landing, pool=writer_pool(name),
             cli_args=W.cli_args("--layers", "bronze", "--tables", name, "--mode", "reprocess", *window, *limit),
+            inlets=W.reads("bronze", name), outlets=[W.asset("bronze", name)],
             doc_md="Reads the window's landing files again and replaces their bronze rows in one commit.")
         silver[name] = CdcSparkJob(
             task_id=f"silver_replay_{name}", landing=W.landing, pool=writer_pool(name),
             trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS,
             cli_args=W.cli_args("--layers", "silver", "--tables", name, "--mode", "{{ params.mode }}", *limit),
+            inlets=W.reads("silver", name), outlets=[W.asset("silver", name)],
             doc_md="reprocess: applies the re-read bronze rows; rebuild: recomputes silver from all of bronze.")
         plan >> bronze >> silver[name]
         plan >> silver[name]
@@ -63,5 +65,6 @@ with DAG(
         [silver[s] for s in model.sources] >> CdcSparkJob(
             task_id=f"gold_refresh_{model.name}", landing=W.landing, pool=writer_pool(model.name, gold=True),
             trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS,
-            cli_args=W.cli_args("--layers", "gold", "--models", model.name), outlets=[W.asset("gold", model.name)],
+            cli_args=W.cli_args("--layers", "gold", "--models", model.name),
+            inlets=W.reads("gold", model.name), outlets=[W.asset("gold", model.name)],
             doc_md="Refreshes the model from the replayed silver tables.")

@@ -86,6 +86,8 @@ def parser() -> argparse.ArgumentParser:
                                              "past their retention (tables.yaml `maintenance:`)")
     upkeep.add_argument("--config", default="include/tables.yaml")
     upkeep.add_argument("--lake", required=True)
+    upkeep.add_argument("--landing", default=None, help="landing root: also recompute each table's landing marks "
+                                                        "from a full listing")
     upkeep.add_argument("--tables", type=_csv, default=None, help="comma-separated table names")
     upkeep.add_argument("--models", type=_csv, default=None, help="comma-separated gold models")
     upkeep.add_argument("--reports", action="store_true", help="expire the run reports (lake-wide)")
@@ -186,9 +188,10 @@ def run(args: argparse.Namespace) -> int:
     threading.Thread(target=importlib.import_module, args=("great_expectations",), daemon=True).start()
     spark = build_session(f"cdc-{'-'.join(args.layers)}")
     engine = make_engine(spark)
+    ui = None if is_remote_session(spark) else spark.sparkContext.uiWebUrl
     print(f"run {batch_id}: mode={args.mode} engine={engine.name} landing={landing} lake={lake.root} "
-          f"window={window.describe()} session_s={time.monotonic() - started:.3f} session_ready_at={time.time():.3f}",
-          flush=True)
+          f"window={window.describe()} session_s={time.monotonic() - started:.3f} session_ready_at={time.time():.3f}"
+          + (f" spark_ui={ui}" if ui else ""), flush=True)
     steps = Steps(spark, engine, lake, batch_id)
     try:
         for table in tables:
@@ -273,7 +276,8 @@ def maintain(args: argparse.Namespace) -> int:
         return step
 
     for table in tables:
-        steps.run(table.name, "maintenance", table.name, upkeep(maintenance.maintain_table), lake, table, batch_id)
+        steps.run(table.name, "maintenance", table.name, upkeep(maintenance.maintain_table), lake, table, batch_id,
+                  resolve_uri(args.landing) if args.landing else None)
     for model in models:
         steps.run(model.name, "maintenance", f"gold.{model.name}", upkeep(maintenance.maintain_model), lake, model,
                   batch_id)

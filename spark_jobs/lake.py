@@ -68,6 +68,10 @@ class Lake:
         """Landing files staged for a bronze run (links or S3 downloads under Spark-safe names)."""
         return f"{self.root}/_state/staging"
 
+    def landing_marks(self, table: str) -> str:
+        """Per landing folder, the last file bronze has taken with every file before it (state.LandingMarks)."""
+        return f"{self.root}/_state/landing_marks/{table}.json"
+
     def progress(self, table: str) -> str:
         return f"{self.root}/_state/progress/{table}"
 

@@ -11,7 +11,7 @@ import datetime as dt
 import gzip
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -76,21 +76,32 @@ class LandingWindow:
 
 
 class Store(Protocol):
-    # (path under the root, size, modified_ms, problem opening it or None)
-    def walk(self, prefix: str) -> Iterator[tuple[str, int, int, str | None]]: ...
+    # (path under the root, size, modified_ms, problem opening it or None); a folder's files after its mark only
+    def walk(self, prefix: str, marks: Mapping[str, str]) -> Iterator[tuple[str, int, int, str | None]]: ...
+
+
+def folder_of(path: str) -> str:
+    return path.rsplit("/", 1)[0]
+
+
+def _after_mark(path: str, marks: Mapping[str, str]) -> bool:
+    mark = marks.get(folder_of(path))
+    return mark is None or path > mark
 
 
 class LocalStore:
     def __init__(self, root: str):
         self.root = Path(root)
 
-    def walk(self, prefix: str) -> Iterator[tuple[str, int, int, str | None]]:
+    def walk(self, prefix: str, marks: Mapping[str, str]) -> Iterator[tuple[str, int, int, str | None]]:
         base = self.root / prefix
         for dirpath, dirnames, filenames in os.walk(base):
             dirnames[:] = [d for d in dirnames if not d.startswith((".", "_"))]
             for name in filenames:
                 full = Path(dirpath) / name
                 relative = full.relative_to(self.root).as_posix()
+                if not _after_mark(relative, marks):
+                    continue
                 try:
                     stat = full.stat()
                 except OSError as exc:  # a dangling link or a link loop: listed, to be quarantined by name
@@ -112,13 +123,30 @@ class S3Store:
     def _key(self, path: str) -> str:
         return f"{self.prefix}/{path}" if self.prefix else path
 
-    def walk(self, prefix: str) -> Iterator[tuple[str, int, int, str | None]]:
-        start = len(self.prefix) + 1 if self.prefix else 0
-        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self._key(prefix) + "/"):
-            for obj in page.get("Contents", []):
-                if any(part.startswith((".", "_")) for part in obj["Key"][start:].split("/")[:-1]):
-                    continue  # temp/marker folders, as os.walk skips locally
-                yield obj["Key"][start:], int(obj["Size"]), int(obj["LastModified"].timestamp() * 1000), None
+    def walk(self, prefix: str, marks: Mapping[str, str]) -> Iterator[tuple[str, int, int, str | None]]:
+        """Each folder under `prefix` listed from after its mark (S3 lists keys in order: StartAfter skips what
+        is marked without listing it); folders without a mark (time-based layouts nest) in full."""
+        top = self._key(prefix) + "/"
+        paginator = self.client.get_paginator("list_objects_v2")
+        folders, loose = [], []
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=top, Delimiter="/"):
+            folders += [p["Prefix"] for p in page.get("CommonPrefixes", [])]
+            loose += page.get("Contents", [])
+        yield from self._objects(loose, marks)
+        for folder in folders:
+            mark = marks.get(self._relative(folder.rstrip("/")))
+            pages = paginator.paginate(Bucket=self.bucket, Prefix=folder, **({"StartAfter": self._key(mark)} if mark else {}))
+            yield from self._objects([obj for page in pages for obj in page.get("Contents", [])], marks)
+
+    def _relative(self, key: str) -> str:
+        return key[len(self.prefix) + 1:] if self.prefix else key
+
+    def _objects(self, objects: list[dict[str, Any]], marks: Mapping[str, str]) -> Iterator[tuple[str, int, int, str | None]]:
+        for obj in objects:
+            path = self._relative(obj["Key"])
+            if any(part.startswith((".", "_")) for part in path.split("/")[:-1]) or not _after_mark(path, marks):
+                continue  # temp/marker folders, as os.walk skips locally
+            yield path, int(obj["Size"]), int(obj["LastModified"].timestamp() * 1000), None
 
     def download(self, path: str, dest: Path) -> None:
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -137,11 +165,13 @@ def open_store(landing: str, s3_client: Any = None) -> Store:
     return LocalStore(landing.removeprefix("file://"))
 
 
-def list_topic(landing: str, topic: str, s3_client: Any = None) -> list[LandingFile]:
-    """Every data file under <landing>/topics/<topic>/, both partitioner layouts, sorted by path.
+def list_topic(landing: str, topic: str, s3_client: Any = None, marks: Mapping[str, str] | None = None) -> list[LandingFile]:
+    """Every data file under <landing>/topics/<topic>/, both partitioner layouts, sorted by path; with `marks`
+    (folder -> the last file of it bronze has taken with every file before it), only those after their
+    folder's mark: the sink names files by offset, so listing costs what is new, not the topic's history.
     Names starting with '.' or '_' are writer temp/marker files, not data."""
     files = [LandingFile(path, size, modified, problem) for path, size, modified, problem in
-             open_store(landing, s3_client).walk(f"topics/{topic}")
+             open_store(landing, s3_client).walk(f"topics/{topic}", marks or {})
              if not path.rsplit("/", 1)[-1].startswith((".", "_"))]
     return sorted(files, key=lambda f: f.path)
 

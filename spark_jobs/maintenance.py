@@ -60,6 +60,7 @@ class MaintenanceSummary(LayerSummary):
     stored_files_before: int = 0
     stored_files_after: int = 0
     results_removed: int = 0  # GX validation results and Data Docs pages past the report retention
+    late_files: int | None = None  # landing files found under a name before their folder's mark (now listed)
     tables: list[dict[str, Any]] = field(default_factory=list)
 
     def add(self, upkeep: DeltaUpkeep) -> None:
@@ -82,8 +83,18 @@ def table_paths(lake: Lake, table: TableConfig) -> list[tuple[str, str, tuple[st
             ("pending_tombstones", lake.pending_tombstones(table.name), ())]
 
 
-def maintain_table(engine: Any, lake: Lake, table: TableConfig, batch_id: str) -> MaintenanceSummary:
+def maintain_table(engine: Any, lake: Lake, table: TableConfig, batch_id: str,
+                   landing: str | None = None) -> MaintenanceSummary:
+    """With `landing`, also recomputes the table's landing marks from a full listing (state.repair_marks)."""
     summary = MaintenanceSummary(table=table.name, batch_id=batch_id)
+    if landing is not None:
+        from spark_jobs.state import repair_marks
+
+        late = repair_marks(landing, lake, table.name, table.topic)
+        summary.late_files = len(late)
+        if late:
+            print(f"maintain {table.name}: {len(late)} landing file(s) landed late under names before their "
+                  f"folder's mark, listed again from now on: {', '.join(late[:5])}", flush=True)
     for name, path, cluster in table_paths(lake, table):
         upkeep = maintain_delta(engine, name, path, table.maintenance, cluster)
         if upkeep is not None:

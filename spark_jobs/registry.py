@@ -21,7 +21,7 @@ from spark_jobs.settings import resolve
 FORMATS = ("auto", "json", "json-flat", "parquet", "avro")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TABLE_FIELDS = {"topic", "keys", "format", "sequence_by", "partition_by", "columns", "history", "tombstone_retention",
-                 "quality", "unavailable_value_placeholder", "expectations", "maintenance"}
+                 "quality", "unavailable_value_placeholder", "expectations", "maintenance", "freshness"}
 # what Debezium's PostgreSQL connector sends for an unchanged TOASTed column (unavailable.value.placeholder)
 UNAVAILABLE_PLACEHOLDER = "__debezium_unavailable_value"
 # Spark SQL types a column override may name (checked here, without importing pyspark)
@@ -107,6 +107,7 @@ class TableConfig:
     unavailable_value_placeholder: str = UNAVAILABLE_PLACEHOLDER
     expectations: tuple[UserExpectation, ...] = ()  # the user's own, on silver's typed rows or bronze's events
     maintenance: Maintenance = Maintenance()
+    freshness_s: int | None = None  # silver's newest source change at most this old (cdc_freshness); None: unwatched
 
     def layer_expectations(self, layer: str) -> tuple[UserExpectation, ...]:
         return tuple(e for e in self.expectations if e.layer == layer)
@@ -275,6 +276,7 @@ def parse_table(name: str, spec: Any, defaults: Quality = Quality(), upkeep: Mai
         quality=parse_quality(spec.get("quality"), f"table {name!r}", ("bronze", "silver"), defaults),
         expectations=parse_expectations(spec.get("expectations"), f"table {name!r}", ("silver", "bronze")),
         maintenance=parse_maintenance(spec.get("maintenance"), f"table {name!r}", upkeep),
+        freshness_s=None if spec.get("freshness") is None else _duration(spec["freshness"], f"table {name!r}", "freshness"),
         unavailable_value_placeholder=_placeholder(spec.get("unavailable_value_placeholder", UNAVAILABLE_PLACEHOLDER), name),
         name=name,
         topic=topic,

@@ -21,7 +21,7 @@ COUNTS = ("files", "lines", "events", "rows", "inserted", "updated", "deleted", 
           "superseded_in_batch", "stale_ignored", "ties", "truncates", "tombstones", "tombstones_matched",
           "tombstones_unmatched", "tombstones_matched_late", "recovered_commits", "quarantined_share", "lag_s", "version",
           "bronze_version", "history_rows", "files_before", "files_after", "bytes_before", "bytes_after",
-          "stored_files_before", "stored_files_after", "results_removed", "seconds")
+          "stored_files_before", "stored_files_after", "results_removed", "late_files", "seconds")
 UPKEEP = ("name", "files_before", "files_after", "bytes_before", "bytes_after", "stored_before", "stored_after",
           "version_before", "version_after", "compacted")
 

@@ -9,11 +9,12 @@ from pyspark.sql import SparkSession
 from spark_jobs.settings import settings
 
 # Settings every job relies on: UTC so Debezium's epoch-based times decode to the same instants
-# everywhere; small shuffles because CDC batches are small next to the table; no UI or progress bars.
+# everywhere; small shuffles because CDC batches are small next to the table; no progress bars, and the UI
+# only when asked (CDC_SPARK_UI: the Airflow tasks ask, and log its URL).
 SESSION_CONF = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.shuffle.partitions": str(settings().shuffle_partitions),
-    "spark.ui.enabled": "false",
+    "spark.ui.enabled": str(settings().spark_ui).lower(),
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.sources.partitionColumnTypeInference.enabled": "false",

@@ -25,6 +25,7 @@ class Settings:
     aws_conn_id: str = "aws_default"  # CDC_AWS_CONN_ID: the Airflow connection holding the S3 credentials
     spark_remote: str = ""  # CDC_SPARK_REMOTE: sc://host:port of a Spark Connect server to attach to
     spark_master: str = "local[*]"  # CDC_SPARK_MASTER: the master of a session of its own (and of spark-server)
+    spark_ui: bool = False  # CDC_SPARK_UI: a run that starts its own Spark serves its UI (the URL in its first line)
     spark_log_level: str = "ERROR"  # CDC_SPARK_LOG_LEVEL: Spark's log level in a session of its own
     # CDC_DRIVER_MEMORY: the driver's heap (local mode: its executors' too); a JSON landing file is split
     # into lines in one task, so this bounds the largest file (one with a 50 MB line ran out of 1 GB)

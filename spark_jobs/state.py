@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import datetime as dt
 import fcntl
+import json
 import os
+import re
 import secrets
 import socket
 import threading
@@ -17,7 +19,7 @@ from typing import Any
 
 from spark_jobs.errors import TableBusy
 from spark_jobs.lake import Lake, read_columns
-from spark_jobs.landing import LandingFile, LandingWindow, list_topic
+from spark_jobs.landing import LandingFile, LandingWindow, folder_of, list_topic
 from spark_jobs.settings import settings
 
 
@@ -39,9 +41,55 @@ def ingested_files(lake: Lake, table: str, env: Mapping[str, str] = os.environ) 
 
 def pending_files(landing: str, lake: Lake, table: str, topic: str, window: LandingWindow | None = None,
                   s3_client: Any = None, env: Mapping[str, str] = os.environ) -> list[LandingFile]:
-    """Landing files of the topic in the landing-time window that bronze has not taken yet."""
-    done, window = ingested_files(lake, table, env), window or LandingWindow()
-    return [f for f in list_topic(landing, topic, s3_client) if f.path not in done and f in window]
+    """Landing files of the topic in the landing-time window that bronze has not taken yet; the listing
+    starts after the table's landing marks. `s3_client` (the landing's) also reads an S3 lake's marks."""
+    marks = read_marks(lake, table, s3_client if lake.on_s3 else None)
+    listed = list_topic(landing, topic, s3_client, marks)
+    done, window = ingested_files(lake, table, env) if listed else set(), window or LandingWindow()
+    return [f for f in listed if f.path not in done and f in window]
+
+
+SINK_NAME = re.compile(r"\+\d+\+\d{10,}\.[^/]+$")
+
+
+def read_marks(lake: Lake, table: str, s3_client: Any = None) -> dict[str, str]:
+    """The table's landing marks: per landing folder, the last file (by name, which the S3 sink orders by
+    offset) that bronze has taken with every file before it. Nothing at or before a mark is ever pending."""
+    from spark_jobs.storage import S3Files
+
+    files = S3Files(s3_client) if s3_client is not None else lake.files
+    data = files.read(lake.landing_marks(table))
+    return {} if data is None else dict(json.loads(data))
+
+
+def repair_marks(landing: str, lake: Lake, table: str, topic: str) -> list[str]:
+    """The marks recomputed from a full listing (maintenance, daily): returns the files that landed late under
+    a name before their folder's mark, which the sensor's listings skip; from now on they are listed."""
+    marks, listed = read_marks(lake, table), list_topic(landing, topic)
+    taken = ingested_files(lake, table)
+    late = [f.path for f in listed if f.path not in taken and f.path <= marks.get(folder_of(f.path), "")]
+    advance_marks(lake, table, {}, listed, taken)
+    return late
+
+
+def advance_marks(lake: Lake, table: str, marks: dict[str, str], listed: list[LandingFile], taken: set[str]) -> None:
+    """Moves each folder's mark from `marks` (those the listing started after; {} for a full listing, which
+    computes them afresh) over the listed files that are taken, up to the first one that is not (a file a
+    window left for later keeps every later file listed). Written under the table's writer lock."""
+    moved = dict(marks)
+    stopped: set[str] = set()
+    for f in sorted(listed, key=lambda f: f.path):
+        folder = folder_of(f.path)
+        if folder in stopped or f.path <= moved.get(folder, ""):
+            continue
+        # only the sink's names (<topic>+<partition>+<zero-padded start offset>) promise that a later file
+        # sorts after every earlier one: a folder of other names is always listed in full
+        if f.path in taken and SINK_NAME.search(f.path):
+            moved[folder] = f.path
+        else:
+            stopped.add(folder)
+    if moved != read_marks(lake, table):
+        lake.files.write(lake.landing_marks(table), json.dumps(moved, indent=1, sort_keys=True))
 
 
 @contextmanager

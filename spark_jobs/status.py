@@ -42,22 +42,25 @@ class LakeStatus:
         return asdict(self)
 
 
+def layer_status(lake: Lake, name: str, layer: str, now: dt.datetime | None = None) -> LayerStatus:
+    """One table's (or gold model's) layer: rows, newest verdict and run, last success, and its lag now."""
+    now = now or dt.datetime.now(dt.UTC)
+    path = {"bronze": lake.bronze, "silver": lake.silver, "gold": lake.gold}[layer](name)
+    status = LayerStatus(rows=row_count(path))
+    last, good = (_read(lake, lake.latest_summary(name, layer, passed)) for passed in (False, True))
+    if last:
+        status.last_verdict, status.last_run = str(last.get("gate")), last.get("run_id")
+    if good:
+        status.last_success = good.get("published_at")
+        if good.get("lag_s") is not None and status.last_success:
+            since = (now - dt.datetime.fromisoformat(status.last_success)).total_seconds()
+            status.lag_s = round(float(good["lag_s"]) + since, 3)
+    return status
+
+
 def lake_status(registry: Registry, lake: Lake, landing: str | None, now: dt.datetime | None = None) -> LakeStatus:
     """Every table's and gold model's status; `landing` None leaves pending files uncounted."""
     now = now or dt.datetime.now(dt.UTC)
-
-    def layer(name: str, layer_name: str, path: str) -> LayerStatus:
-        status = LayerStatus(rows=row_count(path))
-        last, good = (_read(lake, lake.latest_summary(name, layer_name, passed)) for passed in (False, True))
-        if last:
-            status.last_verdict, status.last_run = str(last.get("gate")), last.get("run_id")
-        if good:
-            status.last_success = good.get("published_at")
-            if good.get("lag_s") is not None and status.last_success:
-                since = (now - dt.datetime.fromisoformat(status.last_success)).total_seconds()
-                status.lag_s = round(float(good["lag_s"]) + since, 3)
-        return status
-
     tables = []
     for table in registry.tables.values():
         item = TableStatus(table.name, "table", quarantined_rows=row_count(lake.quarantine(table.name)))
@@ -65,12 +68,11 @@ def lake_status(registry: Registry, lake: Lake, landing: str | None, now: dt.dat
             from spark_jobs.state import pending_files
 
             item.pending_files = len(pending_files(landing, lake, table.name, table.topic))
-        item.layers = {"bronze": layer(table.name, "bronze", lake.bronze(table.name)),
-                       "silver": layer(table.name, "silver", lake.silver(table.name))}
+        item.layers = {layer: layer_status(lake, table.name, layer, now) for layer in ("bronze", "silver")}
         tables.append(item)
     for model in registry.gold.values():
         tables.append(TableStatus(model.name, "gold", quarantined_rows=row_count(lake.quarantine(model.name)),
-                                  layers={"gold": layer(model.name, "gold", lake.gold(model.name))}))
+                                  layers={"gold": layer_status(lake, model.name, "gold", now)}))
     return LakeStatus(lake=lake.root, at=now.isoformat(), tables=tables)
 
 

@@ -37,8 +37,9 @@ class CdcSparkJob(SparkSubmitOperator):
     def __init__(self, *, cli_args: list[str], landing: str, files_from: str | None = None,
                  aws_conn_id: str | None = None, command: str = "run", **kwargs: Any):
         kwargs.setdefault("conn_id", "spark_default")
-        kwargs.setdefault("conf", {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"})
-        kwargs.setdefault("env_vars", {"GX_ANALYTICS_ENABLED": "false"})
+        # the Spark UI while the job runs: its URL is in the task log's first line (`spark_ui=`)
+        kwargs.setdefault("conf", {"spark.ui.enabled": "true", "spark.ui.showConsoleProgress": "false"})
+        kwargs.setdefault("env_vars", {"GX_ANALYTICS_ENABLED": "false", Settings.variable("spark_ui"): "true"})
         super().__init__(application=ENTRY_POINT, application_args=[command, *cli_args, "--run-id", "{{ run_id }}"],
                          name=f"cdc-{kwargs['task_id']}", **kwargs)
         self.landing, self.files_from, self.aws_conn_id = landing, files_from, aws_conn_id or settings().aws_conn_id

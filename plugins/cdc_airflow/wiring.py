@@ -30,7 +30,7 @@ class Wiring:
         return ["--config", self.config, "--landing", self.landing, "--lake", self.lake, *selection]
 
     def maintain_args(self, *selection: str) -> list[str]:
-        return ["--config", self.config, "--lake", self.lake, *selection]
+        return ["--config", self.config, "--lake", self.lake, "--landing", self.landing, *selection]
 
     def pools(self) -> dict[str, str]:
         """One Airflow pool of one slot per table and per gold model, every task writing it in that pool: a second
@@ -42,6 +42,19 @@ class Wiring:
     def asset(self, layer: str, name: str) -> Asset:
         """A table (or gold model) of a layer; its URI is the Delta table's location."""
         return Asset(name=f"cdc.{layer}.{name}", uri=Lake(self.lake).table_uri(layer, name), group="cdc")
+
+    def landing_asset(self, table: str) -> Asset:
+        """A table's landing folder (what bronze reads): an input in lineage, no DAG is scheduled by it."""
+        root = self.landing if "://" in self.landing else f"file://{self.landing}"
+        return Asset(name=f"cdc.landing.{table}", uri=f"{root}/topics/{self.registry.tables[table].topic}", group="cdc")
+
+    def reads(self, layer: str, name: str) -> list[Asset]:
+        """What a layer's task of a table (or gold model) reads, as assets: its lineage inputs (OpenLineage)."""
+        if layer == "bronze":
+            return [self.landing_asset(name)]
+        if layer == "silver":
+            return [self.asset("bronze", name)]
+        return [self.asset("silver", source) for source in self.registry.gold[name].sources]
 
 
 def writer_pool(name: str, gold: bool = False) -> str:

@@ -23,7 +23,7 @@ from spark_jobs.quality.gates import bronze_checks
 from spark_jobs.quality.user_expectations import check_columns, violations
 from spark_jobs.registry import TableConfig
 from spark_jobs.settings import settings
-from spark_jobs.state import ingest_log, ingested_files
+from spark_jobs.state import advance_marks, ingest_log, ingested_files, read_marks
 
 
 @dataclass(frozen=True)
@@ -37,26 +37,50 @@ class Selection:
     reprocess: bool = False
 
 
-def _select(landing: str, lake: Lake, table: TableConfig, selection: Selection, recovered: set[str]) -> list[LandingFile]:
-    listed = list_topic(landing, table.topic)
+@dataclass(frozen=True)
+class _Listing:
+    """The topic's files after the table's landing marks, what bronze had taken before this run, and the
+    files this run takes."""
+
+    marks: dict[str, str]
+    listed: list[LandingFile]
+    done: set[str]
+    chosen: list[LandingFile]
+
+    def advance(self, lake: Lake, table: str) -> None:
+        """After the run's files are logged: the marks move over every file now taken."""
+        advance_marks(lake, table, self.marks, self.listed, self.done | {f.path for f in self.chosen})
+
+
+def _select(landing: str, lake: Lake, table: TableConfig, selection: Selection, recovered: set[str]) -> _Listing:
+    # the sensor's files (after its marks) are found by listing after the marks too; a run that lists for
+    # itself (by hand, a window, a reprocess) lists everything, which also finds a file that landed late
+    # under a name before its folder's mark (the sink does not, a copy by hand may), and recomputes the marks
+    marks = read_marks(lake, table.name) if selection.files is not None and not selection.reprocess else {}
+    listed = list_topic(landing, table.topic, marks=marks)
+    done = ingested_files(lake, table.name) | recovered
+    chosen = listed
     if selection.files is not None:
-        gone = sorted(selection.files - {f.path for f in listed})
+        # named files bronze has taken since (another run of the table) are not gone: they are done
+        gone = sorted(selection.files - {f.path for f in listed} - done)
         if gone:
             raise PipelineError(table.name, "bronze", f"{len(gone)} landing file(s) handed to this run are no longer "
                                 f"in {landing}: {', '.join(gone[:5])}")
-        listed = [f for f in listed if f.path in selection.files]
-    done = set() if selection.reprocess else ingested_files(lake, table.name) | recovered
-    return [f for f in listed if f in selection.window and f.path not in done]
+        chosen = [f for f in listed if f.path in selection.files]
+    skip = set() if selection.reprocess else done
+    return _Listing(marks, listed, done, [f for f in chosen if f in selection.window and f.path not in skip])
 
 
 def bronze_ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, landing: str, lake: Lake,
                   batch_id: str, selection: Selection = Selection()) -> BronzeSummary:
     recovered = _recover_unlogged_files(spark, engine, lake, table.name, batch_id)
-    files = _select(landing, lake, table, selection, recovered)
+    listing = _select(landing, lake, table, selection, recovered)
+    files = listing.chosen
     summary = BronzeSummary(table=table.name, batch_id=batch_id, files=len(files), recovered_files=len(recovered),
                             mode="reprocess" if selection.reprocess else None)
     if not files:
         summary.gate, summary.lines, summary.events, summary.tombstones = "skipped (no new files)", 0, 0, 0
+        listing.advance(lake, table.name)  # files another run took (or recovered ones) move the marks too
         return summary
     # names Spark cannot read where they are get copies in the lake, which a cluster's executors see as the
     # driver does; what a killed run staged goes first (one writer per table: no live run of it has any)
@@ -83,6 +107,7 @@ def bronze_ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
             print(f"bronze {table.name}: batch {number}/{len(chunks)} committed: {len(chunk)} files, {part.lines} "
                   f"lines, {part.events} events, {sum((part.quarantined or {}).values())} quarantined "
                   f"({min(number * size, len(files))} of {len(files)} files)", flush=True)
+    listing.advance(lake, table.name)
     return summary
 
 
@@ -92,7 +117,8 @@ def skip_files(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lan
     each is logged as taken, so the sensor and later runs pass it by, and quarantined whole (line 0, the
     reason `skipped: <reason>`), so it is counted and found. It stays in landing: a reprocess over its
     landing time reads it again."""
-    files = _select(landing, lake, table, selection, set())
+    listing = _select(landing, lake, table, selection, set())
+    files = listing.chosen
     summary = BronzeSummary(table=table.name, batch_id=batch_id, files=len(files), mode="skip",
                             gate="skipped (files set aside)")
     if files:
@@ -102,6 +128,7 @@ def skip_files(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lan
         # lines, events and tombstones unknown: the files were not read
         _log_files(spark, engine, lake, table.name, {f.path: (f.size, f.modified_ms, None, 0, None, None)
                                                      for f in files}, batch_id, None)
+        listing.advance(lake, table.name)
     return summary
 
 

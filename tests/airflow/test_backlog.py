@@ -11,6 +11,7 @@ import pytest
 from spark_jobs.generate import Options, generate
 from spark_jobs.lake import Lake, read_columns, row_count
 from spark_jobs.registry import load_registry
+from spark_jobs.state import pending_files, read_marks
 from tests.conftest import ROOT, subprocess_env
 
 pytest.importorskip("airflow")
@@ -55,3 +56,9 @@ def test_five_thousand_pending_files_land_in_bounded_batches_with_every_line_acc
     assert row_count(Lake(str(lake)).bronze("customers")) == landed.events
     assert row_count(Lake(str(lake)).quarantine("customers")) is None
     assert "tombstones_unmatched=0" in log and f"lines={files} events={landed.events}" in log
+
+    # the marks moved to each partition's last file: the next listing starts there and finds nothing
+    relative = sorted(str(Path(f).relative_to(landing)) for f in landed.files)
+    assert read_marks(Lake(str(lake)), "customers") == {
+        folder: max(p for p in relative if p.startswith(folder + "/")) for folder in {p.rsplit("/", 1)[0] for p in relative}}
+    assert pending_files(str(landing), Lake(str(lake)), "customers", "burst.burst_bank.customers") == []

@@ -27,6 +27,7 @@ print(json.dumps({
     "dags": {dag_id: {
         "schedule": schedule(dag), "tags": sorted(dag.tags), "max_active_runs": dag.max_active_runs, "doc": bool(dag.doc_md),
         "tasks": {t.task_id: {"down": sorted(t.downstream_task_ids), "outlets": [o.name for o in t.outlets],
+                              "inlets": [i.name for i in t.inlets],
                               "doc": bool(t.doc_md), "retries": t.retries, "timeout": str(t.execution_timeout),
                               "on_failure": bool(t.on_failure_callback), "type": type(t).__name__, "pool": t.pool}
                   for t in dag.tasks}} for dag_id, dag in bag.dags.items()},
@@ -56,10 +57,10 @@ def test_dag_folder_parses_in_a_fresh_home_without_errors_or_heavy_imports(tmp_p
     assert bronze["schedule"] == "0:15:00" and bronze["tags"] == ["bronze", "cdc", "landing"]
     assert bronze["tasks"]["landing_sense_customers"] == {
         "down": ["bronze_ingest_customers"], "outlets": [], "doc": True, "retries": 1, "timeout": "1:00:00",
-        "on_failure": True, "type": "LandingSensor", "pool": "default_pool"}
+        "on_failure": True, "type": "LandingSensor", "pool": "default_pool", "inlets": []}
     assert bronze["tasks"]["bronze_ingest_customers"] == {
         "down": [], "outlets": ["cdc.bronze.customers"], "doc": True, "retries": 3, "timeout": "1:00:00",
-        "on_failure": True, "type": "CdcSparkJob", "pool": "cdc_table_customers"}
+        "on_failure": True, "type": "CdcSparkJob", "pool": "cdc_table_customers", "inlets": ["cdc.landing.customers"]}
     assert len(bronze["tasks"]) == 2 * len(tables)
 
     # each layer's DAG is scheduled by the asset it reads, and updates the one it writes
@@ -67,9 +68,12 @@ def test_dag_folder_parses_in_a_fresh_home_without_errors_or_heavy_imports(tmp_p
     assert (silver["schedule"], silver["max_active_runs"], silver["tags"]) == (
         ["cdc.bronze.film"], 1, ["cdc", "silver", "source:pagila"])
     assert silver["tasks"]["silver_merge_film"]["outlets"] == ["cdc.silver.film"]
+    assert silver["tasks"]["silver_merge_film"]["inlets"] == ["cdc.bronze.film"]  # lineage inputs (OpenLineage)
     gold = dags["cdc_gold_films_per_actor"]
     assert gold["schedule"] == ["cdc.silver.actor", "cdc.silver.film", "cdc.silver.film_actor"]
     assert gold["tasks"]["gold_refresh_films_per_actor"]["outlets"] == ["cdc.gold.films_per_actor"]
+    assert gold["tasks"]["gold_refresh_films_per_actor"]["inlets"] == ["cdc.silver.actor", "cdc.silver.film_actor",
+                                                                       "cdc.silver.film"]
 
     replay = dags["cdc_replay"]
     assert (replay["schedule"], replay["max_active_runs"]) == ("None", 1)
@@ -77,6 +81,9 @@ def test_dag_folder_parses_in_a_fresh_home_without_errors_or_heavy_imports(tmp_p
         [f"bronze_reprocess_{t}" for t in tables] + [f"silver_replay_{t}" for t in tables])
     assert replay["tasks"]["bronze_reprocess_customers"]["down"] == ["silver_replay_customers"]
     assert replay["tasks"]["silver_replay_customers"]["down"] == ["gold_refresh_customers_by_state"]
+    # a replay updates the assets of what it rewrote, as the scheduled DAGs do
+    assert [replay["tasks"][f"{step}_customers"]["outlets"] for step in ("bronze_reprocess", "silver_replay")] == [
+        ["cdc.bronze.customers"], ["cdc.silver.customers"]]
     assert all(t["doc"] and t["on_failure"] for d in dags.values() for t in d["tasks"].values())
     assert all(d["doc"] for d in dags.values())
 
@@ -98,10 +105,13 @@ def test_dag_folder_parses_in_a_fresh_home_without_errors_or_heavy_imports(tmp_p
 
 def test_dags_follow_the_cdc_config_environment(tmp_path):
     config = tmp_path / "tables.yaml"
-    config.write_text("tables:\n  orders:\n    topic: shop.public.orders\n    keys: [id]\n")
+    config.write_text("tables:\n  orders:\n    topic: shop.public.orders\n    keys: [id]\n    freshness: 2h\n")
     parsed = parse_dags(tmp_path, CDC_CONFIG=str(config))
     assert parsed["errors"] == {}
-    assert sorted(parsed["dags"]) == ["cdc_bronze", "cdc_maintenance", "cdc_replay", "cdc_silver_orders"]
+    # a table with `freshness` is watched: cdc_freshness appears (the demo's tables have none: no such DAG)
+    assert sorted(parsed["dags"]) == ["cdc_bronze", "cdc_freshness", "cdc_maintenance", "cdc_replay",
+                                      "cdc_silver_orders"]
+    assert parsed["dags"]["cdc_freshness"]["tasks"]["fresh_silver_orders"]["type"] == "FreshnessCheck"
     assert sorted(parsed["dags"]["cdc_bronze"]["tasks"]) == ["bronze_ingest_orders", "landing_sense_orders"]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -235,12 +236,17 @@ def test_airflow_runs_the_pipeline_from_s3_and_replays_leave_it_unchanged(tmp_pa
         AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[1]"}',
         AIRFLOW_CONN_AWS_DEFAULT=aws_connection(s3_endpoint),
         CDC_CONFIG=str(config), CDC_LANDING_URI=landing, CDC_LAKE_URI=str(lake),
-        CDC_SENSOR_TIMEOUT="3", CDC_SENSOR_POKE_INTERVAL="1")
+        CDC_SENSOR_TIMEOUT="3", CDC_SENSOR_POKE_INTERVAL="1",
+        # OpenLineage's file transport: each event a JSON line, as a test transport would capture them
+        AIRFLOW__OPENLINEAGE__TRANSPORT=json.dumps({"type": "file", "log_file_path": str(tmp_path / "lineage.jsonl"),
+                                                    "append": True}),
+        AIRFLOW__OPENLINEAGE__NAMESPACE="cdc-test")
     airflow = Airflow(env, tmp_path / "dags-test.log")
     airflow.sh(str(BIN / "airflow"), "db", "migrate")
     pools = airflow.sh(str(BIN / "python"), "-m", "cdc_airflow.pools")  # the writer pools, as the README sets them up
     assert "2 writer pools of one slot: cdc_table_customers, cdc_gold_customers_by_state" in pools.stdout
     silver = first_run_reaches_gold(airflow, config, lake, generated[0].final_rows)
+    lineage_names_the_delta_tables(tmp_path / "lineage.jsonl", lake)
 
     # the reports inside the Airflow UI, behind its login: the latest run's verdicts
     with api_server(env, tmp_path / "airflow") as base:
@@ -263,6 +269,7 @@ def first_run_reaches_gold(airflow: Airflow, config: Path, lake_root: Path | str
     lake = Lake(str(lake_root))
     bronze_log = airflow.dag_test("cdc_bronze")
     assert "table=customers: 2 landing file(s) for bronze" in bronze_log
+    assert re.search(r"spark_ui=http://[^ ]+:\d+", bronze_log)  # the Spark UI, from the task log
     airflow.dag_test("cdc_silver_customers")
     airflow.dag_test("cdc_gold_customers_by_state")
     # `status` run by hand: an S3 lake's endpoint and keys from the AWS_* environment, as this process has them
@@ -276,6 +283,26 @@ def first_run_reaches_gold(airflow: Airflow, config: Path, lake_root: Path | str
     assert {(r["custkey"],): {c: r[c] for c in r if not c.startswith("_")} for r in silver} == final
     assert lake.files.exists(f"{lake.data_docs('customers')}/index.html")
     return silver
+
+
+def lineage_names_the_delta_tables(events_file: Path, lake: Path) -> None:
+    """Each layer task's OpenLineage events: what it read and the Delta table it wrote, as datasets."""
+    events = [json.loads(line) for line in events_file.read_text().splitlines() if line.strip()]
+    done = {e["job"]["name"]: e for e in events if e["eventType"] == "COMPLETE" and "." in e["job"]["name"]}
+
+    def datasets(job: str, side: str) -> list[tuple[str, str]]:
+        return [(d["namespace"], d["name"]) for d in done[job][side]]
+
+    assert datasets("cdc_bronze.bronze_ingest_customers", "inputs") == [
+        ("s3://landing", "cdc/topics/burst.burst_bank.customers")]
+    assert datasets("cdc_bronze.bronze_ingest_customers", "outputs") == [("file", f"{lake}/bronze/customers")]
+    assert datasets("cdc_silver_customers.silver_merge_customers", "inputs") == [("file", f"{lake}/bronze/customers")]
+    assert datasets("cdc_silver_customers.silver_merge_customers", "outputs") == [("file", f"{lake}/silver/customers")]
+    assert datasets("cdc_gold_customers_by_state.gold_refresh_customers_by_state", "inputs") == [
+        ("file", f"{lake}/silver/customers")]
+    assert datasets("cdc_gold_customers_by_state.gold_refresh_customers_by_state", "outputs") == [
+        ("file", f"{lake}/gold/customers_by_state")]
+    assert {e["job"]["namespace"] for e in events} == {"cdc-test"}
 
 
 def maintenance_keeps_the_rows(airflow: Airflow, lake: Path, silver: list[dict]) -> None:

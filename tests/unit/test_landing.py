@@ -23,3 +23,92 @@ def test_lists_both_partitioner_layouts_and_skips_marker_files(tmp_path):
         ("topics/db.s.t/year=2024/month=05/day=01/hour=13/db.s.t+0+0000000007.snappy.parquet", 3, "parquet"),
     ]
     assert list_topic(str(tmp_path), "db.s.none") == []
+
+
+SINK = {  # a sink's folders: names ordered by start offset; a time-based layout nests
+    "partition=0/db.s.t+0+0000000000.json": "a", "partition=0/db.s.t+0+0000000004.json": "b",
+    "partition=0/db.s.t+0+0000000008.json": "c", "partition=1/db.s.t+1+0000000000.json": "d",
+    "partition=1/db.s.t+1+0000000003.json": "e",
+    "year=2024/month=05/day=01/hour=13/db.s.t+0+0000000007.json": "f",
+    "other/export-b.json": "g",  # not a sink's name: never marked, always listed
+}
+
+
+def write_sink(root, names=SINK):
+    for name, text in names.items():
+        path = root / "topics" / "db.s.t" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def paths(files):
+    return [f.path.removeprefix("topics/db.s.t/") for f in files]
+
+
+def test_marks_move_over_taken_files_up_to_the_first_one_not_taken(tmp_path):
+    from spark_jobs.lake import Lake
+    from spark_jobs.state import advance_marks, read_marks
+
+    write_sink(tmp_path / "landing")
+    lake = Lake(str(tmp_path / "lake"))
+    listed = list_topic(str(tmp_path / "landing"), "db.s.t")
+    # partition 0's middle file is left for later (a backfill window took the others): its mark stops before it
+    taken = {f.path for f in listed} - {"topics/db.s.t/partition=0/db.s.t+0+0000000004.json"}
+    advance_marks(lake, "t", {}, listed, taken)
+    marks = read_marks(lake, "t")
+    assert marks == {"topics/db.s.t/partition=0": "topics/db.s.t/partition=0/db.s.t+0+0000000000.json",
+                     "topics/db.s.t/partition=1": "topics/db.s.t/partition=1/db.s.t+1+0000000003.json",
+                     "topics/db.s.t/year=2024/month=05/day=01/hour=13":
+                         "topics/db.s.t/year=2024/month=05/day=01/hour=13/db.s.t+0+0000000007.json"}
+    after = list_topic(str(tmp_path / "landing"), "db.s.t", marks=marks)
+    assert paths(after) == ["other/export-b.json", "partition=0/db.s.t+0+0000000004.json",
+                            "partition=0/db.s.t+0+0000000008.json"]
+    # once the left file is taken, the mark moves over it and over the taken one after it
+    advance_marks(lake, "t", marks, after, taken | {f.path for f in after})
+    assert paths(list_topic(str(tmp_path / "landing"), "db.s.t", marks=read_marks(lake, "t"))) == [
+        "other/export-b.json"]
+
+
+def test_on_s3_the_listing_starts_after_each_folders_mark(tmp_path, s3_endpoint, monkeypatch):
+    import boto3
+
+    from tests.conftest import s3_environment, upload_landing
+
+    for name, value in s3_environment(s3_endpoint).items():
+        monkeypatch.setenv(name, value)
+    write_sink(tmp_path / "sink")
+    upload_landing(s3_endpoint, tmp_path / "sink", "s3://landing/cdc")
+    client = boto3.client("s3")
+    requests = []
+    client.meta.events.register("before-parameter-build.s3.ListObjectsV2",
+                                lambda params, **_: requests.append({k: params.get(k) for k in ("Prefix", "StartAfter")}))
+    marks = {"topics/db.s.t/partition=0": "topics/db.s.t/partition=0/db.s.t+0+0000000004.json"}
+    listed = list_topic("s3://landing/cdc", "db.s.t", client, marks)
+    assert paths(listed) == ["other/export-b.json", "partition=0/db.s.t+0+0000000008.json",
+                             "partition=1/db.s.t+1+0000000000.json", "partition=1/db.s.t+1+0000000003.json",
+                             "year=2024/month=05/day=01/hour=13/db.s.t+0+0000000007.json"]
+    assert {"Prefix": "cdc/topics/db.s.t/partition=0/",
+            "StartAfter": "cdc/topics/db.s.t/partition=0/db.s.t+0+0000000004.json"} in requests
+    assert list_topic("s3://landing/cdc", "db.s.t", client) == list_topic("s3://landing/cdc", "db.s.t", client, {})
+    assert len(list_topic("s3://landing/cdc", "db.s.t", client)) == len(SINK)
+
+
+def test_a_file_landing_late_under_a_marked_name_is_found_by_the_repair_and_listed_again(tmp_path):
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from spark_jobs.lake import Lake
+    from spark_jobs.state import advance_marks, read_marks, repair_marks
+
+    write_sink(tmp_path / "landing")
+    lake = Lake(str(tmp_path / "lake"))
+    listed = list_topic(str(tmp_path / "landing"), "db.s.t")
+    taken = {f.path for f in listed}
+    write_deltalake(lake.ingest_log("t"), pa.table({"file": sorted(taken)}))  # bronze took every file
+    advance_marks(lake, "t", {}, listed, taken)
+    late = "topics/db.s.t/partition=0/db.s.t+0+0000000002.json"  # lands after +...08 was taken, under an earlier name
+    write_sink(tmp_path / "landing", {late.removeprefix("topics/db.s.t/"): "x"})
+    assert late not in [f.path for f in list_topic(str(tmp_path / "landing"), "db.s.t", marks=read_marks(lake, "t"))]
+    assert repair_marks(str(tmp_path / "landing"), lake, "t", "db.s.t") == [late]
+    assert read_marks(lake, "t")["topics/db.s.t/partition=0"] == "topics/db.s.t/partition=0/db.s.t+0+0000000000.json"
+    assert late in [f.path for f in list_topic(str(tmp_path / "landing"), "db.s.t", marks=read_marks(lake, "t"))]
