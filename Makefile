@@ -24,7 +24,7 @@ export LAYER_DAGS := from spark_jobs.registry import load_registry; from spark_j
 r = load_registry(settings().config); \
 print(" ".join(["cdc_bronze", *("cdc_silver_" + t for t in r.tables), *("cdc_gold_" + m for m in r.gold)]))
 
-.PHONY: demo test lint bench venv java jars assets debs clean-demo
+.PHONY: demo test e2e lint bench venv java jars assets debs clean-demo
 
 venv: $(VENV)/.installed
 # the pinned set, then the project itself, editable (spark_jobs and plugins/cdc_airflow; `cdc-pipeline`)
@@ -53,12 +53,15 @@ java:
 	  exit 1; fi
 
 # Debian packages the tests use: the reports' browser test drives chromium through its chromedriver; the
-# maintenance tests move the clock forward with faketime (VACUUM and retention go by the wall clock)
+# maintenance tests move the clock forward with faketime (VACUUM and retention go by the wall clock); the
+# end-to-end test runs Airflow's scheduler on a PostgreSQL it starts (tests/airflow/test_scheduler.py)
+DEBS := chromium chromium-driver faketime postgresql
 debs:
-	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ] || [ ! -x /usr/bin/faketime ]; then \
+	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ] || [ ! -x /usr/bin/faketime ] || \
+	    ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium chromium-driver faketime >/dev/null; \
-	  else echo "The tests need Debian's chromium and faketime: sudo apt-get install chromium chromium-driver faketime" >&2; \
+	    apt-get update -qq && apt-get install -y -qq --no-install-recommends $(DEBS) >/dev/null; \
+	  else echo "The tests need Debian's $(DEBS): sudo apt-get install $(DEBS)" >&2; \
 	  exit 1; fi; fi
 
 demo: venv java jars assets
@@ -75,6 +78,11 @@ demo: venv java jars assets
 # test waiting on each other, so the suite runs in about 12 minutes instead of 18)
 test: venv java jars assets debs
 	$(BIN)/pytest -n 2 --dist loadfile
+
+# Airflow for real: api-server, scheduler, dag-processor, triggerer and the LocalExecutor on a PostgreSQL the test
+# starts, files landing on a local S3 server to gold, a backfill and replays through the REST API (part of `make test`)
+e2e: venv java jars assets debs
+	$(BIN)/pytest tests/airflow/test_scheduler.py
 
 # the pipeline against the single-node floor, every workload of tests/benchmarks (not part of `make test`);
 # at scale 1.0 (issue 6's sizes) it takes hours here: e.g. `make bench BENCH_ARGS="--scale 0.1 --runs 2"`
