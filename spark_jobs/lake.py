@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from spark_jobs.settings import environ
 from spark_jobs.storage import LocalFiles, S3Files, arrow_path, arrow_s3, delta_storage_options, is_s3, lake_files
 
 
@@ -132,7 +132,7 @@ def row_count(path: str) -> int | None:
 
 
 def read_columns(path: str, columns: list[str] | None = None,
-                 env: Mapping[str, str] = os.environ) -> dict[str, list[Any]] | None:
+                 env: Mapping[str, str] = environ) -> dict[str, list[Any]] | None:
     """A Delta table's columns (all when None), read without Spark (the sensor, status) and without delta-rs'
     dataset readers: pyarrow.parquet over the snapshot's files, or delta-rs' DataFusion provider where
     deletion vectors make a plain Parquet read wrong. None when the table is absent. `env` holds an S3

@@ -1,8 +1,9 @@
 """Landing files written by the Kafka Connect S3 sink (docs/architecture.md, "Landing layout"), on a local path or `s3://bucket/prefix`:
 one listing code path over two stores, and where Spark reads each file.
 
-S3 credentials and endpoint come from boto3's usual sources (AWS_* environment, profiles, instance
-roles); the Airflow tasks turn the `aws_default` connection into those (cdc_airflow.hooks)."""
+S3 credentials and endpoint come from the AWS_* settings (spark_jobs/storage.py), else boto3's usual
+sources (profiles, instance roles); the Airflow tasks turn the `aws_default` connection into those
+(cdc_airflow.hooks)."""
 
 from __future__ import annotations
 
@@ -115,9 +116,9 @@ class S3Store:
         parsed = urlparse(uri)
         self.bucket, self.prefix = parsed.netloc, parsed.path.strip("/")
         if client is None:
-            import boto3
+            from spark_jobs.storage import s3_client
 
-            client = boto3.client("s3")
+            client = s3_client()
         self.client = client
 
     def _key(self, path: str) -> str:

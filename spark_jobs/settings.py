@@ -7,6 +7,9 @@ Pure Python: the DAG files and the Airflow plugin import this while parsing."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -23,6 +26,10 @@ class Settings:
     sensor_timeout: float = 600.0  # CDC_SENSOR_TIMEOUT: seconds a run's sensor waits for landing files
     sensor_poke_interval: float = 60.0  # CDC_SENSOR_POKE_INTERVAL: seconds between its listings
     aws_conn_id: str = "aws_default"  # CDC_AWS_CONN_ID: the Airflow connection holding the S3 credentials
+    # CDC_SERVICE_URL: the pipeline service (`python -m spark_jobs serve`) the Airflow tasks submit their jobs to;
+    # empty: each task starts its own Spark through spark-submit
+    service_url: str = ""
+    service_token: str = ""  # CDC_SERVICE_TOKEN: a shared secret the service requires of every request (when set)
     spark_remote: str = ""  # CDC_SPARK_REMOTE: sc://host:port of a Spark Connect server to attach to
     spark_master: str = "local[*]"  # CDC_SPARK_MASTER: the master of a session of its own (and of spark-server)
     spark_ui: bool = False  # CDC_SPARK_UI: a run that starts its own Spark serves its UI (the URL in its first line)
@@ -52,7 +59,7 @@ def settings() -> Settings:
     """The settings from the current environment; an unset or empty variable keeps its default."""
     values: dict[str, object] = {}
     for f in fields(Settings):
-        raw = os.environ.get(Settings.variable(f.name), "")
+        raw = environ.get(Settings.variable(f.name), "")
         if raw == "":
             continue
         kind: type = type(f.default)
@@ -61,6 +68,40 @@ def settings() -> Settings:
         except ValueError:
             raise ValueError(f"{Settings.variable(f.name)}={raw!r} is not a valid {kind.__name__}") from None
     return Settings(**values)  # type: ignore[arg-type]
+
+
+# A job the pipeline service runs (spark_jobs/service.py) brings its task's variables; jobs share the process,
+# so they are laid over os.environ for the job's thread only instead of being written into it
+_job_variables: ContextVar[Mapping[str, str] | None] = ContextVar("cdc_job_variables", default=None)
+
+
+class _Environment(Mapping[str, str]):
+    """os.environ as the current job sees it: the job's own variables first (none outside the service)."""
+
+    def __getitem__(self, name: str) -> str:
+        overlay = _job_variables.get()
+        if overlay is not None and name in overlay:
+            return overlay[name]
+        return os.environ[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter({**os.environ, **(_job_variables.get() or {})})
+
+    def __len__(self) -> int:
+        return len({**os.environ, **(_job_variables.get() or {})})
+
+
+environ: Mapping[str, str] = _Environment()  # read CDC_* and AWS_* through this, never os.environ
+
+
+@contextmanager
+def job_environment(variables: Mapping[str, str]) -> Iterator[None]:
+    """Within this block (in this thread), `environ` and `settings()` see `variables` over the process's own."""
+    token = _job_variables.set(dict(variables))
+    try:
+        yield
+    finally:
+        _job_variables.reset(token)
 
 
 def resolve(path: str | os.PathLike[str]) -> Path:

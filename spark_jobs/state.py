@@ -3,6 +3,7 @@ read without Spark for the sensor), the writer lock per table (a file lock, or a
 
 from __future__ import annotations
 
+import contextvars
 import datetime as dt
 import fcntl
 import json
@@ -20,7 +21,7 @@ from typing import Any
 from spark_jobs.errors import TableBusy
 from spark_jobs.lake import Lake, read_columns
 from spark_jobs.landing import LandingFile, LandingWindow, folder_of, list_topic
-from spark_jobs.settings import settings
+from spark_jobs.settings import environ, settings
 
 
 def new_batch_id() -> str:
@@ -28,19 +29,19 @@ def new_batch_id() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ") + "-" + secrets.token_hex(2)
 
 
-def ingest_log(lake: Lake, table: str, columns: list[str], env: Mapping[str, str] = os.environ) -> dict[str, list[Any]]:
+def ingest_log(lake: Lake, table: str, columns: list[str], env: Mapping[str, str] = environ) -> dict[str, list[Any]]:
     """Columns of the ingest log (which landing files bronze took, in which bronze version), read without
     Spark: the sensor calls this. `env` holds an S3 lake's AWS_* settings (spark_jobs/storage.py)."""
     return read_columns(lake.ingest_log(table), columns, env) or {c: [] for c in columns}
 
 
-def ingested_files(lake: Lake, table: str, env: Mapping[str, str] = os.environ) -> set[str]:
+def ingested_files(lake: Lake, table: str, env: Mapping[str, str] = environ) -> set[str]:
     """Landing files already in bronze."""
     return set(ingest_log(lake, table, ["file"], env)["file"])
 
 
 def pending_files(landing: str, lake: Lake, table: str, topic: str, window: LandingWindow | None = None,
-                  s3_client: Any = None, env: Mapping[str, str] = os.environ) -> list[LandingFile]:
+                  s3_client: Any = None, env: Mapping[str, str] = environ) -> list[LandingFile]:
     """Landing files of the topic in the landing-time window that bronze has not taken yet; the listing
     starts after the table's landing marks. `s3_client` (the landing's) also reads an S3 lake's marks."""
     marks = read_marks(lake, table, s3_client if lake.on_s3 else None)
@@ -171,7 +172,8 @@ def _s3_lease(path: str, name: str, about: str, timeout_s: float) -> Iterator[No
                 return
             held[0], renewed_at = renewed, time.monotonic()
 
-    renewer = threading.Thread(target=renew, name=f"lease-{name}", daemon=True)
+    # in the job's context: a service job's S3 settings are its own (spark_jobs/settings.py, job_environment)
+    renewer = threading.Thread(target=contextvars.copy_context().run, args=(renew,), name=f"lease-{name}", daemon=True)
     renewer.start()
     try:
         yield

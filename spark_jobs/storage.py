@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 from urllib.parse import urlparse
+
+from spark_jobs.settings import environ
 
 S3_SCHEMES = ("s3://", "s3a://")
 
@@ -29,16 +32,16 @@ def is_s3(uri: str) -> bool:
 KEY_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 
 
-def s3_endpoint(env: Mapping[str, str] = os.environ) -> str | None:
+def s3_endpoint(env: Mapping[str, str] = environ) -> str | None:
     """A non-AWS endpoint (moto, MinIO), or None for AWS itself."""
     return env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None
 
 
-def s3_region(env: Mapping[str, str] = os.environ) -> str:
+def s3_region(env: Mapping[str, str] = environ) -> str:
     return env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1"
 
 
-def delta_storage_options(path: str, env: Mapping[str, str] = os.environ) -> dict[str, str] | None:
+def delta_storage_options(path: str, env: Mapping[str, str] = environ) -> dict[str, str] | None:
     """delta-rs' options for a table at `path` (None for a local one). delta-rs commits on S3 with a
     conditional put, so no lock client is needed: S3 and MinIO refuse a second writer of one version."""
     if not is_s3(path):
@@ -65,8 +68,8 @@ def hadoop_s3a_conf(with_keys: bool = True) -> dict[str, str]:
             "AWS_SESSION_TOKEN": "fs.s3a.session.token"}
     if not with_keys:
         return conf
-    conf |= {name: os.environ[var] for var, name in keys.items() if os.environ.get(var)}
-    if os.environ.get("AWS_SESSION_TOKEN"):
+    conf |= {name: environ[var] for var, name in keys.items() if environ.get(var)}
+    if environ.get("AWS_SESSION_TOKEN"):
         conf["fs.s3a.aws.credentials.provider"] = "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider"
     return conf
 
@@ -75,14 +78,16 @@ def s3_client() -> Any:
     """boto3's S3 client for this process's AWS_* settings. Made once per distinct settings: a client takes
     tens of milliseconds to build, and the lake's own files (a run's reports read every run's summaries)
     would otherwise build one per use; boto3 clients are safe to share between threads."""
-    return _client(s3_endpoint(), s3_region(), *(os.environ.get(k) for k in KEY_VARIABLES))
+    return _client(s3_endpoint(), s3_region(), *(environ.get(k) for k in KEY_VARIABLES))
 
 
 @functools.lru_cache(maxsize=8)
-def _client(endpoint: str | None, region: str, *keys: str | None) -> Any:
+def _client(endpoint: str | None, region: str, key_id: str | None, secret: str | None, token: str | None) -> Any:
     import boto3
 
-    return boto3.client("s3")  # boto3 reads the same variables the cache is keyed on
+    # explicit, not boto3's own reading of os.environ: a service job's variables are not in os.environ
+    return boto3.client("s3", endpoint_url=endpoint, region_name=region, aws_access_key_id=key_id,
+                        aws_secret_access_key=secret, aws_session_token=token)
 
 
 def split_s3(uri: str) -> tuple[str, str]:
@@ -91,7 +96,7 @@ def split_s3(uri: str) -> tuple[str, str]:
     return parsed.netloc, parsed.path.lstrip("/")
 
 
-def arrow_s3(env: Mapping[str, str] = os.environ) -> Any:
+def arrow_s3(env: Mapping[str, str] = environ) -> Any:
     """pyarrow's S3 filesystem with these settings (it takes `bucket/key` paths)."""
     from pyarrow import fs
 
@@ -136,7 +141,7 @@ class LocalFiles:
         new one, never a truncated one."""
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
-        aside = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        aside = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # the service runs jobs in threads
         with open(aside, "wb") as handle:
             handle.write(data.encode() if isinstance(data, str) else data)
             handle.flush()
