@@ -24,7 +24,7 @@ export LAYER_DAGS := from spark_jobs.registry import load_registry; from spark_j
 r = load_registry(settings().config); \
 print(" ".join(["cdc_bronze", *("cdc_silver_" + t for t in r.tables), *("cdc_gold_" + m for m in r.gold)]))
 
-.PHONY: demo test e2e lint bench venv java jars assets debs clean-demo
+.PHONY: demo serve test e2e lint bench venv java jars assets debs clean-demo
 
 venv: $(VENV)/.installed
 # the pinned set, then the project itself, editable (spark_jobs and plugins/cdc_airflow; `cdc-pipeline`)
@@ -64,15 +64,29 @@ debs:
 	  else echo "The tests need Debian's $(DEBS): sudo apt-get install $(DEBS)" >&2; \
 	  exit 1; fi; fi
 
+# The pipeline service (`python -m spark_jobs serve`): one long-lived driver with Spark, Delta and Great
+# Expectations loaded once; every Airflow task submits its job to it (README, "The pipeline service").
+# `make demo` starts it beside `airflow db migrate` and stops it at the end, failed or not.
+SERVICE_URL_FILE := $(ROOT)/.service-url
 demo: venv java jars assets
 	$(BIN)/python -m spark_jobs generate --landing data/landing
-	$(BIN)/airflow db migrate > $(AIRFLOW_HOME)-migrate.log 2>&1 || (cat $(AIRFLOW_HOME)-migrate.log; exit 1)
-	@# one pool of one slot per table and gold model: a second writer of a table waits queued (README)
-	$(BIN)/python -m cdc_airflow.pools 2>> $(AIRFLOW_HOME)-migrate.log
-	@# each layer's DAG in turn (a scheduler would start silver and gold from the assets bronze updates)
-	@for dag in $$($(BIN)/python -c "$$LAYER_DAGS"); do echo "airflow dags test $$dag"; \
+	@rm -f $(SERVICE_URL_FILE); \
+	$(BIN)/python -m spark_jobs serve --port 0 --url-file $(SERVICE_URL_FILE) > $(AIRFLOW_HOME)-service.log 2>&1 & \
+	service=$$!; trap 'kill $$service 2>/dev/null; wait $$service' EXIT; \
+	echo "pipeline service starting (pid $$service, log $(AIRFLOW_HOME)-service.log)"; \
+	$(BIN)/airflow db migrate > $(AIRFLOW_HOME)-migrate.log 2>&1 || { cat $(AIRFLOW_HOME)-migrate.log; exit 1; }; \
+	: "one pool of one slot per table and gold model: a second writer of a table waits queued (README)"; \
+	$(BIN)/python -m cdc_airflow.pools 2>> $(AIRFLOW_HOME)-migrate.log || exit 1; \
+	until [ -s $(SERVICE_URL_FILE) ]; do kill -0 $$service 2>/dev/null || { cat $(AIRFLOW_HOME)-service.log; exit 1; }; \
+	  sleep 0.5; done; export CDC_SERVICE_URL=$$(cat $(SERVICE_URL_FILE)); echo "pipeline service at $$CDC_SERVICE_URL"; \
+	: "each layer's DAG in turn (a scheduler would start silver and gold from the assets bronze updates)"; \
+	for dag in $$($(BIN)/python -c "$$LAYER_DAGS"); do echo "airflow dags test $$dag"; \
 	  $(BIN)/airflow dags test $$dag > $(AIRFLOW_HOME)-dags-test.log 2>&1 || { tail -50 $(AIRFLOW_HOME)-dags-test.log; exit 1; }; done
 	$(BIN)/python -m spark_jobs status --lake data/lake --require-tables
+
+# the pipeline service in the foreground, for a scheduler of your own: CDC_SERVICE_URL=http://127.0.0.1:8790
+serve: venv java jars assets
+	$(BIN)/python -m spark_jobs serve --port 8790
 
 # two workers, one per core, each test file on one of them (Spark, Airflow and chromium spend much of a
 # test waiting on each other, so the suite runs in about 12 minutes instead of 18)
@@ -94,4 +108,4 @@ lint: venv
 	$(BIN)/mypy spark_jobs plugins dags
 
 clean-demo:
-	rm -rf data .airflow .airflow-*.log
+	rm -rf data .airflow .airflow-*.log .service-url

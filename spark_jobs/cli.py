@@ -92,6 +92,12 @@ def parser() -> argparse.ArgumentParser:
     upkeep.add_argument("--models", type=_csv, default=None, help="comma-separated gold models")
     upkeep.add_argument("--reports", action="store_true", help="expire the run reports (lake-wide)")
     upkeep.add_argument("--run-id", default=None)
+    service = sub.add_parser("serve", help="run the pipeline service: run and maintain jobs submitted over HTTP, with Spark, "
+                                           "Delta and Great Expectations loaded once (CDC_SERVICE_URL)")
+    service.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    service.add_argument("--port", type=int, default=8790, help="0: any free port (printed)")
+    service.add_argument("--workers", type=int, default=2, help="jobs run at the same time (one Spark session)")
+    service.add_argument("--url-file", default=None, help="write the service's URL here once it takes jobs")
     server = sub.add_parser("spark-server", help="run a long-lived Spark Connect server for runs to attach to "
                                                  "(CDC_SPARK_REMOTE=sc://localhost:PORT)")
     server.add_argument("--port", type=int, default=15002)
@@ -288,6 +294,12 @@ def maintain(args: argparse.Namespace) -> int:
     return 0
 
 
+def serve(args: argparse.Namespace) -> int:
+    from spark_jobs.service import serve as run_service
+
+    return run_service(args.host, args.port, args.workers, args.url_file)
+
+
 def spark_server(args: argparse.Namespace) -> int:
     """Replaces this process with a Spark Connect server (pyspark's own jars) set up as every run's session:
     runs attach to it and skip the JVM start and warm-up they would otherwise pay each time."""
@@ -382,8 +394,8 @@ def status(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    commands = {"run": run, "generate": generate, "status": status, "maintain": maintain, "spark-server": spark_server,
-                "jars": fetch_jars, "assets": fetch_assets}
+    commands = {"run": run, "generate": generate, "status": status, "maintain": maintain, "serve": serve,
+                "spark-server": spark_server, "jars": fetch_jars, "assets": fetch_assets}
     try:
         return commands[args.command](args)
     except ConfigError as exc:

@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,6 +15,8 @@ from pathlib import Path
 
 from spark_jobs import cli
 from spark_jobs.lake import Lake
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def free_port() -> int:
@@ -76,3 +79,27 @@ def standalone_cluster(workdir: Path, cores: int = 1, memory: str = "1g") -> Ite
         for process in reversed(started):
             os.killpg(process.pid, signal.SIGTERM)
             process.wait(timeout=60)
+
+
+@contextmanager
+def pipeline_service(env: dict[str, str], log: Path) -> Iterator[str]:
+    """The pipeline service as `make demo` runs it (`python -m spark_jobs serve`), a process of its own on a
+    free loopback port; yields its URL, for CDC_SERVICE_URL."""
+    url_file = log.with_suffix(".url")
+    with log.open("w") as out:
+        process = subprocess.Popen([sys.executable, "-m", "spark_jobs", "serve", "--port", "0", "--url-file", str(url_file)],
+                                   cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not (url_file.exists() and url_file.read_text().strip()):
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the pipeline service did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(0.3)
+        yield url_file.read_text().strip()
+    finally:
+        process.terminate()  # SIGTERM: the service stops its Spark in order
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()

@@ -1,5 +1,5 @@
-"""The operator that runs a layer job (`python -m spark_jobs run ...`) through spark-submit, or attached to a
-long-lived Spark Connect server."""
+"""The operator that runs a layer job (`python -m spark_jobs run ...`) on the pipeline service, through
+spark-submit, or attached to a long-lived Spark Connect server."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 
 import spark_jobs
 from cdc_airflow.hooks import s3_environment, s3_settings
+from cdc_airflow.triggers import ServiceJobTrigger
 from spark_jobs.landing import is_remote
 from spark_jobs.settings import PROJECT_ROOT, Settings, settings
 from spark_jobs.storage import is_s3
@@ -23,11 +24,22 @@ from spark_jobs.storage import is_s3
 # spark-submit runs the package's entry point as a script
 ENTRY_POINT = str(Path(spark_jobs.__file__).parent / "__main__.py")
 REMOTE_ENV = Settings.variable("spark_remote")
+# the worker's settings that are not the job's: where the service is, and the failure file it sets itself
+SERVICE_SIDE = {Settings.variable(name) for name in ("service_url", "service_token", "failure_file")}
+
+
+def _fail(code: int, cause: str) -> None:
+    if code in (1, 2):  # a gate failed, bad input or config: the same run would fail again
+        raise AirflowFailException(cause)
+    raise AirflowException(cause)
 
 
 class CdcSparkJob(SparkSubmitOperator):
-    """`python -m spark_jobs run ...` (or `maintain ...`) for one table (or gold model) and layer, through spark-submit, or,
-    when CDC_SPARK_REMOTE names a Spark Connect server, as a plain process attached to it.
+    """`python -m spark_jobs run ...` (or `maintain ...`) for one table (or gold model) and layer:
+    - with CDC_SERVICE_URL (the embedded default, `make demo`), submitted to the long-lived pipeline service; the
+      task then waits deferred, holding no worker slot, while the job's log comes into its own;
+    - otherwise through spark-submit, a Spark of its own; or, when CDC_SPARK_REMOTE names a Spark Connect server,
+      as a plain process attached to it.
 
     S3 credentials go to the job as AWS_* variables from the Airflow connection (set at run time, never
     rendered in the UI). The bronze task takes the sensor's file list from XCom (`files_from`). A failing
@@ -48,6 +60,9 @@ class CdcSparkJob(SparkSubmitOperator):
         env = dict(self.env_vars or {})
         if is_remote(self.landing) or is_s3(settings().lake_uri):
             env.update(s3_environment(s3_settings(self.aws_conn_id)))
+        if settings().service_url:
+            self._submit(context, env)  # defers
+            return
         with tempfile.TemporaryDirectory(prefix="cdc-task-") as scratch:
             if self.files_from:
                 # the sensor's list travels as a file (`--files @path`, read by the driver, which runs here in
@@ -71,10 +86,33 @@ class CdcSparkJob(SparkSubmitOperator):
                     code = getattr(getattr(self._hook, "_submit_sp", None), "returncode", None) or -1
                     exited = f"spark-submit exited {code}: {exc}"
             if code != 0:
-                cause = failure.read_text().strip() if failure.exists() else exited
-                if code in (1, 2):  # a gate failed, bad input or config: the same run would fail again
-                    raise AirflowFailException(cause)
-                raise AirflowException(cause)
+                _fail(code, failure.read_text().strip() if failure.exists() else exited)
+
+    def _submit(self, context: Any, env: dict[str, str]) -> None:
+        """The job goes to the pipeline service with the task's settings (its CDC_* environment, the connection's
+        S3 variables) and the sensor's list; the task defers until the job ends. A retry is a new job (the
+        key names the try); a resubmitted try gets its first job back."""
+        from spark_jobs.service import ServiceError, submit
+
+        url = settings().service_url
+        own = {k: v for k, v in os.environ.items() if k.startswith("CDC_") and k not in SERVICE_SIDE}
+        files = sorted(context["ti"].xcom_pull(task_ids=self.files_from)) if self.files_from else None
+        ti = context["ti"]
+        key = f"{ti.dag_id}/{ti.task_id}/{ti.run_id}/{ti.map_index}/{ti.try_number}"
+        try:
+            job_id = submit(url, list(self.application_args or []), {**own, **env}, files, key)
+        except ServiceError as exc:
+            raise (AirflowFailException if exc.permanent else AirflowException)(str(exc)) from None
+        self.log.info("job %s submitted to the pipeline service %s; its log follows", job_id, url)
+        self.defer(trigger=ServiceJobTrigger(service_url=url, job_id=job_id), method_name="execute_complete",
+                   timeout=self.execution_timeout)
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> None:
+        if "error" in event:
+            raise AirflowException(event["error"])
+        self.log.info("the job exited %s after %ss", event["exit_code"], event["seconds"])
+        if event["exit_code"] != 0:
+            _fail(event["exit_code"], event["cause"] or f"the job exited {event['exit_code']}")
 
     def _with_jvm_dependencies(self) -> None:
         """spark-submit gets the pinned jars (the provider's `jars`, shipped to the executors) and Delta's SQL

@@ -12,8 +12,9 @@ def ensure_pools() -> dict[str, str]:
 
     pools = wiring().pools()
     for name, description in pools.items():
-        # deferred tasks hold no slot; nothing that writes a table defers
-        Pool.create_or_update_pool(name, slots=1, description=description, include_deferred=False)
+        # a writer waiting deferred on the pipeline service is still writing its table: it keeps the slot
+        # (a deferred task holds no worker slot either way), so a second writer stays queued in Airflow
+        Pool.create_or_update_pool(name, slots=1, description=description, include_deferred=True)
     return pools
 
 

@@ -47,3 +47,40 @@ class LandingTrigger(BaseTrigger):
                 await asyncio.sleep(self.poke_s)
         except Exception as exc:  # the sensor turns it into the task's failure, with the cause
             yield TriggerEvent({"error": f"{type(exc).__name__}: {exc}"})
+
+
+class ServiceJobTrigger(BaseTrigger):
+    """Runs on the triggerer while the pipeline service computes a task's job (spark_jobs/service.py): polls it,
+    copies its new log lines into the task's log as they come, and hands back how the job ended."""
+
+    def __init__(self, *, service_url: str, job_id: str, poll_s: float = 1.0):
+        super().__init__()
+        self.service_url, self.job_id, self.poll_s = service_url, job_id, poll_s
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (f"{type(self).__module__}.{type(self).__qualname__}",
+                {"service_url": self.service_url, "job_id": self.job_id, "poll_s": self.poll_s})
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        from spark_jobs.service import ServiceError, poll
+
+        offset, unreachable_since = 0, None
+        while True:
+            try:
+                status = await asyncio.to_thread(poll, self.service_url, self.job_id, offset)
+            except ServiceError as exc:
+                # a service restarting comes back within a minute; a job it forgot (it restarted) never does
+                unreachable_since = unreachable_since or time.monotonic()
+                if exc.permanent or time.monotonic() - unreachable_since > 120:
+                    yield TriggerEvent({"error": str(exc)})
+                    return
+                await asyncio.sleep(self.poll_s * 5)
+                continue
+            unreachable_since = None
+            for line in status.log.splitlines():
+                self.log.info("%s", line)
+            offset = status.offset
+            if status.done:
+                yield TriggerEvent({"exit_code": status.exit_code, "cause": status.cause, "seconds": status.seconds})
+                return
+            await asyncio.sleep(self.poll_s)

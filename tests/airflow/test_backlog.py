@@ -13,6 +13,7 @@ from spark_jobs.lake import Lake, read_columns, row_count
 from spark_jobs.registry import load_registry
 from spark_jobs.state import pending_files, read_marks
 from tests.conftest import ROOT, subprocess_env
+from tests.support import pipeline_service
 
 pytest.importorskip("airflow")
 
@@ -27,38 +28,40 @@ def test_five_thousand_pending_files_land_in_bounded_batches_with_every_line_acc
     (landed,) = generate(load_registry(config).select(None), landing,
                          Options(rows=2_000, changes=3_000, records_per_file=1, seed=19))
     assert len(landed.files) > 5_000  # one line a file: a record or a tombstone
-    env = subprocess_env(
-        AIRFLOW_HOME=str(tmp_path / "airflow"), AIRFLOW__CORE__DAGS_FOLDER=str(ROOT / "dags"),
-        AIRFLOW__CORE__LOAD_EXAMPLES="False", AIRFLOW__CORE__PLUGINS_FOLDER=str(ROOT / "plugins"),
-        AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[2]"}',
-        CDC_CONFIG=str(config), CDC_LANDING_URI=str(landing), CDC_LAKE_URI=str(lake),
-        CDC_SENSOR_TIMEOUT="3", CDC_SENSOR_POKE_INTERVAL="1")
-    airflow = Airflow(env, tmp_path / "dags-test.log")
-    airflow.sh(str(BIN / "airflow"), "db", "migrate")
-    airflow.sh(str(BIN / "python"), "-m", "cdc_airflow.pools")
+    with pipeline_service(subprocess_env(), tmp_path / "service.log") as service_url:
+        env = subprocess_env(
+            CDC_SERVICE_URL=service_url,
+            AIRFLOW_HOME=str(tmp_path / "airflow"), AIRFLOW__CORE__DAGS_FOLDER=str(ROOT / "dags"),
+            AIRFLOW__CORE__LOAD_EXAMPLES="False", AIRFLOW__CORE__PLUGINS_FOLDER=str(ROOT / "plugins"),
+            AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[2]"}',
+            CDC_CONFIG=str(config), CDC_LANDING_URI=str(landing), CDC_LAKE_URI=str(lake),
+            CDC_SENSOR_TIMEOUT="3", CDC_SENSOR_POKE_INTERVAL="1")
+        airflow = Airflow(env, tmp_path / "dags-test.log")
+        airflow.sh(str(BIN / "airflow"), "db", "migrate")
+        airflow.sh(str(BIN / "python"), "-m", "cdc_airflow.pools")
 
-    log = airflow.dag_test("cdc_bronze")
-    files = len(landed.files)
-    assert f"table=customers: {files} landing file(s) for bronze" in log
-    batches = -(-files // 1_000)
-    for number in range(1, batches + 1):  # the progress of each bounded batch, in the task's log
-        done = min(number * 1_000, files)
-        assert f"bronze customers: batch {number}/{batches} committed: " in log and f"({done} of {files} files)" in log
+        log = airflow.dag_test("cdc_bronze")
+        files = len(landed.files)
+        assert f"table=customers: {files} landing file(s) for bronze" in log
+        batches = -(-files // 1_000)
+        for number in range(1, batches + 1):  # the progress of each bounded batch, in the task's log
+            done = min(number * 1_000, files)
+            assert f"bronze customers: batch {number}/{batches} committed: " in log and f"({done} of {files} files)" in log
 
-    # every line accounted for: the ingest log has every file with its one line, bronze every event, and
-    # each tombstone followed its delete (none quarantined, none left pending)
-    logged = read_columns(Lake(str(lake)).ingest_log("customers"), ["file", "lines", "events", "tombstones",
-                                                                    "quarantined"])
-    assert logged is not None
-    assert sorted(logged["file"]) == sorted(str(Path(f).relative_to(landing)) for f in landed.files)
-    assert (sum(logged["lines"]), sum(logged["events"]), sum(logged["tombstones"]), sum(logged["quarantined"])) == (
-        files, landed.events, landed.tombstones, 0)
-    assert row_count(Lake(str(lake)).bronze("customers")) == landed.events
-    assert row_count(Lake(str(lake)).quarantine("customers")) is None
-    assert "tombstones_unmatched=0" in log and f"lines={files} events={landed.events}" in log
+        # every line accounted for: the ingest log has every file with its one line, bronze every event, and
+        # each tombstone followed its delete (none quarantined, none left pending)
+        logged = read_columns(Lake(str(lake)).ingest_log("customers"), ["file", "lines", "events", "tombstones",
+                                                                        "quarantined"])
+        assert logged is not None
+        assert sorted(logged["file"]) == sorted(str(Path(f).relative_to(landing)) for f in landed.files)
+        assert (sum(logged["lines"]), sum(logged["events"]), sum(logged["tombstones"]), sum(logged["quarantined"])) == (
+            files, landed.events, landed.tombstones, 0)
+        assert row_count(Lake(str(lake)).bronze("customers")) == landed.events
+        assert row_count(Lake(str(lake)).quarantine("customers")) is None
+        assert "tombstones_unmatched=0" in log and f"lines={files} events={landed.events}" in log
 
-    # the marks moved to each partition's last file: the next listing starts there and finds nothing
-    relative = sorted(str(Path(f).relative_to(landing)) for f in landed.files)
-    assert read_marks(Lake(str(lake)), "customers") == {
-        folder: max(p for p in relative if p.startswith(folder + "/")) for folder in {p.rsplit("/", 1)[0] for p in relative}}
-    assert pending_files(str(landing), Lake(str(lake)), "customers", "burst.burst_bank.customers") == []
+        # the marks moved to each partition's last file: the next listing starts there and finds nothing
+        relative = sorted(str(Path(f).relative_to(landing)) for f in landed.files)
+        assert read_marks(Lake(str(lake)), "customers") == {
+            folder: max(p for p in relative if p.startswith(folder + "/")) for folder in {p.rsplit("/", 1)[0] for p in relative}}
+        assert pending_files(str(landing), Lake(str(lake)), "customers", "burst.burst_bank.customers") == []

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import aws_connection, subprocess_env, upload_landing
-from tests.support import free_port
+from tests.support import free_port, pipeline_service
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -230,36 +230,39 @@ def test_airflow_runs_the_pipeline_from_s3_and_replays_leave_it_unchanged(tmp_pa
     landing, lake = "s3://landing/cdc", tmp_path / "lake"
     generated = generate(load_registry(str(config)).select(None), tmp_path / "sink", Options(rows=50, changes=50))
     upload_landing(s3_endpoint, tmp_path / "sink", landing)
-    env = subprocess_env(
-        AIRFLOW_HOME=str(tmp_path / "airflow"), AIRFLOW__CORE__DAGS_FOLDER=str(ROOT / "dags"),
-        AIRFLOW__CORE__LOAD_EXAMPLES="False", AIRFLOW__CORE__PLUGINS_FOLDER=str(ROOT / "plugins"),
-        AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[1]"}',
-        AIRFLOW_CONN_AWS_DEFAULT=aws_connection(s3_endpoint),
-        CDC_CONFIG=str(config), CDC_LANDING_URI=landing, CDC_LAKE_URI=str(lake),
-        CDC_SENSOR_TIMEOUT="3", CDC_SENSOR_POKE_INTERVAL="1",
-        # OpenLineage's file transport: each event a JSON line, as a test transport would capture them
-        AIRFLOW__OPENLINEAGE__TRANSPORT=json.dumps({"type": "file", "log_file_path": str(tmp_path / "lineage.jsonl"),
-                                                    "append": True}),
-        AIRFLOW__OPENLINEAGE__NAMESPACE="cdc-test")
-    airflow = Airflow(env, tmp_path / "dags-test.log")
-    airflow.sh(str(BIN / "airflow"), "db", "migrate")
-    pools = airflow.sh(str(BIN / "python"), "-m", "cdc_airflow.pools")  # the writer pools, as the README sets them up
-    assert "2 writer pools of one slot: cdc_table_customers, cdc_gold_customers_by_state" in pools.stdout
-    silver = first_run_reaches_gold(airflow, config, lake, generated[0].final_rows)
-    lineage_names_the_delta_tables(tmp_path / "lineage.jsonl", lake)
+    # the pipeline service, as `make demo` runs it: the tasks submit their jobs to it (S3 settings travel with each)
+    with pipeline_service(subprocess_env(), tmp_path / "service.log") as service_url:
+        env = subprocess_env(
+            CDC_SERVICE_URL=service_url,
+            AIRFLOW_HOME=str(tmp_path / "airflow"), AIRFLOW__CORE__DAGS_FOLDER=str(ROOT / "dags"),
+            AIRFLOW__CORE__LOAD_EXAMPLES="False", AIRFLOW__CORE__PLUGINS_FOLDER=str(ROOT / "plugins"),
+            AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[1]"}',
+            AIRFLOW_CONN_AWS_DEFAULT=aws_connection(s3_endpoint),
+            CDC_CONFIG=str(config), CDC_LANDING_URI=landing, CDC_LAKE_URI=str(lake),
+            CDC_SENSOR_TIMEOUT="3", CDC_SENSOR_POKE_INTERVAL="1",
+            # OpenLineage's file transport: each event a JSON line, as a test transport would capture them
+            AIRFLOW__OPENLINEAGE__TRANSPORT=json.dumps({"type": "file", "log_file_path": str(tmp_path / "lineage.jsonl"),
+                                                        "append": True}),
+            AIRFLOW__OPENLINEAGE__NAMESPACE="cdc-test")
+        airflow = Airflow(env, tmp_path / "dags-test.log")
+        airflow.sh(str(BIN / "airflow"), "db", "migrate")
+        pools = airflow.sh(str(BIN / "python"), "-m", "cdc_airflow.pools")  # the writer pools, as the README sets them up
+        assert "2 writer pools of one slot: cdc_table_customers, cdc_gold_customers_by_state" in pools.stdout
+        silver = first_run_reaches_gold(airflow, config, lake, generated[0].final_rows)
+        lineage_names_the_delta_tables(tmp_path / "lineage.jsonl", lake)
 
-    # the reports inside the Airflow UI, behind its login: the latest run's verdicts
-    with api_server(env, tmp_path / "airflow") as base:
-        check_reports_behind_airflow_auth(base)
-        bronze_run = next(p.parent.name for p in (lake / "reports" / "runs").glob("*/customers.bronze.json"))
-        text = browse_reports_in_the_airflow_ui(base, ARTIFACTS / "airflow-ui-cdc-reports.png", bronze_run)
-    latest = text.split("CDC pipeline runs", 1)[1].splitlines()
-    assert [line for line in latest if "gold/customers_by_state" in line][0].split()[2] == "passed"
-    assert "silver/customers: passed" in text and "bronze/customers: passed" in text
+        # the reports inside the Airflow UI, behind its login: the latest run's verdicts
+        with api_server(env, tmp_path / "airflow") as base:
+            check_reports_behind_airflow_auth(base)
+            bronze_run = next(p.parent.name for p in (lake / "reports" / "runs").glob("*/customers.bronze.json"))
+            text = browse_reports_in_the_airflow_ui(base, ARTIFACTS / "airflow-ui-cdc-reports.png", bronze_run)
+        latest = text.split("CDC pipeline runs", 1)[1].splitlines()
+        assert [line for line in latest if "gold/customers_by_state" in line][0].split()[2] == "passed"
+        assert "silver/customers: passed" in text and "bronze/customers: passed" in text
 
-    replays_leave_silver_unchanged(airflow, lake, silver)
-    maintenance_keeps_the_rows(airflow, lake, silver)
-    backfills_and_bad_params(airflow, env)
+        replays_leave_silver_unchanged(airflow, lake, silver)
+        maintenance_keeps_the_rows(airflow, lake, silver)
+        backfills_and_bad_params(airflow, env)
 
 
 def first_run_reaches_gold(airflow: Airflow, config: Path, lake_root: Path | str, final: dict) -> list[dict]:

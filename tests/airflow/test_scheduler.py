@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -26,7 +27,7 @@ from spark_jobs.generate import Options, generate
 from spark_jobs.lake import Lake, row_count
 from spark_jobs.registry import load_registry
 from tests.conftest import ROOT, aws_connection, subprocess_env, upload_landing
-from tests.support import free_port
+from tests.support import free_port, pipeline_service
 
 pytest.importorskip("airflow")
 
@@ -152,8 +153,10 @@ def test_the_scheduler_triggerer_and_assets_run_landing_to_gold_then_a_backfill_
     home, port = tmp_path / "airflow", free_port()
     home.mkdir()
     (home / "passwords.json").write_text(json.dumps({"admin": "admin"}))
-    with postgres() as database:
+    # the tasks submit their jobs to the pipeline service, the default way to run (README); they wait deferred
+    with postgres() as database, pipeline_service(subprocess_env(), tmp_path / "service.log") as service_url:
         env = subprocess_env(
+            CDC_SERVICE_URL=service_url,
             AIRFLOW_HOME=str(home), AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=database,
             AIRFLOW__CORE__EXECUTOR="LocalExecutor", AIRFLOW__CORE__DAGS_FOLDER=str(ROOT / "dags"),
             AIRFLOW__CORE__PLUGINS_FOLDER=str(ROOT / "plugins"), AIRFLOW__CORE__LOAD_EXAMPLES="False",
@@ -210,19 +213,48 @@ def test_the_scheduler_triggerer_and_assets_run_landing_to_gold_then_a_backfill_
                 assert airflow.task_instances("cdc_bronze", run["dag_run_id"])["bronze_ingest_customers"]["state"] == \
                     "skipped"
 
-            # a replay through the REST API with params, beside a manual silver run of the same table: the
-            # table's pool of one slot keeps one of them queued by Airflow while the other runs
-            replay = airflow.api("POST", "/dags/cdc_replay/dagRuns", {
-                "logical_date": None, "conf": {"tables": ["customers"], "mode": "rebuild"}})["dag_run_id"]
-            manual = airflow.api("POST", "/dags/cdc_silver_customers/dagRuns", {"logical_date": None})["dag_run_id"]
+            # a replay through the REST API with params, beside a manual silver run of the same table, while a
+            # writer outside Airflow holds the table: the first Airflow writer waits deferred on its job (the
+            # lock is the guard outside Airflow), and the table's pool of one slot keeps the second queued in
+            # Airflow, holding nothing, until the first is done
+            from spark_jobs.state import writer_lock
+
+            with writer_lock(tables, "customers", "e2e-outside-writer"):
+                replay = airflow.api("POST", "/dags/cdc_replay/dagRuns", {
+                    "logical_date": None, "conf": {"tables": ["customers"], "mode": "rebuild"}})["dag_run_id"]
+                manual = airflow.api("POST", "/dags/cdc_silver_customers/dagRuns", {"logical_date": None})["dag_run_id"]
+
+                def writers() -> dict[str, str | None]:
+                    return {"replay": airflow.task_instances("cdc_replay", replay).get("silver_replay_customers", {})
+                            .get("state"), "manual": airflow.task_instances("cdc_silver_customers", manual)
+                            ["silver_merge_customers"].get("state")}
+
+                airflow.wait("one writer deferred on its job, the other ready to run", lambda: (
+                    "deferred" in writers().values() and all(writers().values())))
+                time.sleep(8)  # scheduler loops every 2 s: with the slot free, the second would run by now
+                assert sorted(map(str, writers().values())) == ["deferred", "scheduled"], writers()
             airflow.finished("cdc_replay", replay)
             airflow.finished("cdc_silver_customers", manual)
-            writers = [airflow.task_instances("cdc_replay", replay)["silver_replay_customers"],
-                       airflow.task_instances("cdc_silver_customers", manual)["silver_merge_customers"]]
-            assert {w["pool"] for w in writers} == {"cdc_table_customers"}
-            first, second = sorted(writers, key=lambda w: w["start_date"])
-            assert second["start_date"] >= first["end_date"]  # never both running: one waited in the queue
+            assert {airflow.task_instances("cdc_replay", replay)["silver_replay_customers"]["pool"],
+                    airflow.task_instances("cdc_silver_customers", manual)["silver_merge_customers"]["pool"]} == {
+                "cdc_table_customers"}
+            # and the jobs themselves never ran at once: the second was submitted once the first had ended
+            jobs = service_jobs(tmp_path / "service.log")
+            first, second = sorted((jobs[f"cdc_replay/silver_replay_customers/{replay}"],
+                                    jobs[f"cdc_silver_customers/silver_merge_customers/{manual}"]))
+            assert second[0] >= first[1], jobs
             assert silver_rows(tables) == generated.final_rows
+
+
+def service_jobs(log: Path) -> dict[str, tuple[str, str]]:
+    """Each task's job on the pipeline service (dag/task/run), with when it started and ended, from its log."""
+    started, ended, keys = {}, {}, {}
+    for line in log.read_text().splitlines():
+        if match := re.match(r"(\S+) job (\S+) started: (\S+)/-1/\d+ ", line):
+            started[match[2]], keys[match[2]] = match[1], match[3]
+        elif match := re.match(r"(\S+) job (\S+) (succeeded|failed) ", line):
+            ended[match[2]] = match[1]
+    return {keys[job]: (started[job], ended[job]) for job in keys if job in ended}
 
 
 def silver_rows(lake: Lake) -> dict:
