@@ -54,6 +54,7 @@ class JobStatus:
     log: str = ""
     offset: int = 0
     seconds: float | None = None
+    spark_jobs: int | None = None  # the Spark jobs the job ran (its job group's), once it ended
 
     @property
     def done(self) -> bool:
@@ -116,6 +117,7 @@ class _Job:
     cause: str | None = None
     started: float | None = None
     finished: float | None = None
+    spark_jobs: int | None = None
     chunks: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -128,7 +130,8 @@ class _Job:
             text = "".join(self.chunks)
             self.chunks = [text]
         seconds = None if self.started is None else round((self.finished or time.time()) - self.started, 3)
-        return JobStatus(self.id, self.state, self.exit_code, self.cause, text[offset:], len(text), seconds)
+        return JobStatus(self.id, self.state, self.exit_code, self.cause, text[offset:], len(text), seconds,
+                         self.spark_jobs)
 
 
 _current_job: contextvars.ContextVar[_Job | None] = contextvars.ContextVar("cdc_current_job", default=None)
@@ -217,6 +220,9 @@ class PipelineService:
         job.state, job.started = "running", time.time()
         print(f"{_now()} job {job.id} started: {job.key or ''} {' '.join(job.argv[:2])} ...", flush=True)
         token = _current_job.set(job)
+        spark = self._spark_context()
+        if spark is not None:  # the job's Spark jobs in a group of their own: counted, and named in the Spark UI
+            spark.setJobGroup(job.id, job.key or " ".join(job.argv[:2]))
         try:
             with job_environment({**job.env, Settings.variable("failure_file"): str(failure)}):
                 code = main(job.argv)
@@ -227,21 +233,27 @@ class PipelineService:
             code = 1
         finally:
             _current_job.reset(token)
+        if spark is not None:
+            job.spark_jobs = len(spark.statusTracker().getJobIdsForGroup(job.id))
         job.cause = failure.read_text().strip() if failure.exists() else None
         job.exit_code, job.finished = code, time.time()
         job.state = "succeeded" if code == 0 else "failed"
         failure.unlink(missing_ok=True)
-        print(f"{_now()} job {job.id} {job.state} (exit {code}) in {job.finished - job.started:.1f}s", flush=True)
+        print(f"{_now()} job {job.id} {job.state} (exit {code}) in {job.finished - job.started:.1f}s, "
+              f"{job.spark_jobs} Spark jobs", flush=True)
         if self._spark_is_stopped():
             print("Spark stopped under the service (its JVM died?): stopping, for the supervisor to restart it",
                   file=sys.stderr, flush=True)
             self.spark_stopped.set()
 
     @staticmethod
-    def _spark_is_stopped() -> bool:
+    def _spark_context() -> Any:
         from pyspark import SparkContext
 
-        context = SparkContext._active_spark_context
+        return SparkContext._active_spark_context
+
+    def _spark_is_stopped(self) -> bool:
+        context = self._spark_context()
         try:
             return context is None or bool(context._jsc.sc().isStopped())
         except Exception:  # the JVM is gone: py4j cannot even ask

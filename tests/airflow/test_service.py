@@ -62,6 +62,7 @@ def test_jobs_run_as_the_cli_would_each_with_its_own_log(service, token, tmp_pat
     done = {table: wait(url, job_id) for table, job_id in runs.items()}
     for table, status in done.items():
         assert (status.state, status.exit_code, status.cause) == ("succeeded", 0, None), status.log
+        assert status.spark_jobs and status.spark_jobs > 0  # counted in the job's own Spark job group
         other = next(t for t in generated if t != table)
         assert summary_line(status.log, "bronze", table)["gate"] == summary_line(status.log, "silver", table)["gate"] == "passed"
         assert f" {other} " not in status.log
@@ -87,7 +88,7 @@ def test_failures_keep_the_processs_exit_codes_and_cause(service, token, tmp_pat
     url, _ = service
     unknown = wait(url, submit(url, ["run", "--landing", str(tmp_path), "--lake", str(tmp_path / "lake"),
                                      "--tables", "nope"], {}))
-    assert (unknown.state, unknown.exit_code) == ("failed", 2)
+    assert (unknown.state, unknown.exit_code, unknown.spark_jobs) == ("failed", 2, 0)  # refused before any Spark
     assert unknown.cause is not None and unknown.cause.startswith("config error: unknown table(s) nope; known: ")
     bad_args = wait(url, submit(url, ["run", "--bogus"], {}))
     assert bad_args.exit_code == 2 and "the following arguments are required: --landing, --lake" in bad_args.log

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,9 +59,12 @@ class Bench:
     scale: float
     runs: int
     remote: str  # the long-lived Spark Connect server of the "attached" figures
+    service: str = ""  # the pipeline service of the "service" figures
+    chosen_modes: tuple[str, ...] = ("", "attached", "service")
     engine: str = "delta-rs"  # CDC_DELTA_ENGINE of the project's runs (the floor always merges with delta-rs)
     engines: tuple[str, ...] = ("delta-rs",)  # every engine this bench runs W1-W3 with
     figures: list[Figure] = field(default_factory=list)
+    spark_jobs: list[int] = field(default_factory=list)  # per service job, in the order they ran
     # (engine, rows) -> (seeded lake, seconds)
     seeds: dict[tuple[str, int], tuple[Path, float]] = field(default_factory=dict)
 
@@ -69,7 +72,8 @@ class Bench:
     def modes(self) -> tuple[tuple[str, str], ...]:
         """delta-spark runs only with a Spark of its own: over Spark Connect its Python API needs Delta
         Connect on the server, which the project does not set up (make_engine refuses the pair)."""
-        return MODES if self.engine == "delta-rs" else MODES[:1]
+        usable = MODES if self.engine == "delta-rs" else tuple(m for m in MODES if m[0] != "attached")
+        return tuple(m for m in usable if m[0] in self.chosen_modes)
 
     def n(self, full: int, least: int = 100) -> int:
         return max(least, int(full * self.scale))
@@ -122,12 +126,34 @@ def file_list(path: Path, landing: Path, files: list[str]) -> str:
     return f"@{path}"
 
 
-def project_run(landing: Path, lake: Path, files: str, engine: str, remote: str | None = None) -> tuple[float, str]:
-    """The project's CLI, bronze and silver, as a fresh process writing with `engine`: starting its own Spark,
-    or attached to the long-lived one at `remote`."""
-    return timed([sys.executable, "-m", "spark_jobs", "run", "--config", str(CONFIG), "--landing", str(landing),
-                  "--lake", str(lake), "--layers", "bronze,silver", "--tables", TABLE, "--files", files],
-                 {"CDC_DELTA_ENGINE": engine, **({"CDC_SPARK_REMOTE": remote} if remote else {})})
+def project_run(landing: Path, lake: Path, files: str, engine: str, mode: str, bench: Bench) -> tuple[float, str]:
+    """The project's CLI, bronze and silver, writing with `engine`: as a fresh process starting its own Spark
+    (mode ""), as a fresh process attached to the long-lived Spark Connect server ("attached"), or as a job
+    submitted to the pipeline service, the way the Airflow tasks run it ("service": submit to end, polled)."""
+    argv = ["run", "--config", str(CONFIG), "--landing", str(landing), "--lake", str(lake), "--layers", "bronze,silver",
+            "--tables", TABLE, "--files", files]
+    if mode == "service":
+        from spark_jobs.service import poll, submit
+
+        started = time.perf_counter()
+        job = submit(bench.service, argv, {"CDC_DELTA_ENGINE": engine})
+        while not (status := poll(bench.service, job)).done:
+            time.sleep(0.05)
+        if status.exit_code != 0:
+            raise RuntimeError(f"service job exited {status.exit_code}:\n{status.log[-3000:]}")
+        bench.spark_jobs.append(status.spark_jobs or 0)
+        return time.perf_counter() - started, status.log
+    return timed([sys.executable, "-m", "spark_jobs", *argv],
+                 {"CDC_DELTA_ENGINE": engine, **({"CDC_SPARK_REMOTE": bench.remote} if mode == "attached" else {})})
+
+
+@contextmanager
+def pipeline_service(workdir: Path) -> Iterator[str]:
+    """`python -m spark_jobs serve` on a free port, as `make demo` starts it."""
+    from tests.support import pipeline_service as started
+
+    with started(env(), workdir / "service.log") as url:
+        yield url
 
 
 def check_floor_restates_the_pipeline() -> None:
@@ -168,10 +194,12 @@ def seeded(bench: Bench, rows: int, landing: Path, generated: Any, engine: str |
     if (engine, rows) not in bench.seeds:
         lake = bench.workdir / f"seed-{engine}-{rows}"
         shutil.rmtree(lake, ignore_errors=True)
+        # loaded the way the bench's last chosen mode runs (the service, by default)
+        mode, how = bench.modes[-1] if bench.modes else MODES[0]
         seconds, _ = project_run(landing, lake, file_list(bench.workdir / f"seed-{rows}.json", landing, generated.batches[0]),
-                                 engine)
+                                 engine, mode, bench)
         bench.seeds[(engine, rows)] = (lake, seconds)
-        bench.add(Figure("setup", f"initial load of {rows:,} rows (bronze+silver), {engine}", seconds))
+        bench.add(Figure("setup", f"initial load of {rows:,} rows (bronze+silver), {how}, {engine}", seconds))
     return bench.seeds[(engine, rows)][0]
 
 
@@ -181,7 +209,8 @@ def fresh_copy(seed: Path, dest: Path) -> Path:
     return dest
 
 
-MODES = (("", "own Spark"), ("attached", "attached to a warm Spark Connect server"))
+MODES = (("", "own Spark"), ("attached", "attached to a warm Spark Connect server"),
+         ("service", "on the warm pipeline service"))
 
 
 def one_batch(bench: Bench, label: str, rows: int, changes: int) -> dict[str, float]:
@@ -192,13 +221,13 @@ def one_batch(bench: Bench, label: str, rows: int, changes: int) -> dict[str, fl
     generated = generate(landing, rows, changes, batches=1)
     seed, floor_seed = seeded(bench, rows, landing, generated), seeded(bench, rows, landing, generated, "delta-rs")
     files = file_list(bench.workdir / f"{label}.json", landing, generated.batches[1])
-    seconds: dict[str, list[float]] = {"": [], "attached": [], "floor": []}
+    seconds: dict[str, list[float]] = {mode: [] for mode, _ in (*MODES, ("floor", ""))}
     for _ in range(bench.runs):
         floor_silver = fresh_copy(floor_seed / "silver" / TABLE, bench.workdir / f"floor-{label}")
         seconds["floor"].append(floor_run(landing, floor_silver, files))  # the floor once per run
         for mode, _ in bench.modes:
             lake = fresh_copy(seed, bench.workdir / f"lake-{label}")
-            seconds[mode].append(project_run(landing, lake, files, bench.engine, bench.remote if mode else None)[0])
+            seconds[mode].append(project_run(landing, lake, files, bench.engine, mode, bench)[0])
             check_equal(lake / "silver" / TABLE, floor_silver, generated)
     return {mode: statistics.median(values) for mode, values in seconds.items() if values}
 
@@ -219,12 +248,15 @@ def w2(bench: Bench) -> None:
     generated = generate(landing, rows, batches * per_batch, batches=batches)
     seed = seeded(bench, rows, landing, generated)
     floor_silver = fresh_copy(seeded(bench, rows, landing, generated, "delta-rs") / "silver" / TABLE, bench.workdir / "floor-w2")
-    seconds: dict[str, list[float]] = {"": [], "attached": [], "floor": []}
+    seconds: dict[str, list[float]] = {mode: [] for mode, _ in (*MODES, ("floor", ""))}
     lakes = {mode: fresh_copy(seed, bench.workdir / f"lake-w2{mode}") for mode, _ in bench.modes}
+    jobs: list[int] = []
     for n, files in enumerate(generated.batches[1:], start=1):
         listed = file_list(bench.workdir / f"w2-{n}.json", landing, files)
         for mode, _ in bench.modes:
-            seconds[mode].append(project_run(landing, lakes[mode], listed, bench.engine, bench.remote if mode else None)[0])
+            seconds[mode].append(project_run(landing, lakes[mode], listed, bench.engine, mode, bench)[0])
+            if mode == "service":
+                jobs.append(bench.spark_jobs[-1])
         seconds["floor"].append(floor_run(landing, floor_silver, listed))
     for mode, _ in bench.modes:
         check_equal(lakes[mode] / "silver" / TABLE, floor_silver, generated)
@@ -237,6 +269,9 @@ def w2(bench: Bench) -> None:
                             "p50 <= 3 s" if name == "p50" else "")
             figure.met = p <= 3 if name == "p50" else None
             bench.add(figure)
+    if jobs:  # what a batch costs in Spark jobs (bronze and silver, gates and audits included)
+        bench.add(Figure("W2", f"Spark jobs per batch of {per_batch:,}, p50, on the pipeline service, {bench.engine}",
+                         statistics.median(jobs), note="a count of Spark jobs, not seconds"))
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -347,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated, of W1..W5")
     p.add_argument("--engines", default="delta-rs,delta-spark",
                    help="CDC_DELTA_ENGINE of the project's runs, comma-separated: W1-W3 run once per engine")
+    p.add_argument("--modes", default="own,attached,service",
+                   help="how the project runs, comma-separated: own (its own Spark), attached (Spark Connect), service")
     p.add_argument("--workdir", default=str(ROOT / "data" / "bench"), help="generated files and lakes (deleted first)")
     p.add_argument("--results", default=str(HERE / "RESULTS.md"), help="the results file ('' to skip writing it)")
     args = p.parse_args(argv)
@@ -363,8 +400,10 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
     started = time.perf_counter()
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-    with spark_server(workdir) as remote:
-        bench = Bench(workdir, args.scale, args.runs, remote, engines=tuple(engines))
+    modes = tuple("" if m.strip() == "own" else m.strip() for m in args.modes.split(",") if m.strip())
+    with (spark_server(workdir) if "attached" in modes else nullcontext("")) as remote, \
+            (pipeline_service(workdir) if "service" in modes else nullcontext("")) as service:
+        bench = Bench(workdir, args.scale, args.runs, remote, service, modes, engines=tuple(engines))
         # W4 reads no Delta table and W5 runs Airflow's embedded default: once, not per engine
         for name, engine in [(w, e) for w in chosen for e in (engines if w in ("W1", "W2", "W3") else engines[:1])]:
             bench.engine = engine

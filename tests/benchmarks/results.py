@@ -9,10 +9,13 @@ from pathlib import Path
 from typing import Any
 
 
-def _seconds(value: float | None, ratio_only: bool) -> str:
+def _seconds(value: float | None, note: str) -> str:
+    """Seconds, or what the figure's note says it is: a ratio, or a count."""
     if value is None:
         return ""
-    return f"{value:.2f}x" if ratio_only else f"{value:.2f} s"
+    if not note:
+        return f"{value:.2f} s"
+    return f"{value:.0f}" if "count" in note else f"{value:.2f}x"
 
 
 def write_results(path: Path, bench: Any, info: dict[str, str], workloads: list[str], elapsed_s: float) -> None:
@@ -46,11 +49,10 @@ def write_results(path: Path, bench: Any, info: dict[str, str], workloads: list[
         "| --- | --- | ---: | ---: | ---: | --- | --- | ---: | --- |",
     ]
     for f in figures:
-        ratio_only = bool(f["note"])
-        ratio = "" if f["ratio"] is None or ratio_only else f"{f['ratio']:.1f}x"
+        ratio = "" if f["ratio"] is None or f["note"] else f"{f['ratio']:.1f}x"
         met = "" if f["met"] is None else ("yes" if f["met"] else "**no**")
-        lines.append(f"| {f['workload']} | {f['name']} | {_seconds(f['project'], ratio_only)} "
-                     f"| {_seconds(f['floor'], ratio_only)} | {ratio} | {f['target']} | {met} | {f['scale']} | {f['measured']} |")
+        lines.append(f"| {f['workload']} | {f['name']} | {_seconds(f['project'], f['note'])} "
+                     f"| {_seconds(f['floor'], f['note'])} | {ratio} | {f['target']} | {met} | {f['scale']} | {f['measured']} |")
     notes = [f for f in figures if f["note"]]
     if notes:
         lines += ["", *[f"- {f['workload']} {f['name']}: {f['note']}" for f in notes]]
