@@ -144,9 +144,9 @@ def w5(bench: Bench) -> None:
         total.met = median["total"] <= 20
         bench.add(total)
         orchestration = median["detection"] + median["scheduling"]
-        share = Figure("W5", f"  orchestration (detection + scheduling; poke every {POKE_S} s)", orchestration, None,
+        share = Figure("W5", f"  orchestration (detection + scheduling; poke every {POKE_S} s), {how}", orchestration, None,
                        "< 1/4 of total")
         share.met = orchestration < median["total"] / 4
         bench.add(share)
         for part in ("detection", "scheduling", "spark_startup", "compute"):
-            bench.add(Figure("W5", f"  {part.replace('_', ' ')}", median[part]))
+            bench.add(Figure("W5", f"  {part.replace('_', ' ')}, {how}", median[part]))

@@ -83,7 +83,8 @@ class Bench:
         ratio = f"  ratio {figure.ratio:5.2f}" if figure.ratio else ""
         floor = f"  floor {figure.floor:8.2f}s" if figure.floor is not None else ""
         verdict = "" if figure.met is None else f"  target {figure.target}: {'met' if figure.met else 'MISSED'}"
-        print(f"{figure.workload} {figure.name:<44} project {figure.project:8.2f}s{floor}{ratio}{verdict}", flush=True)
+        unit = "" if "count" in figure.note else "s"
+        print(f"{figure.workload} {figure.name:<44} project {figure.project:8.2f}{unit}{floor}{ratio}{verdict}", flush=True)
 
 
 def env() -> dict[str, str]:

@@ -19,27 +19,31 @@ def _seconds(value: float | None, note: str) -> str:
 
 
 def write_results(path: Path, bench: Any, info: dict[str, str], workloads: list[str], elapsed_s: float) -> None:
-    """Writes this run's figures; earlier figures of other workloads, or of other scales, are kept (so one
-    workload can be run again on its own, or at full size), each row saying its scale and when it was measured."""
+    """Writes this run's figures; earlier figures not measured again (other workloads, modes, engines or
+    scales) are kept, so one can be run again on its own, each row saying its scale and when it was measured."""
     when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     raw_path = path.with_name("results.json")
     earlier = json.loads(raw_path.read_text()) if raw_path.exists() else {}
     kept = [{"measured": earlier.get("written", ""), "scale": earlier.get("scale"), **f}
             for f in earlier.get("figures", [])]
-    kept = [f for f in kept if f["workload"] not in workloads or f["scale"] != bench.scale]
     current = [{**asdict(f), "ratio": f.ratio, "scale": bench.scale, "measured": when} for f in bench.figures]
+    # a figure measured again replaces its earlier row; the others (other modes, engines, scales) stay
+    measured = {(f["workload"], f["name"], f["scale"]) for f in current}
+    kept = [f for f in kept if (f["workload"], f["name"], f["scale"]) not in measured]
     figures = sorted(kept + current, key=lambda f: (f["workload"] if f["workload"] != "setup" else "", f["scale"]))
     lines = [
         "# Benchmark results",
         "",
         f"Written by `make bench` on {when}: `python -m tests.benchmarks --scale {bench.scale} --runs {bench.runs} "
-        f"--workloads {','.join(workloads)} --engines {','.join(bench.engines)}`, {elapsed_s / 60:.0f} minutes; "
+        f"--workloads {','.join(workloads)} --engines {','.join(bench.engines)} "
+        f"--modes {','.join(m or 'own' for m in bench.chosen_modes)}`, {elapsed_s / 60:.0f} minutes; "
         "rows measured by earlier runs are dated "
         "apart. Scale 1.0 is issue 6's sizes; each row gives its sizes and scale.",
         "",
         "Machine: " + ", ".join(f"{k} {v}" for k, v in info.items()),
         "",
         "Project: `python -m spark_jobs run` as a fresh process (spark-submit-like: the JVM and the imports each time), "
+        "attached to a warm Spark Connect server, or as a job on the warm pipeline service, as each row says, "
         "with the Delta engine each row names (W5: the embedded default). "
         "Floor: DuckDB + a delta-rs merge with the same conditions (`tests/benchmarks/floor.py`), "
         "also a fresh process. Figures are medians of the runs (W2: percentiles over its batches). Every workload "
