@@ -97,13 +97,6 @@ def poll(base_url: str, job_id: str, offset: int = 0) -> JobStatus:
     return JobStatus(**_request(f"{base_url.rstrip('/')}/jobs/{job_id}?offset={offset}"))
 
 
-def healthy(base_url: str, timeout: float = 5) -> bool:
-    try:
-        return bool(_request(f"{base_url.rstrip('/')}/health", timeout=timeout).get("ok"))
-    except ServiceError:
-        return False
-
-
 # ---- server -------------------------------------------------------------------------------------------------
 
 @dataclass
@@ -211,7 +204,8 @@ class PipelineService:
         finished = [j for j in self.jobs.values() if j.finished is not None]
         for job in sorted(finished, key=lambda j: j.finished or 0)[:max(0, len(finished) - KEEP_FINISHED)]:
             del self.jobs[job.id]
-            self.by_key = {k: v for k, v in self.by_key.items() if v != job.id}
+            if job.key:
+                self.by_key.pop(job.key, None)
 
     def _execute(self, job: _Job) -> None:
         from spark_jobs.cli import main

@@ -96,8 +96,8 @@ class CdcSparkJob(SparkSubmitOperator):
 
         url = settings().service_url
         own = {k: v for k, v in os.environ.items() if k.startswith("CDC_") and k not in SERVICE_SIDE}
-        files = sorted(context["ti"].xcom_pull(task_ids=self.files_from)) if self.files_from else None
         ti = context["ti"]
+        files = sorted(ti.xcom_pull(task_ids=self.files_from)) if self.files_from else None
         key = f"{ti.dag_id}/{ti.task_id}/{ti.run_id}/{ti.map_index}/{ti.try_number}"
         try:
             job_id = submit(url, list(self.application_args or []), {**own, **env}, files, key)
