@@ -252,6 +252,14 @@ def _shown(check: Check, figures: dict[str, Any]) -> str:
     return shown
 
 
+def _result_format(checks: list[Check]) -> dict[str, Any]:
+    """BASIC has the counts the gate reports (SUMMARY adds value-count tables, a Spark job per expectation).
+    Its sample of unexpected values costs a Spark job per expectation too; on flags (always False) and
+    null checks (always null) the sample says nothing, so a frame with only those asks for none."""
+    telling = [c for c in checks if not (c.type == NOT_NULL or (c.type == IN_SET and c.kwargs.get("value_set") == [True]))]
+    return {"result_format": "BASIC", **({} if telling else {"partial_unexpected_count": 0})}
+
+
 # GX severities shown in Data Docs for each action
 _SEVERITY = {FAIL: "critical", QUARANTINE: "warning", WARN: "info"}
 
@@ -302,8 +310,7 @@ def run_gate(frames: dict[str, DataFrame], table: str, layer: str, checks: list[
         docs_action = [UpdateDataDocsAction(name="data_docs", site_names=["reports"])] if actions else []
         checkpoint = context.checkpoints.add_or_update(gx.Checkpoint(
             name=name, validation_definitions=[definition], actions=[*docs_action, *map(json.loads, actions)],
-            # BASIC has the counts the gate reports; SUMMARY adds value-count tables, a Spark job per expectation
-            result_format={"result_format": "BASIC"}))
+            result_format=_result_format(frame_checks)))
         result_id, outcome = next(iter(checkpoint.run(batch_parameters={"dataframe": df}, run_id=run_id).run_results.items()))
         validated.append(result_id)
         for r in sorted(outcome.results, key=lambda r: r.expectation_config.meta["n"]):

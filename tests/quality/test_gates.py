@@ -47,3 +47,21 @@ def test_compound_keys_are_checked_together_and_warn_actions_never_fail(spark, t
     lenient = TableConfig(name="pairs", topic="t", keys=("a", "b"), quality=Quality(overrides=(("key_unique", "warn"),)))
     result = run_gate({"rows": bad}, "pairs", "silver", _rows_only(lenient), Lake(str(tmp_path)))
     assert (result.verdict(), result.warnings()) == ("passed-with-warnings", 1)
+
+
+def test_a_frame_of_flags_costs_no_spark_job_for_samples_of_its_unexpected_values(spark, tmp_path):
+    """GX's BASIC result samples each map expectation's unexpected values in a Spark job of its own; on flags
+    (always False) the sample says nothing, so the gate asks for none: one job per flag column for its
+    counts and the table's row count, not one more per flag (8 jobs here before)."""
+    events = spark.createDataFrame([(True, True, None), (False, True, True)],
+                                   "_seq_present BOOLEAN, _no_tie BOOLEAN, _not_live_after BOOLEAN").localCheckpoint()
+    checks = [c for c in silver_checks(TABLE) if c.frame == "events"]
+    context = spark.sparkContext
+    context.setJobGroup("flags-gate", "a gate on flags only")
+    try:
+        result = run_gate({"events": events}, "orders", "silver", checks, Lake(str(tmp_path)), raise_on_failure=False)
+    finally:
+        context.setJobGroup("", "")
+    assert [(f.check, f.unexpected, f.total) for f in result.findings] == [
+        ("sequence_present", 1, 2), ("sequence_increasing", 0, 2), ("deleted_keys_not_live", 0, 1)]
+    assert len(context.statusTracker().getJobIdsForGroup("flags-gate")) <= len(checks) + 2
