@@ -49,6 +49,7 @@ class GeneratedTable:
     table: str
     topic: str
     final_rows: dict[tuple[Any, ...], dict[str, Any]]  # key -> row (logical values)
+    snapshot_rows: dict[tuple[Any, ...], dict[str, Any]] = field(default_factory=dict)  # the state the snapshot read
     events: int = 0
     tombstones: int = 0
     files: list[str] = field(default_factory=list)
@@ -264,6 +265,8 @@ def write_table(profile: SourceProfile, table: str, landing: Path, opts: Options
             land()
             current = phase
         lines = [sink.line(key, payload) for key, payload in unit]
+        if unit[0][1] is not None and unit[0][1]["op"] == "r":  # changes replace a row's dict, never alter it
+            out.snapshot_rows[unit[0][0]] = state[unit[0][0]]
         is_change = unit[0][1] is not None and unit[0][1]["op"] != "r"
         if is_change and (opts.redeliver or opts.shuffle):
             held.append(lines)

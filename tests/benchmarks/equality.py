@@ -27,8 +27,9 @@ def read_table(path: Path) -> Any:
     return table.cast(plain).sort_by([(k, "ascending") for k in KEYS])
 
 
-def check_equal(project_silver: Path, floor_silver: Path | None, generated: Any) -> None:
-    """Silver equals the floor's (source columns, op, position) and the generator's final state."""
+def check_equal(project_silver: Path, floor_silver: Path | None, generated: Any, snapshot: bool = False) -> None:
+    """Silver equals the floor's (source columns, op, position) and the generator's final state (or, with
+    `snapshot`, the state its snapshot read)."""
     from spark_jobs.generate import PROFILES
 
     project = read_table(project_silver)
@@ -38,8 +39,9 @@ def check_equal(project_silver: Path, floor_silver: Path | None, generated: Any)
         if not project.select(columns).equals(floor.select(columns).cast(project.select(columns).schema)):
             raise AssertionError(f"silver differs from the floor's: {project.num_rows} rows against {floor.num_rows}")
     columns_out = PROFILES[generated.topic].columns  # without the envelope, silver keeps the JSON values
-    expected = {k: {c.name: c.encode(row[c.name]) for c in columns_out} for k, row in generated.final_rows.items()}
+    state = generated.snapshot_rows if snapshot else generated.final_rows
+    expected = {k: {c.name: c.encode(row[c.name]) for c in columns_out} for k, row in state.items()}
     got = {tuple(r[k] for k in KEYS): r for r in project.select([c.name for c in columns_out]).to_pylist()}
     if got != expected:
-        raise AssertionError(f"silver differs from the source's final state ({len(got)} rows against "
-                             f"{len(generated.final_rows)})")
+        raise AssertionError(f"silver differs from the source's {'snapshot' if snapshot else 'final state'} "
+                             f"({len(got)} rows against {len(state)})")

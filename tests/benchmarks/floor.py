@@ -1,9 +1,11 @@
 """The single-node floor the benchmarks compare the pipeline with: DuckDB reads the change files and
 keeps the newest event per key, then delta-rs merges it into silver with the pipeline's own merge
-conditions. No bronze, no gates, no ledger, no quarantine: the least work that gets silver right for
-in-order batches of well-formed PostgreSQL events without the schema envelope (the benchmark's table).
+conditions (`apply`), or writes silver from it (`load`: the initial snapshot). No bronze, no gates, no
+ledger, no quarantine: the least work that gets silver right for in-order batches of well-formed
+PostgreSQL events without the schema envelope (the benchmark's table).
 
     python -m tests.benchmarks.floor apply --landing L --files @list.json --silver PATH --keys k1,k2
+    python -m tests.benchmarks.floor load --landing L --files @list.json --silver NEW --schema-of PATH --keys k1,k2
     python -m tests.benchmarks.floor dedupe --events in.parquet --out out.parquet --keys k1,k2
 
 Run as its own process, like the pipeline's CLI, so both pay their imports and start-up."""
@@ -19,7 +21,8 @@ from pathlib import Path
 
 import duckdb
 import pyarrow as pa
-from deltalake import DeltaTable
+import pyarrow.compute as pc
+from deltalake import DeltaTable, write_deltalake
 
 # spark_jobs.layers.silver.SILVER_MERGE, restated so the floor imports no pyspark (the harness checks they agree:
 # check_floor_restates_the_pipeline)
@@ -72,14 +75,26 @@ def latest_changes(con: duckdb.DuckDBPyConnection, files: list[str], schema: pa.
     return con.sql(query).to_arrow_table()
 
 
-def apply(landing: str, files: list[str], silver: str, keys: tuple[str, ...], batch_id: str) -> dict[str, int]:
-    schema = silver_schema(silver)
-    con = connect()
-    latest = latest_changes(con, [f"{landing}/{f}" for f in files], schema, keys)
+def silver_rows(landing: str, files: list[str], schema: pa.Schema, keys: tuple[str, ...], batch_id: str) -> pa.Table:
+    """The newest event per key in the files as rows of silver's schema."""
+    latest = latest_changes(connect(), [f"{landing}/{f}" for f in files], schema, keys)
     now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
     latest = latest.append_column("_ingested_at", pa.array([now] * latest.num_rows, pa.timestamp("us")))
     latest = latest.append_column("_batch_id", pa.array([batch_id] * latest.num_rows, pa.string()))
-    latest = latest.select(schema.names).cast(pa.schema([f.with_nullable(True) for f in schema]))
+    return latest.select(schema.names).cast(pa.schema([f.with_nullable(True) for f in schema]))
+
+
+def load(landing: str, files: list[str], silver: str, schema_of: str, keys: tuple[str, ...], batch_id: str) -> dict[str, int]:
+    """The initial snapshot: silver written anew (in the schema of the table `schema_of`: the floor does not
+    infer types) from the newest event per key; deletes in the files leave no row."""
+    rows = silver_rows(landing, files, silver_schema(schema_of), keys, batch_id)
+    rows = rows.filter(pc.not_equal(rows["_op"], "d"))
+    write_deltalake(silver, rows, mode="error")
+    return {"keys": rows.num_rows}
+
+
+def apply(landing: str, files: list[str], silver: str, keys: tuple[str, ...], batch_id: str) -> dict[str, int]:
+    latest = silver_rows(landing, files, silver_schema(silver), keys, batch_id)
     predicate = " AND ".join(f't."{k}" = s."{k}"' for k in keys)
     metrics = (DeltaTable(silver).merge(latest, predicate=predicate, source_alias="s", target_alias="t")
                .when_matched_delete(predicate=DELETE_WHEN).when_matched_update_all(predicate=UPDATE_WHEN)
@@ -109,15 +124,24 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--silver", required=True)
     a.add_argument("--keys", required=True)
     a.add_argument("--batch-id", default="floor")
+    load_ = sub.add_parser("load")
+    load_.add_argument("--landing", required=True)
+    load_.add_argument("--files", required=True, help="@file holding a JSON list of landing paths")
+    load_.add_argument("--silver", required=True, help="the table to create")
+    load_.add_argument("--schema-of", required=True, help="a Delta table whose schema silver takes")
+    load_.add_argument("--keys", required=True)
+    load_.add_argument("--batch-id", default="floor")
     d = sub.add_parser("dedupe")
     d.add_argument("--events", required=True)
     d.add_argument("--out", required=True)
     d.add_argument("--keys", required=True)
     args = p.parse_args(argv)
     keys = tuple(args.keys.split(","))
-    if args.command == "apply":
+    if args.command in ("apply", "load"):
         files = json.loads(Path(args.files.removeprefix("@")).read_text())
-        print(json.dumps(apply(args.landing, files, args.silver, keys, args.batch_id)))
+        done = (apply(args.landing, files, args.silver, keys, args.batch_id) if args.command == "apply" else
+                load(args.landing, files, args.silver, args.schema_of, keys, args.batch_id))
+        print(json.dumps(done))
     else:
         print(json.dumps({"seconds": dedupe(args.events, args.out, keys)}))
     return 0

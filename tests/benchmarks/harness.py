@@ -1,6 +1,6 @@
 """`make bench`: the pipeline against the single-node floor (tests/benchmarks/floor.py) on the same files.
 
-    python -m tests.benchmarks [--scale 1.0] [--runs 3] [--workloads W1,W2,W3,W4,W5] [--workdir data/bench]
+    python -m tests.benchmarks [--scale 1.0] [--runs 3] [--workloads L,W1,W2,W3,W4,W5] [--workdir data/bench]
 
 Every workload generates its change files with the project's generator (pagila's `actor`, PostgreSQL,
 without the schema envelope), runs the project's CLI and the floor as separate processes on the same
@@ -62,11 +62,13 @@ class Bench:
     service: str = ""  # the pipeline service of the "service" figures
     chosen_modes: tuple[str, ...] = ("", "attached", "service")
     engine: str = "delta-rs"  # CDC_DELTA_ENGINE of the project's runs (the floor always merges with delta-rs)
-    engines: tuple[str, ...] = ("delta-rs",)  # every engine this bench runs W1-W3 with
+    engines: tuple[str, ...] = ("delta-rs",)  # every engine this bench runs L and W1-W3 with
     figures: list[Figure] = field(default_factory=list)
     spark_jobs: list[int] = field(default_factory=list)  # per service job, in the order they ran
-    # (engine, rows) -> (seeded lake, seconds)
-    seeds: dict[tuple[str, int], tuple[Path, float]] = field(default_factory=dict)
+    # (engine, rows) -> the project's lake holding the initial load of `rows` rows
+    seeds: dict[tuple[str, int], Path] = field(default_factory=dict)
+    floor_seeds: dict[int, Path] = field(default_factory=dict)  # rows -> the floor's silver, loaded by the floor
+    floor_load_s: dict[int, float] = field(default_factory=dict)  # rows -> seconds the floor's load took
 
     @property
     def modes(self) -> tuple[tuple[str, str], ...]:
@@ -174,6 +176,11 @@ def floor_run(landing: Path, silver: Path, files: str) -> float:
                   "--silver", str(silver), "--keys", ",".join(KEYS)])[0]
 
 
+def floor_load(landing: Path, silver: Path, files: str, schema_of: Path) -> float:
+    return timed([sys.executable, "-m", "tests.benchmarks.floor", "load", "--landing", str(landing), "--files", files,
+                  "--silver", str(silver), "--schema-of", str(schema_of), "--keys", ",".join(KEYS)])[0]
+
+
 def generate(landing: Path, rows: int, changes: int, batches: int, mix: tuple[int, int, int] = MIX,
              redeliver: float = 0.05) -> Any:
     from spark_jobs.generate import Options
@@ -186,22 +193,36 @@ def generate(landing: Path, rows: int, changes: int, batches: int, mix: tuple[in
     return write(load_registry(str(CONFIG)).select([TABLE]), landing, opts)[0]
 
 
-def seeded(bench: Bench, rows: int, landing: Path, generated: Any, engine: str | None = None) -> Path:
-    """A lake whose bronze and silver hold the snapshot of `rows` rows, loaded by the project's CLI with
-    `engine` (default the bench's) once per size (the snapshot files are the same in every landing of that
-    size: same seed). The floor's silver comes from the delta-rs seed: its delta-rs merge must not meet
-    deletion vectors."""
-    engine = engine or bench.engine
-    if (engine, rows) not in bench.seeds:
-        lake = bench.workdir / f"seed-{engine}-{rows}"
+def seeded(bench: Bench, rows: int, landing: Path, generated: Any) -> tuple[Path, Path]:
+    """(the project's lake, the floor's silver) holding the snapshot of `rows` rows, each loaded by its own
+    code once per size and engine (the snapshot files are the same in every landing of that size: same
+    seed): workload L's figure, with its equality check. The project loads the way the bench's last chosen
+    mode runs (the service, by default)."""
+    if (bench.engine, rows) not in bench.seeds:
+        lake, floor_silver = bench.workdir / f"seed-{bench.engine}-{rows}", bench.workdir / f"seed-floor-{rows}"
         shutil.rmtree(lake, ignore_errors=True)
-        # loaded the way the bench's last chosen mode runs (the service, by default)
         mode, how = bench.modes[-1] if bench.modes else MODES[0]
-        seconds, _ = project_run(landing, lake, file_list(bench.workdir / f"seed-{rows}.json", landing, generated.batches[0]),
-                                 engine, mode, bench)
-        bench.seeds[(engine, rows)] = (lake, seconds)
-        bench.add(Figure("setup", f"initial load of {rows:,} rows (bronze+silver), {how}, {engine}", seconds))
-    return bench.seeds[(engine, rows)][0]
+        files = file_list(bench.workdir / f"seed-{rows}.json", landing, generated.batches[0])
+        seconds, _ = project_run(landing, lake, files, bench.engine, mode, bench)
+        if rows not in bench.floor_seeds:  # the floor's load takes silver's schema from the project's table
+            shutil.rmtree(floor_silver, ignore_errors=True)
+            floor_s = floor_load(landing, floor_silver, files, lake / "silver" / TABLE)
+            bench.floor_seeds[rows] = floor_silver
+            bench.floor_load_s[rows] = floor_s
+        check_equal(lake / "silver" / TABLE, bench.floor_seeds[rows], generated, snapshot=True)
+        bench.seeds[(bench.engine, rows)] = lake
+        figure = Figure("L", f"initial load of {rows:,} rows (bronze+silver; one run), {how}, {bench.engine}", seconds,
+                        bench.floor_load_s[rows], "<= 3x floor")
+        figure.met = seconds <= 3 * bench.floor_load_s[rows]
+        bench.add(figure)
+    return bench.seeds[(bench.engine, rows)], bench.floor_seeds[rows]
+
+
+def initial_load(bench: Bench) -> None:
+    """L: the initial snapshot of a 1M-row table (at scale 1.0) into an empty lake, against the floor's load."""
+    rows = bench.n(1_000_000)
+    landing = bench.workdir / "landing-l"
+    seeded(bench, rows, landing, generate(landing, rows, 0, batches=1))
 
 
 def fresh_copy(seed: Path, dest: Path) -> Path:
@@ -220,11 +241,11 @@ def one_batch(bench: Bench, label: str, rows: int, changes: int) -> dict[str, fl
     run from a copy of the same seeded lake."""
     landing = bench.workdir / f"landing-{label}"
     generated = generate(landing, rows, changes, batches=1)
-    seed, floor_seed = seeded(bench, rows, landing, generated), seeded(bench, rows, landing, generated, "delta-rs")
+    seed, floor_seed = seeded(bench, rows, landing, generated)
     files = file_list(bench.workdir / f"{label}.json", landing, generated.batches[1])
     seconds: dict[str, list[float]] = {mode: [] for mode, _ in (*MODES, ("floor", ""))}
     for _ in range(bench.runs):
-        floor_silver = fresh_copy(floor_seed / "silver" / TABLE, bench.workdir / f"floor-{label}")
+        floor_silver = fresh_copy(floor_seed, bench.workdir / f"floor-{label}")
         seconds["floor"].append(floor_run(landing, floor_silver, files))  # the floor once per run
         for mode, _ in bench.modes:
             lake = fresh_copy(seed, bench.workdir / f"lake-{label}")
@@ -247,8 +268,8 @@ def w2(bench: Bench) -> None:
     rows, batches, per_batch = bench.n(1_000_000), max(5, round(50 * min(1.0, bench.scale))), 1_000
     landing = bench.workdir / "landing-w2"
     generated = generate(landing, rows, batches * per_batch, batches=batches)
-    seed = seeded(bench, rows, landing, generated)
-    floor_silver = fresh_copy(seeded(bench, rows, landing, generated, "delta-rs") / "silver" / TABLE, bench.workdir / "floor-w2")
+    seed, floor_seed = seeded(bench, rows, landing, generated)
+    floor_silver = fresh_copy(floor_seed, bench.workdir / "floor-w2")
     seconds: dict[str, list[float]] = {mode: [] for mode, _ in (*MODES, ("floor", ""))}
     lakes = {mode: fresh_copy(seed, bench.workdir / f"lake-w2{mode}") for mode, _ in bench.modes}
     jobs: list[int] = []
@@ -355,7 +376,7 @@ def _spark_dedupe(parsed: Path, out: Path, runs: int) -> list[float]:
     return seconds
 
 
-WORKLOADS: dict[str, Callable[[Bench], None]] = {"W1": w1, "W2": w2, "W3": w3, "W4": w4}
+WORKLOADS: dict[str, Callable[[Bench], None]] = {"L": initial_load, "W1": w1, "W2": w2, "W3": w3, "W4": w4}
 
 
 def machine() -> dict[str, str]:
@@ -380,9 +401,9 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scale", type=float, default=1.0, help="table and batch sizes relative to issue 6's (1.0)")
     p.add_argument("--runs", type=int, default=3, help="runs per figure (medians are reported)")
-    p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated, of W1..W5")
+    p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated, of L,W1..W5")
     p.add_argument("--engines", default="delta-rs,delta-spark",
-                   help="CDC_DELTA_ENGINE of the project's runs, comma-separated: W1-W3 run once per engine")
+                   help="CDC_DELTA_ENGINE of the project's runs, comma-separated: L and W1-W3 run once per engine")
     p.add_argument("--modes", default="own,attached,service",
                    help="how the project runs, comma-separated: own (its own Spark), attached (Spark Connect), service")
     p.add_argument("--workdir", default=str(ROOT / "data" / "bench"), help="generated files and lakes (deleted first)")
@@ -406,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
             (pipeline_service(workdir) if "service" in modes else nullcontext("")) as service:
         bench = Bench(workdir, args.scale, args.runs, remote, service, modes, engines=tuple(engines))
         # W4 reads no Delta table and W5 runs Airflow's embedded default: once, not per engine
-        for name, engine in [(w, e) for w in chosen for e in (engines if w in ("W1", "W2", "W3") else engines[:1])]:
+        for name, engine in [(w, e) for w in chosen for e in (engines if w in ("L", "W1", "W2", "W3") else engines[:1])]:
             bench.engine = engine
             WORKLOADS[name](bench)
             if args.results:  # after each workload, so a long run's figures so far are kept

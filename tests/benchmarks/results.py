@@ -30,7 +30,7 @@ def write_results(path: Path, bench: Any, info: dict[str, str], workloads: list[
     # a figure measured again replaces its earlier row; the others (other modes, engines, scales) stay
     measured = {(f["workload"], f["name"], f["scale"]) for f in current}
     kept = [f for f in kept if (f["workload"], f["name"], f["scale"]) not in measured]
-    figures = sorted(kept + current, key=lambda f: (f["workload"] if f["workload"] != "setup" else "", f["scale"]))
+    figures = sorted(kept + current, key=lambda f: (f["workload"], f["scale"]))
     lines = [
         "# Benchmark results",
         "",
@@ -45,7 +45,7 @@ def write_results(path: Path, bench: Any, info: dict[str, str], workloads: list[
         "Project: `python -m spark_jobs run` as a fresh process (spark-submit-like: the JVM and the imports each time), "
         "attached to a warm Spark Connect server, or as a job on the warm pipeline service, as each row says, "
         "with the Delta engine each row names (W5: the embedded default). "
-        "Floor: DuckDB + a delta-rs merge with the same conditions (`tests/benchmarks/floor.py`), "
+        "Floor: DuckDB + a delta-rs merge with the same conditions (L: DuckDB + a delta-rs write; `tests/benchmarks/floor.py`), "
         "also a fresh process. Figures are medians of the runs (W2: percentiles over its batches). Every workload "
         "checks that the project's silver equals the floor's and the generator's final state.",
         "",
