@@ -47,6 +47,10 @@ class Lake:
     def quarantine(self, table: str) -> str:
         return f"{self.root}/quarantine/{table}"
 
+    def gold_inputs(self, model: str) -> str:
+        """What the model's published version was computed from (layers/gold.py: unchanged inputs, no refresh)."""
+        return f"{self.root}/_state/gold_inputs/{model}.json"
+
     def ingest_log(self, table: str) -> str:
         return f"{self.root}/_state/ingest_log/{table}"
 

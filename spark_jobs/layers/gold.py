@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import re
+from dataclasses import fields
 from functools import reduce
 from typing import Any
 
@@ -22,10 +26,18 @@ from spark_jobs.registry import GoldModel
 def gold_refresh(spark: SparkSession, engine: DeltaEngine, model: GoldModel, lake: Lake,
                  batch_id: str) -> GoldSummary:
     """Run the model's SQL over silver, gate the result, then overwrite the gold table: write-audit-publish,
-    a failed gate leaves gold at its previous version."""
+    a failed gate leaves gold at its previous version. When nothing it reads has changed since the version
+    it published (the same silver versions, model definition and gold version), it is not refreshed,
+    unless its result or verdict depends on the clock (see `depends_on_the_clock`)."""
+    inputs = refresh_inputs(engine, lake, model)
+    gold_version = engine.version(lake.gold(model.name))
+    if not depends_on_the_clock(model) and gold_version is not None and \
+            _published_inputs(lake, model) == {**inputs, "gold_version": gold_version}:
+        return GoldSummary(table=model.name, batch_id=batch_id, sources=list(model.sources), version=gold_version,
+                           gate="skipped (sources unchanged)")
     newest = None
     for source in model.sources:
-        silver = engine.read(spark, lake.silver(source))
+        silver = engine.read(spark, lake.silver(source), version=inputs["silver_versions"][source])
         if silver is None:
             raise PipelineError(model.name, "gold", f"source silver table {source!r} does not exist yet")
         silver.createOrReplaceTempView(source)
@@ -39,7 +51,7 @@ def gold_refresh(spark: SparkSession, engine: DeltaEngine, model: GoldModel, lak
     published, quarantine = _quarantine_by_expectations(model, result, batch_id)
     frames = {"model": result}
     if model.references:
-        frames["references"] = _references(spark, engine, lake, model, result)
+        frames["references"] = _references(spark, engine, lake, model, result, inputs["silver_versions"])
     figures: dict[str, Any] = {"lag_s": summary.lag_s}
     if quarantine is not None:
         # the rows a `quarantine` expectation refused are kept aside before the gate, as silver's are
@@ -48,7 +60,35 @@ def gold_refresh(spark: SparkSession, engine: DeltaEngine, model: GoldModel, lak
         figures["quarantined_share"] = summary.quarantined_share = share(figures["quarantined"], rows)
     gate(frames, figures, model.name, "gold", gold_checks(model), lake, summary, model.quality.actions)
     summary.version = engine.overwrite(published, lake.gold(model.name))
+    # written after the publish: a run dying between the two refreshes again, which is harmless
+    lake.files.write(lake.gold_inputs(model.name), json.dumps({**inputs, "gold_version": summary.version}, sort_keys=True))
     return summary
+
+
+# Spark SQL functions whose value changes from one run to the next on the same data (some also without
+# parentheses): a model calling one is refreshed every run. A mention in a comment only costs a refresh.
+_CLOCK_OR_CHANCE = re.compile(r"\b(current_date|current_timestamp|localtimestamp|now|curdate|unix_timestamp|"
+                              r"rand|randn|random|uuid|shuffle)\b", re.IGNORECASE)
+
+
+def depends_on_the_clock(model: GoldModel) -> bool:
+    """The model's rows or its gate's verdict may differ on unchanged silver: its SQL reads the clock (or
+    draws at random), or its freshness is checked."""
+    return model.freshness_s is not None or bool(_CLOCK_OR_CHANCE.search(model.sql))
+
+
+def refresh_inputs(engine: DeltaEngine, lake: Lake, model: GoldModel) -> dict[str, Any]:
+    """What a refresh reads: the model's definition (as a digest) and the version of every silver table its
+    SQL or references read, taken before reading them (the refresh reads exactly these versions)."""
+    definition = {f.name: getattr(model, f.name) for f in fields(model) if f.name not in ("path", "maintenance")}
+    digest = hashlib.sha256(json.dumps(definition, sort_keys=True, default=repr).encode()).hexdigest()
+    tables = sorted({*model.sources, *(ref.table for ref in model.references)})
+    return {"model": digest, "silver_versions": {t: engine.version(lake.silver(t)) for t in tables}}
+
+
+def _published_inputs(lake: Lake, model: GoldModel) -> dict[str, Any] | None:
+    text = lake.files.read(lake.gold_inputs(model.name))
+    return None if text is None else dict(json.loads(text))
 
 
 def _quarantine_by_expectations(model: GoldModel, result: DataFrame, batch_id: str) -> tuple[DataFrame, DataFrame | None]:
@@ -70,12 +110,13 @@ def _quarantine_by_expectations(model: GoldModel, result: DataFrame, batch_id: s
 ROW_ID = "_cdc_row_id"
 
 
-def _references(spark: SparkSession, engine: DeltaEngine, lake: Lake, model: GoldModel, result: DataFrame) -> DataFrame:
+def _references(spark: SparkSession, engine: DeltaEngine, lake: Lake, model: GoldModel, result: DataFrame,
+                versions: dict[str, int | None]) -> DataFrame:
     """One row per reference and model row with all its columns set: `_found` when the silver table has
     a row with those values."""
     parts = []
     for ref in model.references:
-        target = engine.read(spark, lake.silver(ref.table))
+        target = engine.read(spark, lake.silver(ref.table), version=versions[ref.table])
         values = result.select(*[F.col(c).alias(f"_v{i}") for i, c in enumerate(ref.columns)]).dropna()
         if target is None:
             parts.append(values.select(F.lit(ref.label()).alias("reference"), F.lit(False).alias("_found")))
