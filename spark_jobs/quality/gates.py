@@ -8,14 +8,15 @@ did, with the expectation as reason), `fail` fails the gate. The gate also fails
 was quarantined than the table allows. Results go to GX Data Docs under `<lake>/reports/data_docs/<table>/`;
 a failed gate raises `GateFailed` with one line naming the table, the layer, the expectations and counts.
 Each table has its own GX project under `<lake>/_state/gx/<table>`, so tables validated in parallel never
-write the same GX files.
+write the same GX files. A small audit frame holding only the gate's own checks is validated with pandas
+after one Spark job brings its columns over (docs/architecture.md, "Gates").
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pyspark.sql import DataFrame
@@ -41,6 +42,12 @@ NOT_NULL, IN_SET = "expect_column_values_to_not_be_null", "expect_column_values_
 BETWEEN, EQUAL = "expect_column_values_to_be_between", "expect_column_pair_values_to_be_equal"
 # checks on the batch's figures (a few numbers) are evaluated here, not by a Spark job per number
 FIGURES = "figures"
+# An audit frame with only the gate's own checks and at most this many rows is validated on the driver:
+# its columns come over in one Spark job (GX on Spark runs one per column, and one per row condition).
+# Larger frames, and frames with a user's expectations (written for Spark's types and SQL), stay on Spark.
+LOCAL_ROWS = 100_000
+# the gate's own row conditions in Spark SQL, and the same in pandas' query syntax for local frames
+LOCAL_CONDITIONS = {"op IN ('c', 'u', 'r')": 'op in ["c", "u", "r"]', "op = 'd'": 'op == "d"'}
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,25 @@ class Check:
     kwargs: dict[str, Any] = field(default_factory=dict)
     action: str = FAIL
     description: str | None = None  # what Data Docs say the check means, in plain words
+
+    def columns(self) -> set[str]:
+        """The frame's columns the check reads."""
+        named = {self.kwargs[k] for k in ("column", "column_A", "column_B") if k in self.kwargs}
+        condition = {"op"} if self.kwargs.get("row_condition") in LOCAL_CONDITIONS else set()
+        return named | set(self.kwargs.get("column_list", [])) | condition
+
+    def runs_locally(self) -> bool:
+        """The gate's own check (a user's is written for Spark), with no row condition or one known in pandas' syntax."""
+        condition = self.kwargs.get("row_condition")
+        return self.name in EXPECTATIONS and (condition is None or condition in LOCAL_CONDITIONS)
+
+    def local(self) -> Check:
+        """The check on a pandas frame: its row condition in pandas' syntax."""
+        condition = self.kwargs.get("row_condition")
+        if condition is None:
+            return self
+        return replace(self, kwargs={**self.kwargs, "row_condition": LOCAL_CONDITIONS[condition],
+                                     "condition_parser": "pandas"})
 
     def label(self) -> str:
         if self.frame == FIGURES:  # the finding shows the figures themselves
@@ -252,6 +278,18 @@ def _shown(check: Check, figures: dict[str, Any]) -> str:
     return shown
 
 
+def _local_frame(df: DataFrame, checks: list[Check]) -> Any:
+    """The columns the checks read as a pandas frame (one Spark job), when every check is the gate's own and
+    the frame has at most LOCAL_ROWS rows; None otherwise."""
+    if not all(c.runs_locally() for c in checks):
+        return None
+    columns = sorted(set().union(*(c.columns() for c in checks)))
+    rows = df.select(*columns).limit(LOCAL_ROWS + 1).toArrow() if columns else None
+    if rows is None or rows.num_rows > LOCAL_ROWS:
+        return None
+    return rows.to_pandas()
+
+
 def _result_format(checks: list[Check]) -> dict[str, Any]:
     """BASIC has the counts the gate reports (SUMMARY adds value-count tables, a Spark job per expectation).
     Its sample of unexpected values costs a Spark job per expectation too; on flags (always False) and
@@ -281,7 +319,8 @@ def run_gate(frames: dict[str, DataFrame], table: str, layer: str, checks: list[
 
     context = _context(lake, table)
     sources = {"spark": context.data_sources.add_or_update_spark(name="lake"),
-               "pandas": context.data_sources.add_or_update_pandas(name="figures")}
+               "figures": context.data_sources.add_or_update_pandas(name="figures"),
+               "local": context.data_sources.add_or_update_pandas(name="audit")}
     inputs: dict[str, Any] = dict(frames)
     if figures is not None:
         inputs[FIGURES] = _figures_frame(figures)
@@ -292,7 +331,10 @@ def run_gate(frames: dict[str, DataFrame], table: str, layer: str, checks: list[
         if not frame_checks:
             continue
         name = f"{table}.{layer}.{frame}"
-        source = sources["pandas" if frame == FIGURES else "spark"]
+        where = "figures" if frame == FIGURES else "spark"
+        if where == "spark" and (local := _local_frame(df, frame_checks)) is not None:
+            df, frame_checks, where = local, [c.local() for c in frame_checks], "local"
+        source = sources[where]
         asset = next((a for a in source.assets if a.name == name), None) or source.add_dataframe_asset(name=name)
         batch = next((b for b in asset.batch_definitions if b.name == "batch"), None)
         batch = batch or asset.add_batch_definition_whole_dataframe("batch")

@@ -8,7 +8,8 @@ import pytest
 from spark_jobs.errors import GateFailed
 from spark_jobs.lake import Lake
 from spark_jobs.quality.expectations import Quality
-from spark_jobs.quality.gates import run_gate, silver_checks
+from spark_jobs.quality import gates
+from spark_jobs.quality.gates import bronze_checks, run_gate, silver_checks
 from spark_jobs.registry import TableConfig
 
 TABLE = TableConfig(name="orders", topic="t", keys=("id",))
@@ -49,19 +50,52 @@ def test_compound_keys_are_checked_together_and_warn_actions_never_fail(spark, t
     assert (result.verdict(), result.warnings()) == ("passed-with-warnings", 1)
 
 
-def test_a_frame_of_flags_costs_no_spark_job_for_samples_of_its_unexpected_values(spark, tmp_path):
+def _jobs_and_findings(spark, tmp_path, frames, checks, group):
+    """The Spark jobs a gate ran, and its findings."""
+    context = spark.sparkContext
+    context.setJobGroup(group, "a gate")
+    try:
+        result = run_gate(frames, "orders", "bronze", checks, Lake(str(tmp_path)), raise_on_failure=False)
+    finally:
+        context.setJobGroup("", "")
+    return len(context.statusTracker().getJobIdsForGroup(group)), [
+        (f.check, f.action, f.success, f.unexpected, f.total) for f in result.findings]
+
+
+def test_a_frame_of_flags_on_spark_costs_no_spark_job_for_samples_of_its_unexpected_values(spark, tmp_path,
+                                                                                            monkeypatch):
     """GX's BASIC result samples each map expectation's unexpected values in a Spark job of its own; on flags
     (always False) the sample says nothing, so the gate asks for none: one job per flag column for its
-    counts and the table's row count, not one more per flag (8 jobs here before)."""
+    counts, the table's row count and the probe that found the frame too large to validate locally, not
+    one more per flag (8 jobs here before)."""
+    monkeypatch.setattr(gates, "LOCAL_ROWS", 0)  # validated on Spark, as a large frame is
     events = spark.createDataFrame([(True, True, None), (False, True, True)],
                                    "_seq_present BOOLEAN, _no_tie BOOLEAN, _not_live_after BOOLEAN").localCheckpoint()
     checks = [c for c in silver_checks(TABLE) if c.frame == "events"]
-    context = spark.sparkContext
-    context.setJobGroup("flags-gate", "a gate on flags only")
-    try:
-        result = run_gate({"events": events}, "orders", "silver", checks, Lake(str(tmp_path)), raise_on_failure=False)
-    finally:
-        context.setJobGroup("", "")
-    assert [(f.check, f.unexpected, f.total) for f in result.findings] == [
-        ("sequence_present", 1, 2), ("sequence_increasing", 0, 2), ("deleted_keys_not_live", 0, 1)]
-    assert len(context.statusTracker().getJobIdsForGroup("flags-gate")) <= len(checks) + 2
+    jobs, findings = _jobs_and_findings(spark, tmp_path, {"events": events}, checks, "flags-on-spark")
+    assert [f[::3] for f in findings] == [("sequence_present", 1), ("sequence_increasing", 0), ("deleted_keys_not_live", 0)]
+    assert jobs <= len(checks) + 3
+
+
+@pytest.mark.parametrize("table", [TABLE, PAIR])
+def test_a_small_frame_of_the_gates_own_checks_is_validated_in_one_spark_job_with_the_same_findings(
+        spark, tmp_path, monkeypatch, table):
+    """Bronze's events (row conditions on the op, flags with nulls) and silver's rows (null and duplicate
+    keys): validated locally in one Spark job per frame, the findings those of GX on Spark."""
+    keys = ", ".join(f"{k} INT" for k in table.keys)
+    ops = ["c", "u", "r", "d", "d", "u", "c"]
+    key_values = [(1, 1), (None, 2), (3, None), (None, None), (5, 5), (1, 1), (None, 7)]
+    events = spark.createDataFrame(
+        [(op, *kv[:len(table.keys)], agrees, follows) for op, kv, agrees, follows in zip(
+            ops, key_values, [True, False, None, True, True, False, None], [None, None, True, False, None, None, True],
+            strict=True)],
+        f"op STRING, {keys}, _deleted_flag_agrees BOOLEAN, _follows_delete BOOLEAN").localCheckpoint()
+    rows = spark.createDataFrame([kv[:len(table.keys)] for kv in key_values], keys).localCheckpoint()
+    checks = [c for c in bronze_checks(table) if c.frame == "events"] + _rows_only(table)
+    frames = {"events": events, "rows": rows}
+    local_jobs, local = _jobs_and_findings(spark, tmp_path / "local", frames, checks, f"local-{len(table.keys)}")
+    monkeypatch.setattr(gates, "LOCAL_ROWS", 0)
+    _, on_spark = _jobs_and_findings(spark, tmp_path / "spark", frames, checks, f"spark-{len(table.keys)}")
+    assert local == on_spark
+    assert local_jobs == len(frames)
+    assert [f for f in local if not f[2]]  # the data fails some checks: the comparison means something
