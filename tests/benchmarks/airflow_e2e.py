@@ -28,7 +28,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.benchmarks.harness import CONFIG, MODEL, ROOT, TABLE, Bench, Figure, env, generate
+from tests.benchmarks.equality import check_equal, check_gold_by_last_name
+from tests.benchmarks.harness import (
+    CONFIG,
+    MODEL,
+    ROOT,
+    TABLE,
+    Bench,
+    Figure,
+    env,
+    file_list,
+    floor_load,
+    floor_run,
+    generate,
+)
 
 POKE_S = 5
 SPARK_TASKS = ("bronze_ingest", "silver_merge", "gold_refresh")
@@ -150,3 +163,19 @@ def w5(bench: Bench) -> None:
         bench.add(share)
         for part in ("detection", "scheduling", "spark_startup", "compute"):
             bench.add(Figure("W5", f"  {part.replace('_', ' ')}, {how}", median[part]))
+    check_landed(bench, generated, staging, landing, lake)
+
+
+def check_landed(bench: Bench, generated: Any, staging: Path, landing: Path, lake: Path) -> None:
+    """W5's equality check: the floor loads the same snapshot and merges the same batches; silver equals
+    its silver and the source's final state, gold the model over it."""
+    floor_silver = bench.workdir / "floor-w5"
+    shutil.rmtree(floor_silver, ignore_errors=True)
+    for n, files in enumerate(generated.batches):
+        listed = file_list(bench.workdir / f"w5-{n}.json", staging, files)
+        if n == 0:
+            floor_load(landing, floor_silver, listed, lake / "silver" / TABLE)
+        else:
+            floor_run(landing, floor_silver, listed)
+    check_equal(lake / "silver" / TABLE, floor_silver, generated)
+    check_gold_by_last_name(lake / "gold" / MODEL, floor_silver)

@@ -9,7 +9,7 @@ from typing import Any
 KEYS = ("actor_id",)  # the benchmark table's (pagila actor)
 
 
-def read_table(path: Path) -> Any:
+def read_table(path: Path, keys: tuple[str, ...] = KEYS) -> Any:
     """A Delta table as one Arrow table, sorted by key: pyarrow.parquet on its file list (the project's safe
     read path: no delta-rs dataset reader), or DataFusion where deletion vectors make that wrong."""
     import pyarrow as pa
@@ -24,7 +24,7 @@ def read_table(path: Path) -> Any:
     else:
         table = pq.read_table([u.removeprefix("file://") for u in delta.file_uris()])
     plain = pa.schema([f.with_type(pa.string()) if f.type == pa.string_view() else f for f in table.schema])
-    return table.cast(plain).sort_by([(k, "ascending") for k in KEYS])
+    return table.cast(plain).sort_by([(k, "ascending") for k in keys])
 
 
 def check_equal(project_silver: Path, floor_silver: Path | None, generated: Any, snapshot: bool = False) -> None:
@@ -45,3 +45,18 @@ def check_equal(project_silver: Path, floor_silver: Path | None, generated: Any,
     if got != expected:
         raise AssertionError(f"silver differs from the source's {'snapshot' if snapshot else 'final state'} "
                              f"({len(got)} rows against {len(state)})")
+
+
+def check_gold_by_last_name(project_gold: Path, floor_silver: Path) -> None:
+    """The benchmark's gold model (actors_by_last_name: actors and newest last_update per last name) equals
+    the same aggregation of the floor's silver."""
+    import pyarrow as pa
+
+    silver = read_table(floor_silver)
+    expected = silver.group_by("last_name").aggregate([("actor_id", "count"), ("last_update", "max")]).rename_columns(
+        ["last_name", "actors", "last_update"])
+    got = read_table(project_gold, ("last_name",)).select(["last_name", "actors", "last_update"])
+    expected = expected.select(got.column_names).cast(got.schema).sort_by("last_name")
+    if not got.equals(pa.table(expected)):
+        raise AssertionError(f"gold differs from the model over the floor's silver: {got.num_rows} rows against "
+                             f"{expected.num_rows}")
