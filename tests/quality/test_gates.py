@@ -7,8 +7,8 @@ import pytest
 
 from spark_jobs.errors import GateFailed
 from spark_jobs.lake import Lake
-from spark_jobs.quality.expectations import Quality
 from spark_jobs.quality import gates
+from spark_jobs.quality.expectations import Quality
 from spark_jobs.quality.gates import bronze_checks, run_gate, silver_checks
 from spark_jobs.registry import TableConfig
 
