@@ -99,3 +99,28 @@ def test_a_small_frame_of_the_gates_own_checks_is_validated_in_one_spark_job_wit
     assert local == on_spark
     assert local_jobs == len(frames)
     assert [f for f in local if not f[2]]  # the data fails some checks: the comparison means something
+
+
+def test_data_docs_templates_are_compiled_once_per_process(spark, tmp_path, monkeypatch):
+    """GX makes a new Jinja environment for every Data Docs build: the pages' compiled templates are kept."""
+    import jinja2
+
+    from spark_jobs.quality import docs_views
+
+    monkeypatch.setattr(docs_views._TEMPLATES, "_code", {})
+    compiled = []
+    original = jinja2.Environment.compile
+
+    def compile_counted(self, *args, **kwargs):
+        compiled.append(args[1] if len(args) > 1 else kwargs.get("name"))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(jinja2.Environment, "compile", compile_counted)
+    df = spark.createDataFrame([(1, "x"), (2, "y")], "id INT, v STRING")
+    for n, lake in enumerate([Lake(str(tmp_path / "first")), Lake(str(tmp_path / "second"))]):
+        run_gate({"rows": df}, "orders", "silver", _rows_only(TABLE), lake)
+        assert Path(lake.data_docs("orders"), "index.html").read_text().count("orders.silver.rows") >= 1
+        if n == 0:
+            assert any(name and name.endswith(".j2") for name in compiled), compiled
+            compiled.clear()
+    assert [name for name in compiled if name and name.endswith(".j2")] == []
