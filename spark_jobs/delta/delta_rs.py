@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -36,6 +36,9 @@ from spark_jobs.delta.features import unplain_features
 from spark_jobs.errors import UnsupportedTable
 from spark_jobs.settings import settings
 from spark_jobs.storage import delta_storage_options
+
+if TYPE_CHECKING:
+    from spark_jobs.delta import Rows
 
 SPILL_PREFIX = "cdc-spill-"
 
@@ -117,8 +120,11 @@ class DeltaRsEngine:
                                    "written)", "write it with CDC_DELTA_ENGINE=delta-spark")
 
     @contextmanager
-    def _rows(self, df: DataFrame) -> Iterator[tuple[pa.RecordBatchReader, int]]:
-        """The DataFrame's rows as a stream of Arrow batches, and their size in bytes on disk (see above)."""
+    def _rows(self, df: Rows) -> Iterator[tuple[pa.RecordBatchReader, int]]:
+        """The rows as a stream of Arrow batches, and their size in bytes (a DataFrame's on disk: see above)."""
+        if isinstance(df, pa.Table):  # made on the driver: already in memory
+            yield df.to_reader(), df.nbytes
+            return
         folder = Path(tempfile.mkdtemp(prefix=f"{SPILL_PREFIX}{os.getpid()}-", dir=settings().spill_dir or None))
         try:
             df.write.mode("overwrite").parquet(str(folder))
@@ -137,7 +143,7 @@ class DeltaRsEngine:
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
-    def append(self, df: DataFrame, path: str, partition_by: tuple[str, ...] = ()) -> int:
+    def append(self, df: Rows, path: str, partition_by: tuple[str, ...] = ()) -> int:
         self._writable(path)
         with self._rows(df) as (rows, _):
             write_deltalake(path, rows, mode="append", partition_by=list(partition_by) or None,
@@ -158,7 +164,7 @@ class DeltaRsEngine:
                             partition_by=list(partition_by) or None, storage_options=self._options(path))
         return self._must(path).version()
 
-    def merge(self, df: DataFrame, path: str, spec: MergeSpec, partition_by: tuple[str, ...] = ()) -> MergeResult:
+    def merge(self, df: Rows, path: str, spec: MergeSpec, partition_by: tuple[str, ...] = ()) -> MergeResult:
         self._writable(path)
         with self._rows(df) as (rows, size):
             return self._merge(rows, size, path, spec, partition_by)

@@ -3,12 +3,16 @@ docker-compose Spark image). Same MergeSpec meaning as delta-rs."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from spark_jobs.delta import MergeResult, MergeSpec, key_predicate, log_retention, retention_hours
+
+if TYPE_CHECKING:
+    from spark_jobs.delta import Rows
 
 
 class DeltaSparkEngine:
@@ -40,7 +44,11 @@ class DeltaSparkEngine:
             reader = reader.option("versionAsOf", version)
         return reader.load(path)
 
-    def append(self, df: DataFrame, path: str, partition_by: tuple[str, ...] = ()) -> int:
+    def _frame(self, df: Rows) -> DataFrame:
+        return self.spark.createDataFrame(df) if isinstance(df, pa.Table) else df
+
+    def append(self, df: Rows, path: str, partition_by: tuple[str, ...] = ()) -> int:
+        df = self._frame(df)
         df.write.format("delta").mode("append").option("mergeSchema", "true").partitionBy(*partition_by).save(path)
         return self.version(path) or 0
 
@@ -53,7 +61,8 @@ class DeltaSparkEngine:
         df.write.format("delta").mode("overwrite").option("replaceWhere", predicate).partitionBy(*partition_by).save(path)
         return self.version(path) or 0
 
-    def merge(self, df: DataFrame, path: str, spec: MergeSpec, partition_by: tuple[str, ...] = ()) -> MergeResult:
+    def merge(self, df: Rows, path: str, spec: MergeSpec, partition_by: tuple[str, ...] = ()) -> MergeResult:
+        df = self._frame(df)
         if not self._exists(path):
             df.limit(0).write.format("delta").partitionBy(*partition_by).save(path)
         merger = self._DeltaTable.forPath(self.spark, path).alias("t").merge(df.alias("s"), key_predicate(spec.keys, "`"))

@@ -11,7 +11,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark_jobs.debezium import envelope
-from spark_jobs.delta import DeltaEngine, MergeSpec
+from spark_jobs.delta import DeltaEngine, MergeSpec, driver_rows
 from spark_jobs.errors import ConcurrentWrite, PipelineError
 from spark_jobs.lake import Lake
 from spark_jobs.landing import LandingFile, LandingWindow, list_topic, spark_paths
@@ -359,7 +359,7 @@ def _log_files(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: str,
     `bronze_version` is the bronze commit that holds their rows (None when they had no events)."""
     logged_at = now()
     rows = [(table, path, *stats, batch_id, bronze_version, logged_at) for path, stats in sorted(files.items())]
-    engine.append(spark.createDataFrame(rows, INGEST_LOG_SCHEMA), lake.ingest_log(table))
+    engine.append(driver_rows(rows, INGEST_LOG_SCHEMA), lake.ingest_log(table))
 
 
 def _recover_unlogged_files(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: str, batch_id: str) -> set[str]:
@@ -368,9 +368,8 @@ def _recover_unlogged_files(spark: SparkSession, engine: DeltaEngine, lake: Lake
     current = engine.version(lake.bronze(table))
     if current is None:
         return set()
-    log = engine.read(spark, lake.ingest_log(table))
-    newest = None if log is None else one_row(log.agg(F.max("bronze_version").alias("v")))["v"]
-    logged = -1 if newest is None else newest  # version 0 is a real commit, not "none"
+    logged = max((v for v in ingest_log(lake, table, ["bronze_version"])["bronze_version"] if v is not None),
+                 default=-1)  # version 0 is a real commit, not "none"
     if current <= logged:
         return set()
     bronze = engine.read(spark, lake.bronze(table))

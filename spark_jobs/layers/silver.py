@@ -11,7 +11,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark_jobs.delta import DeltaEngine, MergeSpec
+from spark_jobs.delta import DeltaEngine, MergeSpec, driver_rows
 from spark_jobs.errors import GateFailed, PipelineError
 from spark_jobs.lake import Lake
 from spark_jobs.layers.common import Gate, lag_seconds, now, share, write_quarantine
@@ -266,6 +266,6 @@ def _expire_tombstones(engine: DeltaEngine, lake: Lake, table: TableConfig) -> i
 
 def _save_progress(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: str, bronze_version: int,
                    truncated_at: str | None, batch_id: str) -> None:
-    row = spark.createDataFrame([("silver", bronze_version, truncated_at, batch_id, now(),
-                                  engine.version(lake.silver(table)))], PROGRESS_SCHEMA)
+    row = driver_rows([("silver", bronze_version, truncated_at, batch_id, now(), engine.version(lake.silver(table)))],
+                      PROGRESS_SCHEMA)
     engine.merge(row, lake.progress(table), MergeSpec(("layer",), update_when="true", insert_when="true"))

@@ -8,7 +8,7 @@ from decimal import Decimal
 
 import pytest
 
-from spark_jobs.delta import MergeSpec
+from spark_jobs.delta import MergeSpec, driver_rows
 from spark_jobs.layers.silver import LEDGER_MERGE, SILVER_MERGE
 
 SCHEMA = "k INT, v STRING, _seq STRING, _op STRING"
@@ -45,6 +45,22 @@ def test_append_then_read_types_and_versions(any_engine, spark, tmp_path):
     assert rows(any_engine, spark, path) == [(1, Decimal("1.50"), dt.date(2024, 1, 2), dt.datetime(2024, 1, 2, 3, 4, 5, 6))] * 2
     assert [f.simpleString() for f in any_engine.schema(path).fields] == ["k:int", "d:decimal(6,2)", "day:date", "at:timestamp"]
     assert [h["version"] for h in any_engine.history(path)] == [1, 0]
+
+
+def test_rows_made_on_the_driver_append_and_merge_as_a_spark_frame_of_them_would(any_engine, spark, tmp_path):
+    ddl = "k INT, v STRING, _seq STRING, _op STRING, at TIMESTAMP"
+    at = dt.datetime(2024, 1, 2, 3, 4, 5, 6, tzinfo=dt.UTC)
+    first, later = [(1, "a", "1", "c", at), (2, None, "1", "c", None)], [(1, "b", "2", "u", at), (3, "c", "2", "c", at)]
+    by_arrow, by_spark = str(tmp_path / "arrow"), str(tmp_path / "spark")
+    assert any_engine.append(driver_rows(first, ddl), by_arrow) == any_engine.append(spark.createDataFrame(first, ddl), by_spark)
+    spec = replace(SILVER_MERGE, keys=("k",))
+    merged = any_engine.merge(driver_rows(later, ddl), by_arrow, spec)
+    assert merged == any_engine.merge(spark.createDataFrame(later, ddl), by_spark, spec)
+    assert (merged.inserted, merged.updated) == (1, 1)
+    assert any_engine.schema(by_arrow) == any_engine.schema(by_spark)
+    naive = at.replace(tzinfo=None)  # the session's time zone is UTC
+    assert rows(any_engine, spark, by_arrow) == rows(any_engine, spark, by_spark) == [
+        (1, "b", "2", "u", naive), (2, None, "1", "c", None), (3, "c", "2", "c", naive)]
 
 
 def test_empty_table_reads_as_empty_frame_with_schema(any_engine, spark, tmp_path):
