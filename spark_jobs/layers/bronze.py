@@ -15,9 +15,9 @@ from spark_jobs.delta import DeltaEngine, MergeSpec, driver_rows
 from spark_jobs.errors import ConcurrentWrite, PipelineError
 from spark_jobs.lake import Lake
 from spark_jobs.landing import LandingFile, LandingWindow, list_topic, spark_paths
-from spark_jobs.layers.common import gate, lag_seconds, now, one_row, reasons, share, write_quarantine
+from spark_jobs.layers.common import gate, lag_seconds, now, one_row, share, write_quarantine
 from spark_jobs.layers.landing_reader import read_landing
-from spark_jobs.layers.summary import BronzeSummary
+from spark_jobs.layers.summary import BronzeSummary, Counts
 from spark_jobs.quality.expectations import QUARANTINE, row_checks
 from spark_jobs.quality.gates import bronze_checks
 from spark_jobs.quality.user_expectations import check_columns, violations
@@ -162,16 +162,17 @@ def _ingest(spark: SparkSession, engine: DeltaEngine, batch: _Batch, staged: dic
     classified = envelope.classify(parsed, table.keys, to_quarantine).localCheckpoint()
     raw = _raw_events(classified, table)
     classified = _quarantine_by_expectations(classified, raw, table)
-    _quarantine(spark, engine, batch, classified, unreadable, summary)
-    per_file = _per_file(classified)
+    tally = _tally(classified)
+    _quarantine(spark, engine, batch, classified, tally.quarantined, unreadable, summary)
+    per_file = tally.per_file
     # tombstone lines that open a file follow a record of an earlier batch: look in bronze for those only
-    opening = [r["_source_file"] for r in classified.where("_kind = 'tombstone' AND _line = 1").select("_source_file")
-               .distinct().collect()]
-    earlier = _preceding_rows(spark, engine, lake, table.name, opening) if opening else None
+    earlier = _preceding_rows(spark, engine, lake, table.name, tally.opening) if tally.opening else None
     matched = envelope.match_tombstones(classified, earlier).localCheckpoint()
-    _count(classified, matched, per_file, batch, len(unreadable), summary)
+    tombstones = _tombstone_counts(matched) if tally.tombstones else _TombstoneCounts(0, 0)
+    _count(tally, tombstones, batch, len(unreadable), summary)
     _audit(classified, matched, raw, batch, summary)
-    summary.tombstones_matched_late = _track_pending_tombstones(spark, engine, lake, table.name, classified, matched)
+    summary.tombstones_matched_late = _track_pending_tombstones(spark, engine, lake, table.name, classified, matched,
+                                                                tombstones.waiting > 0)
     committed = _commit(engine, classified.where("_kind = 'event'"), batch, summary)
     for f in unreadable:
         per_file[f.path] = (0, 0, 0, 1)
@@ -210,44 +211,81 @@ def _quarantine_by_expectations(classified: DataFrame, raw: DataFrame | None, ta
 EVENT = "_cdc_event"
 
 
-def _quarantine(spark: SparkSession, engine: DeltaEngine, batch: _Batch, classified: DataFrame,
+def _quarantine(spark: SparkSession, engine: DeltaEngine, batch: _Batch, classified: DataFrame, counts: Counts,
                 unreadable: dict[LandingFile, str], summary: BronzeSummary) -> None:
-    """Bad lines, and unreadable files whole (line 0), to quarantine; a reprocess replaces what the files'
-    earlier reading quarantined."""
+    """Bad lines (`counts` of them by reason), and unreadable files whole (line 0), to quarantine; a
+    reprocess replaces what the files' earlier reading quarantined."""
     quarantine = classified.where("_kind = 'quarantine'").select("_source_file", "_line", "_raw", "reason")
+    counts = dict(counts)
     if unreadable:
         quarantine = quarantine.unionByName(spark.createDataFrame(
             [(f.path, 0, "", reason) for f, reason in unreadable.items()],
             "_source_file STRING, _line BIGINT, _raw STRING, reason STRING"))
+        for reason in unreadable.values():
+            counts[reason] = counts.get(reason, 0) + 1
     path = batch.lake.quarantine(batch.table.name)
     if batch.again and engine.version(path) is not None:
         engine.delete(path, f"layer = 'bronze' AND {_files_predicate(engine, batch.again)}")
-    summary.quarantined = write_quarantine(engine, batch.lake, batch.table.name, quarantine, "bronze", batch.batch_id)
+    summary.quarantined = write_quarantine(engine, batch.lake, batch.table.name, quarantine, "bronze", batch.batch_id,
+                                           counts)
 
 
-def _per_file(classified: DataFrame) -> dict[str, tuple[int, int, int, int]]:
-    """(lines, events, tombstones, quarantined) of each landing file, for the ingest log."""
-    return {r["_source_file"]: (r["lines"], r["events"], r["tombstones"], r["quarantined"])
-            for r in classified.groupBy("_source_file").agg(
-                F.count(F.lit(1)).alias("lines"),
-                F.sum(F.when(F.col("_kind") == "event", 1).otherwise(0)).alias("events"),
-                F.sum(F.when(F.col("_kind") == "tombstone", 1).otherwise(0)).alias("tombstones"),
-                F.sum(F.when(F.col("_kind") == "quarantine", 1).otherwise(0)).alias("quarantined")).collect()}
+@dataclass(frozen=True)
+class _Tally:
+    """What bronze counts of the classified lines, all from one Spark job."""
+
+    per_file: dict[str, tuple[int, int, int, int]]  # (lines, events, tombstones, quarantined) per landing file
+    quarantined: Counts  # lines by quarantine reason
+    flagged: Counts  # kept events by the (warn) expectation they fail
+    newest_ts_ms: int | None  # the newest event's source time
+    opening: list[str]  # files whose first line is a tombstone
+
+    @property
+    def tombstones(self) -> int:
+        return sum(stats[2] for stats in self.per_file.values())
 
 
-def _count(classified: DataFrame, matched: DataFrame, per_file: dict[str, tuple[int, int, int, int]], batch: _Batch,
-           unreadable: int, summary: BronzeSummary) -> None:
-    lines_in, events_in, tombstones = (sum(stats[i] for stats in per_file.values()) for i in range(3))
-    events = classified.where("_kind = 'event'")
-    matched_n = matched.where("_follows_delete").count() if tombstones else 0
-    newest = one_row(events.agg(F.max("ts_ms").alias("ts")))["ts"]
-    summary.lines, summary.events, summary.tombstones = lines_in, events_in, tombstones
-    summary.tombstones_matched, summary.tombstones_unmatched = matched_n, tombstones - matched_n
+def _tally(classified: DataFrame) -> _Tally:
+    groups = classified.groupBy("_source_file", "_kind", "reason", "_expectation").agg(
+        F.count(F.lit(1)).alias("n"), F.max("ts_ms").alias("newest"),
+        F.max((F.col("_kind") == "tombstone") & (F.col("_line") == 1)).alias("opens")).collect()
+    per_file: dict[str, list[int]] = {}
+    quarantined: Counts = {}
+    flagged: Counts = {}
+    for g in groups:
+        stats = per_file.setdefault(g["_source_file"], [0, 0, 0, 0])
+        stats[0] += g["n"]
+        stats[1 + ("event", "tombstone", "quarantine").index(g["_kind"])] += g["n"]
+        if g["_kind"] == "quarantine":
+            quarantined[g["reason"]] = quarantined.get(g["reason"], 0) + g["n"]
+        elif g["_kind"] == "event" and g["_expectation"] is not None:
+            flagged[g["_expectation"]] = flagged.get(g["_expectation"], 0) + g["n"]
+    newest = [g["newest"] for g in groups if g["_kind"] == "event" and g["newest"] is not None]
+    return _Tally({f: (s[0], s[1], s[2], s[3]) for f, s in per_file.items()}, quarantined, flagged,
+                  max(newest) if newest else None, sorted({g["_source_file"] for g in groups if g["opens"]}))
+
+
+@dataclass(frozen=True)
+class _TombstoneCounts:
+    matched: int  # tombstone lines following a delete
+    waiting: int  # tombstone lines whose previous record is in an earlier file not landed yet
+
+
+def _tombstone_counts(matched: DataFrame) -> _TombstoneCounts:
+    row = one_row(matched.agg(
+        F.count(F.when(F.col("_follows_delete"), 1)).alias("matched"),
+        F.count(F.when(F.col("_previous_unseen") & (F.col("_part") != F.col("_source_file")), 1)).alias("waiting")))
+    return _TombstoneCounts(row["matched"], row["waiting"])
+
+
+def _count(tally: _Tally, tombstones: _TombstoneCounts, batch: _Batch, unreadable: int, summary: BronzeSummary) -> None:
+    lines_in, events_in = (sum(stats[i] for stats in tally.per_file.values()) for i in range(2))
+    summary.lines, summary.events, summary.tombstones = lines_in, events_in, tally.tombstones
+    summary.tombstones_matched, summary.tombstones_unmatched = tombstones.matched, tally.tombstones - tombstones.matched
     summary.quarantined_share = share(sum((summary.quarantined or {}).values()), lines_in + unreadable)
     summary.empty_files = sum(1 for f in batch.files if f.size == 0)
-    summary.lag_s = lag_seconds(newest)
-    flagged = reasons(events.where("_expectation IS NOT NULL").withColumn("reason", F.col("_expectation")))
-    summary.flagged = flagged or None
+    summary.lag_s = lag_seconds(tally.newest_ts_ms)
+    summary.flagged = tally.flagged or None
 
 
 def _audit(classified: DataFrame, matched: DataFrame, raw: DataFrame | None, batch: _Batch,
@@ -294,9 +332,10 @@ PENDING_TOMBSTONES = MergeSpec(keys=("_source_file", "_line"), insert_when="true
 
 
 def _track_pending_tombstones(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: str, classified: DataFrame,
-                              matched: DataFrame) -> int:
-    """Tombstones whose previous record is in no batch yet wait in the lake; each batch settles those whose
-    previous record it brings. Returns how many of them follow a delete (matched late)."""
+                              matched: DataFrame, any_waiting: bool) -> int:
+    """Tombstones whose previous record is in no batch yet wait in the lake (`any_waiting`: the batch has
+    some); each batch settles those whose previous record it brings. Returns how many of them follow a
+    delete (matched late)."""
     path = lake.pending_tombstones(table)
     settled_late = 0
     if engine.version(path) is not None:
@@ -307,9 +346,9 @@ def _track_pending_tombstones(spark: SparkSession, engine: DeltaEngine, lake: La
         if settled.limit(1).count():
             engine.merge(settled.select("_source_file", "_line"), path,
                          MergeSpec(keys=("_source_file", "_line"), delete_when="true"))
-    waiting = matched.where("_previous_unseen AND _part <> _source_file").select("_source_file", "_line", "_part", "_offset")
-    if waiting.limit(1).count():
-        engine.merge(waiting, path, PENDING_TOMBSTONES)
+    if any_waiting:
+        waiting = matched.where("_previous_unseen AND _part <> _source_file")
+        engine.merge(waiting.select("_source_file", "_line", "_part", "_offset"), path, PENDING_TOMBSTONES)
     return settled_late
 
 

@@ -22,10 +22,11 @@ def now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-def write_quarantine(engine: DeltaEngine, lake: Lake, table: str, rows: DataFrame, layer: str, batch_id: str) -> Counts:
+def write_quarantine(engine: DeltaEngine, lake: Lake, table: str, rows: DataFrame, layer: str, batch_id: str,
+                     counts: Counts | None = None) -> Counts:
     """Quarantine rows keep the raw record and a reason; keyed by (layer, file, line) so a re-run adds
-    nothing twice. Returns the counts by reason."""
-    counts = reasons(rows)
+    nothing twice. Returns the counts by reason (`counts`, when the caller has them already)."""
+    counts = reasons(rows) if counts is None else counts
     if counts:
         rows = rows.select(
             "_source_file", "_line", "_raw", "reason", F.lit(layer).alias("layer"),
