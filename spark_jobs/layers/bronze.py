@@ -164,7 +164,7 @@ def _ingest(spark: SparkSession, engine: DeltaEngine, batch: _Batch, staged: dic
     classified = _quarantine_by_expectations(classified, raw, table)
     tally = _tally(classified)
     _quarantine(spark, engine, batch, classified, tally.quarantined, unreadable, summary)
-    per_file = tally.per_file
+    per_file = dict(tally.per_file)  # unreadable files join it below
     # tombstone lines that open a file follow a record of an earlier batch: look in bronze for those only
     earlier = _preceding_rows(spark, engine, lake, table.name, tally.opening) if tally.opening else None
     matched = envelope.match_tombstones(classified, earlier).localCheckpoint()
@@ -342,8 +342,10 @@ def _track_pending_tombstones(spark: SparkSession, engine: DeltaEngine, lake: La
         pending = engine.read(spark, path)
         assert pending is not None
         settled = envelope.resolve_pending_tombstones(pending, classified).localCheckpoint()
-        settled_late = settled.where("_follows_delete").count()
-        if settled.limit(1).count():
+        counts = one_row(settled.agg(F.count(F.lit(1)).alias("settled"),
+                                     F.count(F.when(F.col("_follows_delete"), 1)).alias("late")))
+        settled_late = counts["late"]
+        if counts["settled"]:
             engine.merge(settled.select("_source_file", "_line"), path,
                          MergeSpec(keys=("_source_file", "_line"), delete_when="true"))
     if any_waiting:
