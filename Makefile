@@ -67,26 +67,31 @@ debs:
 # The pipeline service (`python -m spark_jobs serve`): one long-lived driver with Spark, Delta and Great
 # Expectations loaded once; every Airflow task submits its job to it (README, "The pipeline service").
 # `make demo` starts it beside `airflow db migrate` and stops it at the end, failed or not.
-SERVICE_URL_FILE := $(ROOT)/.service-url
+# The service authenticates every caller: it writes its address and a secret it made (mode 600) as the Airflow
+# connection `cdc_service`, which the tasks use (CDC_SERVICE_CONN_ID).
+SERVICE_CONNECTION := $(ROOT)/.service-connection.json
 demo: venv java jars assets
 	$(BIN)/python -m spark_jobs generate --landing data/landing
-	@rm -f $(SERVICE_URL_FILE); \
-	$(BIN)/python -m spark_jobs serve --port 0 --url-file $(SERVICE_URL_FILE) > $(AIRFLOW_HOME)-service.log 2>&1 & \
+	@rm -f $(SERVICE_CONNECTION); \
+	$(BIN)/python -m spark_jobs serve --port 0 --connection-file $(SERVICE_CONNECTION) > $(AIRFLOW_HOME)-service.log 2>&1 & \
 	service=$$!; trap 'kill $$service 2>/dev/null; wait $$service' EXIT; \
 	echo "pipeline service starting (pid $$service, log $(AIRFLOW_HOME)-service.log)"; \
 	$(BIN)/airflow db migrate > $(AIRFLOW_HOME)-migrate.log 2>&1 || { cat $(AIRFLOW_HOME)-migrate.log; exit 1; }; \
 	: "one pool of one slot per table and gold model: a second writer of a table waits queued (README)"; \
 	$(BIN)/python -m cdc_airflow.pools 2>> $(AIRFLOW_HOME)-migrate.log || exit 1; \
-	until [ -s $(SERVICE_URL_FILE) ]; do kill -0 $$service 2>/dev/null || { cat $(AIRFLOW_HOME)-service.log; exit 1; }; \
-	  sleep 0.5; done; export CDC_SERVICE_URL=$$(cat $(SERVICE_URL_FILE)); echo "pipeline service at $$CDC_SERVICE_URL"; \
+	until [ -s $(SERVICE_CONNECTION) ]; do kill -0 $$service 2>/dev/null || { cat $(AIRFLOW_HOME)-service.log; exit 1; }; \
+	  sleep 0.5; done; export CDC_SERVICE_CONN_ID=cdc_service AIRFLOW_CONN_CDC_SERVICE="$$(cat $(SERVICE_CONNECTION))"; \
+	echo "pipeline service up: Airflow connection cdc_service from $(SERVICE_CONNECTION)"; \
 	: "each layer's DAG in turn (a scheduler would start silver and gold from the assets bronze updates)"; \
 	for dag in $$($(BIN)/python -c "$$LAYER_DAGS"); do echo "airflow dags test $$dag"; \
 	  $(BIN)/airflow dags test $$dag > $(AIRFLOW_HOME)-dags-test.log 2>&1 || { tail -50 $(AIRFLOW_HOME)-dags-test.log; exit 1; }; done
 	$(BIN)/python -m spark_jobs status --lake data/lake --require-tables
 
-# the pipeline service in the foreground, for a scheduler of your own: CDC_SERVICE_URL=http://127.0.0.1:8790
+# the pipeline service in the foreground, for a scheduler of your own: it writes its Airflow connection (address and
+# secret) to .service-connection.json; e.g. AIRFLOW_CONN_CDC_SERVICE="$$(cat .service-connection.json)" and
+# CDC_SERVICE_CONN_ID=cdc_service for the Airflow side (README, "The pipeline service")
 serve: venv java jars assets
-	$(BIN)/python -m spark_jobs serve --port 8790
+	$(BIN)/python -m spark_jobs serve --port 8790 --connection-file $(SERVICE_CONNECTION)
 
 # two workers, one per core, each test file on one of them (Spark, Airflow and chromium spend much of a
 # test waiting on each other, so the suite runs in about 12 minutes instead of 18)
@@ -108,4 +113,4 @@ lint: venv
 	$(BIN)/mypy spark_jobs plugins dags
 
 clean-demo:
-	rm -rf data .airflow .airflow-*.log .service-url
+	rm -rf data .airflow .airflow-*.log .service-connection.json

@@ -46,7 +46,21 @@ def _file_list(value: str) -> frozenset[str]:
         raise argparse.ArgumentTypeError(f"not a JSON list of landing paths: {exc}") from None
     if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
         raise argparse.ArgumentTypeError("not a JSON list of landing paths")
-    return frozenset(paths)
+    from spark_jobs.landing import check_landing_path
+
+    try:
+        return frozenset(map(check_landing_path, paths))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _run_id(value: str) -> str:
+    from spark_jobs.lake import check_run_id
+
+    try:
+        return check_run_id(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parser() -> argparse.ArgumentParser:
@@ -60,7 +74,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--layers", type=_csv, default=list(LAYERS), help="comma-separated: bronze,silver,gold")
     run.add_argument("--models", type=_csv, default=None,
                      help="gold models to refresh (default: every model reading one of the tables)")
-    run.add_argument("--run-id", default=None, help="batch id recorded in every row and report (default: new)")
+    run.add_argument("--run-id", type=_run_id, default=None, help="batch id recorded in every row and report (default: new)")
     run.add_argument("--mode", choices=MODES, default="incremental",
                      help="incremental: new landing files and bronze rows; reprocess: read the landing files in the "
                           "window again, replacing their bronze rows, and apply them; rebuild: recompute silver from "
@@ -91,13 +105,19 @@ def parser() -> argparse.ArgumentParser:
     upkeep.add_argument("--tables", type=_csv, default=None, help="comma-separated table names")
     upkeep.add_argument("--models", type=_csv, default=None, help="comma-separated gold models")
     upkeep.add_argument("--reports", action="store_true", help="expire the run reports (lake-wide)")
-    upkeep.add_argument("--run-id", default=None)
+    upkeep.add_argument("--run-id", type=_run_id, default=None)
     service = sub.add_parser("serve", help="run the pipeline service: run and maintain jobs submitted over HTTP, with Spark, "
-                                           "Delta and Great Expectations loaded once (CDC_SERVICE_URL)")
+                                           "Delta and Great Expectations loaded once (CDC_SERVICE_CONN_ID)")
     service.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     service.add_argument("--port", type=int, default=8790, help="0: any free port (printed)")
     service.add_argument("--workers", type=int, default=2, help="jobs run at the same time (one Spark session)")
-    service.add_argument("--url-file", default=None, help="write the service's URL here once it takes jobs")
+    service.add_argument("--connection-file", default=None,
+                         help="write the service's Airflow connection (address and secret, mode 600) here once it takes "
+                              "jobs (default: CDC_SERVICE_CONNECTION_FILE)")
+    service.add_argument("--tls-cert", default=None, help="serve HTTPS with this certificate (PEM); required beyond loopback")
+    service.add_argument("--tls-key", default=None, help="the certificate's private key (PEM)")
+    service.add_argument("--allow-host", action="append", default=[],
+                         help="another name clients reach the service by (the Host header they send); repeatable")
     server = sub.add_parser("spark-server", help="run a long-lived Spark Connect server for runs to attach to "
                                                  "(CDC_SPARK_REMOTE=sc://localhost:PORT)")
     server.add_argument("--port", type=int, default=15002)
@@ -297,7 +317,8 @@ def maintain(args: argparse.Namespace) -> int:
 def serve(args: argparse.Namespace) -> int:
     from spark_jobs.service import serve as run_service
 
-    return run_service(args.host, args.port, args.workers, args.url_file)
+    return run_service(args.host, args.port, args.workers, args.connection_file, args.tls_cert, args.tls_key,
+                       tuple(args.allow_host))
 
 
 def spark_server(args: argparse.Namespace) -> int:

@@ -3,12 +3,25 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from spark_jobs.settings import environ
 from spark_jobs.storage import LocalFiles, S3Files, arrow_path, arrow_s3, delta_storage_options, is_s3, lake_files
+
+# A run id names a folder of the reports: a strict name, never a path (Airflow's run ids, `manual__2026-11-25T08:00:00+00:00`,
+# and the pipeline's own batch ids fit it; Airflow's default pattern for run ids given by hand is the same set of characters)
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.~:+-]{0,199}")
+
+
+def check_run_id(run_id: str) -> str:
+    """The run id itself, or ValueError saying what a run id may hold."""
+    if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
+        raise ValueError(f"run id {run_id!r}: letters, digits and _.~:+- only, starting with a letter or digit, at most "
+                         "200 characters")
+    return run_id
 
 
 @dataclass(frozen=True)
@@ -85,7 +98,7 @@ class Lake:
         return f"{self.root}/reports"
 
     def run_reports(self, run_id: str) -> str:
-        return f"{self.reports}/runs/{run_id}"
+        return f"{self.reports}/runs/{check_run_id(run_id)}"
 
     @property
     def runs_reports(self) -> str:

@@ -41,6 +41,17 @@ class LandingFile:
         return "unsupported"
 
 
+def check_landing_path(path: str) -> str:
+    """A landing file as the sensor names it (relative to the landing root, `topics/<topic>/...`), or ValueError:
+    nothing named to bronze may lie outside the landing root."""
+    parts = path.split("/") if isinstance(path, str) else []
+    if (len(parts) < 3 or parts[0] != "topics" or any(p in ("", ".", "..") for p in parts)
+            or "\\" in path or "\0" in path or ":" in parts[0]):
+        raise ValueError(f"landing file {path!r}: a path relative to the landing root, topics/<topic>/.../<file>, "
+                         "without '.' or '..' parts")
+    return path
+
+
 @dataclass(frozen=True)
 class LandingWindow:
     """Landing times [since, until) in epoch milliseconds; None is unbounded."""

@@ -4,13 +4,19 @@ Great Expectations loaded once, so that a job pays neither a JVM start, the JIT 
 worker slot (cdc_airflow.operators, cdc_airflow.triggers).
 
 A few JSON endpoints over HTTP (the standard library's server: nothing here needs a framework):
-  POST /jobs          {"argv": [...], "env": {...}, "files": [...], "key": "..."}  ->  202 {"id": ...}
-  GET  /jobs/<id>?offset=N                                  ->  the job's state, exit code, cause and log from N
-  GET  /health                                              ->  {"ok": true, "jobs_running": N, ...}
-A job is what `python -m spark_jobs <argv>` would do as a process, with the same exit codes and the same
-one-line cause; `env` (the task's CDC_* and AWS_* variables) applies to that job only; `files` is the sensor's
-list, handed to the job as `--files @file`; a second submission with the same `key` (a task's try) returns
-the first job. With CDC_SERVICE_TOKEN set, every request must carry it as a bearer token.
+  POST /jobs          a JobRequest as JSON                      ->  202 {"id": ...}
+  GET  /jobs/<id>?offset=N                                      ->  the job's state, exit code, cause and log from N
+  GET  /health                                                  ->  {"ok": true, "jobs_running": N, ...}
+
+The service serves one deployment: the registry, landing and lake are its own settings (CDC_CONFIG,
+CDC_LANDING_URI, CDC_LAKE_URI and its AWS_* credentials). A caller names only what a task needs (tables, layers,
+models, mode, window, landing files, run id), each validated; the job is what `python -m spark_jobs run|maintain`
+would do with those, with the same exit codes and one-line cause.
+
+Every request must carry the service's secret as a bearer token; with none configured (CDC_SERVICE_TOKEN) the
+service makes one at start and writes it, with its address, as an Airflow connection to a file only its user can
+read. Requests a browser could be made to send are refused: a Host other than the service's own address (DNS
+rebinding), any Origin, and POSTs that are not JSON (a form or text/plain POST needs no CORS preflight).
 
 The client half (submit, poll) is pure Python: the Airflow plugin imports it."""
 
@@ -18,10 +24,14 @@ from __future__ import annotations
 
 import contextvars
 import datetime as dt
+import ipaddress
 import json
 import os
+import re
 import secrets
+import shutil
 import signal
+import ssl
 import sys
 import tempfile
 import threading
@@ -30,17 +40,24 @@ import traceback
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import IO, Any
 from urllib.parse import parse_qs, urlparse
 
-from spark_jobs.settings import Settings, job_environment, settings
+from spark_jobs.settings import Settings, job_environment, resolve, resolve_uri, settings
 
 COMMANDS = ("run", "maintain")  # what the service runs; the others are a user's own process
 KEEP_FINISHED = 1000  # finished jobs kept for their logs (a task reads its job's log once it ends)
+MAX_BODY = 8 * 2**20  # bytes of a request body: a backlog's list of a few thousand landing files fits many times over
+MAX_CONNECTIONS = 64  # requests handled at once; more are refused with 503 (each takes a thread)
+READ_TIMEOUT_S = 15.0  # a client that sends nothing for this long is disconnected
+# the settings a job may bring (how it runs, never where it reads or writes)
+JOB_SETTINGS = ("debug", "delta_engine", "lock_timeout", "bronze_batch_files")
+NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")  # a table's or gold model's name in a request
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
 @dataclass
@@ -69,32 +86,185 @@ class ServiceError(Exception):
         self.permanent = permanent
 
 
+@dataclass(frozen=True)
+class JobRequest:
+    """What a caller may ask of the service: a `run` or `maintain` of the service's own deployment, narrowed to
+    tables, layers, models, a mode and landing-time window, the sensor's landing files and the run id. Validated
+    on both sides (`check`); the service builds the command line from it (`argv`)."""
+
+    command: str = "run"
+    tables: tuple[str, ...] | None = None
+    layers: tuple[str, ...] | None = None
+    models: tuple[str, ...] | None = None
+    mode: str | None = None
+    since: str | None = None
+    until: str | None = None
+    files: tuple[str, ...] | None = None
+    run_id: str | None = None
+    reason: str | None = None  # with mode skip: why the files were set aside
+    max_quarantined: str | None = None
+    reports: bool = False  # maintain: expire the run reports
+    landing_marks: bool = False  # maintain: recompute the landing marks from a full listing
+    settings: tuple[tuple[str, str], ...] = ()  # JOB_SETTINGS only, as (name, value)
+    key: str | None = None  # a task's try: the same key submitted again returns the first job
+
+    @classmethod
+    def from_argv(cls, argv: list[str], files: list[str] | None = None, job_settings: dict[str, str] | None = None,
+                  key: str | None = None) -> JobRequest:
+        """The request for `python -m spark_jobs <argv>` as the DAG tasks build it (their --config, --landing and
+        --lake are the deployment's, which the service knows itself, and are not sent)."""
+        from spark_jobs.cli import parser
+
+        args = parser().parse_args(argv)
+        if args.command not in COMMANDS:
+            raise ValueError(f"the service runs {' and '.join(COMMANDS)}, not {args.command!r}")
+        listed = sorted(files) if files is not None else sorted(args.files) if getattr(args, "files", None) else None
+        def as_tuple(values: Any) -> tuple[str, ...] | None:
+            return tuple(values) if values else None
+
+        return cls(command=args.command, tables=as_tuple(args.tables), layers=as_tuple(getattr(args, "layers", None)),
+                   models=as_tuple(args.models), mode=getattr(args, "mode", None), since=getattr(args, "since", None),
+                   until=getattr(args, "until", None), files=as_tuple(listed), run_id=args.run_id,
+                   reason=getattr(args, "reason", None), max_quarantined=getattr(args, "max_quarantined", None),
+                   reports=bool(getattr(args, "reports", False)),
+                   landing_marks=args.command == "maintain" and args.landing is not None,
+                   settings=tuple(sorted((job_settings or {}).items())), key=key).check()
+
+    @classmethod
+    def from_json(cls, body: Any) -> JobRequest:
+        """A request body, strictly: known fields of the right types only (ValueError or TypeError otherwise)."""
+        if not isinstance(body, dict):
+            raise TypeError("the request body is a JSON object")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(body) - known)
+        if unknown:
+            raise ValueError(f"unknown field(s) {', '.join(unknown)}; a request names only {', '.join(sorted(known))}")
+        values: dict[str, Any] = {}
+        for name, value in body.items():
+            if value is None:
+                continue
+            if name in ("tables", "layers", "models", "files"):
+                if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                    raise TypeError(f"{name}: a list of strings")
+                value = tuple(value)
+            elif name == "settings":
+                if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+                    raise TypeError("settings: an object of strings")
+                value = tuple(sorted(value.items()))
+            elif name in ("reports", "landing_marks"):
+                if not isinstance(value, bool):
+                    raise TypeError(f"{name}: true or false")
+            elif not isinstance(value, str):
+                raise TypeError(f"{name}: a string")
+            values[name] = value
+        return cls(**values).check()
+
+    def as_json(self) -> dict[str, Any]:
+        body = {f.name: getattr(self, f.name) for f in fields(self)}
+        body["settings"] = dict(self.settings)
+        return {k: list(v) if isinstance(v, tuple) and k != "settings" else v for k, v in body.items()}
+
+    def check(self) -> JobRequest:
+        """ValueError naming the first field that is not what a task may ask."""
+        from spark_jobs.cli import LAYERS, MODES
+        from spark_jobs.lake import check_run_id
+        from spark_jobs.landing import check_landing_path
+
+        if self.command not in COMMANDS:
+            raise ValueError(f"the service runs {' and '.join(COMMANDS)}, not {self.command!r}")
+        for name in ("tables", "models"):
+            bad = [v for v in getattr(self, name) or () if not NAME.fullmatch(v)]
+            if bad:
+                raise ValueError(f"{name}: {bad[0]!r} is not a table or model name")
+        bad_layers = [v for v in self.layers or () if v not in LAYERS]
+        if bad_layers:
+            raise ValueError(f"layers: {bad_layers[0]!r}; choose from {', '.join(LAYERS)}")
+        if self.mode is not None and self.mode not in MODES:
+            raise ValueError(f"mode: {self.mode!r}; choose from {', '.join(MODES)}")
+        for path in self.files or ():
+            check_landing_path(path)
+        if self.run_id is not None:
+            check_run_id(self.run_id)
+        refused = sorted(name for name, _ in self.settings if name not in JOB_SETTINGS)
+        if refused:
+            raise ValueError(f"settings: {', '.join(refused)} cannot be set per job (only {', '.join(JOB_SETTINGS)})")
+        for name in ("since", "until", "reason", "max_quarantined", "key"):
+            value = getattr(self, name)
+            if value is not None and (len(value) > 500 or "\0" in value):
+                raise ValueError(f"{name}: at most 500 characters, no NUL")
+        if self.command == "maintain" and (self.layers or self.mode or self.since or self.until or self.files):
+            raise ValueError("maintain takes tables, models, reports, landing_marks and run_id only")
+        return self
+
+    def argv(self, deployment: Settings, listed_files: Path | None) -> list[str]:
+        """The command line of the job, on the service's own registry, landing and lake. Every value goes as
+        `--option=value`, so none can be taken for an option of its own."""
+        argv = [self.command, f"--config={resolve(deployment.config)}", f"--lake={resolve_uri(deployment.lake_uri)}"]
+        if self.command == "run" or self.landing_marks:
+            argv.append(f"--landing={resolve_uri(deployment.landing_uri)}")
+        for name in ("tables", "layers", "models"):
+            if getattr(self, name):
+                argv.append(f"--{name}={','.join(getattr(self, name))}")
+        for name in ("mode", "since", "until", "run_id", "reason", "max_quarantined"):
+            if getattr(self, name) is not None:
+                argv.append(f"--{name.replace('_', '-')}={getattr(self, name)}")
+        if self.reports:
+            argv.append("--reports")
+        if listed_files is not None:  # as a file, the way a process gets a long list (spark_jobs.cli, --files @file)
+            argv.append(f"--files=@{listed_files}")
+        return argv
+
+
+@dataclass(frozen=True)
+class ServiceConnection:
+    """Where the service is and its secret: an Airflow connection (cdc_airflow.hooks.service_connection) or the
+    file the service writes at start (`connection_file`), in Airflow's JSON form of a connection."""
+
+    url: str
+    token: str
+    ca_file: str | None = None  # the CA that signed the service's TLS certificate, when not a public one
+
+    @classmethod
+    def from_airflow_json(cls, text: str) -> ServiceConnection:
+        conn = json.loads(text)
+        scheme = conn.get("schema") or "http"
+        host = conn["host"]
+        host = f"[{host}]" if ":" in host else host
+        return cls(f"{scheme}://{host}:{conn['port']}", conn.get("password") or "",
+                   (conn.get("extra") or {}).get("ca_file"))
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> ServiceConnection:
+        return cls.from_airflow_json(Path(path).read_text())
+
+
 # ---- client -------------------------------------------------------------------------------------------------
 
-def _request(url: str, method: str = "GET", body: dict[str, Any] | None = None, timeout: float = 30) -> Any:
-    token = settings().service_token
+def _request(service: ServiceConnection, path: str, method: str = "GET", body: dict[str, Any] | None = None,
+             timeout: float = 30) -> Any:
+    url = f"{service.url.rstrip('/')}{path}"
     request = urllib.request.Request(url, method=method, data=None if body is None else json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json",
-                                              **({"Authorization": f"Bearer {token}"} if token else {})})
+                                              "Authorization": f"Bearer {service.token}"})
+    context = ssl.create_default_context(cafile=service.ca_file) if url.startswith("https:") else None
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
             return json.loads(response.read())
     except urllib.error.HTTPError as exc:
         detail = exc.read().decode(errors="replace").strip()
-        raise ServiceError(f"pipeline service {url}: HTTP {exc.code}: {detail}", permanent=exc.code < 500) from None
+        permanent = exc.code < 500 and exc.code != HTTPStatus.TOO_MANY_REQUESTS
+        raise ServiceError(f"pipeline service {url}: HTTP {exc.code}: {detail}", permanent=permanent) from None
     except (urllib.error.URLError, OSError) as exc:
         raise ServiceError(f"pipeline service {url} unreachable: {exc}") from None
 
 
-def submit(base_url: str, argv: list[str], env: dict[str, str], files: list[str] | None = None,
-           key: str | None = None) -> str:
-    """Queues `python -m spark_jobs <argv>` on the service; returns the job's id."""
-    body = {"argv": argv, "env": env, "files": files, "key": key}
-    return str(_request(f"{base_url.rstrip('/')}/jobs", "POST", body)["id"])
+def submit(service: ServiceConnection, request: JobRequest) -> str:
+    """Queues the job on the service; returns the job's id."""
+    return str(_request(service, "/jobs", "POST", request.as_json())["id"])
 
 
-def poll(base_url: str, job_id: str, offset: int = 0) -> JobStatus:
-    return JobStatus(**_request(f"{base_url.rstrip('/')}/jobs/{job_id}?offset={offset}"))
+def poll(service: ServiceConnection, job_id: str, offset: int = 0) -> JobStatus:
+    return JobStatus(**_request(service, f"/jobs/{job_id}?offset={offset}"))
 
 
 # ---- server -------------------------------------------------------------------------------------------------
@@ -102,9 +272,8 @@ def poll(base_url: str, job_id: str, offset: int = 0) -> JobStatus:
 @dataclass
 class _Job:
     id: str
-    argv: list[str]
-    env: dict[str, str]
-    key: str | None = None
+    request: JobRequest
+    argv: list[str] = field(default_factory=list)
     state: str = "queued"
     exit_code: int | None = None
     cause: str | None = None
@@ -159,14 +328,17 @@ def _now() -> str:
 
 
 class PipelineService:
-    """Runs submitted jobs on `workers` threads, in the one Spark session of this process."""
+    """Runs submitted jobs on `workers` threads, in the one Spark session of this process, on its own deployment
+    (the registry, landing and lake of the settings it started with)."""
 
-    def __init__(self, workers: int):
+    def __init__(self, workers: int, deployment: Settings):
+        self.deployment = deployment
         self.jobs: dict[str, _Job] = {}
         self.by_key: dict[str, str] = {}
         self.lock = threading.Lock()
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cdc-job")
-        self.scratch = Path(tempfile.mkdtemp(prefix="cdc-service-"))
+        _sweep_scratch()
+        self.scratch = Path(tempfile.mkdtemp(prefix=f"cdc-service-{os.getpid()}-"))
         self.spark_stopped = threading.Event()
 
     def start_spark(self) -> str:
@@ -179,23 +351,20 @@ class PipelineService:
         importlib.import_module("great_expectations")
         return str(spark.sparkContext.master)
 
-    def submit(self, argv: list[str], env: dict[str, str], files: list[str] | None, key: str | None) -> _Job:
-        if not argv or argv[0] not in COMMANDS:
-            raise ValueError(f"the service runs {' and '.join(COMMANDS)}, not {argv[:1]}")
-        if not all(isinstance(a, str) for a in argv) or not all(isinstance(v, str) for v in env.values()):
-            raise ValueError("argv and env take strings only")
+    def submit(self, request: JobRequest) -> _Job:
+        request.check()
         with self.lock:
-            if key and key in self.by_key:
-                return self.jobs[self.by_key[key]]
-            job = _Job(id=time.strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(4), argv=list(argv), env=dict(env),
-                       key=key)
-            if files is not None:  # as a file, the way a process gets a long list (spark_jobs.cli, --files @file)
+            if request.key and request.key in self.by_key:
+                return self.jobs[self.by_key[request.key]]
+            job = _Job(id=time.strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(4), request=request)
+            listed = None
+            if request.files is not None:
                 listed = self.scratch / f"{job.id}.files.json"
-                listed.write_text(json.dumps(files))
-                job.argv += ["--files", f"@{listed}"]
+                listed.write_text(json.dumps(list(request.files)))
+            job.argv = request.argv(self.deployment, listed)
             self.jobs[job.id] = job
-            if key:
-                self.by_key[key] = job.id
+            if request.key:
+                self.by_key[request.key] = job.id
             self._forget_old()
         self.pool.submit(self._execute, job)
         return job
@@ -204,21 +373,22 @@ class PipelineService:
         finished = [j for j in self.jobs.values() if j.finished is not None]
         for job in sorted(finished, key=lambda j: j.finished or 0)[:max(0, len(finished) - KEEP_FINISHED)]:
             del self.jobs[job.id]
-            if job.key:
-                self.by_key.pop(job.key, None)
+            if job.request.key:
+                self.by_key.pop(job.request.key, None)
 
     def _execute(self, job: _Job) -> None:
         from spark_jobs.cli import main
 
         failure = self.scratch / f"{job.id}.failure.txt"
         job.state, job.started = "running", time.time()
-        print(f"{_now()} job {job.id} started: {job.key or ''} {' '.join(job.argv[:2])} ...", flush=True)
+        print(f"{_now()} job {job.id} started: {job.request.key or ''} {' '.join(job.argv[:2])} ...", flush=True)
         token = _current_job.set(job)
         spark = self._spark_context()
         if spark is not None:  # the job's Spark jobs in a group of their own: counted, and named in the Spark UI
-            spark.setJobGroup(job.id, job.key or " ".join(job.argv[:2]))
+            spark.setJobGroup(job.id, job.request.key or job.argv[0])
+        variables = {Settings.variable(name): value for name, value in job.request.settings}
         try:
-            with job_environment({**job.env, Settings.variable("failure_file"): str(failure)}):
+            with job_environment({**variables, Settings.variable("failure_file"): str(failure)}):
                 code = main(job.argv)
         except SystemExit as exc:  # argparse refusing the arguments, as a process would exit
             code = exc.code if isinstance(exc.code, int) else 2
@@ -233,6 +403,7 @@ class PipelineService:
         job.exit_code, job.finished = code, time.time()
         job.state = "succeeded" if code == 0 else "failed"
         failure.unlink(missing_ok=True)
+        (self.scratch / f"{job.id}.files.json").unlink(missing_ok=True)
         print(f"{_now()} job {job.id} {job.state} (exit {code}) in {job.finished - job.started:.1f}s, "
               f"{job.spark_jobs} Spark jobs", flush=True)
         if self._spark_is_stopped():
@@ -257,27 +428,82 @@ class PipelineService:
         return sum(1 for j in list(self.jobs.values()) if j.state == "running")
 
 
-def _handler(service: PipelineService) -> type[BaseHTTPRequestHandler]:
+def _sweep_scratch() -> None:
+    """Scratch folders of services that were killed (their pid gone), removed at the next start."""
+    for folder in Path(tempfile.gettempdir()).glob("cdc-service-*-*"):
+        pid = folder.name.split("-")[2]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class Listener:
+    """Where the service listens and what it accepts: the Host names a request may carry (its own address and,
+    on loopback, loopback's names), the secret, and TLS."""
+
+    host: str
+    port: int
+    token: str
+    tls: ssl.SSLContext | None = None
+    allowed_hosts: tuple[str, ...] = ()
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls else "http"
+
+    def host_allowed(self, header: str | None) -> bool:
+        if not header:
+            return False
+        name, _, port = header.rpartition(":") if not header.endswith("]") else (header, "", "")
+        if name.startswith("[") and name.endswith("]"):
+            name = name[1:-1]
+        if not name or port != str(self.port):
+            return False
+        own = {self.host, *self.allowed_hosts, *(LOOPBACK_NAMES if is_loopback(self.host) else ())}
+        return name.lower() in {h.lower() for h in own}
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _handler(service: PipelineService, listener: Listener) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "cdc-pipeline-service"
+        timeout = READ_TIMEOUT_S  # an idle or slow client is disconnected (the socket's timeout)
 
         def _reply(self, status: HTTPStatus, body: dict[str, Any]) -> None:
             data = json.dumps(body).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
+            self.send_header("Cache-Control", "no-store")
             self.end_headers()
             self.wfile.write(data)
 
-        def _authorised(self) -> bool:
-            token = settings().service_token
-            if token and not secrets.compare_digest(self.headers.get("Authorization", ""), f"Bearer {token}"):
-                self._reply(HTTPStatus.UNAUTHORIZED, {"error": "a bearer token (CDC_SERVICE_TOKEN) is required"})
-                return False
-            return True
+        def _refused(self) -> bool:
+            """Replies and returns True unless the request is the service's own client's: its own Host, no
+            Origin (no browser page), and the secret."""
+            if not listener.host_allowed(self.headers.get("Host")):
+                self._reply(HTTPStatus.MISDIRECTED_REQUEST, {"error": "this service answers only at its own address"})
+                return True
+            if self.headers.get("Origin") is not None:
+                self._reply(HTTPStatus.FORBIDDEN, {"error": "requests from web pages are refused"})
+                return True
+            if not secrets.compare_digest(self.headers.get("Authorization", "").encode(),
+                                          f"Bearer {listener.token}".encode()):
+                self._reply(HTTPStatus.UNAUTHORIZED, {"error": "the service's secret is required as a bearer token "
+                                                               "(its Airflow connection's password)"})
+                return True
+            return False
 
         def do_GET(self) -> None:  # noqa: N802 (the standard library's name)
-            if not self._authorised():
+            if self._refused():
                 return
             url = urlparse(self.path)
             if url.path == "/health":
@@ -286,22 +512,35 @@ def _handler(service: PipelineService) -> type[BaseHTTPRequestHandler]:
                 return
             job = service.jobs.get(url.path.removeprefix("/jobs/")) if url.path.startswith("/jobs/") else None
             if job is None:
-                self._reply(HTTPStatus.NOT_FOUND, {"error": f"no job {url.path.removeprefix('/jobs/')!r} on this "
+                self._reply(HTTPStatus.NOT_FOUND, {"error": f"no job {url.path.removeprefix('/jobs/')[:100]!r} on this "
                                                             "service (restarted, or forgotten long after it ended)"})
                 return
-            offset = int(parse_qs(url.query).get("offset", ["0"])[0])
-            self._reply(HTTPStatus.OK, asdict(job.status(offset)))
+            offset = parse_qs(url.query).get("offset", ["0"])[0]
+            if not offset.isdigit():
+                self._reply(HTTPStatus.BAD_REQUEST, {"error": "offset: a whole number of characters, 0 or more"})
+                return
+            self._reply(HTTPStatus.OK, asdict(job.status(int(offset))))
 
         def do_POST(self) -> None:  # noqa: N802
-            if not self._authorised():
+            if self._refused():
                 return
             if self.path != "/jobs":
-                self._reply(HTTPStatus.NOT_FOUND, {"error": f"no endpoint {self.path}"})
+                self._reply(HTTPStatus.NOT_FOUND, {"error": f"no endpoint {self.path[:100]}"})
+                return
+            if self.headers.get_content_type() != "application/json":
+                self._reply(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, {"error": "a job is submitted as application/json"})
+                return
+            length = self.headers.get("Content-Length", "")
+            if not length.isdigit():
+                self._reply(HTTPStatus.BAD_REQUEST if length else HTTPStatus.LENGTH_REQUIRED,
+                            {"error": "Content-Length: the body's size in bytes"})
+                return
+            if int(length) > MAX_BODY:
+                self._reply(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, {"error": f"a request body is at most {MAX_BODY} bytes"})
                 return
             try:
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
-                job = service.submit(list(body["argv"]), dict(body.get("env") or {}), body.get("files"), body.get("key"))
-            except (ValueError, KeyError, TypeError) as exc:
+                job = service.submit(JobRequest.from_json(json.loads(self.rfile.read(int(length)))))
+            except (ValueError, TypeError) as exc:
                 self._reply(HTTPStatus.BAD_REQUEST, {"error": f"{type(exc).__name__}: {exc}"})
                 return
             self._reply(HTTPStatus.ACCEPTED, {"id": job.id})
@@ -312,34 +551,111 @@ def _handler(service: PipelineService) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class _BoundedServer(ThreadingHTTPServer):
+    """At most MAX_CONNECTIONS requests at once; one more is answered 503 at once, holding no thread."""
+
+    daemon_threads = True
+
+    def __init__(self, *args: Any, tls: ssl.SSLContext | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        if tls is not None:
+            self.socket = tls.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            try:
+                request.sendall(b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n")
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            request.settimeout(READ_TIMEOUT_S)  # the TLS handshake too
+            if isinstance(request, ssl.SSLSocket):
+                request.do_handshake()
+            super().process_request_thread(request, client_address)
+        except OSError:
+            self.shutdown_request(request)
+        finally:
+            self.slots.release()
+
+
+def listener(host: str, port: int, tls_cert: str | None, tls_key: str | None,
+             allowed_hosts: tuple[str, ...] = ()) -> Listener:
+    """The listener's settings, or ConfigError: beyond loopback the service needs TLS and a secret of the
+    operator's (CDC_SERVICE_TOKEN), not one it made up; loopback gets a new secret at each start when none is set."""
+    from spark_jobs.errors import ConfigError
+
+    token = settings().service_token
+    if not is_loopback(host) and not (tls_cert and token):
+        raise ConfigError(f"--host {host} listens beyond loopback: give it TLS (--tls-cert, --tls-key) and a secret "
+                          "(CDC_SERVICE_TOKEN), or listen on 127.0.0.1")
+    if bool(tls_cert) != bool(tls_key):
+        raise ConfigError("--tls-cert and --tls-key go together")
+    if token and len(token) < 16:
+        raise ConfigError("CDC_SERVICE_TOKEN: at least 16 characters (e.g. python -c 'import secrets; "
+                          "print(secrets.token_urlsafe(32))')")
+    tls = None
+    if tls_cert:
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        tls.minimum_version = ssl.TLSVersion.TLSv1_2
+        tls.load_cert_chain(tls_cert, tls_key)
+    return Listener(host, port, token or secrets.token_urlsafe(32), tls, allowed_hosts)
+
+
+def write_connection(path: Path, own: Listener, port: int) -> None:
+    """The service's address and secret as an Airflow connection (JSON form: AIRFLOW_CONN_<ID>, or `airflow
+    connections import`), readable by this user only."""
+    host = "127.0.0.1" if own.host in ("0.0.0.0", "::") else own.host
+    connection = {"conn_type": "http", "host": host, "port": port, "schema": own.scheme, "password": own.token,
+                  "description": "the CDC pipeline service (python -m spark_jobs serve)"}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(json.dumps(connection) + "\n")
+    os.replace(partial, path)
+
+
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def serve(host: str, port: int, workers: int, url_file: str | None = None) -> int:
+def serve(host: str, port: int, workers: int, connection_file: str | None = None, tls_cert: str | None = None,
+          tls_key: str | None = None, allowed_hosts: tuple[str, ...] = ()) -> int:
     """Runs the service until interrupted, or until its Spark stops (exit 1, for a supervisor to restart it).
-    Once it takes jobs, its URL is written to `url_file` (a script's sign that it is ready, and of the port)."""
+    Once it takes jobs, its address and secret are written to `connection_file` (CDC_SERVICE_CONNECTION_FILE):
+    a script's sign that it is ready, and the Airflow connection the tasks use."""
+    own = listener(host, port, tls_cert, tls_key, allowed_hosts)
     # a long-lived driver serves its Spark UI (every task's jobs) unless told otherwise
     os.environ.setdefault(Settings.variable("spark_ui"), "true")
     sys.stdout, sys.stderr = _Routed(sys.stdout), _Routed(sys.stderr)  # type: ignore[assignment]
     signal.signal(signal.SIGTERM, _interrupt)  # a supervisor's stop ends it like ^C: Spark shut down in order
-    service = PipelineService(workers)
-    started = time.monotonic()
-    master = service.start_spark()
-    server = ThreadingHTTPServer((host, port), _handler(service))
-    server.daemon_threads = True
-    print(f"pipeline service on http://{host}:{server.server_port} ({workers} job threads, Spark {master}, ready in "
-          f"{time.monotonic() - started:.1f}s): Airflow tasks submit with CDC_SERVICE_URL=http://{host}:{server.server_port}",
-          flush=True)
-    threading.Thread(target=server.serve_forever, name="cdc-service-http", daemon=True).start()
-    if url_file:
-        Path(url_file).write_text(f"http://{host}:{server.server_port}\n")
+    service = PipelineService(workers, settings())
     try:
-        while not service.spark_stopped.wait(1.0):
-            pass
-        return 1
-    except KeyboardInterrupt:
-        return 0
+        started = time.monotonic()
+        master = service.start_spark()
+        server = _BoundedServer((host, port), _handler(service, own), tls=own.tls)
+        own = Listener(own.host, server.server_port, own.token, own.tls, own.allowed_hosts)
+        server.RequestHandlerClass = _handler(service, own)
+        target = resolve(connection_file or settings().service_connection_file)
+        print(f"pipeline service on {own.scheme}://{host}:{server.server_port} ({workers} job threads, Spark {master}, "
+              f"ready in {time.monotonic() - started:.1f}s) for the lake {resolve_uri(service.deployment.lake_uri)}; "
+              f"its Airflow connection (address and secret) is in {target}", flush=True)
+        threading.Thread(target=server.serve_forever, name="cdc-service-http", daemon=True).start()
+        write_connection(target, own, server.server_port)
+        try:
+            while not service.spark_stopped.wait(1.0):
+                pass
+            return 1
+        except KeyboardInterrupt:
+            return 0
+        finally:
+            server.shutdown()
+            service.pool.shutdown(wait=False, cancel_futures=True)
     finally:
-        server.shutdown()
-        service.pool.shutdown(wait=False, cancel_futures=True)
+        shutil.rmtree(service.scratch, ignore_errors=True)

@@ -26,10 +26,13 @@ class Settings:
     sensor_timeout: float = 600.0  # CDC_SENSOR_TIMEOUT: seconds a run's sensor waits for landing files
     sensor_poke_interval: float = 60.0  # CDC_SENSOR_POKE_INTERVAL: seconds between its listings
     aws_conn_id: str = "aws_default"  # CDC_AWS_CONN_ID: the Airflow connection holding the S3 credentials
-    # CDC_SERVICE_URL: the pipeline service (`python -m spark_jobs serve`) the Airflow tasks submit their jobs to;
-    # empty: each task starts its own Spark through spark-submit
-    service_url: str = ""
-    service_token: str = ""  # CDC_SERVICE_TOKEN: a shared secret the service requires of every request (when set)
+    # CDC_SERVICE_CONN_ID: the Airflow connection (address and secret) of the pipeline service (`python -m spark_jobs
+    # serve`) the Airflow tasks submit their jobs to; empty: each task starts its own Spark through spark-submit
+    service_conn_id: str = ""
+    # CDC_SERVICE_TOKEN: the service's secret, required of every request; unset, the service makes one at each start
+    service_token: str = ""
+    # CDC_SERVICE_CONNECTION_FILE: where the service writes its Airflow connection (address and secret, mode 600)
+    service_connection_file: str = ".service-connection.json"
     spark_remote: str = ""  # CDC_SPARK_REMOTE: sc://host:port of a Spark Connect server to attach to
     spark_master: str = "local[*]"  # CDC_SPARK_MASTER: the master of a session of its own (and of spark-server)
     spark_ui: bool = False  # CDC_SPARK_UI: a run that starts its own Spark serves its UI (the URL in its first line)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -12,9 +13,11 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import urlparse
 
 from spark_jobs import cli
 from spark_jobs.lake import Lake
+from spark_jobs.service import ServiceConnection
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -82,20 +85,22 @@ def standalone_cluster(workdir: Path, cores: int = 1, memory: str = "1g") -> Ite
 
 
 @contextmanager
-def pipeline_service(env: dict[str, str], log: Path) -> Iterator[str]:
+def pipeline_service(env: dict[str, str], log: Path) -> Iterator[ServiceConnection]:
     """The pipeline service as `make demo` runs it (`python -m spark_jobs serve`), a process of its own on a
-    free loopback port; yields its URL, for CDC_SERVICE_URL."""
-    url_file = log.with_suffix(".url")
+    free loopback port serving the deployment `env` names (CDC_CONFIG, CDC_LANDING_URI, CDC_LAKE_URI, AWS_*);
+    yields its address and secret, read from the Airflow connection it writes."""
+    connection_file = log.with_suffix(".connection.json")
     with log.open("w") as out:
-        process = subprocess.Popen([sys.executable, "-m", "spark_jobs", "serve", "--port", "0", "--url-file", str(url_file)],
+        process = subprocess.Popen([sys.executable, "-m", "spark_jobs", "serve", "--port", "0", "--connection-file",
+                                    str(connection_file)],
                                    cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 180
-        while not (url_file.exists() and url_file.read_text().strip()):
+        while not connection_file.exists():
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the pipeline service did not start:\n{log.read_text()[-3000:]}")
             time.sleep(0.3)
-        yield url_file.read_text().strip()
+        yield ServiceConnection.from_file(connection_file)
     finally:
         process.terminate()  # SIGTERM: the service stops its Spark in order
         try:
@@ -103,3 +108,11 @@ def pipeline_service(env: dict[str, str], log: Path) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+
+
+def service_airflow_env(service: ServiceConnection) -> dict[str, str]:
+    """What points Airflow's tasks at the service: its connection, as `make demo` sets it up."""
+    url = urlparse(service.url)
+    return {"CDC_SERVICE_CONN_ID": "cdc_service",
+            "AIRFLOW_CONN_CDC_SERVICE": json.dumps({"conn_type": "http", "host": url.hostname, "port": url.port,
+                                                    "schema": url.scheme, "password": service.token})}

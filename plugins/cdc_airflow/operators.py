@@ -15,7 +15,7 @@ from airflow.exceptions import AirflowException, AirflowFailException
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 import spark_jobs
-from cdc_airflow.hooks import s3_environment, s3_settings
+from cdc_airflow.hooks import s3_environment, s3_settings, service_connection
 from cdc_airflow.triggers import ServiceJobTrigger
 from spark_jobs.landing import is_remote
 from spark_jobs.settings import PROJECT_ROOT, Settings, settings
@@ -24,8 +24,6 @@ from spark_jobs.storage import is_s3
 # spark-submit runs the package's entry point as a script
 ENTRY_POINT = str(Path(spark_jobs.__file__).parent / "__main__.py")
 REMOTE_ENV = Settings.variable("spark_remote")
-# the worker's settings that are not the job's: where the service is, and the failure file it sets itself
-SERVICE_SIDE = {Settings.variable(name) for name in ("service_url", "service_token", "failure_file")}
 
 
 def _fail(code: int, cause: str) -> None:
@@ -36,8 +34,9 @@ def _fail(code: int, cause: str) -> None:
 
 class CdcSparkJob(SparkSubmitOperator):
     """`python -m spark_jobs run ...` (or `maintain ...`) for one table (or gold model) and layer:
-    - with CDC_SERVICE_URL (the embedded default, `make demo`), submitted to the long-lived pipeline service; the
-      task then waits deferred, holding no worker slot, while the job's log comes into its own;
+    - with CDC_SERVICE_CONN_ID (the embedded default, `make demo`), submitted to the long-lived pipeline service
+      that connection names; the task then waits deferred, holding no worker slot, while the job's log comes into
+      its own (the service reads and writes its own deployment: only the table, layer, window, files and run id go);
     - otherwise through spark-submit, a Spark of its own; or, when CDC_SPARK_REMOTE names a Spark Connect server,
       as a plain process attached to it.
 
@@ -57,12 +56,12 @@ class CdcSparkJob(SparkSubmitOperator):
         self.landing, self.files_from, self.aws_conn_id = landing, files_from, aws_conn_id or settings().aws_conn_id
 
     def execute(self, context: Any) -> None:
+        if settings().service_conn_id:
+            self._submit(context)  # defers
+            return
         env = dict(self.env_vars or {})
         if is_remote(self.landing) or is_s3(settings().lake_uri):
             env.update(s3_environment(s3_settings(self.aws_conn_id)))
-        if settings().service_url:
-            self._submit(context, env)  # defers
-            return
         with tempfile.TemporaryDirectory(prefix="cdc-task-") as scratch:
             if self.files_from:
                 # the sensor's list travels as a file (`--files @path`, read by the driver, which runs here in
@@ -88,23 +87,29 @@ class CdcSparkJob(SparkSubmitOperator):
             if code != 0:
                 _fail(code, failure.read_text().strip() if failure.exists() else exited)
 
-    def _submit(self, context: Any, env: dict[str, str]) -> None:
-        """The job goes to the pipeline service with the task's settings (its CDC_* environment, the connection's
-        S3 variables) and the sensor's list; the task defers until the job ends. A retry is a new job (the
-        key names the try); a resubmitted try gets its first job back."""
-        from spark_jobs.service import ServiceError, submit
+    def _submit(self, context: Any) -> None:
+        """The job goes to the pipeline service: the task's selection (tables, layers, window, run id), the sensor's
+        list and the settings a job may bring; the task defers until the job ends. A retry is a new job (the key
+        names the try); a resubmitted try gets its first job back."""
+        from spark_jobs.service import JOB_SETTINGS, JobRequest, ServiceError, submit
 
-        url = settings().service_url
-        own = {k: v for k, v in os.environ.items() if k.startswith("CDC_") and k not in SERVICE_SIDE}
+        conn_id = settings().service_conn_id
+        own = {name: value for name in JOB_SETTINGS if (value := os.environ.get(Settings.variable(name)))}
         ti = context["ti"]
         files = sorted(ti.xcom_pull(task_ids=self.files_from)) if self.files_from else None
         key = f"{ti.dag_id}/{ti.task_id}/{ti.run_id}/{ti.map_index}/{ti.try_number}"
         try:
-            job_id = submit(url, list(self.application_args or []), {**own, **env}, files, key)
+            request = JobRequest.from_argv(list(self.application_args or []), files, own, key)
+            service = service_connection(conn_id)
+        except ValueError as exc:
+            raise AirflowFailException(f"pipeline service job: {exc}") from None
+        try:
+            job_id = submit(service, request)
         except ServiceError as exc:
             raise (AirflowFailException if exc.permanent else AirflowException)(str(exc)) from None
-        self.log.info("job %s submitted to the pipeline service %s; its log follows", job_id, url)
-        self.defer(trigger=ServiceJobTrigger(service_url=url, job_id=job_id), method_name="execute_complete",
+        self.log.info("job %s submitted to the pipeline service %s (connection %s); its log follows", job_id,
+                      service.url, conn_id)
+        self.defer(trigger=ServiceJobTrigger(conn_id=conn_id, job_id=job_id), method_name="execute_complete",
                    timeout=self.execution_timeout)
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from cdc_airflow.hooks import pending_landing_files, s3_client, s3_settings
+from cdc_airflow.hooks import pending_landing_files, s3_client, s3_settings, service_connection
 from spark_jobs.landing import is_remote
 from spark_jobs.storage import is_s3
 
@@ -53,21 +53,28 @@ class ServiceJobTrigger(BaseTrigger):
     """Runs on the triggerer while the pipeline service computes a task's job (spark_jobs/service.py): polls it,
     copies its new log lines into the task's log as they come, and hands back how the job ended."""
 
-    def __init__(self, *, service_url: str, job_id: str, poll_s: float = 1.0):
+    def __init__(self, *, conn_id: str, job_id: str, poll_s: float = 1.0):
         super().__init__()
-        self.service_url, self.job_id, self.poll_s = service_url, job_id, poll_s
+        self.conn_id, self.job_id, self.poll_s = conn_id, job_id, poll_s
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}",
-                {"service_url": self.service_url, "job_id": self.job_id, "poll_s": self.poll_s})
+                {"conn_id": self.conn_id, "job_id": self.job_id, "poll_s": self.poll_s})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        from asgiref.sync import sync_to_async
+
         from spark_jobs.service import ServiceError, poll
 
+        try:  # the service's address and secret, through Airflow's own (synchronous) channel, once
+            service = await sync_to_async(service_connection)(self.conn_id)
+        except Exception as exc:
+            yield TriggerEvent({"error": f"pipeline service connection {self.conn_id!r}: {type(exc).__name__}: {exc}"})
+            return
         offset, unreachable_since = 0, None
         while True:
             try:
-                status = await asyncio.to_thread(poll, self.service_url, self.job_id, offset)
+                status = await asyncio.to_thread(poll, service, self.job_id, offset)
             except ServiceError as exc:
                 # a service restarting comes back within a minute; a job it forgot (it restarted) never does
                 unreachable_since = unreachable_since or time.monotonic()

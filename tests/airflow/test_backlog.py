@@ -13,7 +13,7 @@ from spark_jobs.lake import Lake, read_columns, row_count
 from spark_jobs.registry import load_registry
 from spark_jobs.state import pending_files, read_marks
 from tests.conftest import ROOT, subprocess_env
-from tests.support import pipeline_service
+from tests.support import pipeline_service, service_airflow_env
 
 pytest.importorskip("airflow")
 
@@ -28,9 +28,10 @@ def test_five_thousand_pending_files_land_in_bounded_batches_with_every_line_acc
     (landed,) = generate(load_registry(config).select(None), landing,
                          Options(rows=2_000, changes=3_000, records_per_file=1, seed=19))
     assert len(landed.files) > 5_000  # one line a file: a record or a tombstone
-    with pipeline_service(subprocess_env(), tmp_path / "service.log") as service_url:
+    deployment = {"CDC_CONFIG": str(config), "CDC_LANDING_URI": str(landing), "CDC_LAKE_URI": str(lake)}
+    with pipeline_service(subprocess_env(**deployment), tmp_path / "service.log") as service:
         env = subprocess_env(
-            CDC_SERVICE_URL=service_url,
+            **service_airflow_env(service),
             AIRFLOW_HOME=str(tmp_path / "airflow"), AIRFLOW__CORE__DAGS_FOLDER=str(ROOT / "dags"),
             AIRFLOW__CORE__LOAD_EXAMPLES="False", AIRFLOW__CORE__PLUGINS_FOLDER=str(ROOT / "plugins"),
             AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[2]"}',

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import aws_connection, subprocess_env, upload_landing
-from tests.support import free_port, pipeline_service
+from tests.conftest import aws_connection, s3_environment, subprocess_env, upload_landing
+from tests.support import free_port, pipeline_service, service_airflow_env
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -230,10 +230,11 @@ def test_airflow_runs_the_pipeline_from_s3_and_replays_leave_it_unchanged(tmp_pa
     landing, lake = "s3://landing/cdc", tmp_path / "lake"
     generated = generate(load_registry(str(config)).select(None), tmp_path / "sink", Options(rows=50, changes=50))
     upload_landing(s3_endpoint, tmp_path / "sink", landing)
-    # the pipeline service, as `make demo` runs it: the tasks submit their jobs to it (S3 settings travel with each)
-    with pipeline_service(subprocess_env(), tmp_path / "service.log") as service_url:
+    # the service serves this deployment, with its own S3 credentials; Airflow reaches it through its connection
+    deployment = {"CDC_CONFIG": str(config), "CDC_LANDING_URI": landing, "CDC_LAKE_URI": str(lake)}
+    with pipeline_service(subprocess_env(**deployment, **s3_environment(s3_endpoint)), tmp_path / "service.log") as service:
         env = subprocess_env(
-            CDC_SERVICE_URL=service_url,
+            **service_airflow_env(service),
             AIRFLOW_HOME=str(tmp_path / "airflow"), AIRFLOW__CORE__DAGS_FOLDER=str(ROOT / "dags"),
             AIRFLOW__CORE__LOAD_EXAMPLES="False", AIRFLOW__CORE__PLUGINS_FOLDER=str(ROOT / "plugins"),
             AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[1]"}',

@@ -26,8 +26,8 @@ import pytest
 from spark_jobs.generate import Options, generate
 from spark_jobs.lake import Lake, row_count
 from spark_jobs.registry import load_registry
-from tests.conftest import ROOT, aws_connection, subprocess_env, upload_landing
-from tests.support import free_port, pipeline_service
+from tests.conftest import ROOT, aws_connection, s3_environment, subprocess_env, upload_landing
+from tests.support import free_port, pipeline_service, service_airflow_env
 
 pytest.importorskip("airflow")
 
@@ -154,9 +154,11 @@ def test_the_scheduler_triggerer_and_assets_run_landing_to_gold_then_a_backfill_
     home.mkdir()
     (home / "passwords.json").write_text(json.dumps({"admin": "admin"}))
     # the tasks submit their jobs to the pipeline service, the default way to run (README); they wait deferred
-    with postgres() as database, pipeline_service(subprocess_env(), tmp_path / "service.log") as service_url:
+    deployment = {"CDC_CONFIG": str(config), "CDC_LANDING_URI": landing, "CDC_LAKE_URI": str(lake)}
+    with postgres() as database, pipeline_service(subprocess_env(**deployment, **s3_environment(s3_endpoint)),
+                                                  tmp_path / "service.log") as service:
         env = subprocess_env(
-            CDC_SERVICE_URL=service_url,
+            **service_airflow_env(service),
             AIRFLOW_HOME=str(home), AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=database,
             AIRFLOW__CORE__EXECUTOR="LocalExecutor", AIRFLOW__CORE__DAGS_FOLDER=str(ROOT / "dags"),
             AIRFLOW__CORE__PLUGINS_FOLDER=str(ROOT / "plugins"), AIRFLOW__CORE__LOAD_EXAMPLES="False",

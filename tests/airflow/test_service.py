@@ -1,29 +1,52 @@
 """The pipeline service (spark_jobs/service.py), a process of its own as `make demo` runs it: jobs submitted over
-HTTP run as `python -m spark_jobs` would, each with its own settings and log, in one warm Spark."""
+HTTP run as `python -m spark_jobs` would, each with its own settings and log, in one warm Spark, on the service's
+own deployment; nobody without its secret, no web page and no caller-chosen path gets a job started."""
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from spark_jobs.generate import Options, generate
 from spark_jobs.registry import load_registry
-from spark_jobs.service import JobStatus, ServiceError, poll, submit
+from spark_jobs.service import MAX_BODY, MAX_CONNECTIONS, READ_TIMEOUT_S, JobRequest, JobStatus, ServiceConnection, \
+    ServiceError, poll, submit
 from spark_jobs.settings import environ, job_environment, settings
-from tests.conftest import subprocess_env
+from tests.conftest import ROOT, subprocess_env
 from tests.support import pipeline_service, summary_line
 
-TOKEN = "s3cret-token"
+CONFIG = """tables:
+  customers:
+    topic: burst.burst_bank.customers
+    keys: [custkey]
+  products:
+    topic: dbserver1.inventory.products
+    keys: [id]
+  strict:
+    topic: test.strict.customers
+    keys: [custkey]
+    quality:
+      max_quarantined: 1%
+      min_quarantined_to_fail: 1
+"""
 
 
-def wait(url: str, job_id: str) -> JobStatus:
+def wait(service: ServiceConnection, job_id: str) -> JobStatus:
     """The job's whole log, read the way the trigger reads it: from the last offset on."""
     log, offset, deadline = "", 0, time.monotonic() + 300
     while time.monotonic() < deadline:
-        status = poll(url, job_id, offset)
+        status = poll(service, job_id, offset)
         log, offset = log + status.log, status.offset
         if status.done:
             status.log = log
@@ -32,34 +55,51 @@ def wait(url: str, job_id: str) -> JobStatus:
     raise AssertionError(f"job {job_id} did not end:\n{log}")
 
 
+def run(*argv: str) -> JobRequest:
+    """A request as the DAG tasks build it (their --config, --landing and --lake are not sent)."""
+    return JobRequest.from_argv(["run", "--config", "x", "--landing", "x", "--lake", "x", *argv])
+
+
 @pytest.fixture(scope="module")
-def service(tmp_path_factory):
+def deployment(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("service")
-    with pipeline_service(subprocess_env(CDC_SERVICE_TOKEN=TOKEN), workdir / "service.log") as url:
-        yield url, workdir
+    (workdir / "tables.yaml").write_text(CONFIG)
+    (workdir / "tmp").mkdir()
+    env = {"CDC_CONFIG": str(workdir / "tables.yaml"), "CDC_LANDING_URI": str(workdir / "landing"),
+           "CDC_LAKE_URI": str(workdir / "lake"), "TMPDIR": str(workdir / "tmp")}
+    with pipeline_service(subprocess_env(**env), workdir / "service.log") as service:
+        yield service, workdir
 
 
-@pytest.fixture()
-def token(monkeypatch):
-    monkeypatch.setenv("CDC_SERVICE_TOKEN", TOKEN)
+def raw(service: ServiceConnection, method: str, path: str, body: bytes | None = None,
+        headers: dict[str, str] | None = None) -> tuple[int, str]:
+    """A request as anyone could send it: no client, any headers."""
+    host, port = service.url.removeprefix("http://").rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    connection.putrequest(method, path, skip_host="Host" in (headers or {}), skip_accept_encoding=True)
+    for name, value in (headers or {}).items():
+        connection.putheader(name, value)
+    if body is not None and "Content-Length" not in (headers or {}):
+        connection.putheader("Content-Length", str(len(body)))
+    connection.endheaders(body)
+    response = connection.getresponse()
+    return response.status, response.read().decode()
 
 
-def test_jobs_run_as_the_cli_would_each_with_its_own_log(service, token, tmp_path):
-    url, _ = service
-    config = tmp_path / "tables.yaml"
-    config.write_text("tables:\n  customers:\n    topic: burst.burst_bank.customers\n    keys: [custkey]\n"
-                      "  products:\n    topic: dbserver1.inventory.products\n    keys: [id]\n")
-    registry = load_registry(str(config))
-    generated = {g.table: g for g in generate(registry.select(None), tmp_path / "landing", Options(rows=30, changes=40))}
-    lake = tmp_path / "lake"
+def jobs_known(service: ServiceConnection) -> int:
+    return int(json.loads(raw(service, "GET", "/health", headers={"Authorization": f"Bearer {service.token}"})[1])
+               ["jobs_known"])
 
-    def job(table: str, *extra: str) -> str:
-        return submit(url, ["run", "--config", str(config), "--landing", str(tmp_path / "landing"), "--lake", str(lake),
-                            "--tables", table, "--layers", "bronze,silver", *extra], {"CDC_SHUFFLE_PARTITIONS": "1"})
 
+def test_jobs_run_as_the_cli_would_each_with_its_own_log(deployment):
+    service, workdir = deployment
+    registry = load_registry(str(workdir / "tables.yaml"))
+    generated = {g.table: g for g in generate(registry.select(["customers", "products"]), workdir / "landing",
+                                              Options(rows=30, changes=40))}
+    lake = workdir / "lake"
     # two tables at once, on the service's two job threads: each log holds its own table's lines only
-    runs = {table: job(table) for table in generated}
-    done = {table: wait(url, job_id) for table, job_id in runs.items()}
+    runs = {table: submit(service, run("--tables", table, "--layers", "bronze,silver")) for table in generated}
+    done = {table: wait(service, job_id) for table, job_id in runs.items()}
     for table, status in done.items():
         assert (status.state, status.exit_code, status.cause) == ("succeeded", 0, None), status.log
         assert status.spark_jobs and status.spark_jobs > 0  # counted in the job's own Spark job group
@@ -69,64 +109,201 @@ def test_jobs_run_as_the_cli_would_each_with_its_own_log(service, token, tmp_pat
         assert summary_line(status.log, "bronze", table)["files"] == str(len(generated[table].files))
     from deltalake import DeltaTable
 
-    for table, g in generated.items():
+    def silver(table: str) -> dict:
         keys = registry.tables[table].keys
         rows = DeltaTable(str(lake / "silver" / table)).to_pyarrow_table().to_pylist()
-        assert {tuple(r[k] for k in keys): {c: r[c] for c in r if not c.startswith("_")} for r in rows} == g.final_rows
+        return {tuple(r[k] for k in keys): {c: r[c] for c in r if not c.startswith("_")} for r in rows}
+
+    for table, g in generated.items():
+        assert silver(table) == g.final_rows
 
     # the same files again: nothing new, silver unchanged (a run through the service is as idempotent as the CLI)
-    again = wait(url, job("customers"))
+    again = wait(service, submit(service, run("--tables", "customers", "--layers", "bronze,silver")))
     assert again.exit_code == 0, again.log
     assert summary_line(again.log, "bronze", "customers")["files"] == "0", again.log
-    rows = DeltaTable(str(lake / "silver" / "customers")).to_pyarrow_table().to_pylist()
-    keys = registry.tables["customers"].keys
-    assert {tuple(r[k] for k in keys): {c: r[c] for c in r if not c.startswith("_")} for r in rows} == \
-        generated["customers"].final_rows
+    assert silver("customers") == generated["customers"].final_rows
 
 
-def test_failures_keep_the_processs_exit_codes_and_cause(service, token, tmp_path):
-    url, _ = service
-    unknown = wait(url, submit(url, ["run", "--landing", str(tmp_path), "--lake", str(tmp_path / "lake"),
-                                     "--tables", "nope"], {}))
+def test_failures_keep_the_processs_exit_codes_and_cause(deployment):
+    service, _ = deployment
+    unknown = wait(service, submit(service, run("--tables", "nope")))
     assert (unknown.state, unknown.exit_code, unknown.spark_jobs) == ("failed", 2, 0)  # refused before any Spark
     assert unknown.cause is not None and unknown.cause.startswith("config error: unknown table(s) nope; known: ")
-    bad_args = wait(url, submit(url, ["run", "--bogus"], {}))
-    assert bad_args.exit_code == 2 and "the following arguments are required: --landing, --lake" in bad_args.log
-    with pytest.raises(ServiceError, match="the service runs run and maintain, not \\['generate'\\]") as refused:
-        submit(url, ["generate", "--landing", str(tmp_path)], {})
-    assert refused.value.permanent
+    with pytest.raises(ValueError, match="the service runs run and maintain, not 'generate'"):
+        JobRequest(command="generate").check()
     with pytest.raises(ServiceError, match="HTTP 404: .*no job 'missing'") as missing:
-        poll(url, "missing")
+        poll(service, "missing")
     assert missing.value.permanent
 
 
-def test_a_job_sees_its_own_settings_and_a_resubmitted_key_its_first_job(service, token, tmp_path):
-    url, _ = service
-    first = submit(url, ["run", "--bogus"], {}, key="dag/task/run/-1/1")
-    assert submit(url, ["run", "--bogus"], {}, key="dag/task/run/-1/1") == first  # the same try, submitted twice
-    assert submit(url, ["run", "--bogus"], {}, key="dag/task/run/-1/2") != first  # a retry is a new job
-    landed = tmp_path / "landing" / "topics" / "burst.burst_bank.customers" / "partition=0"
+def test_a_job_sees_its_own_settings_and_a_resubmitted_key_its_first_job(deployment):
+    service, workdir = deployment
+    first = submit(service, JobRequest(tables=("nope",), key="dag/task/run/-1/1"))
+    assert submit(service, JobRequest(tables=("nope",), key="dag/task/run/-1/1")) == first  # the same try, twice
+    assert submit(service, JobRequest(tables=("nope",), key="dag/task/run/-1/2")) != first  # a retry is a new job
+    landed = workdir / "landing" / "topics" / "test.strict.customers" / "partition=0"
     landed.mkdir(parents=True)
-    (landed / "burst.burst_bank.customers+0+0000000000.json").write_text("{not json}\n")
-    config = tmp_path / "tables.yaml"
-    config.write_text("tables:\n  customers:\n    topic: burst.burst_bank.customers\n    keys: [custkey]\n"
-                      "    quality:\n      max_quarantined: 1%\n      min_quarantined_to_fail: 1\n")
-    run = ["run", "--config", str(config), "--landing", str(tmp_path / "landing"), "--lake", str(tmp_path / "lake"),
-           "--layers", "bronze"]
+    (landed / "test.strict.customers+0+0000000000.json").write_text("{not json}\n")
     # CDC_DEBUG makes a failed run print its traceback: only the job given it does, though both run at once
-    traced_id, plain_id = submit(url, run, {"CDC_DEBUG": "1"}), submit(url, run, {})
-    traced, plain = wait(url, traced_id), wait(url, plain_id)
+    traced_id = submit(service, JobRequest(tables=("strict",), layers=("bronze",), settings=(("debug", "1"),)))
+    plain_id = submit(service, JobRequest(tables=("strict",), layers=("bronze",)))
+    traced, plain = wait(service, traced_id), wait(service, plain_id)
     assert traced.exit_code == plain.exit_code == 1, traced.log + plain.log
     assert "Traceback (most recent call last)" in traced.log and "Traceback" not in plain.log
-    assert plain.cause and "customers" in plain.cause and "bronze" in plain.cause, plain.cause
+    assert plain.cause and "strict" in plain.cause and "bronze" in plain.cause, plain.cause
 
 
-def test_requests_without_the_token_are_refused(service, monkeypatch):
-    url, _ = service
-    monkeypatch.delenv("CDC_SERVICE_TOKEN", raising=False)
-    with pytest.raises(ServiceError, match="HTTP 401") as refused:
-        submit(url, ["run", "--bogus"], {})
-    assert refused.value.permanent
+def test_nobody_without_the_secret_and_no_web_page_starts_a_job(deployment):
+    service, _ = deployment
+    body = json.dumps({"command": "run", "tables": ["customers"]}).encode()
+    bearer = {"Authorization": f"Bearer {service.token}"}
+    before = jobs_known(service)
+    refused = {
+        "anonymous": raw(service, "POST", "/jobs", body, {"Content-Type": "application/json"}),
+        "a wrong secret": raw(service, "POST", "/jobs", body, {"Content-Type": "application/json",
+                                                               "Authorization": "Bearer guessed"}),
+        # a page can POST text/plain (or a form) to any address without a CORS preflight
+        "text/plain": raw(service, "POST", "/jobs", body, {**bearer, "Content-Type": "text/plain"}),
+        "a form": raw(service, "POST", "/jobs", body, {**bearer, "Content-Type": "application/x-www-form-urlencoded"}),
+        "a web page's Origin": raw(service, "POST", "/jobs", body, {**bearer, "Content-Type": "application/json",
+                                                                    "Origin": "http://attacker.example"}),
+        # DNS rebinding: the attacker's name resolves to 127.0.0.1, the browser sends the attacker's Host
+        "a rebound Host": raw(service, "POST", "/jobs", body, {**bearer, "Content-Type": "application/json",
+                                                               "Host": f"attacker.example:{service.url.rsplit(':', 1)[1]}"}),
+        "no Host": raw(service, "POST", "/jobs", body, {**bearer, "Content-Type": "application/json", "Host": ""}),
+    }
+    assert {what: status for what, (status, _) in refused.items()} == {
+        "anonymous": 401, "a wrong secret": 401, "text/plain": 415, "a form": 415, "a web page's Origin": 403,
+        "a rebound Host": 421, "no Host": 421}
+    assert raw(service, "GET", "/health")[0] == 401
+    assert jobs_known(service) == before  # none of them started a job
+    with pytest.raises(ServiceError, match="HTTP 401") as anonymous:
+        submit(ServiceConnection(service.url, "not-the-secret"), JobRequest(tables=("customers",)))
+    assert anonymous.value.permanent
+
+
+def test_a_caller_names_only_what_a_task_needs_never_a_config_lake_path_or_setting(deployment):
+    service, workdir = deployment
+    bearer = {"Authorization": f"Bearer {service.token}", "Content-Type": "application/json"}
+    before = jobs_known(service)
+    outside = workdir / "outside"
+    attempts = {
+        "a config": {"command": "run", "config": str(workdir / "evil.yaml")},
+        "a lake": {"command": "run", "lake": str(outside)},
+        "argv": {"argv": ["run", "--config", str(workdir / "evil.yaml")]},
+        "an environment": {"command": "run", "env": {"CDC_LAKE_URI": str(outside)}},
+        "a setting naming a path": {"command": "run", "settings": {"lake_uri": str(outside)}},
+        "a landing file outside the landing": {"command": "run", "files": ["../../etc/passwd"]},
+        "an absolute landing file": {"command": "run", "files": ["/etc/passwd"]},
+        "a run id that is a path": {"command": "run", "run_id": "../../outside"},
+        "an option as a table": {"command": "run", "tables": ["--lake=/tmp/x"]},
+        "another command": {"command": "spark-server"},
+        "a layer that is not one": {"command": "run", "layers": ["bronze", "x"]},
+        "a list as the mode": {"command": "run", "mode": ["rebuild"]},
+    }
+    answers = {what: raw(service, "POST", "/jobs", json.dumps(body).encode(), bearer) for what, body in attempts.items()}
+    assert {what: status for what, (status, _) in answers.items()} == dict.fromkeys(attempts, 400), answers
+    assert "unknown field(s) config" in answers["a config"][1]
+    assert "lake_uri cannot be set per job" in answers["a setting naming a path"][1]
+    assert jobs_known(service) == before and not outside.exists()
+    assert not (workdir / "lake" / "outside").exists()
+
+
+def test_malformed_requests_get_4xx_and_idle_or_excess_connections_are_cut(deployment):
+    service, _ = deployment
+    bearer = {"Authorization": f"Bearer {service.token}"}
+    json_type = {**bearer, "Content-Type": "application/json"}
+    job = submit(service, JobRequest(tables=("nope",)))
+    assert raw(service, "GET", f"/jobs/{job}?offset=abc", headers=bearer)[0] == 400
+    assert raw(service, "GET", f"/jobs/{job}?offset=-1", headers=bearer)[0] == 400
+    assert raw(service, "POST", "/jobs", b"{}", {**json_type, "Content-Length": "-5"})[0] == 400
+    assert raw(service, "POST", "/jobs", b"", {**json_type, "Content-Length": str(MAX_BODY + 1)})[0] == 413
+    assert raw(service, "POST", "/jobs", b"{not json", json_type)[0] == 400
+    assert raw(service, "POST", "/jobs", b"[]", json_type)[0] == 400
+
+    host, port = service.url.removeprefix("http://").rsplit(":", 1)
+    idle = socket.create_connection((host, int(port)))
+    started = time.monotonic()
+    idle.settimeout(READ_TIMEOUT_S + 30)
+    assert idle.recv(1024) == b""  # the server closes it (EOF) ...
+    assert READ_TIMEOUT_S - 1 < time.monotonic() - started < READ_TIMEOUT_S + 10  # ... after its read timeout
+    idle.close()
+
+    held = [socket.create_connection((host, int(port))) for _ in range(MAX_CONNECTIONS)]
+    try:
+        time.sleep(0.5)
+        status, _ = raw(service, "GET", "/health", headers=bearer)
+        assert status == 503  # one more than the bound: refused at once, no thread taken
+    finally:
+        for s in held:
+            s.close()
+    deadline = time.monotonic() + READ_TIMEOUT_S + 10
+    while raw(service, "GET", "/health", headers=bearer)[0] != 200:  # the slots come back
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+
+
+def test_the_connection_file_holds_the_secret_for_its_user_only(deployment):
+    service, workdir = deployment
+    written = workdir / "service.connection.json"
+    assert stat.S_IMODE(written.stat().st_mode) == 0o600
+    connection = json.loads(written.read_text())
+    assert (connection["conn_type"], connection["host"], connection["schema"]) == ("http", "127.0.0.1", "http")
+    assert len(connection["password"]) >= 32 and connection["password"] == service.token
+
+
+def test_beyond_loopback_without_tls_and_a_secret_the_service_refuses_to_start(tmp_path):
+    for extra, env in ([], {}), (["--tls-cert", str(tmp_path / "c.pem")], {}), ([], {"CDC_SERVICE_TOKEN": "x" * 32}):
+        done = subprocess.run([sys.executable, "-m", "spark_jobs", "serve", "--host", "0.0.0.0", "--port", "0", *extra],
+                              cwd=ROOT, env=subprocess_env(**env), capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2, done.stderr
+        assert "listens beyond loopback: give it TLS (--tls-cert, --tls-key) and a secret (CDC_SERVICE_TOKEN)" in \
+            done.stderr
+
+
+def test_run_ids_are_names_on_the_command_line_too(tmp_path):
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    for bad in ("../../outside", "/tmp/x", "a/b", ".hidden", ""):
+        done = subprocess.run([sys.executable, "-m", "spark_jobs", "run", "--landing", str(landing), "--lake", str(lake),
+                               "--run-id", bad], cwd=ROOT, env=subprocess_env(), capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 2 and "run id" in done.stderr, (bad, done.stderr)
+    assert not lake.exists() and not (tmp_path / "outside").exists()
+    done = subprocess.run([sys.executable, "-m", "spark_jobs", "run", "--landing", str(landing), "--lake", str(lake),
+                           "--files", json.dumps(["../outside.json"])], cwd=ROOT, env=subprocess_env(),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "landing file '../outside.json'" in done.stderr, done.stderr
+
+
+def test_a_stopped_or_killed_service_leaves_no_jvm_and_no_scratch(tmp_path):
+    (tmp_path / "tmp").mkdir()
+    env = subprocess_env(CDC_LAKE_URI=str(tmp_path / "lake"), CDC_LANDING_URI=str(tmp_path / "landing"),
+                         TMPDIR=str(tmp_path / "tmp"))
+
+    def jvms(pid: int) -> list[int]:
+        children = Path(f"/proc/{pid}/task/{pid}/children")
+        return [int(c) for c in children.read_text().split()] if children.exists() else []
+
+    for stop in (signal.SIGTERM, signal.SIGKILL):
+        log = tmp_path / f"service-{stop.name}.log"
+        with pipeline_service(env, log):
+            service_pid = int(next(p for p in os.listdir("/proc") if p.isdigit() and
+                                   f"--connection-file\0{log.with_suffix('.connection.json')}".encode()
+                                   in Path(f"/proc/{p}/cmdline").read_bytes()))
+            jvm = jvms(service_pid)
+            assert jvm and "java" in Path(f"/proc/{jvm[0]}/cmdline").read_bytes().decode(), jvm
+            scratch = list((tmp_path / "tmp").iterdir())
+            assert len(scratch) == 1 and scratch[0].name.startswith(f"cdc-service-{service_pid}-"), scratch
+            os.kill(service_pid, stop)
+            deadline = time.monotonic() + 60
+            while Path(f"/proc/{jvm[0]}").exists() and b"java" in Path(f"/proc/{jvm[0]}/cmdline").read_bytes():
+                assert time.monotonic() < deadline, f"the JVM outlived the service ({stop.name})"
+                time.sleep(0.5)
+        if stop == signal.SIGTERM:
+            assert list((tmp_path / "tmp").iterdir()) == []  # removed on the way out
+    # a killed service's scratch is swept at the next start
+    with pipeline_service(env, tmp_path / "service-next.log"):
+        assert len(list((tmp_path / "tmp").iterdir())) == 1
 
 
 def test_a_jobs_variables_are_seen_in_its_thread_only(monkeypatch):

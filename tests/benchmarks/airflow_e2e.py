@@ -42,6 +42,7 @@ from tests.benchmarks.harness import (
     floor_run,
     generate,
 )
+from tests.support import service_airflow_env
 
 POKE_S = 5
 SPARK_TASKS = ("bronze_ingest", "silver_merge", "gold_refresh")
@@ -145,8 +146,11 @@ def w5(bench: Bench) -> None:
         finish(airflow("dags", "test", dag_id, environ=environ), dag_id)
     batches = iter(generated.batches[1:])
     for mode, how in modes:
-        mode_env = {**environ, **({"attached": {"CDC_SPARK_REMOTE": bench.remote},
-                                   "service": {"CDC_SERVICE_URL": bench.service}}.get(mode, {}))}
+        if mode == "service":
+            assert bench.services is not None
+            mode_env = {**environ, **service_airflow_env(bench.services(landing, lake))}
+        else:
+            mode_env = {**environ, **({"CDC_SPARK_REMOTE": bench.remote} if mode == "attached" else {})}
         results: list[dict[str, float]] = []
         for _ in range(runs):
             results.append(one_landing(home, mode_env, staging, landing, next(batches)))

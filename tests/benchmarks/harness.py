@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,7 +59,7 @@ class Bench:
     scale: float
     runs: int
     remote: str  # the long-lived Spark Connect server of the "attached" figures
-    service: str = ""  # the pipeline service of the "service" figures
+    services: Services | None = None  # the pipeline services of the "service" figures, one per deployment
     chosen_modes: tuple[str, ...] = ("", "attached", "service")
     engine: str = "delta-rs"  # CDC_DELTA_ENGINE of the project's runs (the floor always merges with delta-rs)
     engines: tuple[str, ...] = ("delta-rs",)  # every engine this bench runs L and W1-W3 with
@@ -136,11 +136,14 @@ def project_run(landing: Path, lake: Path, files: str, engine: str, mode: str, b
     argv = ["run", "--config", str(CONFIG), "--landing", str(landing), "--lake", str(lake), "--layers", "bronze,silver",
             "--tables", TABLE, "--files", files]
     if mode == "service":
-        from spark_jobs.service import poll, submit
+        from spark_jobs.service import JobRequest, poll, submit
 
+        assert bench.services is not None
+        service = bench.services(landing, lake)  # its start is not timed: a warm service is what a task meets
+        request = JobRequest.from_argv(argv, job_settings={"delta_engine": engine})
         started = time.perf_counter()
-        job = submit(bench.service, argv, {"CDC_DELTA_ENGINE": engine})
-        while not (status := poll(bench.service, job)).done:
+        job = submit(service, request)
+        while not (status := poll(service, job)).done:
             time.sleep(0.05)
         if status.exit_code != 0:
             raise RuntimeError(f"service job exited {status.exit_code}:\n{status.log[-3000:]}")
@@ -150,13 +153,28 @@ def project_run(landing: Path, lake: Path, files: str, engine: str, mode: str, b
                  {"CDC_DELTA_ENGINE": engine, **({"CDC_SPARK_REMOTE": bench.remote} if mode == "attached" else {})})
 
 
-@contextmanager
-def pipeline_service(workdir: Path) -> Iterator[str]:
-    """`python -m spark_jobs serve` on a free port, as `make demo` starts it."""
-    from tests.support import pipeline_service as started
+class Services:
+    """`python -m spark_jobs serve` as `make demo` starts it, one per deployment (a service serves one registry,
+    landing and lake), started when a workload first needs it and stopped at the end."""
 
-    with started(env(), workdir / "service.log") as url:
-        yield url
+    def __init__(self, workdir: Path):
+        self.workdir, self.stack, self.started = workdir, ExitStack(), {}
+
+    def __call__(self, landing: Path | str, lake: Path | str) -> Any:
+        from tests.support import pipeline_service
+
+        key = (str(landing), str(lake))
+        if key not in self.started:
+            deployment = {"CDC_CONFIG": str(CONFIG), "CDC_LANDING_URI": str(landing), "CDC_LAKE_URI": str(lake)}
+            log = self.workdir / f"service-{len(self.started)}.log"
+            self.started[key] = self.stack.enter_context(pipeline_service({**env(), **deployment}, log))
+        return self.started[key]
+
+    def __enter__(self) -> Services:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stack.close()
 
 
 def check_floor_restates_the_pipeline() -> None:
@@ -424,8 +442,8 @@ def main(argv: list[str] | None = None) -> int:
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     modes = tuple("" if m.strip() == "own" else m.strip() for m in args.modes.split(",") if m.strip())
     with (spark_server(workdir) if "attached" in modes else nullcontext("")) as remote, \
-            (pipeline_service(workdir) if "service" in modes else nullcontext("")) as service:
-        bench = Bench(workdir, args.scale, args.runs, remote, service, modes, engines=tuple(engines))
+            (Services(workdir) if "service" in modes else nullcontext(None)) as services:
+        bench = Bench(workdir, args.scale, args.runs, remote, services, modes, engines=tuple(engines))
         # W4 reads no Delta table and W5 runs Airflow's embedded default: once, not per engine
         for name, engine in [(w, e) for w in chosen for e in (engines if w in ("L", "W1", "W2", "W3") else engines[:1])]:
             bench.engine = engine
