@@ -348,13 +348,16 @@ def run_gate(frames: dict[str, DataFrame], table: str, layer: str, checks: list[
             suite.add_expectation(cls(**check.kwargs, **described, severity=_SEVERITY[check.action],
                                       meta={"check": check.name, "action": check.action, "n": n}))
         suite = context.suites.add_or_update(suite)
-        definition = context.validation_definitions.add_or_update(gx.ValidationDefinition(name=name, data=batch, suite=suite))
+        # a stored definition (and checkpoint) is bound to its data source: one per path a frame may take, so a
+        # run of another size (driver or Spark) never loads one that names the other's asset
+        bound = f"{name}.{where}"
+        definition = context.validation_definitions.add_or_update(gx.ValidationDefinition(name=bound, data=batch, suite=suite))
         # Data Docs: a notification's link needs the page the checkpoint's own action writes; without
         # notifications, the gate's pages and the index are written once, below, not once per frame
         # (each build also renders the site's index page again)
         docs_action = [UpdateDataDocsAction(name="data_docs", site_names=["reports"])] if actions else []
         checkpoint = context.checkpoints.add_or_update(gx.Checkpoint(
-            name=name, validation_definitions=[definition], actions=[*docs_action, *map(json.loads, actions)],
+            name=bound, validation_definitions=[definition], actions=[*docs_action, *map(json.loads, actions)],
             result_format=_result_format(frame_checks)))
         result_id, outcome = next(iter(checkpoint.run(batch_parameters={"dataframe": df}, run_id=run_id).run_results.items()))
         validated.append(result_id)

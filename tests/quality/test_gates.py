@@ -124,3 +124,19 @@ def test_data_docs_templates_are_compiled_once_per_process(spark, tmp_path, monk
             assert any(name and name.endswith(".j2") for name in compiled), compiled
             compiled.clear()
     assert [name for name in compiled if name and name.endswith(".j2")] == []
+
+
+@pytest.mark.parametrize("sizes", [(3, 8, 3, 8), (8, 3, 8)])
+def test_frames_crossing_the_local_threshold_either_way_validate_every_time(spark, tmp_path, monkeypatch, sizes):
+    """A frame over LOCAL_ROWS is validated on Spark, one under it on the driver: whatever one run's size stored
+    (its asset, validation definition, checkpoint), the next run of the other size validates all the same."""
+    monkeypatch.setattr(gates, "LOCAL_ROWS", 5)
+    lake = Lake(str(tmp_path))
+    for n in sizes:
+        df = spark.createDataFrame([(i, "x") for i in range(n)], "id INT, v STRING")
+        result = run_gate({"rows": df}, "orders", "silver", _rows_only(TABLE), lake)
+        assert [(f.check, f.success, f.unexpected, f.total) for f in result.findings] == [
+            ("key_not_null(id)", True, 0, n), ("key_unique(id)", True, 0, n)], n
+    dup = spark.createDataFrame([(1, "x")] * 8, "id INT, v STRING")
+    with pytest.raises(GateFailed, match=r"key_unique\(id\) unexpected=8 of 8$"):
+        run_gate({"rows": dup}, "orders", "silver", _rows_only(TABLE), lake)
