@@ -28,6 +28,10 @@ class PipelineError(RuntimeError):
         self.table, self.layer, self.message = table, layer, message
 
 
+class OutOfMemory(PipelineError):
+    """The driver ran out of memory on this input: a retry of the same input would too, so it is not transient."""
+
+
 class ConcurrentWrite(PipelineError):
     """Another writer committed to the table during the run: runs of one table must be serialized."""
 

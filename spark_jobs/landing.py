@@ -12,6 +12,7 @@ import datetime as dt
 import gzip
 import os
 import re
+import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -243,47 +244,59 @@ def landing_uri(landing: str, f: LandingFile) -> str:
     return os.path.abspath(os.path.join(landing.removeprefix("file://"), f.path))
 
 
-def _read_bytes(path: str) -> bytes:
+def read_problem(path: str) -> str | None:
+    """Why a landing file cannot be read whole, in words (`Not a gzipped file`, `Compressed file ended before the
+    end-of-stream marker was reached`), or None: read (and decompressed) as a stream, in constant memory."""
+    try:
+        _content_head(path)
+    except (OSError, EOFError, ValueError, zlib.error) as exc:
+        return str(exc) or type(exc).__name__
+    return None
+
+
+def _content_head(path: str) -> bytes:
+    """The first bytes of a file's content, after reading it all (decompressed) as a stream."""
     from spark_jobs.storage import open_input
 
     with open_input(path) as handle:
-        data = handle.read()
-    return gzip.decompress(data) if path.endswith(".gz") else data
+        stream = gzip.GzipFile(fileobj=handle) if path.endswith(".gz") else handle
+        head = chunk = stream.read(2**20)
+        while chunk:
+            chunk = stream.read(2**20)
+    return head[:4]
 
 
-def landing_read_problem(path: str) -> str:
-    """Why a landing file Spark could not read cannot be read, in words (`Not a gzipped file`, `Compressed
-    file ended before the end-of-stream marker was reached`). A file that reads here is not quarantined:
-    Spark's failure was something else, and the batch fails with it."""
-    try:
-        _read_bytes(path)
-    except (OSError, EOFError, ValueError) as exc:
-        return str(exc) or type(exc).__name__
-    raise RuntimeError(f"Spark read no text from {path}, which reads here: refusing to quarantine a readable file")
+def landing_read_problem(path: str) -> str | None:
+    """Why a landing file Spark read no line from cannot be read, or None when it holds no line (only the
+    byte-order mark the reader drops). A file that reads here and has lines is not quarantined: Spark's failure
+    was something else, and the batch fails with it."""
+    problem = read_problem(path)
+    if problem is None and _content_head(path) not in (b"", b"\xef\xbb\xbf"):
+        raise RuntimeError(f"Spark read no text from {path}, which reads here: refusing to quarantine a readable file")
+    return problem
 
 
 EXCERPT_BYTES = 1024  # what a quarantine row keeps of a line too large to parse (the whole line stays in its file)
 
 
-def split_exact(path: str, max_line_bytes: int) -> list[tuple[int, str, str | None]]:
-    """(line number, text, problem) for each line of a landing file, byte for byte: a line that is not valid
-    UTF-8 keeps its bytes as base64 with the problem `invalid_utf8`; a leading byte-order mark is dropped."""
-    data = _read_bytes(path).removeprefix(b"\xef\xbb\xbf")
-    chunks = data.split(b"\n")
-    if chunks and chunks[-1] == b"":
-        chunks.pop()  # the newline that ends the file makes no line
-    lines: list[tuple[int, str, str | None]] = []
-    for number, chunk in enumerate(chunks, start=1):
-        chunk = chunk.removesuffix(b"\r")
-        if len(chunk) > max_line_bytes:
-            lines.append((number, chunk[:EXCERPT_BYTES].decode("utf-8", "replace"), line_too_large(len(chunk), max_line_bytes)))
-            continue
-        try:
-            lines.append((number, chunk.decode("utf-8"), None))
-        except UnicodeDecodeError as exc:
-            lines.append((number, base64.b64encode(chunk).decode("ascii"),
-                          f"invalid_utf8: byte {exc.start} is not UTF-8; the line's bytes are kept as base64 in _raw"))
-    return lines
+def exact_line(chunk: bytes, max_line_bytes: int) -> tuple[str, str | None]:
+    """(text, problem) of a line holding bytes that are not UTF-8, byte for byte as it stands in its file (without
+    the CR of a CRLF; Hadoop's line reader drops the byte-order mark opening a file): its bytes as base64 with the
+    problem `invalid_utf8`, or an excerpt when it is too large to keep."""
+    chunk = chunk.removesuffix(b"\r")
+    if len(chunk) > max_line_bytes:
+        return chunk[:EXCERPT_BYTES].decode("utf-8", "replace"), line_too_large(len(chunk), max_line_bytes)
+    try:
+        return chunk.decode("utf-8"), None
+    except UnicodeDecodeError as exc:
+        return (base64.b64encode(chunk).decode("ascii"),
+                f"invalid_utf8: byte {exc.start} is not UTF-8; the line's bytes are kept as base64 in _raw")
+
+
+def file_too_large(name: str, size: int, limit: int) -> str:
+    return (f"file_too_large: {name}: {size} bytes of gzip, over CDC_MAX_GZIP_BYTES ({limit}); a gzip file cannot be "
+            "split, so one task would read it all: land it uncompressed or in smaller files, or raise the limit and "
+            "reprocess it")
 
 
 def line_too_large(size: int | str, limit: int) -> str:

@@ -54,6 +54,7 @@ KEEP_FINISHED = 1000  # finished jobs kept for their logs (a task reads its job'
 MAX_BODY = 8 * 2**20  # bytes of a request body: a backlog's list of a few thousand landing files fits many times over
 MAX_CONNECTIONS = 64  # requests handled at once; more are refused with 503 (each takes a thread)
 READ_TIMEOUT_S = 15.0  # a client that sends nothing for this long is disconnected
+LINGER_S = 10.0  # after its Spark stopped, how long the service still answers polls before it exits
 # the settings a job may bring (how it runs, never where it reads or writes)
 JOB_SETTINGS = ("debug", "delta_engine", "lock_timeout", "bronze_batch_files")
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")  # a table's or gold model's name in a request
@@ -377,10 +378,14 @@ class PipelineService:
                 self.by_key.pop(job.request.key, None)
 
     def _execute(self, job: _Job) -> None:
-        from spark_jobs.cli import main
+        from spark_jobs.cli import EXIT_TRANSIENT, main
 
         failure = self.scratch / f"{job.id}.failure.txt"
         job.state, job.started = "running", time.time()
+        if self.spark_stopped.is_set():  # queued when Spark stopped: never started, a retry runs it on the next start
+            job.exit_code, job.finished, job.state = EXIT_TRANSIENT, time.time(), "failed"
+            job.cause = "the pipeline service's Spark stopped before this job started; the service restarts, retry it"
+            return
         print(f"{_now()} job {job.id} started: {job.request.key or ''} {' '.join(job.argv[:2])} ...", flush=True)
         token = _current_job.set(job)
         spark = self._spark_context()
@@ -426,6 +431,9 @@ class PipelineService:
 
     def running(self) -> int:
         return sum(1 for j in list(self.jobs.values()) if j.state == "running")
+
+    def unfinished(self) -> int:
+        return sum(1 for j in list(self.jobs.values()) if not j.finished)
 
 
 def _sweep_scratch() -> None:
@@ -537,6 +545,9 @@ def _handler(service: PipelineService, listener: Listener) -> type[BaseHTTPReque
                 return
             if int(length) > MAX_BODY:
                 self._reply(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, {"error": f"a request body is at most {MAX_BODY} bytes"})
+                return
+            if service.spark_stopped.is_set():
+                self._reply(HTTPStatus.SERVICE_UNAVAILABLE, {"error": "the service's Spark stopped; it restarts"})
                 return
             try:
                 job = service.submit(JobRequest.from_json(json.loads(self.rfile.read(int(length)))))
@@ -651,6 +662,11 @@ def serve(host: str, port: int, workers: int, connection_file: str | None = None
         try:
             while not service.spark_stopped.wait(1.0):
                 pass
+            # every job it had ends failed (queued ones as retryable), and is reported before the service goes
+            deadline = time.monotonic() + 120
+            while service.unfinished() and time.monotonic() < deadline:
+                time.sleep(0.5)
+            time.sleep(LINGER_S)  # the triggers poll each second: they read how their jobs ended
             return 1
         except KeyboardInterrupt:
             return 0

@@ -78,3 +78,23 @@ def use_s3_settings(spark: SparkSession) -> None:
 
     for key, value in hadoop_s3a_conf().items():
         spark.conf.set(key, value)
+
+
+SPARK_EXIT_OOM = 52  # Spark's exit code when a task's OutOfMemoryError ends the JVM (SparkExitCode.OOM)
+
+
+def ran_out_of_memory(exc: BaseException) -> bool:
+    """Whether `exc` comes from the driver's JVM running out of memory: an OutOfMemoryError in its message, or the
+    JVM gone with Spark's exit code for it (local mode runs the tasks in the driver, so a task's OOM ends it)."""
+    if "java.lang.OutOfMemoryError" in str(exc):
+        return True
+    from py4j.protocol import Py4JNetworkError
+    from pyspark import SparkContext
+
+    process = getattr(SparkContext._gateway, "proc", None)
+    if process is None or not isinstance(exc, Py4JNetworkError | ConnectionError):  # the JVM is not gone
+        return False
+    try:
+        return bool(process.wait(timeout=10) == SPARK_EXIT_OOM)  # the connection drops just before the exit
+    except Exception:  # still running (a network fault, not a death), or not a process of ours
+        return False

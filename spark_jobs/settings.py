@@ -37,9 +37,12 @@ class Settings:
     spark_master: str = "local[*]"  # CDC_SPARK_MASTER: the master of a session of its own (and of spark-server)
     spark_ui: bool = False  # CDC_SPARK_UI: a run that starts its own Spark serves its UI (the URL in its first line)
     spark_log_level: str = "ERROR"  # CDC_SPARK_LOG_LEVEL: Spark's log level in a session of its own
-    # CDC_DRIVER_MEMORY: the driver's heap (local mode: its executors' too); a JSON landing file is split
-    # into lines in one task, so this bounds the largest file (one with a 50 MB line ran out of 1 GB)
+    # CDC_DRIVER_MEMORY: the driver's heap (local mode: its executors' too); landing files are read line by line,
+    # so it bounds the longest line, not the largest file (one 50 MB line ran out of 1 GB)
     driver_memory: str = "2g"
+    # CDC_MAX_GZIP_BYTES: a .json.gz landing file larger than this is quarantined whole (file_too_large): gzip
+    # cannot be split, so one task reads it all
+    max_gzip_bytes: int = 256 * 2**20
     shuffle_partitions: int = 8  # CDC_SHUFFLE_PARTITIONS: spark.sql.shuffle.partitions
     delta_engine: str = "delta-rs"  # CDC_DELTA_ENGINE: delta-rs | delta-spark (docs/architecture.md, "Delta engines")
     jars_dir: str = ".jars"  # CDC_JARS_DIR: where `make jars` put the pinned JVM jars (spark_jobs/jvm.py)

@@ -1,5 +1,5 @@
 """The Debezium envelope, as pure transforms (DataFrame -> DataFrame; nothing here reads or writes):
-landing text -> lines (`split_lines`) -> envelope fields (`parse_envelope`) -> change events, tombstone
+landing lines (`line_fields`) -> envelope fields (`parse_envelope`) -> change events, tombstone
 lines or quarantine rows with a reason (`classify`); Kafka tombstones matched to the deletes they follow
 (`match_tombstones`); key images and TOAST placeholders."""
 
@@ -9,7 +9,7 @@ import base64
 import re
 from functools import reduce
 
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
@@ -26,31 +26,21 @@ _RECORD_SCHEMA = "schema STRING, payload STRING, before STRING, after STRING, so
 _PAYLOAD_SCHEMA = "before STRING, after STRING, source STRING, op STRING, ts_ms BIGINT"
 
 
-def split_lines(files: DataFrame, max_line_bytes: int = 16 * 2**20) -> DataFrame:
-    """(_source_file, content) -> one row per line with its 1-based line number, and
-    `_line_problem`: why the line is not parsed (line_too_large, when longer than `max_line_bytes`: the
-    row keeps an excerpt). `_file_utf8_ok` says whether the whole file was valid UTF-8 (the split here
-    replaces other bytes: such files are split again byte for byte, landing.split_exact).
-
-    The newline that ends the file does not make an extra empty line; blank lines inside a file do
-    (they are quarantined, never dropped). A byte-order mark opening the file is dropped."""
-    lines = files.select("_source_file", F.expr("is_valid_utf8(content)").alias("_file_utf8_ok"),
-                         F.posexplode(F.split("content", "\n")).alias("_pos", "_raw"))
-    last = F.max("_pos").over(Window.partitionBy("_source_file"))
-    text = F.regexp_replace("_raw", "\r$", "")
-    text = F.when(F.col("_pos") == 0, F.regexp_replace(text, "^\ufeff", "")).otherwise(text)
-    size = F.octet_length("_text")
+def line_fields(lines: DataFrame, max_line_bytes: int = 16 * 2**20) -> DataFrame:
+    """(_source_file, _line, _text): UTF-8 lines as Spark's reader split them at each LF -> (_source_file, _line, _raw,
+    _line_problem): the line without the CR of a CRLF (the reader has dropped the byte-order mark opening a file), and why it is
+    not parsed (line_too_large, when longer than `max_line_bytes`: the row keeps an excerpt). Blank lines stay
+    (they are quarantined, never dropped). Lines that are not UTF-8 are kept byte for byte instead
+    (landing.exact_line)."""
+    text = F.regexp_replace("_text", "\r$", "")
+    size = F.octet_length("_clean")
     too_large = size > max_line_bytes
     before, after = line_too_large("\0", max_line_bytes).split("\0")
     problem = F.concat(F.lit(before), size.cast("string"), F.lit(after))
-    return (
-        lines.withColumn("_last", last)
-        .where(~((F.col("_pos") == F.col("_last")) & (F.col("_raw") == "")))
-        .withColumn("_text", text)
-        .select("_source_file", (F.col("_pos") + 1).cast("long").alias("_line"),
-                F.when(too_large, F.substring("_text", 1, EXCERPT_CHARS)).otherwise(F.col("_text")).alias("_raw"),
-                F.when(too_large, problem).alias("_line_problem"), "_file_utf8_ok")
-    )
+    return lines.withColumn("_clean", text).select(
+        "_source_file", F.col("_line").cast("long").alias("_line"),
+        F.when(too_large, F.substring("_clean", 1, EXCERPT_CHARS)).otherwise(F.col("_clean")).alias("_raw"),
+        F.when(too_large, problem).alias("_line_problem"))
 
 
 # Debezium's ExtractNewRecordState puts source fields at the top level as `__<field>` (or

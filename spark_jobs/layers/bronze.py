@@ -12,7 +12,7 @@ from pyspark.sql import functions as F
 
 from spark_jobs.debezium import envelope
 from spark_jobs.delta import DeltaEngine, MergeSpec, driver_rows
-from spark_jobs.errors import ConcurrentWrite, PipelineError
+from spark_jobs.errors import ConcurrentWrite, OutOfMemory, PipelineError
 from spark_jobs.lake import Lake
 from spark_jobs.landing import LandingFile, LandingWindow, list_topic, spark_paths
 from spark_jobs.layers.common import gate, lag_seconds, now, one_row, share, write_quarantine
@@ -22,6 +22,7 @@ from spark_jobs.quality.expectations import QUARANTINE, row_checks
 from spark_jobs.quality.gates import bronze_checks
 from spark_jobs.quality.user_expectations import check_columns, violations
 from spark_jobs.registry import TableConfig
+from spark_jobs.session import ran_out_of_memory
 from spark_jobs.settings import settings
 from spark_jobs.state import advance_marks, ingest_log, ingested_files, read_marks
 
@@ -98,6 +99,15 @@ def bronze_ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
             batch = _Batch(table, lake, batch_id, chunk,
                            _in_bronze(engine, lake, table.name, chunk) if selection.reprocess else [])
             unreadable = _ingest(spark, engine, batch, spark_paths(landing, chunk, staging), part)
+        except Exception as exc:
+            if ran_out_of_memory(exc):
+                largest = sorted(chunk, key=lambda f: -f.size)[:3]
+                raise OutOfMemory(table.name, "bronze", "the Spark driver ran out of memory reading "
+                                  + ", ".join(f"{f.path} ({f.size:,} bytes)" for f in largest)
+                                  + (f" and {len(chunk) - 3} more file(s)" if len(chunk) > 3 else "")
+                                  + f"; a line must fit in the driver's heap, CDC_DRIVER_MEMORY={settings().driver_memory}: "
+                                  "raise it, or set the file aside (run --mode skip --files ...)") from exc
+            raise
         finally:
             lake.files.delete_tree(staging)
         if part is not summary:

@@ -10,7 +10,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from spark_jobs.debezium import avro, envelope, types
-from spark_jobs.landing import LandingFile, landing_read_problem, split_exact
+from spark_jobs.landing import LandingFile, exact_line, file_too_large, landing_read_problem, read_problem
 from spark_jobs.settings import settings
 from spark_jobs.storage import open_input
 
@@ -58,14 +58,10 @@ def read_landing(spark: SparkSession, staged: dict[str, LandingFile], files: lis
     unreadable |= {f: f"unreadable_file: {_name(f)}: {f.problem}" for f in files if f.problem and f.kind in wanted}
     parts = []
     if by_kind["json"]:
-        # a file Spark cannot read (bad gzip, cut short) yields no row instead of failing the batch; such
-        # files are found below and quarantined whole (wholetext: a file is one row or none, never part)
-        raw = spark.read.option("ignoreCorruptFiles", "true").text(list(by_kind["json"]), wholetext=True).select(
-            F.col("_metadata.file_path").alias("_uri"), F.col("value").alias("content"))
-        lines = envelope.split_lines(_staged_to_landing(spark, by_kind["json"], raw), settings().max_line_bytes).localCheckpoint()
-        lines, broken = _exact_lines(spark, lines, by_kind["json"])
+        lines, broken = _json_lines(spark, by_kind["json"])
         unreadable |= broken
-        parts.append(lines.withColumn("_typed_schema", F.lit(None).cast("string")))
+        if lines is not None:
+            parts.append(lines.withColumn("_typed_schema", F.lit(None).cast("string")))
     parquet_rows = {path: _parquet_rows(path) for path, f in by_kind["parquet"].items() if f.size}
     unreadable |= {by_kind["parquet"][path]: f"unreadable_file: {_name(by_kind['parquet'][path])}: not a valid Parquet file"
                    for path, rows in parquet_rows.items() if rows is None}
@@ -129,22 +125,59 @@ def _name(f: LandingFile) -> str:
     return f.path.rsplit("/", 1)[-1]
 
 
-def _exact_lines(spark: SparkSession, lines: DataFrame,
-                 staged: dict[str, LandingFile]) -> tuple[DataFrame, dict[LandingFile, str]]:
-    """Files that gave Spark no text although they hold bytes are unreadable (the reason comes from
-    opening them here); files holding bytes that are not UTF-8 are split again here, byte for byte."""
-    health = {r["_source_file"]: r["utf8"] for r in
-              lines.groupBy("_source_file").agg(F.min("_file_utf8_ok").alias("utf8")).collect()}
-    broken, invalid = {}, {}
+def _json_lines(spark: SparkSession, staged: dict[str, LandingFile]) -> tuple[DataFrame | None, dict[LandingFile, str]]:
+    """JSON-lines files as lines, numbered in their file; read line by line and split across tasks, so memory
+    follows the longest line, not the largest file.
+
+    Spark's reader splits a plain file into blocks read by separate tasks and numbers nothing: each line gets its
+    block's start and its position in its task (monotonically_increasing_id, consecutive within a block), the scan
+    is checkpointed so those stay fixed, and one aggregation counts each block's lines, from which a line's number
+    in its file follows. A gzip file cannot be split (one task reads it all): one past CDC_MAX_GZIP_BYTES is set
+    aside whole, and each is first read through here as a stream, since Spark would keep the lines before a fault
+    in a stream cut short (ignoreCorruptFiles) and the file must be quarantined whole. A file Spark could not open
+    at all gives no line and is quarantined with the reason found here."""
+    limit, max_line = settings().max_gzip_bytes, settings().max_line_bytes
+    unreadable: dict[LandingFile, str] = {}
     for path, f in staged.items():
-        if f.path not in health and f.size:
-            broken[f] = f"unreadable_file: {_name(f)}: {landing_read_problem(path)}"
-        elif health.get(f.path) is False:
-            invalid[path] = f
-    lines = lines.drop("_file_utf8_ok")
+        if f.problem:  # found when listing (a dangling link): already set aside by the caller
+            continue
+        if path.endswith(".gz") and f.size > limit:
+            unreadable[f] = file_too_large(_name(f), f.size, limit)
+        elif path.endswith(".gz") and (problem := read_problem(path)) is not None:
+            unreadable[f] = f"unreadable_file: {_name(f)}: {problem}"
+    readable = {path: f for path, f in staged.items() if f not in unreadable and not f.problem}
+    if not readable:
+        return None, unreadable
+    scan = spark.read.option("lineSep", "\n").option("ignoreCorruptFiles", "true").text(list(readable)).select(
+        F.col("_metadata.file_path").alias("_uri"), F.col("_metadata.file_block_start").alias("_block"),
+        F.monotonically_increasing_id().alias("_row"), F.col("value").alias("_text")).localCheckpoint()
+    blocks = scan.groupBy("_uri", "_block").agg(
+        F.count(F.lit(1)).alias("lines"), F.min("_row").alias("first"),
+        F.min(F.expr("is_valid_utf8(_text)")).alias("utf8")).collect()
+    by_uri = {re.sub(_SCHEME, "", path): f for path, f in readable.items()}
+    numbering: list[tuple[str, int, int, int, str]] = []
+    counted: dict[LandingFile, int] = {}
+    invalid = False
+    for block in sorted(blocks, key=lambda b: (b["_uri"], b["_block"])):
+        f = by_uri[re.sub(_SCHEME, "", block["_uri"])]
+        numbering.append((block["_uri"], block["_block"], block["first"], counted.get(f, 0), f.path))
+        counted[f] = counted.get(f, 0) + block["lines"]
+        invalid = invalid or not block["utf8"]
+    for path, f in readable.items():
+        if f.size and f not in counted and (problem := landing_read_problem(path)) is not None:
+            unreadable[f] = f"unreadable_file: {_name(f)}: {problem}"
+    if not numbering:
+        return None, unreadable
+    mapping = spark.createDataFrame(numbering, "_uri STRING, _block BIGINT, _first BIGINT, _before BIGINT, _source_file STRING")
+    numbered = scan.join(F.broadcast(mapping), ["_uri", "_block"]).select(
+        "_source_file", (F.col("_row") - F.col("_first") + F.col("_before") + 1).alias("_line"), "_text")
+    utf8 = F.expr("is_valid_utf8(_text)")
+    lines = envelope.line_fields(numbered.where(utf8) if invalid else numbered, max_line)
     if not invalid:
-        return lines, broken
-    exact = [(f.path, *line) for path, f in invalid.items() for line in split_exact(path, settings().max_line_bytes)]
-    redone = spark.createDataFrame(exact, "_source_file STRING, _line BIGINT, _raw STRING, _line_problem STRING")
-    kept = lines.where(~F.col("_source_file").isin([f.path for f in invalid.values()]))
-    return kept.unionByName(redone).localCheckpoint(), broken
+        return lines, unreadable
+    # lines with bytes that are not UTF-8 (rare: a file in another encoding) are kept byte for byte, in Python
+    exact = F.udf(lambda data: exact_line(bytes(data), max_line), "_raw STRING, _line_problem STRING")(
+        F.col("_text").cast("binary"))
+    kept = numbered.where(~utf8).select("_source_file", F.col("_line").cast("long"), exact.alias("_exact")).select(
+        "_source_file", "_line", "_exact._raw", "_exact._line_problem")
+    return lines.unionByName(kept).localCheckpoint(), unreadable

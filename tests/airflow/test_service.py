@@ -20,8 +20,17 @@ import pytest
 
 from spark_jobs.generate import Options, generate
 from spark_jobs.registry import load_registry
-from spark_jobs.service import MAX_BODY, MAX_CONNECTIONS, READ_TIMEOUT_S, JobRequest, JobStatus, ServiceConnection, \
-    ServiceError, poll, submit
+from spark_jobs.service import (
+    MAX_BODY,
+    MAX_CONNECTIONS,
+    READ_TIMEOUT_S,
+    JobRequest,
+    JobStatus,
+    ServiceConnection,
+    ServiceError,
+    poll,
+    submit,
+)
 from spark_jobs.settings import environ, job_environment, settings
 from tests.conftest import ROOT, subprocess_env
 from tests.support import pipeline_service, summary_line
@@ -324,3 +333,72 @@ def test_a_jobs_variables_are_seen_in_its_thread_only(monkeypatch):
         t.join()
     assert seen == {"a": ("/lake-a", "a"), "b": ("/lake-b", "b")}
     assert settings().lake_uri == "/own" and environ.get("AWS_ACCESS_KEY_ID") == os.environ.get("AWS_ACCESS_KEY_ID")
+
+
+def test_a_200_mb_file_ingests_at_the_default_heap_and_a_job_beside_it_succeeds(tmp_path):
+    """What a sink with flush.size 100k writes: 120k events in one file of over 200 MB, read line by line across
+    tasks with the default driver memory (2 GB); every line accounted for, and another table's job meanwhile."""
+    config = tmp_path / "tables.yaml"
+    config.write_text(CONFIG)
+    registry = load_registry(str(config))
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    (big,) = generate(registry.select(["customers"]), landing, Options(rows=120_000, changes=0, partitions=1,
+                                                                        records_per_file=200_000))
+    (path,) = big.files
+    with open(path, "ab") as handle:  # bad lines and tombstones among the events: each ends somewhere countable
+        handle.write(b"{not json\nnull\n\n" * 5)
+    assert Path(path).stat().st_size > 200 * 2**20
+    (small,) = generate(registry.select(["products"]), landing, Options(rows=50, changes=50))
+    env = {"CDC_CONFIG": str(config), "CDC_LANDING_URI": str(landing), "CDC_LAKE_URI": str(lake)}
+    with pipeline_service(subprocess_env(**env), tmp_path / "service.log") as service:
+        heavy = submit(service, JobRequest(tables=("customers",), layers=("bronze",)))
+        time.sleep(3)  # the big file is being read
+        beside = wait(service, submit(service, JobRequest(tables=("products",), layers=("bronze", "silver"))))
+        assert (beside.state, beside.exit_code) == ("succeeded", 0), beside.log
+        done = wait(service, heavy)
+    assert (done.state, done.exit_code) == ("succeeded", 0), done.log[-3000:]
+    bronze = summary_line(done.log, "bronze", "customers")
+    from spark_jobs.lake import Lake, row_count
+
+    quarantined = row_count(Lake(str(lake)).quarantine("customers"))
+    assert (int(bronze["lines"]), int(bronze["events"]), int(bronze["tombstones"]), quarantined) == (
+        120_015, 120_000, 5, 10)
+    assert row_count(Lake(str(lake)).bronze("customers")) == 120_000
+    from deltalake import DeltaTable
+
+    rows = DeltaTable(str(lake / "silver" / "products")).to_pyarrow_table().to_pylist()
+    assert {(r["id"],): {c: r[c] for c in r if not c.startswith("_")} for r in rows} == small.final_rows
+
+
+def test_a_job_that_runs_out_of_memory_fails_alone_naming_its_file_and_the_setting(tmp_path):
+    """A line longer than the heap can hold still runs a job out of memory: its cause names the file and
+    CDC_DRIVER_MEMORY (exit 1: the same file would do it again), and the service goes on with the other jobs."""
+    config = tmp_path / "tables.yaml"
+    config.write_text(CONFIG)
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    folder = landing / "topics" / "burst.burst_bank.customers" / "partition=0"
+    folder.mkdir(parents=True)
+    huge = folder / "burst.burst_bank.customers+0+0000000000.json"
+    with open(huge, "wb") as handle:  # one line of 700 MB
+        handle.write(b'{"x": "')
+        for _ in range(700):
+            handle.write(b"a" * 2**20)
+        handle.write(b'"}\n')
+    (small,) = generate(load_registry(str(config)).select(["products"]), landing, Options(rows=50, changes=50))
+    env = {"CDC_CONFIG": str(config), "CDC_LANDING_URI": str(landing), "CDC_LAKE_URI": str(lake),
+           "CDC_DRIVER_MEMORY": "512m"}
+    with pipeline_service(subprocess_env(**env), tmp_path / "service.log") as service:
+        heavy = submit(service, JobRequest(tables=("customers",), layers=("bronze",)))
+        beside = submit(service, JobRequest(tables=("products",), layers=("bronze", "silver")))
+        failed, done = wait(service, heavy), wait(service, beside)
+        assert (failed.state, failed.exit_code) == ("failed", 1), failed.log[-3000:]
+        assert failed.cause == (
+            "table=customers layer=bronze: the Spark driver ran out of memory reading "
+            f"topics/burst.burst_bank.customers/partition=0/{huge.name} ({huge.stat().st_size:,} bytes); a line must fit in "
+            "the driver's heap, CDC_DRIVER_MEMORY=512m: raise it, or set the file aside (run --mode skip --files ...)")
+        assert (done.state, done.exit_code) == ("succeeded", 0), done.log[-3000:]
+        assert jobs_known(service) == 2  # and it still serves
+    from spark_jobs.lake import Lake, row_count
+
+    assert row_count(Lake(str(lake)).bronze("customers")) is None  # nothing of the failed batch was written
+    assert row_count(Lake(str(lake)).silver("products")) == len(small.final_rows)

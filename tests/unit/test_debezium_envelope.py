@@ -20,16 +20,15 @@ def events(spark, rows):
     return spark.createDataFrame(rows, BRONZE)
 
 
-def test_split_lines_numbers_lines_and_keeps_blank_ones_but_not_the_final_newline(spark):
-    files = spark.createDataFrame([("a.json", "x\n\ny\r\n"), ("b.json", "z"), ("c.json", "\ufeff{}\n\ufeff{}\n0123456789")],
-                                  "_source_file STRING, content STRING")
-    got = [tuple(r) for r in envelope.split_lines(files, max_line_bytes=9).orderBy("_source_file", "_line").collect()]
+def test_line_fields_drop_the_cr_of_crlf_and_cut_lines_too_large(spark):
+    lines = spark.createDataFrame([("a.json", 1, "x"), ("a.json", 2, ""), ("a.json", 3, "y\r"), ("b.json", 1, "z"),
+                                   ("c.json", 1, "{}"), ("c.json", 2, "\ufeff{}"), ("c.json", 3, "0123456789")],
+                                  "_source_file STRING, _line BIGINT, _text STRING")
+    got = [tuple(r) for r in envelope.line_fields(lines, max_line_bytes=9).orderBy("_source_file", "_line").collect()]
     too_large = "line_too_large: 10 bytes (max 9, CDC_MAX_LINE_BYTES); the line stays whole in its landing file"
-    assert got == [("a.json", 1, "x", None, True), ("a.json", 2, "", None, True), ("a.json", 3, "y", None, True),
-                   ("b.json", 1, "z", None, True),
-                   # a byte-order mark opening the file is dropped; anywhere else it is content
-                   ("c.json", 1, "{}", None, True), ("c.json", 2, "\ufeff{}", None, True),
-                   ("c.json", 3, "0123456789", too_large, True)]
+    assert got == [("a.json", 1, "x", None), ("a.json", 2, "", None), ("a.json", 3, "y", None), ("b.json", 1, "z", None),
+                   # a byte-order mark past the file's opening one (which the reader drops) is content
+                   ("c.json", 1, "{}", None), ("c.json", 2, "\ufeff{}", None), ("c.json", 3, "0123456789", too_large)]
 
 
 def test_parse_and_classify_every_kind_of_line(spark):
