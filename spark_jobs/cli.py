@@ -184,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
     from spark_jobs.layers import bronze, gold, silver
     from spark_jobs.quality.user_expectations import validate, validate_actions
     from spark_jobs.session import build_session
-    from spark_jobs.state import new_batch_id
+    from spark_jobs.state import check_lock_timeout, new_batch_id
 
     tables, models = _selected(load_registry(args.config), args)
     if args.max_quarantined:  # a one-run override: nothing is written back to tables.yaml
@@ -208,6 +208,7 @@ def run(args: argparse.Namespace) -> int:
     landing, lake = resolve_uri(args.landing), Lake(resolve_uri(args.lake))
     if "://" in lake.root and not lake.on_s3:
         raise ConfigError(f"lake {lake.root}: use a filesystem path (local or shared) or s3://bucket/prefix")
+    check_lock_timeout(lake)
     batch_id = args.run_id or new_batch_id()
     started = time.monotonic()
     # Great Expectations takes seconds to import: let that overlap the JVM's start instead of following it
@@ -274,7 +275,7 @@ def maintain(args: argparse.Namespace) -> int:
     """Without --tables, --models or --reports: everything (every table, every model, the reports)."""
     from spark_jobs import maintenance
     from spark_jobs.lake import Lake
-    from spark_jobs.state import new_batch_id
+    from spark_jobs.state import check_lock_timeout, new_batch_id
 
     registry = load_registry(args.config)
     everything = not (args.tables or args.models or args.reports)
@@ -283,6 +284,7 @@ def maintain(args: argparse.Namespace) -> int:
     if args.models and len(models) != len(args.models):
         raise ConfigError(f"unknown gold model(s) in {args.models}; known: {', '.join(registry.gold)}")
     lake, batch_id = Lake(resolve_uri(args.lake)), args.run_id or new_batch_id()
+    check_lock_timeout(lake)
     spark = None
     if settings().delta_engine != "delta-rs":  # delta-rs maintains without Spark; delta-spark's commands are jobs
         from spark_jobs.session import build_session

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from spark_jobs.errors import TableBusy
+from spark_jobs.errors import ConfigError, TableBusy
 from spark_jobs.lake import Lake, read_columns
 from spark_jobs.landing import LandingFile, LandingWindow, folder_of, list_topic
 from spark_jobs.settings import environ, settings
@@ -105,16 +105,53 @@ def writer_lock(lake: Lake, name: str, holder: str, timeout_s: float | None = No
         yield
 
 
+def check_lock_timeout(lake: Lake) -> None:
+    """A lease left by a killed writer on another host lapses after LEASE_S unchanged: a waiter giving up sooner
+    could never take it over, so a shorter CDC_LOCK_TIMEOUT is refused before any work."""
+    timeout_s = settings().lock_timeout
+    if lake.on_s3 and timeout_s < LEASE_S:
+        raise ConfigError(f"CDC_LOCK_TIMEOUT={timeout_s:g} is shorter than the lease of an S3 lake's writer lock "
+                          f"({LEASE_S:g} s): a lock left by a killed run could never be taken over; set it to at least "
+                          f"{LEASE_S:g}")
+
+
+def _waiting(name: str, holder: str, timeout_s: float) -> None:
+    print(f"waiting for the writer lock of {name}, held by {holder or 'another run'}; up to {timeout_s:.0f}s "
+          "(CDC_LOCK_TIMEOUT)", flush=True)
+
+
+_HOLDER = re.compile(r"^run \S+, pid (\d+), host ([^,\s]+),")
+
+
+def _holder_is_gone(about: str) -> bool:
+    """Whether a lease's holder is provably dead: a process of this host whose pid no longer exists. (A holder on
+    another host cannot be checked from here: its lease lapses once left unrenewed for LEASE_S.)"""
+    match = _HOLDER.match(about)
+    if match is None or match[2] != socket.gethostname():
+        return False
+    try:
+        os.kill(int(match[1]), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, someone else's
+        return False
+    return False
+
+
 @contextmanager
 def _file_lock(path: str, name: str, about: str, timeout_s: float) -> Iterator[None]:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+") as handle:
-        deadline = time.monotonic() + timeout_s
+        deadline, said = time.monotonic() + timeout_s, False
         while True:
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
+                if not said:
+                    handle.seek(0)
+                    _waiting(name, handle.read().strip(), timeout_s)
+                    said = True
                 if time.monotonic() >= deadline:
                     handle.seek(0)
                     raise TableBusy(f"{name} is being written by another run ({handle.read().strip() or 'unknown'}); "
@@ -141,17 +178,26 @@ def _s3_lease(path: str, name: str, about: str, timeout_s: float) -> Iterator[No
     so of several waiters one wins."""
     from spark_jobs.storage import S3Files
 
-    files, deadline, seen = S3Files(), time.monotonic() + timeout_s, None
+    files, deadline, seen, said = S3Files(), time.monotonic() + timeout_s, None, False
     while True:
         tag = files.create(path, about.encode())
         if tag is None:
             current = files.get(path)
+            held_by = current.data.decode().strip() if current else ""
+            if current is not None and not said:
+                _waiting(name, held_by, timeout_s)
+                said = True
             if current is not None and (seen is None or seen[0] != current.tag):
                 seen = (current.tag, time.monotonic())
-            elif current is not None and seen is not None and time.monotonic() - seen[1] >= LEASE_S:
-                tag = files.replace(path, f"{about}, took over from: {current.data.decode()}".encode(), current.tag)
+            if current is not None and seen is not None and (time.monotonic() - seen[1] >= LEASE_S
+                                                             or _holder_is_gone(held_by)):
+                tag = files.replace(path, f"{about}, took over from: {held_by}".encode(), current.tag)
             if tag is None and time.monotonic() >= deadline:
-                holder = current.data.decode().strip() if current else "just released"
+                if current is None:
+                    holder = "just released"
+                else:
+                    holder = f"{held_by}; its lease unchanged for {time.monotonic() - seen[1]:.0f}s of {LEASE_S:.0f}s" \
+                        if seen else held_by
                 raise TableBusy(f"{name} is being written by another run ({holder}); waited {timeout_s:.0f}s")
         if tag is not None:
             break

@@ -4,6 +4,9 @@ and one writer per table holds through a lease object instead of an OS file lock
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -142,3 +145,40 @@ def test_a_renewal_that_fails_on_an_s3_error_is_tried_again_and_the_lease_is_kep
     thread.join()
     assert len(calls) >= 3 and isinstance(waiter[0], TableBusy)
     assert keys(s3, "lake", "cdc/_state/locks/") == []
+
+
+def test_a_waiter_says_whose_lease_it_waits_for_and_takes_a_dead_local_holders_at_once(s3, capsys):
+    lake = Lake(LAKE)
+    with writer_lock(lake, "customers", "first"):
+        with pytest.raises(TableBusy, match=r"its lease unchanged for \ds of 60s\); waited 1s$"):
+            with writer_lock(lake, "customers", "second", timeout_s=1):
+                pass
+    said = capsys.readouterr().out.splitlines()
+    assert len(said) == 1 and said[0].startswith("waiting for the writer lock of customers, held by run first, pid ")
+    assert said[0].endswith("; up to 1s (CDC_LOCK_TIMEOUT)")
+    # a run of this host killed while holding the table: its pid is gone, so the lease is taken at once, not after
+    # a whole lease (60 s) unchanged
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    left = f"run killed, pid {dead.pid}, host {socket.gethostname()}, since 2026-11-25T00:00:00+00:00"
+    S3Files().write(lake.lock("customers"), left)
+    started = time.monotonic()
+    with writer_lock(lake, "customers", "next", timeout_s=60):
+        assert S3Files().read(lake.lock("customers")).decode().endswith(f"took over from: {left}")
+    assert time.monotonic() - started < 5
+    # a live holder of this host is waited for as any other
+    alive = f"run busy, pid {os.getpid()}, host {socket.gethostname()}, since 2026-11-25T00:00:00+00:00"
+    S3Files().write(lake.lock("customers"), alive)
+    with pytest.raises(TableBusy, match="run busy"):
+        with writer_lock(lake, "customers", "third", timeout_s=1):
+            pass
+
+
+def test_a_lock_timeout_shorter_than_the_lease_is_refused_before_any_work(s3, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("CDC_LOCK_TIMEOUT", "30")
+    code = cli.main(["run", "--config", str(FIXTURES / "tables.yaml"), "--landing", str(tmp_path), "--lake", LAKE])
+    assert code == 2
+    assert capsys.readouterr().err.strip() == (
+        "config error: CDC_LOCK_TIMEOUT=30 is shorter than the lease of an S3 lake's writer lock (60 s): a lock left "
+        "by a killed run could never be taken over; set it to at least 60")
+    assert keys(s3, "lake", "cdc/") == []
