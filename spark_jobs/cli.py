@@ -266,6 +266,8 @@ class Steps:
             counts.gate = "failed" if gate_failed else "error"
             counts.error = str(failed)
             report.publish(self.lake, self.batch_id, counts.as_dict())
+            if isinstance(exc, ConfigError):  # tables.yaml names what the data does not have: exit 2, no retry
+                raise ConfigError(f"{exc} (layer {layer})") from exc
             raise failed from exc
         report.publish(self.lake, self.batch_id, summary.as_dict())
         print(format_summary(summary.as_dict()), flush=True)

@@ -20,6 +20,8 @@ from spark_jobs.settings import resolve
 
 FORMATS = ("auto", "json", "json-flat", "parquet", "avro")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Kafka's own rule for a topic's name; the landing folder is named after it, so nothing else may pass
+_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _TABLE_FIELDS = {"topic", "keys", "format", "sequence_by", "partition_by", "columns", "history", "tombstone_retention",
                  "quality", "unavailable_value_placeholder", "expectations", "maintenance", "freshness"}
 # what Debezium's PostgreSQL connector sends for an unchanged TOASTed column (unavailable.value.placeholder)
@@ -156,7 +158,14 @@ def _names(value: Any, table: str, field: str, *, required: bool) -> tuple[str, 
     ):
         need = "a non-empty list" if required else "a list"
         raise ConfigError(f"table {table!r}: field {field!r} must be {need} of column names, got {value!r}")
-    return tuple(value)
+    return _distinct(tuple(value), table, field)
+
+
+def _distinct(names: tuple[str, ...], table: str, field: str) -> tuple[str, ...]:
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(f"table {table!r}: field {field!r} names {', '.join(twice)} more than once")
+    return names
 
 
 def _sequence_by(value: Any, table: str) -> tuple[str, ...]:
@@ -166,7 +175,7 @@ def _sequence_by(value: Any, table: str) -> tuple[str, ...]:
             isinstance(v, str) and _NAME.match(v.removeprefix("source.")) for v in parts):
         raise ConfigError(f"table {table!r}: field 'sequence_by' must be 'auto' or a non-empty list of column names "
                           f"or source.<field> names, got {value!r}")
-    return tuple(parts)
+    return _distinct(tuple(parts), table, "sequence_by")
 
 
 def _placeholder(value: Any, table: str) -> str:
@@ -264,6 +273,9 @@ def parse_table(name: str, spec: Any, defaults: Quality = Quality(), upkeep: Mai
     topic = spec.get("topic")
     if not isinstance(topic, str) or not topic:
         raise ConfigError(f"table {name!r}: field 'topic' is required")
+    if not _TOPIC.match(topic) or topic in (".", ".."):
+        raise ConfigError(f"table {name!r}: field 'topic' must be a Kafka topic name (letters, digits, '.', '_' and "
+                          f"'-', at most 249), got {topic!r}")
     fmt = spec.get("format", "auto")
     if fmt not in FORMATS:
         raise ConfigError(f"table {name!r}: field 'format' must be one of {', '.join(FORMATS)}, got {fmt!r}")

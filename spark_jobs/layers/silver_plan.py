@@ -13,6 +13,7 @@ from pyspark.sql import types as T
 
 from spark_jobs.debezium import envelope, ordering, types
 from spark_jobs.delta import DeltaEngine
+from spark_jobs.errors import ConfigError
 from spark_jobs.lake import Lake
 from spark_jobs.layers import changes
 from spark_jobs.layers.common import one_row
@@ -20,6 +21,13 @@ from spark_jobs.quality.user_expectations import check_columns, violations
 from spark_jobs.registry import TableConfig
 
 NO_SEQUENCE = "missing_sequence: no log position for this connector; set sequence_by"
+
+
+def missing_sequence(table: TableConfig) -> str:
+    """The quarantine reason of an event without a position in the log."""
+    if table.sequence_by:
+        return f"missing_sequence: sequence_by ({', '.join(table.sequence_by)}) is null or absent in this event"
+    return NO_SEQUENCE
 QUARANTINED = ("_source_file", "_line", "_raw", "reason")
 
 
@@ -65,7 +73,7 @@ def plan_batch(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lak
         F.count(F.lit(1)).alias("rows"),
         F.count(F.when(envelope.holds_placeholder(table.unavailable_value_placeholder), 1)).alias("unavailable")))
     # truncate (op=t): the table is empty as of its position; every older event is stale
-    truncates = ordered.where("op = 't'").withColumn("reason", F.when(F.col("_seq").isNull(), NO_SEQUENCE))
+    truncates = ordered.where("op = 't'").withColumn("reason", F.when(F.col("_seq").isNull(), missing_sequence(table)))
     batch_truncate = overview["truncated_at"]
     new_truncate = batch_truncate if batch_truncate and batch_truncate > (truncated_at or "") else None
     plan = BatchPlan(truncates, overview["truncates"], new_truncate, new_truncate or truncated_at, overview["rows"],
@@ -146,16 +154,20 @@ def typed_changes(spark: SparkSession, table: TableConfig, changes: DataFrame, t
         changes = envelope.mark_unavailable(changes, table.unavailable_value_placeholder)
     fields = image_fields(spark, table, changes, has_plain)
     names = {f.name for f in fields}
-    absent = [k for k in table.keys if k not in names]
-    if absent:
-        raise ValueError(f"table={table.name} layer=silver: key column(s) {', '.join(absent)} not in the "
-                         f"change events' columns ({', '.join(sorted(names))})")
+    # a field of tables.yaml naming a column the events do not have: the configuration is wrong, not the batch
+    row_columns = (("keys", table.keys), ("partition_by", table.partition_by),
+                   ("sequence_by", tuple(c for c in table.sequence_by or () if not c.startswith("source."))))
+    for field_name, columns in row_columns:
+        absent = [c for c in columns if c not in names]
+        if absent:
+            raise ConfigError(f"table {table.name!r}: field {field_name!r} names {', '.join(absent)}, not a column of "
+                              f"the change events ({', '.join(sorted(names))})")
     typed = types.parse_image(changes, envelope.key_image(), fields, "_row")
     typed = types.align(typed, "_row", target)
     for k in table.keys:
         typed = typed.withColumn(k, F.col("_row")[k])
     missing = envelope.missing_keys_typed(table.keys)
-    reason = (F.when(F.col("_seq").isNull(), NO_SEQUENCE)
+    reason = (F.when(F.col("_seq").isNull(), missing_sequence(table))
               .when(F.col("_decode_problems") != "", F.concat(F.lit("incompatible_type: "), F.col("_decode_problems")))
               .when(F.col("_type_problems") != "", F.concat(F.lit("incompatible_type: "), F.col("_type_problems")))
               .when(missing != "", F.concat(F.lit("missing_key: "), missing)))

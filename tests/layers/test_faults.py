@@ -10,7 +10,7 @@ import json
 import os
 from pathlib import Path
 
-from spark_jobs.lake import Lake
+from spark_jobs.lake import Lake, row_count
 from tests.support import run, silver_rows, summary_line
 
 TOPIC = "shop.public.orders"
@@ -274,3 +274,29 @@ def test_landing_files_are_staged_in_the_lake_and_a_killed_runs_staging_is_clear
     code, out, err = run(capsys, config, tmp_path / "landing", tmp_path / "lake")
     assert (code, err, summary_line(out, "bronze", "orders")["events"]) == (0, "", "1")
     assert [p.name for p in (tmp_path / "lake" / "_state" / "staging").iterdir()] == ["orders2-running"]
+
+
+def test_a_registry_naming_a_column_the_events_lack_is_a_config_error_naming_table_and_field(spark, engine, tmp_path,
+                                                                                             capsys):
+    for field, value in (("partition_by", "[region]"), ("sequence_by", "[version]")):
+        (tmp_path / field).mkdir()
+        config, folder = setup(tmp_path / field, CONFIG + f"    {field}: {value}\n")
+        (folder / f"{TOPIC}+0+0000000000.json").write_text(event(1, 10) + "\n" + event(2, 11) + "\n")
+        code, out, err = run(capsys, config, tmp_path / field / "landing", tmp_path / field / "lake")
+        assert code == 2, out
+        assert err.strip().startswith(f"config error: table 'orders': field '{field}' names {value[1:-1]}, not a column "
+                                      "of the change events (id) (layer silver)"), err
+        assert row_count(Lake(str(tmp_path / field / "lake")).silver("orders")) is None  # nothing published
+
+
+def test_an_event_without_its_sequence_by_field_is_quarantined_with_a_reason_that_says_so(spark, engine, tmp_path,
+                                                                                          capsys):
+    config, folder = setup(tmp_path, CONFIG + "    sequence_by: [source.seqno]\n")
+    with_position = json.loads(event(1, 10))
+    with_position["source"]["seqno"] = 5
+    (folder / f"{TOPIC}+0+0000000000.json").write_text(json.dumps(with_position) + "\n" + event(2, 11) + "\n")
+    code, out, err = run(capsys, config, tmp_path / "landing", tmp_path / "lake")
+    assert (code, err) == (0, "")
+    assert [(line, reason) for _, line, reason, _ in quarantine_rows(spark, engine, tmp_path / "lake")] == [
+        (2, "missing_sequence: sequence_by (source.seqno) is null or absent in this event")]
+    assert silver_rows(spark, engine, tmp_path / "lake", "orders", ("id",)) == {(1,): {"id": 1}}

@@ -83,3 +83,17 @@ def test_gold_model_needs_headers_and_known_sources(tmp_path):
     (tmp_path / "gold" / "m.sql").write_text("-- sources: a\nSELECT 1")
     with pytest.raises(ConfigError, match="gold model 'm': missing '-- keys: ...' header"):
         load_registry(config)
+
+
+@pytest.mark.parametrize("topic", ["../../outside", "a/b", "..", ".", "topic with space", "x" * 250, "t\u00e9"])
+def test_a_topic_is_a_kafka_topic_name_never_a_path(topic):
+    with pytest.raises(ConfigError, match=re.escape("table 't': field 'topic' must be a Kafka topic name")):
+        parse_table("t", {"topic": topic, "keys": ["id"]})
+
+
+@pytest.mark.parametrize(("field", "value"), [("keys", ["id", "id"]), ("partition_by", ["day", "day"]),
+                                              ("sequence_by", ["source.lsn", "source.lsn"])])
+def test_a_column_named_twice_is_refused_at_load(field, value):
+    spec = {"topic": "a.b", "keys": ["id"], field: value}
+    with pytest.raises(ConfigError, match=re.escape(f"table 't': field '{field}' names {value[0]} more than once")):
+        parse_table("t", spec)
