@@ -27,6 +27,14 @@ from spark_jobs.storage import S3Files
 PREFIX = "/cdc-reports"
 app = FastAPI(title="CDC data-quality reports", docs_url=None, redoc_url=None, openapi_url=None)
 
+# The reports are served from Airflow's own origin, so a page must never act as the user there. Every value from
+# the source is escaped before a page is written (spark_jobs/report.py; GX's results: quality/gx_store.py); the
+# policy is the second wall: no inline code runs (GX's page scripts are moved into files as its pages are written,
+# quality/docs_assets.py), nothing is fetched or posted, and only this origin's own files load.
+POLICY = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+          "font-src 'self' data:; connect-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'self'; "
+          "object-src 'none'")
+
 
 def reports_lake() -> Lake:
     """The lake of `CDC_LAKE_URI`, read per request so a changed environment needs no restart."""
@@ -65,8 +73,13 @@ async def serve(path: str, request: Request) -> Response:
         return refused
     lake = reports_lake()
     if not lake.on_s3:
-        return _serve_folder(Path(lake.reports), path)
-    return _serve_s3(S3Files(s3_client(s3_settings(settings().aws_conn_id))), lake.reports, path)
+        response = _serve_folder(Path(lake.reports), path)
+    else:
+        response = _serve_s3(S3Files(s3_client(s3_settings(settings().aws_conn_id))), lake.reports, path)
+    response.headers["Content-Security-Policy"] = POLICY
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    response.headers["Referrer-Policy"] = "no-referrer"
+    return response
 
 
 def _serve_folder(reports: Path, path: str) -> Response:

@@ -168,3 +168,50 @@ def offline_page(html: str, depth: int) -> str:
     html = _LOGOS.sub(f"{up}static/images/logo-long.png", html)
     html = _NEWSLETTER.sub("", html)
     return _INTEGRITY.sub("", html)
+
+
+# GX's page templates carry inline scripts and onclick handlers; the pages are served under a Content-Security-Policy
+# that runs no inline code (plugins/cdc_reports.py), so the scripts move into files beside their page and the
+# templates' own handlers (only these) become data attributes that HANDLERS binds. Any other on* attribute is dropped.
+GX_HANDLERS = re.compile(r"^(showAllValidations|hideSucceededValidations)\(\)$|^(clearTableFilters)\('([\w-]+)'\)$")
+HANDLERS_FILE = "cdc/handlers.js"  # in VENDOR
+HANDLERS = """// The clicks GX's Data Docs templates bind with inline onclick handlers, bound here instead: the pages run no
+// inline code (their Content-Security-Policy). Only these functions of GX's own page scripts can be called.
+document.addEventListener("click", function (event) {
+  var target = event.target.closest("[data-cdc-click]");
+  var name = target && target.getAttribute("data-cdc-click");
+  if (["showAllValidations", "hideSucceededValidations", "clearTableFilters"].indexOf(name) < 0) return;
+  var arg = target.getAttribute("data-cdc-arg");
+  if (arg === null) window[name](); else window[name](arg);
+});
+"""
+_INLINE_SCRIPT = re.compile(r"<script(?![^>]*\bsrc=)([^>]*)>(.*?)</script>", re.DOTALL | re.IGNORECASE)
+_START_TAG = re.compile(r"<[A-Za-z][^<>]*>")
+_HANDLER = re.compile(r"""\s+on[A-Za-z]+\s*=\s*("[^"]*"|'[^']*'|[^\s>]+)""", re.IGNORECASE)
+
+
+def without_inline_code(page: str, name: str, depth: int) -> tuple[str, list[tuple[str, str]]]:
+    """The page with each inline script moved to a file beside it (`<name>.script-<n>.js`, returned as (file name,
+    code) in page order) and GX's onclick handlers turned into data attributes; `depth` as for offline_page."""
+    scripts: list[tuple[str, str]] = []
+
+    def moved(match: re.Match[str]) -> str:
+        if not match.group(2).strip():
+            return ""
+        scripts.append((f"{name}.script-{len(scripts) + 1}.js", match.group(2)))
+        return f'<script{match.group(1)} src="{scripts[-1][0]}"></script>'
+
+    def handlers(tag: re.Match[str]) -> str:
+        def replaced(attribute: re.Match[str]) -> str:
+            value = attribute.group(1).strip("\"'")
+            known = GX_HANDLERS.match(value) if attribute.group(0).strip().lower().startswith("onclick") else None
+            if known is None:
+                return ""
+            if known.group(1):
+                return f' data-cdc-click="{known.group(1)}"'
+            return f' data-cdc-click="{known.group(2)}" data-cdc-arg="{known.group(3)}"'
+        return _HANDLER.sub(replaced, tag.group(0))
+
+    page = _START_TAG.sub(handlers, _INLINE_SCRIPT.sub(moved, page))
+    binder = f'<script src="{"../" * depth}../{VENDOR}/{HANDLERS_FILE}"></script>'
+    return (page.replace("</body>", f"{binder}</body>", 1) if "</body>" in page else page + binder), scripts

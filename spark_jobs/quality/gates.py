@@ -238,9 +238,11 @@ def _context(lake: Lake, table: str) -> Any:
     from spark_jobs.quality.docs_views import SECTION_VIEWS, CachedIndexPageView, view
 
     defaults = FilesystemStoreBackendDefaults(root_directory=lake.gx_stores(table))
-    for store in defaults.stores.values():
+    for name, store in defaults.stores.items():
         backend: dict[str, Any] = store["store_backend"]  # type: ignore[index,assignment]
         backend.update(LAKE_BACKEND)
+        if name == defaults.validation_results_store_name:  # what Data Docs render: source values escaped
+            backend["class_name"] = "ValidationResultsStoreBackend"
     docs_dir = lake.data_docs(table)
     site: Any = {
         "class_name": "SiteBuilder",

@@ -8,13 +8,24 @@ configuration (gates._context); it imports GX, so nothing else imports it."""
 
 from __future__ import annotations
 
+import hashlib
+import html
+import json
 import os
 from typing import Any
 
 from great_expectations.data_context.store.tuple_store_backend import TupleFilesystemStoreBackend, TupleStoreBackend
 from great_expectations.exceptions import InvalidKeyError
 
-from spark_jobs.quality.docs_assets import PACKAGES, VENDOR, offline_page, site_files
+from spark_jobs.quality.docs_assets import (
+    HANDLERS,
+    HANDLERS_FILE,
+    PACKAGES,
+    VENDOR,
+    offline_page,
+    site_files,
+    without_inline_code,
+)
 from spark_jobs.storage import is_s3, lake_files
 
 
@@ -94,6 +105,35 @@ def _absolute(path: str) -> bool:
     return is_s3(path) or os.path.isabs(path)
 
 
+class ValidationResultsStoreBackend(LakeStoreBackend):
+    """Validation results, with every value they hold from the data escaped as HTML before they are stored: GX
+    renders Data Docs from them and puts such values (sampled unexpected values, observed values) into its pages
+    as they are, so a source row holding markup would run in the browser of whoever opens the page (the Airflow
+    plugin serves them from Airflow's own origin). The gate's findings come from the run's own result, not from
+    the store, so they keep the values as they are."""
+
+    def _set(self, key: Any, value: Any, **kwargs: Any) -> str:  # type: ignore[override]  # as GX's own
+        if isinstance(value, str):
+            stored = json.loads(value)
+            for result in stored.get("results") or []:
+                for part in ("result", "exception_info"):
+                    if part in result:
+                        result[part] = _escaped(result[part])
+            value = json.dumps(stored, indent=2)
+        return super()._set(key, value, **kwargs)
+
+
+def _escaped(value: Any) -> Any:
+    """Every string inside `value` (keys too) escaped as HTML."""
+    if isinstance(value, str):
+        return html.escape(value)
+    if isinstance(value, dict):
+        return {html.escape(k) if isinstance(k, str) else k: _escaped(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_escaped(v) for v in value]
+    return value
+
+
 class DataDocsStoreBackend(LakeStoreBackend):
     """A table's Data Docs site: pages are written offline-ready (quality/docs_assets.py), linking to the
     vendored styles and scripts beside the sites, copied there when a lake's first page is written."""
@@ -104,16 +144,22 @@ class DataDocsStoreBackend(LakeStoreBackend):
         relative = self._convert_key_to_filepath(key if isinstance(key, tuple) else key.to_tuple())
         if relative.endswith(".html") and isinstance(value, str):
             self._ensure_assets()
-            value = offline_page(value, relative.count("/"))
+            depth = relative.count("/")
+            value, scripts = without_inline_code(offline_page(value, depth), relative.rsplit("/", 1)[-1], depth)
+            folder = self._path(key).rsplit("/", 1)[0]
+            for name, code in scripts:  # before the page: a page is never served without its scripts
+                self._files.write(f"{folder}/{name}", code)
         return super()._set(key, value, **kwargs)
 
     def _ensure_assets(self) -> None:
         if self._assets_present:
             return
         folder = f"{self.full_base_directory.rsplit('/', 1)[0]}/{VENDOR}"
-        pinned = "\n".join(f"{p.name}@{p.version} {p.integrity}" for p in PACKAGES).encode()
+        pinned = "\n".join([*(f"{p.name}@{p.version} {p.integrity}" for p in PACKAGES),
+                            hashlib.sha256(HANDLERS.encode()).hexdigest()]).encode()
         if self._files.read(f"{folder}/.complete") != pinned:
             for inside, source in site_files().items():
                 self._files.write(f"{folder}/{inside}", source.read_bytes())
+            self._files.write(f"{folder}/{HANDLERS_FILE}", HANDLERS.encode())
             self._files.write(f"{folder}/.complete", pinned)  # last: a copy cut short is made again
         self._assets_present = True

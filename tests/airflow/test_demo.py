@@ -82,13 +82,17 @@ def check_reports_behind_airflow_auth(base: str) -> None:
                                    .encode(), headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(login, timeout=30) as r:
         token = json.loads(r.read())["access_token"]
-    status, page, _ = _get(f"{base}/cdc-reports/", Authorization=f"Bearer {token}")
+    status, page, headers = _get(f"{base}/cdc-reports/", Authorization=f"Bearer {token}")
     assert status == 200 and "CDC pipeline runs" in page
+    # served from Airflow's origin: no inline code runs, nothing is fetched or posted (cdc_reports)
+    assert headers["content-security-policy"].startswith("default-src 'none'; script-src 'self'; ")
+    assert "connect-src 'none'" in headers["content-security-policy"] and headers["x-content-type-options"] == "nosniff"
     # a table's Data Docs: the folder is sent to its trailing slash (the page's relative links), then served
     status, _, headers = _get(f"{base}/cdc-reports/data_docs/customers", Authorization=f"Bearer {token}")
     assert (status, headers["location"]) == (307, "/cdc-reports/data_docs/customers/")
     status, page, headers = _get(f"{base}/cdc-reports/data_docs/customers/", Authorization=f"Bearer {token}")
     assert status == 200 and headers["content-type"].startswith("text/html") and "Great Expectations" in page
+    assert headers["content-security-policy"].startswith("default-src 'none'; script-src 'self'; ")
     for escape in ("..%2f..%2fpasswords.json", "%2e%2e/%2e%2e/passwords.json", "runs/..%2f..%2f..%2fpasswords.json"):
         status, body, _ = _get(f"{base}/cdc-reports/{escape}", Authorization=f"Bearer {token}")
         assert (status, "reader-pass" in body) == (404, False), escape
@@ -208,12 +212,14 @@ def check_data_docs_render_offline(driver, base: str, screenshot: Path) -> None:
         " jquery: typeof window.jQuery, table: typeof (window.jQuery && jQuery.fn.bootstrapTable),"
         " vega: typeof window.vegaEmbed, bootstrap: typeof (window.jQuery && jQuery.fn.modal),"
         " navbar: getComputedStyle(document.querySelector('nav.navbar') || document.body).display,"
-        " logo: [...document.images].map(i => [i.src, i.naturalWidth])}")
+        " logo: [...document.images].map(i => [i.src, i.naturalWidth]),"
+        " rows: document.querySelectorAll('table tbody tr[data-index]').length}")  # drawn by GX's page script
     driver.save_screenshot(str(screenshot))
     assert loaded["resources"] and all(r.startswith(base) for r in loaded["resources"]), loaded["resources"]
     assert (loaded["jquery"], loaded["table"], loaded["vega"], loaded["bootstrap"]) == (
         "function", "function", "function", "function"), loaded
     assert loaded["logo"] and all(width > 0 for _, width in loaded["logo"]), loaded["logo"]
+    assert loaded["rows"] > 0, loaded  # GX's page scripts ran, from files: no inline code runs under the policy
     assert "newsletter" not in driver.page_source
 
 
