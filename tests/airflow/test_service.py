@@ -402,3 +402,56 @@ def test_a_job_that_runs_out_of_memory_fails_alone_naming_its_file_and_the_setti
 
     assert row_count(Lake(str(lake)).bronze("customers")) is None  # nothing of the failed batch was written
     assert row_count(Lake(str(lake)).silver("products")) == len(small.final_rows)
+
+
+def test_beyond_loopback_it_serves_https_with_the_operators_secret(tmp_path):
+    """Listening on every address takes TLS and a secret of the operator's; clients verify the certificate (here
+    a self-signed one, given as the connection's CA file) and a plain HTTP request gets nowhere."""
+    import datetime as dt
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "cdc-service")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+            .sign(key, hashes.SHA256()))
+    (tmp_path / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (tmp_path / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                         serialization.NoEncryption()))
+    secret = "operators-own-secret-0123456789"
+    log, connection_file = tmp_path / "service.log", tmp_path / "connection.json"
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "spark_jobs", "serve", "--host", "0.0.0.0", "--port", "0", "--allow-host", "127.0.0.1",
+             "--tls-cert", str(tmp_path / "cert.pem"), "--tls-key", str(tmp_path / "key.pem"),
+             "--connection-file", str(connection_file)],
+            cwd=ROOT, env=subprocess_env(CDC_SERVICE_TOKEN=secret, CDC_LAKE_URI=str(tmp_path / "lake")), stdout=out,
+            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not connection_file.exists():
+            assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.3)
+        written = ServiceConnection.from_file(connection_file)
+        assert written.url.startswith("https://127.0.0.1:") and written.token == secret
+        service = ServiceConnection(written.url, secret, str(tmp_path / "cert.pem"))
+        assert wait(service, submit(service, JobRequest(tables=("nope",)))).exit_code == 2  # a job, over TLS
+        with pytest.raises(ServiceError, match="CERTIFICATE_VERIFY_FAILED"):  # a certificate nobody vouched for
+            poll(ServiceConnection(written.url, secret), "x")
+        port = int(written.url.rsplit(":", 1)[1])
+        plain = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        with pytest.raises((ConnectionError, http.client.HTTPException, OSError)):
+            plain.request("GET", "/health", headers={"Authorization": f"Bearer {secret}"})
+            plain.getresponse()
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
