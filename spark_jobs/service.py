@@ -673,5 +673,6 @@ def serve(host: str, port: int, workers: int, connection_file: str | None = None
         finally:
             server.shutdown()
             service.pool.shutdown(wait=False, cancel_futures=True)
+            target.unlink(missing_ok=True)  # its secret and address are of no use once it is gone
     finally:
         shutil.rmtree(service.scratch, ignore_errors=True)

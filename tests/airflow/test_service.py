@@ -309,7 +309,8 @@ def test_a_stopped_or_killed_service_leaves_no_jvm_and_no_scratch(tmp_path):
                 assert time.monotonic() < deadline, f"the JVM outlived the service ({stop.name})"
                 time.sleep(0.5)
         if stop == signal.SIGTERM:
-            assert list((tmp_path / "tmp").iterdir()) == []  # removed on the way out
+            assert list((tmp_path / "tmp").iterdir()) == []  # removed on the way out, and so is its connection
+            assert not log.with_suffix(".connection.json").exists()
     # a killed service's scratch is swept at the next start
     with pipeline_service(env, tmp_path / "service-next.log"):
         assert len(list((tmp_path / "tmp").iterdir())) == 1
