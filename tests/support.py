@@ -116,3 +116,9 @@ def service_airflow_env(service: ServiceConnection) -> dict[str, str]:
     return {"CDC_SERVICE_CONN_ID": "cdc_service",
             "AIRFLOW_CONN_CDC_SERVICE": json.dumps({"conn_type": "http", "host": url.hostname, "port": url.port,
                                                     "schema": url.scheme, "password": service.token})}
+
+
+def data_docs_text(page: Path) -> str:
+    """A Data Docs page as a browser gets it: the page and the scripts written beside it (its inline scripts, the
+    index's table data among them, are moved into files: spark_jobs/quality/docs_assets.py)."""
+    return "\n".join([page.read_text(), *(p.read_text() for p in sorted(page.parent.glob(f"{page.name}.script-*.js")))])

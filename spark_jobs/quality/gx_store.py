@@ -113,7 +113,7 @@ class ValidationResultsStoreBackend(LakeStoreBackend):
     the store, so they keep the values as they are."""
 
     def _set(self, key: Any, value: Any, **kwargs: Any) -> str:  # type: ignore[override]  # as GX's own
-        if isinstance(value, str):
+        if isinstance(value, str) and value.lstrip().startswith("{"):  # a result (not the store's id line)
             stored = json.loads(value)
             for result in stored.get("results") or []:
                 for part in ("result", "exception_info"):

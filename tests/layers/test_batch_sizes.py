@@ -17,7 +17,7 @@ CONFIG = "tables:\n  customers:\n    topic: burst.burst_bank.customers\n    keys
 def test_a_batch_over_the_local_threshold_between_small_ones_applies_exactly(spark, engine, tmp_path, capsys):
     config = tmp_path / "tables.yaml"
     config.write_text(CONFIG)
-    rows = LOCAL_ROWS + 10_000  # a snapshot of more keys than the driver validates: silver's rows frame too
+    rows = LOCAL_ROWS + 15_000  # the first file (5,000) alone, then a batch of 110,000 events and keys
     (g,) = generate(load_registry(str(config)).select(None), tmp_path / "sink",
                     Options(rows=rows, changes=300, records_per_file=5_000, batches=1, seed=3))
     snapshot, changes = g.batches[0], g.batches[1]
@@ -37,6 +37,6 @@ def test_a_batch_over_the_local_threshold_between_small_ones_applies_exactly(spa
         assert (code, err) == (0, ""), (phase, out)
         assert summary_line(out, "bronze", "customers")["gate"] == summary_line(out, "silver", "customers")["gate"] == "passed"
         if phase == 1:
-            assert int(summary_line(out, "bronze", "customers")["events"]) > LOCAL_ROWS
+            assert int(summary_line(out, "bronze", "customers")["events"]) == 110_000 > LOCAL_ROWS
             assert silver_rows(spark, engine, lake, "customers", ("custkey",)) == g.snapshot_rows
     assert silver_rows(spark, engine, lake, "customers", ("custkey",)) == g.final_rows

@@ -16,7 +16,7 @@ from spark_jobs.lake import Lake
 from spark_jobs.layers import gold
 from spark_jobs.registry import load_registry
 from tests.layers.test_pipeline import _pg_event
-from tests.support import run, silver_rows, summary_line
+from tests.support import data_docs_text, run, silver_rows, summary_line
 
 
 def _land(tmp_path, name, offset, lines):
@@ -102,7 +102,7 @@ def test_keyless_events_are_quarantined_and_a_batch_of_only_bad_events_fails_lea
     assert (failed["gate"], failed["quarantined"], failed["error"]) == ("failed", {"event_has_key: id": 3}, err.strip())
     assert [(c["expectation"], c["action"], c["success"]) for c in failed["checks"]][-1] == (
         "max_quarantined", "fail", False)
-    docs = Path(failed["docs"]).read_text()
+    docs = data_docs_text(Path(failed["docs"]))
     assert "orders.bronze.events" in docs
     # the files were not taken: the next run meets them again (and fails again) until they are fixed
     code, _, _ = _run(capsys, tmp_path, config)

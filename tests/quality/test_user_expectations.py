@@ -187,10 +187,9 @@ def test_a_run_with_a_bad_or_misnamed_expectation_stops_with_a_config_error(spar
     assert code == 2 and "table 'orders': expectation 'expect_column_values_to_be_between' has bad arguments" in err
     misnamed = _config(tmp_path, "      - expect_column_values_to_not_be_null: {column: ficoo}\n")
     code, _, err = run(capsys, misnamed, tmp_path / "landing", tmp_path / "lake")
-    # found when silver meets the batch's columns: the step fails (exit 1), naming table, layer and expectation
-    assert (code, err) == (1, "table=orders layer=silver failed: ConfigError: table 'orders': expectation "
-                              "expect_column_values_to_not_be_null(ficoo) names column(s) ficoo not in silver's "
-                              "columns (fico, id, state)\n")
+    # found when silver meets the batch's columns: a config error (exit 2, no retry), naming table, expectation, layer
+    assert (code, err) == (2, "config error: table 'orders': expectation expect_column_values_to_not_be_null(ficoo) "
+                              "names column(s) ficoo not in silver's columns (fico, id, state) (layer silver)\n")
 
 
 def test_data_docs_of_a_failed_run_show_the_failing_expectation_offline_and_gx_actions_run(
