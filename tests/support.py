@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 
 from spark_jobs import cli
 from spark_jobs.lake import Lake
-from spark_jobs.service import ServiceConnection
+from spark_jobs.service_client import ServiceConnection
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from spark_jobs.service import ServiceConnection
+    from spark_jobs.service_client import ServiceConnection
 
 
 def service_connection(conn_id: str) -> ServiceConnection:
@@ -15,7 +15,7 @@ def service_connection(conn_id: str) -> ServiceConnection:
     service writes it at start (CDC_SERVICE_CONNECTION_FILE) or as the operator set it up (README)."""
     from airflow.sdk import BaseHook
 
-    from spark_jobs.service import ServiceConnection
+    from spark_jobs.service_client import ServiceConnection
 
     conn = BaseHook.get_connection(conn_id)
     if not (conn.host and conn.port and conn.password):

@@ -91,7 +91,7 @@ class CdcSparkJob(SparkSubmitOperator):
         """The job goes to the pipeline service: the task's selection (tables, layers, window, run id), the sensor's
         list and the settings a job may bring; the task defers until the job ends. A retry is a new job (the key
         names the try); a resubmitted try gets its first job back."""
-        from spark_jobs.service import JOB_SETTINGS, JobRequest, ServiceError, submit
+        from spark_jobs.service_client import JOB_SETTINGS, JobRequest, ServiceError, submit
 
         conn_id = settings().service_conn_id
         own = {name: value for name in JOB_SETTINGS if (value := os.environ.get(Settings.variable(name)))}

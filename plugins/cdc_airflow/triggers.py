@@ -64,7 +64,7 @@ class ServiceJobTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from asgiref.sync import sync_to_async
 
-        from spark_jobs.service import ServiceError, poll
+        from spark_jobs.service_client import ServiceError, poll
 
         try:  # the service's address and secret, through Airflow's own (synchronous) channel, once
             service = await sync_to_async(service_connection)(self.conn_id)

@@ -136,7 +136,7 @@ def project_run(landing: Path, lake: Path, files: str, engine: str, mode: str, b
     argv = ["run", "--config", str(CONFIG), "--landing", str(landing), "--lake", str(lake), "--layers", "bronze,silver",
             "--tables", TABLE, "--files", files]
     if mode == "service":
-        from spark_jobs.service import JobRequest, poll, submit
+        from spark_jobs.service_client import JobRequest, poll, submit
 
         assert bench.services is not None
         service = bench.services(landing, lake)  # its start is not timed: a warm service is what a task meets

@@ -1,0 +1,228 @@
+"""The pipeline service's client half (spark_jobs/service.py is the server): what a caller may ask of it
+(`JobRequest`), where it is and its secret (`ServiceConnection`), and submitting and polling a job. Pure Python
+and the standard library: the Airflow plugin imports it on its workers and triggerer."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import ssl
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, fields
+from http import HTTPStatus
+from pathlib import Path
+from typing import Any
+
+from spark_jobs.settings import Settings, resolve, resolve_uri
+
+COMMANDS = ("run", "maintain")  # what the service runs; the others are a user's own process
+# the settings a job may bring (how it runs, never where it reads or writes)
+JOB_SETTINGS = ("debug", "delta_engine", "lock_timeout", "bronze_batch_files")
+NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")  # a table's or gold model's name in a request
+
+
+@dataclass
+class JobStatus:
+    """What a poll returns: the log from the asked offset on, and where the next poll starts."""
+
+    id: str
+    state: str  # queued | running | succeeded | failed
+    exit_code: int | None = None
+    cause: str | None = None  # the job's one-line failure cause (table, layer, reason), as a process writes it
+    log: str = ""
+    offset: int = 0
+    seconds: float | None = None
+    spark_jobs: int | None = None  # the Spark jobs the job ran (its job group's), once it ended
+
+    @property
+    def done(self) -> bool:
+        return self.state in ("succeeded", "failed")
+
+
+class ServiceError(Exception):
+    """The service could not be reached or refused the request: worth a retry unless `permanent`."""
+
+    def __init__(self, message: str, permanent: bool = False):
+        super().__init__(message)
+        self.permanent = permanent
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """What a caller may ask of the service: a `run` or `maintain` of the service's own deployment, narrowed to
+    tables, layers, models, a mode and landing-time window, the sensor's landing files and the run id. Validated
+    on both sides (`check`); the service builds the command line from it (`argv`)."""
+
+    command: str = "run"
+    tables: tuple[str, ...] | None = None
+    layers: tuple[str, ...] | None = None
+    models: tuple[str, ...] | None = None
+    mode: str | None = None
+    since: str | None = None
+    until: str | None = None
+    files: tuple[str, ...] | None = None
+    run_id: str | None = None
+    reason: str | None = None  # with mode skip: why the files were set aside
+    max_quarantined: str | None = None
+    reports: bool = False  # maintain: expire the run reports
+    landing_marks: bool = False  # maintain: recompute the landing marks from a full listing
+    settings: tuple[tuple[str, str], ...] = ()  # JOB_SETTINGS only, as (name, value)
+    key: str | None = None  # a task's try: the same key submitted again returns the first job
+
+    @classmethod
+    def from_argv(cls, argv: list[str], files: list[str] | None = None, job_settings: dict[str, str] | None = None,
+                  key: str | None = None) -> JobRequest:
+        """The request for `python -m spark_jobs <argv>` as the DAG tasks build it (their --config, --landing and
+        --lake are the deployment's, which the service knows itself, and are not sent)."""
+        from spark_jobs.cli import parser
+
+        args = parser().parse_args(argv)
+        if args.command not in COMMANDS:
+            raise ValueError(f"the service runs {' and '.join(COMMANDS)}, not {args.command!r}")
+        listed = sorted(files) if files is not None else sorted(args.files) if getattr(args, "files", None) else None
+        def as_tuple(values: Any) -> tuple[str, ...] | None:
+            return tuple(values) if values else None
+
+        return cls(command=args.command, tables=as_tuple(args.tables), layers=as_tuple(getattr(args, "layers", None)),
+                   models=as_tuple(args.models), mode=getattr(args, "mode", None), since=getattr(args, "since", None),
+                   until=getattr(args, "until", None), files=as_tuple(listed), run_id=args.run_id,
+                   reason=getattr(args, "reason", None), max_quarantined=getattr(args, "max_quarantined", None),
+                   reports=bool(getattr(args, "reports", False)),
+                   landing_marks=args.command == "maintain" and args.landing is not None,
+                   settings=tuple(sorted((job_settings or {}).items())), key=key).check()
+
+    @classmethod
+    def from_json(cls, body: Any) -> JobRequest:
+        """A request body, strictly: known fields of the right types only (ValueError or TypeError otherwise)."""
+        if not isinstance(body, dict):
+            raise TypeError("the request body is a JSON object")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(body) - known)
+        if unknown:
+            raise ValueError(f"unknown field(s) {', '.join(unknown)}; a request names only {', '.join(sorted(known))}")
+        values: dict[str, Any] = {}
+        for name, value in body.items():
+            if value is None:
+                continue
+            if name in ("tables", "layers", "models", "files"):
+                if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                    raise TypeError(f"{name}: a list of strings")
+                value = tuple(value)
+            elif name == "settings":
+                if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+                    raise TypeError("settings: an object of strings")
+                value = tuple(sorted(value.items()))
+            elif name in ("reports", "landing_marks"):
+                if not isinstance(value, bool):
+                    raise TypeError(f"{name}: true or false")
+            elif not isinstance(value, str):
+                raise TypeError(f"{name}: a string")
+            values[name] = value
+        return cls(**values).check()
+
+    def as_json(self) -> dict[str, Any]:
+        body = {f.name: getattr(self, f.name) for f in fields(self)}
+        body["settings"] = dict(self.settings)
+        return {k: list(v) if isinstance(v, tuple) and k != "settings" else v for k, v in body.items()}
+
+    def check(self) -> JobRequest:
+        """ValueError naming the first field that is not what a task may ask."""
+        from spark_jobs.cli import LAYERS, MODES
+        from spark_jobs.lake import check_run_id
+        from spark_jobs.landing import check_landing_path
+
+        if self.command not in COMMANDS:
+            raise ValueError(f"the service runs {' and '.join(COMMANDS)}, not {self.command!r}")
+        for name in ("tables", "models"):
+            bad = [v for v in getattr(self, name) or () if not NAME.fullmatch(v)]
+            if bad:
+                raise ValueError(f"{name}: {bad[0]!r} is not a table or model name")
+        bad_layers = [v for v in self.layers or () if v not in LAYERS]
+        if bad_layers:
+            raise ValueError(f"layers: {bad_layers[0]!r}; choose from {', '.join(LAYERS)}")
+        if self.mode is not None and self.mode not in MODES:
+            raise ValueError(f"mode: {self.mode!r}; choose from {', '.join(MODES)}")
+        for path in self.files or ():
+            check_landing_path(path)
+        if self.run_id is not None:
+            check_run_id(self.run_id)
+        refused = sorted(name for name, _ in self.settings if name not in JOB_SETTINGS)
+        if refused:
+            raise ValueError(f"settings: {', '.join(refused)} cannot be set per job (only {', '.join(JOB_SETTINGS)})")
+        for name in ("since", "until", "reason", "max_quarantined", "key"):
+            value = getattr(self, name)
+            if value is not None and (len(value) > 500 or "\0" in value):
+                raise ValueError(f"{name}: at most 500 characters, no NUL")
+        if self.command == "maintain" and (self.layers or self.mode or self.since or self.until or self.files):
+            raise ValueError("maintain takes tables, models, reports, landing_marks and run_id only")
+        return self
+
+    def argv(self, deployment: Settings, listed_files: Path | None) -> list[str]:
+        """The command line of the job, on the service's own registry, landing and lake. Every value goes as
+        `--option=value`, so none can be taken for an option of its own."""
+        argv = [self.command, f"--config={resolve(deployment.config)}", f"--lake={resolve_uri(deployment.lake_uri)}"]
+        if self.command == "run" or self.landing_marks:
+            argv.append(f"--landing={resolve_uri(deployment.landing_uri)}")
+        for name in ("tables", "layers", "models"):
+            if getattr(self, name):
+                argv.append(f"--{name}={','.join(getattr(self, name))}")
+        for name in ("mode", "since", "until", "run_id", "reason", "max_quarantined"):
+            if getattr(self, name) is not None:
+                argv.append(f"--{name.replace('_', '-')}={getattr(self, name)}")
+        if self.reports:
+            argv.append("--reports")
+        if listed_files is not None:  # as a file, the way a process gets a long list (spark_jobs.cli, --files @file)
+            argv.append(f"--files=@{listed_files}")
+        return argv
+
+
+@dataclass(frozen=True)
+class ServiceConnection:
+    """Where the service is and its secret: an Airflow connection (cdc_airflow.hooks.service_connection) or the
+    file the service writes at start (`connection_file`), in Airflow's JSON form of a connection."""
+
+    url: str
+    token: str
+    ca_file: str | None = None  # the CA that signed the service's TLS certificate, when not a public one
+
+    @classmethod
+    def from_airflow_json(cls, text: str) -> ServiceConnection:
+        conn = json.loads(text)
+        scheme = conn.get("schema") or "http"
+        host = conn["host"]
+        host = f"[{host}]" if ":" in host else host
+        return cls(f"{scheme}://{host}:{conn['port']}", conn.get("password") or "",
+                   (conn.get("extra") or {}).get("ca_file"))
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> ServiceConnection:
+        return cls.from_airflow_json(Path(path).read_text())
+
+
+def _request(service: ServiceConnection, path: str, method: str = "GET", body: dict[str, Any] | None = None,
+             timeout: float = 30) -> Any:
+    url = f"{service.url.rstrip('/')}{path}"
+    request = urllib.request.Request(url, method=method, data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json",
+                                              "Authorization": f"Bearer {service.token}"})
+    context = ssl.create_default_context(cafile=service.ca_file) if url.startswith("https:") else None
+    try:
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode(errors="replace").strip()
+        permanent = exc.code < 500 and exc.code != HTTPStatus.TOO_MANY_REQUESTS
+        raise ServiceError(f"pipeline service {url}: HTTP {exc.code}: {detail}", permanent=permanent) from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise ServiceError(f"pipeline service {url} unreachable: {exc}") from None
+
+
+def submit(service: ServiceConnection, request: JobRequest) -> str:
+    """Queues the job on the service; returns the job's id."""
+    return str(_request(service, "/jobs", "POST", request.as_json())["id"])
+
+
+def poll(service: ServiceConnection, job_id: str, offset: int = 0) -> JobStatus:
+    return JobStatus(**_request(service, f"/jobs/{job_id}?offset={offset}"))
