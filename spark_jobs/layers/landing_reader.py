@@ -133,22 +133,22 @@ def _json_lines(spark: SparkSession, staged: dict[str, LandingFile]) -> tuple[Da
     block's start and its position in its task (monotonically_increasing_id, consecutive within a block), the scan
     is checkpointed so those stay fixed, and one aggregation counts each block's lines, from which a line's number
     in its file follows. A gzip file cannot be split (one task reads it all): one past CDC_MAX_GZIP_BYTES is set
-    aside whole, and each is first read through here as a stream, since Spark would keep the lines before a fault
-    in a stream cut short (ignoreCorruptFiles) and the file must be quarantined whole. A file Spark could not open
-    at all gives no line and is quarantined with the reason found here."""
+    aside whole, and each is first read through here as a stream, so that one cut short or not gzip at all is
+    quarantined whole before Spark reads anything. Spark then reads without ignoring faults (ignoreCorruptFiles
+    would keep the lines before a fault and drop the rest unseen): a read that fails fails the batch, for a retry.
+    Only a file gone since it was listed gives no line; it is quarantined with the reason found here."""
     limit, max_line = settings().max_gzip_bytes, settings().max_line_bytes
     unreadable: dict[LandingFile, str] = {}
-    for path, f in staged.items():
-        if f.problem:  # found when listing (a dangling link): already set aside by the caller
-            continue
+    openable = {path: f for path, f in staged.items() if not f.problem}  # the rest were set aside when listed
+    for path, f in openable.items():
         if path.endswith(".gz") and f.size > limit:
             unreadable[f] = file_too_large(_name(f), f.size, limit)
         elif path.endswith(".gz") and (problem := read_problem(path)) is not None:
             unreadable[f] = f"unreadable_file: {_name(f)}: {problem}"
-    readable = {path: f for path, f in staged.items() if f not in unreadable and not f.problem}
+    readable = {path: f for path, f in openable.items() if f not in unreadable}
     if not readable:
         return None, unreadable
-    scan = spark.read.option("lineSep", "\n").option("ignoreCorruptFiles", "true").text(list(readable)).select(
+    scan = spark.read.option("lineSep", "\n").option("ignoreMissingFiles", "true").text(list(readable)).select(
         F.col("_metadata.file_path").alias("_uri"), F.col("_metadata.file_block_start").alias("_block"),
         F.monotonically_increasing_id().alias("_row"), F.col("value").alias("_text")).localCheckpoint()
     blocks = scan.groupBy("_uri", "_block").agg(
