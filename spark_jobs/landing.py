@@ -247,31 +247,30 @@ def landing_uri(landing: str, f: LandingFile) -> str:
 def read_problem(path: str) -> str | None:
     """Why a landing file cannot be read whole, in words (`Not a gzipped file`, `Compressed file ended before the
     end-of-stream marker was reached`), or None: read (and decompressed) as a stream, in constant memory."""
-    try:
-        _content_head(path)
-    except (OSError, EOFError, ValueError, zlib.error) as exc:
-        return str(exc) or type(exc).__name__
-    return None
+    return _read_through(path)[1]
 
 
-def _content_head(path: str) -> bytes:
-    """The first bytes of a file's content, after reading it all (decompressed) as a stream."""
+def _read_through(path: str) -> tuple[bytes, str | None]:
+    """The first bytes of a file's content and why it cannot be read to its end (None: it can), read as a stream."""
     from spark_jobs.storage import open_input
 
-    with open_input(path) as handle:
-        stream = gzip.GzipFile(fileobj=handle) if path.endswith(".gz") else handle
-        head = chunk = stream.read(2**20)
-        while chunk:
-            chunk = stream.read(2**20)
-    return head[:4]
+    try:
+        with open_input(path) as handle:
+            stream = gzip.GzipFile(fileobj=handle) if path.endswith(".gz") else handle
+            head = chunk = stream.read(2**20)
+            while chunk:
+                chunk = stream.read(2**20)
+    except (OSError, EOFError, ValueError, zlib.error) as exc:
+        return b"", str(exc) or type(exc).__name__
+    return head[:4], None
 
 
 def landing_read_problem(path: str) -> str | None:
     """Why a landing file Spark read no line from cannot be read, or None when it holds no line (only the
     byte-order mark the reader drops). A file that reads here and has lines is not quarantined: Spark's failure
     was something else, and the batch fails with it."""
-    problem = read_problem(path)
-    if problem is None and _content_head(path) not in (b"", b"\xef\xbb\xbf"):
+    head, problem = _read_through(path)
+    if problem is None and head not in (b"", b"\xef\xbb\xbf"):
         raise RuntimeError(f"Spark read no text from {path}, which reads here: refusing to quarantine a readable file")
     return problem
 

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import IO, Any
 from urllib.parse import parse_qs, urlparse
 
-from spark_jobs.service_client import JobRequest, JobStatus
+from spark_jobs.service_client import JobRequest, JobStatus, ServiceConnection
 from spark_jobs.settings import Settings, job_environment, resolve, resolve_uri, settings
 
 KEEP_FINISHED = 1000  # finished jobs kept for their logs (a task reads its job's log once it ends)
@@ -406,14 +406,13 @@ def listener(host: str, port: int, tls_cert: str | None, tls_key: str | None,
 def write_connection(path: Path, own: Listener, port: int) -> None:
     """The service's address and secret as an Airflow connection (JSON form: AIRFLOW_CONN_<ID>, or `airflow
     connections import`), readable by this user only."""
-    host = "127.0.0.1" if own.host in ("0.0.0.0", "::") else own.host
-    connection = {"conn_type": "http", "host": host, "port": port, "schema": own.scheme, "password": own.token,
-                  "description": "the CDC pipeline service (python -m spark_jobs serve)"}
+    connection = ServiceConnection.at(own.scheme, "127.0.0.1" if own.host in ("0.0.0.0", "::") else own.host, port,
+                                      own.token)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.{os.getpid()}")
     descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(descriptor, "w") as handle:
-        handle.write(json.dumps(connection) + "\n")
+        handle.write(connection.airflow_json() + "\n")
     os.replace(partial, path)
 
 

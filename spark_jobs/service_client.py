@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from spark_jobs.settings import Settings, resolve, resolve_uri
 
@@ -188,13 +189,22 @@ class ServiceConnection:
     ca_file: str | None = None  # the CA that signed the service's TLS certificate, when not a public one
 
     @classmethod
+    def at(cls, scheme: str | None, host: str, port: int, token: str, ca_file: str | None = None) -> ServiceConnection:
+        """From a connection's fields (its schema is the URL's scheme, its password the secret)."""
+        return cls(f"{scheme or 'http'}://{f'[{host}]' if ':' in host else host}:{port}", token, ca_file)
+
+    @classmethod
     def from_airflow_json(cls, text: str) -> ServiceConnection:
         conn = json.loads(text)
-        scheme = conn.get("schema") or "http"
-        host = conn["host"]
-        host = f"[{host}]" if ":" in host else host
-        return cls(f"{scheme}://{host}:{conn['port']}", conn.get("password") or "",
-                   (conn.get("extra") or {}).get("ca_file"))
+        return cls.at(conn.get("schema"), conn["host"], conn["port"], conn.get("password") or "",
+                      (conn.get("extra") or {}).get("ca_file"))
+
+    def airflow_json(self) -> str:
+        """Airflow's JSON form of the connection (AIRFLOW_CONN_<ID>, or `airflow connections import`)."""
+        url = urlparse(self.url)
+        return json.dumps({"conn_type": "http", "host": url.hostname, "port": url.port, "schema": url.scheme,
+                           "password": self.token, "description": "the CDC pipeline service (python -m spark_jobs serve)",
+                           **({"extra": {"ca_file": self.ca_file}} if self.ca_file else {})})
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> ServiceConnection:

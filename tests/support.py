@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -13,7 +12,6 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from urllib.parse import urlparse
 
 from spark_jobs import cli
 from spark_jobs.lake import Lake
@@ -112,10 +110,7 @@ def pipeline_service(env: dict[str, str], log: Path) -> Iterator[ServiceConnecti
 
 def service_airflow_env(service: ServiceConnection) -> dict[str, str]:
     """What points Airflow's tasks at the service: its connection, as `make demo` sets it up."""
-    url = urlparse(service.url)
-    return {"CDC_SERVICE_CONN_ID": "cdc_service",
-            "AIRFLOW_CONN_CDC_SERVICE": json.dumps({"conn_type": "http", "host": url.hostname, "port": url.port,
-                                                    "schema": url.scheme, "password": service.token})}
+    return {"CDC_SERVICE_CONN_ID": "cdc_service", "AIRFLOW_CONN_CDC_SERVICE": service.airflow_json()}
 
 
 def data_docs_text(page: Path) -> str:

@@ -21,9 +21,7 @@ def service_connection(conn_id: str) -> ServiceConnection:
     if not (conn.host and conn.port and conn.password):
         raise ValueError(f"Airflow connection {conn_id!r}: the pipeline service's host, port and secret (password) "
                          "are required")
-    host = f"[{conn.host}]" if ":" in conn.host else conn.host
-    return ServiceConnection(f"{conn.schema or 'http'}://{host}:{conn.port}", conn.password,
-                             conn.extra_dejson.get("ca_file"))
+    return ServiceConnection.at(conn.schema, conn.host, conn.port, conn.password, conn.extra_dejson.get("ca_file"))
 
 
 def s3_settings(conn_id: str) -> dict[str, str]:
