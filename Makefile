@@ -27,10 +27,11 @@ print(" ".join(["cdc_bronze", *("cdc_silver_" + t for t in r.tables), *("cdc_gol
 .PHONY: demo serve test e2e lint bench venv java jars assets debs clean-demo
 
 venv: $(VENV)/.installed
-# the pinned set, then the project itself, editable (spark_jobs and plugins/cdc_airflow; `cdc-pipeline`)
-$(VENV)/.installed: requirements.txt pyproject.toml
+# the development lock (the runtime lock plus test and lint tools), then the project itself, editable
+# (spark_jobs and plugins/cdc_airflow; `cdc-pipeline`)
+$(VENV)/.installed: requirements.txt tests/requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(BIN)/pip install --quiet --disable-pip-version-check -r tests/requirements.txt
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-build-isolation --no-deps -e .
 	touch $@
 

@@ -10,31 +10,67 @@ Pure Python: the DAGs import this while parsing (the spark-submit tasks pass `ja
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from spark_jobs.errors import ConfigError
 from spark_jobs.settings import resolve, settings
 
-# What the pipeline asks for: Delta for pyspark 4.0.1 (Scala 2.13), hadoop-aws matching the Hadoop
-# client pyspark 4.0.1 ships (hadoop-client-api-3.4.1), spark-avro of the same Spark.
+# What the pipeline asks for: Delta 4.4 built for Spark 4.2 (Scala 2.13), hadoop-aws matching the Hadoop
+# client pyspark 4.2.0 ships (hadoop-client-api-3.5.0), spark-avro of the same Spark.
 PACKAGES = (
-    "io.delta:delta-spark_2.13:4.0.1",
-    "org.apache.hadoop:hadoop-aws:3.4.1",
-    "org.apache.spark:spark-avro_2.13:4.0.1",
+    "io.delta:delta-spark_4.2_2.13:4.4.0",
+    "org.apache.hadoop:hadoop-aws:3.5.0",
+    "org.apache.spark:spark-avro_2.13:4.2.0",
+)
+
+# Delta 4.4's kernel asks for older copies of libraries pyspark 4.2.0 already ships newer (Hadoop 3.4.2's
+# client, Jackson 2.13, Parquet 1.16, log4j ...). Spark's own jars come first on its class path, so those
+# copies would only be fetched, shipped to every executor and shadowed: they are left out.
+IN_SPARK = (
+    "com.fasterxml.jackson.core:jackson-annotations",
+    "com.fasterxml.jackson.core:jackson-core",
+    "com.fasterxml.jackson.core:jackson-databind",
+    "com.github.luben:zstd-jni",
+    "com.google.code.findbugs:jsr305",
+    "commons-pool:commons-pool",
+    "io.airlift:aircompressor",
+    "org.apache.hadoop:hadoop-client-api",
+    "org.apache.hadoop:hadoop-client-runtime",
+    "org.apache.logging.log4j:log4j-api",
+    "org.apache.logging.log4j:log4j-core",
+    "org.apache.logging.log4j:log4j-slf4j2-impl",
+    "org.apache.parquet:parquet-column",
+    "org.apache.parquet:parquet-common",
+    "org.apache.parquet:parquet-encoding",
+    "org.apache.parquet:parquet-format-structures",
+    "org.apache.parquet:parquet-hadoop",
+    "org.apache.parquet:parquet-jackson",
+    "org.locationtech.jts:jts-core",
+    "org.roaringbitmap:RoaringBitmap",
+    "org.roaringbitmap:shims",
+    "org.scala-lang.modules:scala-parallel-collections_2.13",
+    "org.slf4j:slf4j-api",
+    "org.tukaani:xz",
+    "org.xerial.snappy:snappy-java",
 )
 
 # Everything those resolve to, transitive dependencies included (what the resolver must find, exactly):
 # a changed pom upstream or a new package above fails `make jars` instead of loading something unpinned.
 RESOLVED = (
-    "io.delta:delta-spark_2.13:4.0.1",
-    "io.delta:delta-storage:4.0.1",
-    "org.antlr:antlr4-runtime:4.13.1",
-    "org.scala-lang.modules:scala-parallel-collections_2.13:1.2.0",
-    "org.apache.hadoop:hadoop-aws:3.4.1",
-    "software.amazon.awssdk:bundle:2.24.6",
-    "org.wildfly.openssl:wildfly-openssl:1.1.3.Final",
-    "org.apache.spark:spark-avro_2.13:4.0.1",
-    "org.tukaani:xz:1.10",
+    "io.delta:delta-spark_4.2_2.13:4.4.0",
+    "io.delta:delta-storage:4.4.0",
+    "io.delta:delta-kernel-api:4.4.0",
+    "io.delta:delta-kernel-defaults:4.4.0",
+    "io.delta:delta-kernel-unitycatalog:4.4.0",
+    "io.unitycatalog:unitycatalog-client:0.6.0",
+    "io.unitycatalog:unitycatalog-hadoop:0.6.0",
+    "com.fasterxml.jackson.datatype:jackson-datatype-jdk8:2.13.5",
+    "org.apache.hadoop:hadoop-aws:3.5.0",
+    "software.amazon.awssdk:bundle:2.35.4",
+    "software.amazon.s3.analyticsaccelerator:analyticsaccelerator-s3:1.3.1",
+    "org.wildfly.openssl:wildfly-openssl:2.2.5.Final",
+    "org.apache.spark:spark-avro_2.13:4.2.0",
 )
 
 # Delta's SQL and catalog: without them a session can read Delta paths but not MERGE, RESTORE or DESCRIBE
@@ -74,8 +110,10 @@ def fetch() -> list[str]:
 
     ivy = ivy_dir()
     ivy.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(ivy / "jars", ignore_errors=True)  # the resolver only adds: a former pin's jars would stay
     builder = (SparkSession.builder.master("local[1]").appName("cdc-jars")
-               .config("spark.jars.packages", ",".join(PACKAGES)).config("spark.jars.ivy", str(ivy))
+               .config("spark.jars.packages", ",".join(PACKAGES)).config("spark.jars.excludes", ",".join(IN_SPARK))
+               .config("spark.jars.ivy", str(ivy))
                .config("spark.ui.enabled", "false"))
     try:
         builder.getOrCreate().stop()

@@ -70,7 +70,7 @@ def _arrow_schema(ddl: str) -> pa.Schema:
 
     struct = DataType.fromDDL(ddl)
     assert isinstance(struct, StructType)
-    return to_arrow_schema(struct)
+    return to_arrow_schema(struct, timezone="UTC")  # a Delta timestamp is an instant; Arrow's type names UTC
 
 
 def driver_rows(rows: list[tuple[Any, ...]], ddl: str) -> pa.Table:

@@ -14,13 +14,20 @@ ROOT = Path(__file__).resolve().parents[2]
 
 PARSE = """
 import json, sys
-from airflow.models.dagbag import DagBag
-bag = DagBag(dag_folder=sys.argv[1], include_examples=False)
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag(dag_folder=sys.argv[1])  # examples: AIRFLOW__CORE__LOAD_EXAMPLES=False (subprocess_env)
+
+def names(condition):  # an asset's name, or those of every asset under an AssetAll / AssetAny
+    if hasattr(condition, "objects"):
+        return [n for c in condition.objects for n in names(c)]
+    return [condition.name] if hasattr(condition, "name") else []  # a non-asset schedule has a null condition
 
 def schedule(dag):
     condition = getattr(dag.timetable, "asset_condition", None)
-    assets = sorted(a.name for _, a in condition.iter_assets()) if condition is not None else []
-    return assets or dag.timetable.summary
+    assets = sorted(names(condition)) if condition is not None else []
+    # Airflow 3.3 parses into the task SDK's timetables, which carry no summary; the scheduler's do
+    timetable = dag.timetable
+    return assets or getattr(timetable, "summary", None) or getattr(timetable, "expression", None) or str(dag.schedule)
 
 print(json.dumps({
     "errors": {k: str(v) for k, v in bag.import_errors.items()},

@@ -20,7 +20,7 @@ def test_every_pinned_jar_is_present_after_make_jars_and_a_missing_one_is_named(
     assert [Path(p).name for p in jvm.jars()] == [jvm.jar_file(c).name for c in jvm.RESOLVED]
     assert set(jvm.PACKAGES) <= set(jvm.RESOLVED)
     monkeypatch.setenv("CDC_JARS_DIR", str(tmp_path))
-    with pytest.raises(ConfigError, match="missing from .*: io.delta:delta-spark_2.13:4.0.1, io.delta:delta-storage:4.0.1"):
+    with pytest.raises(ConfigError, match="missing from .*: io.delta:delta-spark_4.2_2.13:4.4.0, io.delta:delta-storage:4.4.0"):
         jvm.jars()
 
 
