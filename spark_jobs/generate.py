@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from spark_jobs.registry import TableConfig
-from spark_jobs.sample_avro import write_avro
+from spark_jobs.sample_avro import avro_file
 from spark_jobs.sample_sources import PROFILES, Column, SourceProfile
+from spark_jobs.storage import lake_files
 
 __all__ = ["PROFILES", "Column", "GeneratedTable", "Options", "generate"]
 
@@ -186,8 +187,9 @@ class _Sink:
     """Writes records as the S3 sink does: a key always lands in one partition; per partition, a file per
     flush.size records, named by its first Kafka offset. `flush` writes partial files (the end of a batch)."""
 
-    def __init__(self, profile: SourceProfile, landing: Path, opts: Options):
-        self.profile, self.landing, self.opts = profile, landing, opts
+    def __init__(self, profile: SourceProfile, landing: str, opts: Options):
+        self.profile, self.landing, self.opts = profile, landing.rstrip("/"), opts
+        self.files = lake_files(landing)  # a local folder, or s3://bucket/prefix as the sink writes it
         # Avro records carry their schema in the file: the lines stay plain payloads until written
         self.schema = _envelope_schema(profile) if profile.envelope and opts.format != "avro" else None
         self.offsets = {p: opts.start_offset for p in range(opts.partitions)}
@@ -214,19 +216,18 @@ class _Sink:
 
     def _write(self, partition: int) -> None:
         lines, self.pending[partition] = self.pending[partition], []
-        folder = self.landing / "topics" / self.profile.topic / f"partition={partition}"
-        folder.mkdir(parents=True, exist_ok=True)
+        topic = self.profile.topic
         ext = ".avro" if self.opts.format == "avro" else ".json.gz" if self.opts.compress else ".json"
-        path = folder / f"{self.profile.topic}+{partition}+{self.offsets[partition]:010d}{ext}"
+        path = (f"{self.landing}/topics/{topic}/partition={partition}/"
+                f"{topic}+{partition}+{self.offsets[partition]:010d}{ext}")
         self.offsets[partition] += len(lines)  # a tombstone the Avro sink drops still took its offset
         text = "\n".join(lines) + "\n"
         if self.opts.format == "avro":
-            write_avro(self.profile, path, [json.loads(line) for line in lines if line != "null"], self.opts.compress)
-        elif self.opts.compress:
-            path.write_bytes(gzip.compress(text.encode(), mtime=0))
+            data = avro_file(self.profile, [json.loads(line) for line in lines if line != "null"], self.opts.compress)
         else:
-            path.write_text(text)
-        self.written.append(str(path))
+            data = gzip.compress(text.encode(), mtime=0) if self.opts.compress else text.encode()
+        self.files.write(path, data)  # whole or not at all, as the sink's uploads appear
+        self.written.append(path)
 
 
 def _partition(key: tuple[Any, ...], partitions: int) -> int:
@@ -234,7 +235,7 @@ def _partition(key: tuple[Any, ...], partitions: int) -> int:
     return sum(ord(ch) for ch in json.dumps(list(key))) % partitions
 
 
-def write_table(profile: SourceProfile, table: str, landing: Path, opts: Options, index: int) -> GeneratedTable:
+def write_table(profile: SourceProfile, table: str, landing: str, opts: Options, index: int) -> GeneratedTable:
     """Generate the table's history and land it phase by phase (`batches`: the files of each phase). Within a
     phase, `redeliver` sends a share of the change events again later (a connector restart: the same events
     at new offsets) and `shuffle` lands the change events in random order (a delete keeps its tombstone)."""
@@ -284,5 +285,5 @@ def generate(tables: list[TableConfig], landing: str | Path, opts: Options) -> l
         if profile is None:
             raise ValueError(f"table {table.name!r}: no sample profile for topic {table.topic!r} "
                              f"(known: {', '.join(PROFILES)})")
-        out.append(write_table(profile, table.name, Path(landing), opts, index))
+        out.append(write_table(profile, table.name, str(landing), opts, index))
     return out

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 from spark_jobs.sample_sources import Column, SourceProfile
@@ -71,9 +70,13 @@ def _record(profile: SourceProfile, payload: dict[str, Any]) -> dict[str, Any]:
             "op": payload["op"], "ts_ms": payload["ts_ms"]}
 
 
-def write_avro(profile: SourceProfile, path: Path, payloads: list[dict[str, Any]], compress: bool) -> None:
+def avro_file(profile: SourceProfile, payloads: list[dict[str, Any]], compress: bool) -> bytes:
+    """An Avro object container file of the payloads, as the sink's AvroFormat writes one."""
+    import io
+
     import fastavro
 
-    with path.open("wb") as out:
-        fastavro.writer(out, fastavro.parse_schema(avro_schema(profile)), [_record(profile, p) for p in payloads],
-                        codec="deflate" if compress else "null")
+    out = io.BytesIO()
+    fastavro.writer(out, fastavro.parse_schema(avro_schema(profile)), [_record(profile, p) for p in payloads],
+                    codec="deflate" if compress else "null")
+    return out.getvalue()
