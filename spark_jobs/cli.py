@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from spark_jobs.errors import ConfigError, GateFailed, LayerFailed, is_transient
+from spark_jobs.errors import ConfigError, GateFailed, InfrastructureDown, LayerFailed, is_transient
 from spark_jobs.registry import GoldModel, Registry, TableConfig, load_registry, parse_share
 from spark_jobs.settings import PROJECT_ROOT, resolve_uri, settings
 
@@ -260,7 +260,10 @@ class Steps:
             if settings().debug:
                 traceback.print_exc()
             gate_failed = isinstance(exc, GateFailed)
-            failed = LayerFailed(table, layer, exc, is_transient(exc), exc.summary if isinstance(exc, GateFailed) else None)
+            from spark_jobs.session import ran_out_of_memory
+
+            transient = is_transient(exc) and not ran_out_of_memory(exc)
+            failed = LayerFailed(table, layer, exc, transient, exc.summary if isinstance(exc, GateFailed) else None)
             # the run's report shows the failure too, with the failed gate's findings and counts
             counts = failed.summary or LayerSummary(table=table, layer=layer, batch_id=self.batch_id)
             counts.gate = "failed" if gate_failed else "error"
@@ -425,6 +428,8 @@ def main(argv: list[str] | None = None) -> int:
         return commands[args.command](args)
     except ConfigError as exc:
         return _failed(f"config error: {exc}", 2)
+    except InfrastructureDown as exc:
+        return _failed(f"infrastructure: {exc}", EXIT_TRANSIENT)
     except LayerFailed as exc:
         return _failed(str(exc), EXIT_TRANSIENT if exc.transient else 1)
 

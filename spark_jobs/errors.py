@@ -1,5 +1,6 @@
 """Every failure the pipeline reports, as typed exceptions. The CLI maps each to one line and an exit code
-(spark_jobs.cli): ConfigError 2; LayerFailed 75 when `transient` (a retry can mend it), else 1."""
+(spark_jobs.cli): ConfigError 2; InfrastructureDown 75; LayerFailed 75 when `transient` (a retry can mend it),
+else 1. docs/architecture.md, "Failures and retries", tables which is which."""
 
 from __future__ import annotations
 
@@ -13,6 +14,11 @@ if TYPE_CHECKING:
 class ConfigError(ValueError):
     """The registry, a gold model header, the arguments or the environment are invalid; the message names
     the table and field."""
+
+
+class InfrastructureDown(RuntimeError):
+    """What a run needs could not be reached or went away before any work (a Spark master that does not answer,
+    a session that cannot start): transient, the retry comes with backoff; nothing was written."""
 
 
 class TableBusy(RuntimeError):
@@ -72,13 +78,47 @@ def failure_line(table: str, layer: str, exc: BaseException) -> str:
     return f"table={table} layer={layer} failed: {type(exc).__name__}: {message}"
 
 
+# Spark's and the stores' own words for work lost with the machinery under it, not with the data: an executor or
+# worker gone, the context stopped under a job, a master gone, a store refusing or throttling requests (S3A and
+# the AWS SDK wrap these in Java exceptions whose text is all Python sees)
+LOST_MACHINERY = ("ExecutorLostFailure", "Lost executor", "SparkContext was shut down", "SparkContext has been shutdown",
+                  "All masters are unresponsive", "Master removed our application", "Connection refused",
+                  "AWSServiceThrottledException", "503 Slow Down", "SlowDown", "ServiceUnavailable")
+# S3 error codes a retry mends (botocore's ClientError)
+RETRYABLE_S3_CODES = {"SlowDown", "ServiceUnavailable", "Throttling", "ThrottlingException", "RequestTimeout",
+                      "RequestTimeTooSkewed", "InternalError", "500", "503"}
+
+
 def is_transient(exc: BaseException) -> bool:
-    """Failures a retry can mend: a table another run is writing, a store that did not answer."""
-    if isinstance(exc, TableBusy | ConnectionError | TimeoutError):
-        return True
-    try:
-        from botocore.exceptions import ConnectionError as BotoConnectionError
-        from botocore.exceptions import ReadTimeoutError
-    except ImportError:
+    """Failures a retry can mend: a table another run is writing, a Spark or a store that did not answer or went
+    away (a JVM gone with its connection: the caller rules out a death by running out of memory, which the same
+    input would repeat). Anything the data or the settings cause is not."""
+    if isinstance(exc, ConfigError | GateFailed | OutOfMemory):  # whatever happened while they were raised
         return False
-    return isinstance(exc, BotoConnectionError | ReadTimeoutError)
+    for link in _chain(exc):
+        if isinstance(link, InfrastructureDown | TableBusy | ConnectionError | TimeoutError):
+            return True
+        if type(link).__name__ == "Py4JNetworkError":  # the driver's JVM is gone (py4j is not imported here)
+            return True
+        if any(words in str(link) for words in LOST_MACHINERY):
+            return True
+        try:
+            from botocore.exceptions import ClientError, ReadTimeoutError
+            from botocore.exceptions import ConnectionError as BotoConnectionError
+        except ImportError:
+            continue
+        if isinstance(link, BotoConnectionError | ReadTimeoutError):
+            return True
+        if isinstance(link, ClientError) and link.response.get("Error", {}).get("Code") in RETRYABLE_S3_CODES:
+            return True
+    return False
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """The exception and those it was raised from or during (a layer wraps Spark's errors in its own)."""
+    seen: list[BaseException] = []
+    link: BaseException | None = exc
+    while link is not None and link not in seen:
+        seen.append(link)
+        link = link.__cause__ or link.__context__
+    return seen

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import socket
 
 from pyspark.sql import SparkSession
 
+from spark_jobs.errors import ConfigError, InfrastructureDown
 from spark_jobs.settings import settings
 
 # Settings every job relies on: UTC so Debezium's epoch-based times decode to the same instants
@@ -57,15 +59,47 @@ def build_session(app_name: str) -> SparkSession:
     # Under spark-submit (the DAG tasks) the JVM is already up with --master; only bare CLI runs choose one.
     # (spark-submit was given jvm_conf() too: cdc_airflow.operators)
     if "PYSPARK_GATEWAY_PORT" not in os.environ:
-        builder = builder.master(settings().spark_master)
+        master = settings().spark_master
+        builder = builder.master(master)
         for key, value in jvm_conf().items():
             builder = builder.config(key, value)
+    else:
+        from pyspark import SparkConf
+
+        master = SparkConf().get("spark.master", "")
+    check_master(master)
     for key, value in SESSION_CONF.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    try:
+        spark = builder.getOrCreate()
+    except ConfigError:
+        raise
+    except Exception as exc:  # the JVM did not start or a master refused the application: a retry may find it up
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise InfrastructureDown(f"the Spark session ({master or 'spark-submit'}) could not start: {first}") from exc
     use_s3_settings(spark)
     spark.sparkContext.setLogLevel(settings().spark_log_level)
     return spark
+
+
+MASTER_ANSWER_S = 10
+
+
+def check_master(master: str) -> None:
+    """A standalone master (spark://host:port, or several for high availability) must answer on its port, or the run
+    stops at once as transient, before anything is written: Spark itself would keep trying to register for a
+    minute, then stop the context under the run's first job."""
+    if not master.startswith("spark://"):
+        return
+    reasons = []
+    for address in master.removeprefix("spark://").split(","):
+        host, _, port = address.rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=MASTER_ANSWER_S).close()
+            return
+        except (OSError, ValueError) as exc:
+            reasons.append(f"{address}: {exc.strerror if isinstance(exc, OSError) and exc.strerror else exc}")
+    raise InfrastructureDown(f"the Spark master {master} does not answer ({'; '.join(reasons)})")
 
 
 def use_s3_settings(spark: SparkSession) -> None:

@@ -102,3 +102,25 @@ def test_airflow_submits_the_layer_jobs_to_the_cluster(cluster, tmp_path, s3_end
     # the reports, served from the bucket by the plugin with aws_default's credentials, behind Airflow's login
     with api_server(env, tmp_path / "airflow") as base:
         check_reports_behind_airflow_auth(base)
+
+
+def test_a_master_that_does_not_answer_fails_the_run_as_transient_at_once_writing_nothing(tmp_path):
+    """Retries are for infrastructure: exit 75 (the operator retries with backoff) within a minute, one line naming
+    the master, and no lake: Spark alone would retry registering for a minute and fail the first job with exit 1."""
+    import time
+
+    from tests.support import free_port
+
+    master = f"spark://127.0.0.1:{free_port()}"  # nothing listens there
+    config = tmp_path / "tables.yaml"
+    config.write_text(CONFIG)
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "spark_jobs", "run", "--config", str(config), "--landing",
+                           str(tmp_path / "landing"), "--lake", str(tmp_path / "lake"), "--layers", "bronze,silver"],
+                          cwd=ROOT, env=subprocess_env(CDC_SPARK_MASTER=master), capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 75, done.stderr[-3000:]
+    assert time.monotonic() - started < 60
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"infrastructure: the Spark master {master} does not answer ({master.removeprefix('spark://')}: Connection refused)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tables.yaml"]
