@@ -1,7 +1,8 @@
-"""`python -m spark_jobs run|generate|status|maintain|spark-server` (or `cdc-pipeline ...`): the same code path the
-DAG tasks run (docs/architecture.md, "Command line").
+"""`python -m spark_jobs run|generate|status|maintain|serve|spark-server|buckets` (or `cdc-pipeline ...`): the same
+code path the DAG tasks run (docs/architecture.md, "Command line").
 
-Exit 0 on success; 1 when a gate fails or input cannot be processed; 2 on bad arguments or config.
+Exit 0 on success; 1 when a gate fails or input cannot be processed; 2 on bad arguments or config; 75 when what
+the run needs (a Spark master, a store) did not answer or went away: a retry may mend it.
 Failures print one line naming the table, the layer and the reason (CDC_DEBUG=1 adds the traceback)."""
 
 from __future__ import annotations
@@ -127,6 +128,10 @@ def parser() -> argparse.ArgumentParser:
                                   "(`make assets`), so Data Docs render offline")
     sub.add_parser("jars", help="fetch the pinned JVM jars (Delta, hadoop-aws, spark-avro) into CDC_JARS_DIR once "
                                 "(`make jars`); offline afterwards")
+    buckets = sub.add_parser("buckets", help="create the S3 buckets of the landing and the lake unless they exist "
+                                             "(a deployment's first start)")
+    buckets.add_argument("--landing", default=settings().landing_uri)
+    buckets.add_argument("--lake", default=settings().lake_uri)
     gen = sub.add_parser("generate", help="write sample Debezium change files in the S3 sink layout")
     gen.add_argument("--config", default="include/tables.yaml")
     gen.add_argument("--landing", required=True)
@@ -350,6 +355,16 @@ def spark_server(args: argparse.Namespace) -> int:
     os.execve(command[0], command, {**os.environ, "SPARK_HOME": str(home), "PYTHONPATH": path})
 
 
+def make_buckets(args: argparse.Namespace) -> int:
+    from spark_jobs.storage import ensure_bucket, is_s3, split_s3
+
+    for uri in (args.landing, args.lake):
+        if not is_s3(uri):
+            raise ConfigError(f"{uri} is not an s3:// URI: only S3 buckets are made")
+        print(f"bucket {split_s3(uri)[0]}: {'created' if ensure_bucket(uri) else 'exists'}")
+    return 0
+
+
 def fetch_assets(args: argparse.Namespace) -> int:
     from spark_jobs.quality import docs_assets
 
@@ -423,7 +438,7 @@ def status(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     commands = {"run": run, "generate": generate, "status": status, "maintain": maintain, "serve": serve,
-                "spark-server": spark_server, "jars": fetch_jars, "assets": fetch_assets}
+                "spark-server": spark_server, "jars": fetch_jars, "assets": fetch_assets, "buckets": make_buckets}
     try:
         return commands[args.command](args)
     except ConfigError as exc:

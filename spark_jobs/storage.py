@@ -90,6 +90,21 @@ def _client(endpoint: str | None, region: str, key_id: str | None, secret: str |
                         aws_secret_access_key=secret, aws_session_token=token)
 
 
+def ensure_bucket(uri: str) -> bool:
+    """Creates the bucket of an s3:// URI unless it exists; True when it made it. A bucket that exists but is not
+    ours, or a store refusing us, is an error, not a skip."""
+    client = s3_client()
+    bucket = split_s3(uri)[0]
+    try:
+        client.head_bucket(Bucket=bucket)
+        return False
+    except client.exceptions.ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") not in ("404", "NoSuchBucket", "NotFound"):
+            raise
+    client.create_bucket(Bucket=bucket)
+    return True
+
+
 def split_s3(uri: str) -> tuple[str, str]:
     """(bucket, key) of an s3:// or s3a:// URI."""
     parsed = urlparse(uri)

@@ -46,21 +46,23 @@ def silver_rows(spark, engine, lake, table, keys):
 
 
 @contextmanager
-def standalone_cluster(workdir: Path, cores: int = 1, memory: str = "1g") -> Iterator[str]:
+def standalone_cluster(workdir: Path, cores: int = 1, memory: str = "1g",
+                       ui_ports: tuple[int, int] | None = None) -> Iterator[str]:
     """A Spark standalone master and one worker on loopback, from pyspark's own jars and scripts (what a
-    cluster deployment runs); yields the master's URL (spark://127.0.0.1:PORT)."""
+    cluster deployment runs), their web UIs on `ui_ports` (else free ones); yields the master's URL."""
     import pyspark
 
     home = Path(pyspark.__file__).parent
     env = {**os.environ, "SPARK_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_NO_DAEMONIZE": "1"}
     port = free_port()
     url = f"spark://127.0.0.1:{port}"
+    master_ui, worker_ui = ui_ports or (free_port(), free_port())
     workdir.mkdir(parents=True, exist_ok=True)
     daemons = [
         ("master", ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
-                    "--webui-port", str(free_port())], "I have been elected leader"),
+                    "--webui-port", str(master_ui)], "I have been elected leader"),
         ("worker", ["org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1", "--cores", str(cores),
-                    "--memory", memory, "--work-dir", str(workdir / "work"), "--webui-port", str(free_port())],
+                    "--memory", memory, "--work-dir", str(workdir / "work"), "--webui-port", str(worker_ui)],
          "Successfully registered with master"),
     ]
     started: list[subprocess.Popen] = []
