@@ -63,9 +63,10 @@ def build_session(app_name: str) -> SparkSession:
         builder = builder.master(master)
         for key, value in jvm_conf().items():
             builder = builder.config(key, value)
-    else:
-        from pyspark import SparkConf
+    else:  # the master spark-submit was given is a system property of its JVM, which SparkConf loads
+        from pyspark import SparkConf, SparkContext
 
+        SparkContext._ensure_initialized()
         master = SparkConf().get("spark.master", "")
     check_master(master)
     for key, value in SESSION_CONF.items():

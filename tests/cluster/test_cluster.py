@@ -104,23 +104,31 @@ def test_airflow_submits_the_layer_jobs_to_the_cluster(cluster, tmp_path, s3_end
         check_reports_behind_airflow_auth(base)
 
 
-def test_a_master_that_does_not_answer_fails_the_run_as_transient_at_once_writing_nothing(tmp_path):
+@pytest.mark.parametrize("how", ["cli", "spark-submit"])
+def test_a_master_that_does_not_answer_fails_the_run_as_transient_at_once_writing_nothing(tmp_path, how):
     """Retries are for infrastructure: exit 75 (the operator retries with backoff) within a minute, one line naming
-    the master, and no lake: Spark alone would retry registering for a minute and fail the first job with exit 1."""
+    the master, and no lake: Spark alone would retry registering for a minute and fail the first job with exit 1.
+    The same whether the run starts its own JVM (CDC_SPARK_MASTER) or spark-submit started it (the DAG tasks)."""
     import time
+
+    import pyspark
 
     from tests.support import free_port
 
     master = f"spark://127.0.0.1:{free_port()}"  # nothing listens there
     config = tmp_path / "tables.yaml"
     config.write_text(CONFIG)
+    args = ["run", "--config", str(config), "--landing", str(tmp_path / "landing"), "--lake", str(tmp_path / "lake"),
+            "--layers", "bronze,silver"]
+    home = Path(pyspark.__file__).parent
+    command = ([sys.executable, "-m", "spark_jobs", *args] if how == "cli" else
+               [str(home / "bin" / "spark-submit"), "--master", master, str(ROOT / "spark_jobs" / "__main__.py"), *args])
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "spark_jobs", "run", "--config", str(config), "--landing",
-                           str(tmp_path / "landing"), "--lake", str(tmp_path / "lake"), "--layers", "bronze,silver"],
-                          cwd=ROOT, env=subprocess_env(CDC_SPARK_MASTER=master), capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(command, cwd=ROOT, env=subprocess_env(CDC_SPARK_MASTER=master, SPARK_HOME=str(home)),
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 75, done.stderr[-3000:]
     assert time.monotonic() - started < 60
-    assert done.stderr.strip().splitlines()[-1] == (
-        f"infrastructure: the Spark master {master} does not answer ({master.removeprefix('spark://')}: Connection refused)")
+    cause = f"infrastructure: the Spark master {master} does not answer ({master.removeprefix('spark://')}: Connection refused)"
+    # spark-submit merges the job's stderr into its stdout, among the JVM's log lines
+    assert [line for line in (done.stdout + done.stderr).splitlines() if line.startswith("infrastructure:")] == [cause]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tables.yaml"]
