@@ -1,7 +1,7 @@
 """Freshness watchdog, every 15 minutes: per table with `freshness:` in tables.yaml (and per gold model
 with one), the age of the newest source change its layer holds, as of its last successful run. A
 connector that stopped sending, or a table whose runs keep failing, fails its check even though nothing
-ran; the failure hook (`CDC_ON_FAILURE_CALLBACK`) alerts. Reads the lake's small status files only.
+ran; the failure notifiers (cdc_airflow.callbacks) alert. Reads the lake's small status files only.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 from airflow.sdk import DAG
 
+from cdc_airflow.callbacks import run_deadline
 from cdc_airflow.checks import FreshnessCheck
 from cdc_airflow.wiring import default_args, wiring
 
@@ -26,6 +27,7 @@ if WATCHED:
         catchup=False,
         max_active_runs=1,
         tags=["cdc", "freshness"],
+        deadline=run_deadline(),
         default_args=default_args(retries=0, execution_timeout=timedelta(minutes=5)),
     ):
         for name, layer, freshness_s in WATCHED:

@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from airflow.sdk import DAG, AssetAny
 from airflow.timetables.interval import DeltaDataIntervalTimetable
 
+from cdc_airflow.callbacks import run_deadline
 from cdc_airflow.operators import CdcSparkJob
 from cdc_airflow.params import window_params
 from cdc_airflow.sensors import LandingSensor
@@ -35,6 +36,7 @@ with DAG(
     max_active_runs=4,  # backfill intervals may run side by side; each table's bronze task runs one at a time
     params=window_params("taken by a manual run (a backfill run takes its data interval)"),
     tags=["cdc", "bronze", "landing"],
+    deadline=run_deadline(),
     default_args=default_args(),
 ):
     for table in W.registry.tables.values():
@@ -63,6 +65,7 @@ for table in W.registry.tables.values():
         catchup=False,
         max_active_runs=1,  # one writer per Delta table
         tags=["cdc", "silver", f"source:{table.topic.split('.')[0]}"],
+        deadline=run_deadline(),
         default_args=default_args(),
     ):
         CdcSparkJob(task_id=f"silver_merge_{table.name}", landing=W.landing, pool=writer_pool(table.name),
@@ -80,6 +83,7 @@ for model in W.registry.gold.values():
         catchup=False,
         max_active_runs=1,
         tags=["cdc", "gold", *[f"source:{W.registry.tables[s].topic.split('.')[0]}" for s in model.sources]],
+        deadline=run_deadline(),
         default_args=default_args(),
     ):
         CdcSparkJob(task_id=f"gold_refresh_{model.name}", landing=W.landing, pool=writer_pool(model.name, gold=True),

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 
 from airflow.sdk import DAG
 
+from cdc_airflow.callbacks import run_deadline
 from cdc_airflow.operators import CdcSparkJob
 from cdc_airflow.wiring import default_args, wiring, writer_pool
 
@@ -25,6 +26,7 @@ with DAG(
     catchup=False,
     max_active_runs=1,
     tags=["cdc", "maintenance"],
+    deadline=run_deadline(),
     default_args=default_args(),
 ):
     upkeep = [

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from airflow.sdk import DAG, TriggerRule, get_current_context, task
 
+from cdc_airflow.callbacks import run_deadline
 from cdc_airflow.operators import CdcSparkJob
 from cdc_airflow.params import check_replay, replay_params
 from cdc_airflow.wiring import default_args, wiring, writer_pool
@@ -32,6 +33,7 @@ with DAG(
     max_active_runs=1,
     params=replay_params(TABLES),
     tags=["cdc", "replay", "bronze", "silver", "gold"],
+    deadline=run_deadline(),
     default_args=default_args(),
 ):
 

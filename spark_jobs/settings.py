@@ -54,6 +54,9 @@ class Settings:
     lock_timeout: float = 900.0  # CDC_LOCK_TIMEOUT: seconds a run waits for another writer of its table
     failure_file: str = ""  # CDC_FAILURE_FILE: where a failed run writes its one-line cause (for the task)
     on_failure_callback: str = ""  # CDC_ON_FAILURE_CALLBACK: module:function the DAGs' failure hook calls
+    alert_smtp_conn_id: str = ""  # CDC_ALERT_SMTP_CONN_ID: an Airflow SMTP connection failures and deadlines are mailed by
+    alert_to: str = ""  # CDC_ALERT_TO: the addresses to mail, comma-separated
+    run_deadline: int = 7200  # CDC_RUN_DEADLINE: seconds after a run is queued by which it should be done (0: no alert)
     debug: bool = False  # CDC_DEBUG: a failed run prints its traceback too
 
     @staticmethod

@@ -3,11 +3,15 @@
 
 from __future__ import annotations
 
+import email
+import email.message
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -119,3 +123,34 @@ def data_docs_text(page: Path) -> str:
     """A Data Docs page as a browser gets it: the page and the scripts written beside it (its inline scripts, the
     index's table data among them, are moved into files: spark_jobs/quality/docs_assets.py)."""
     return "\n".join([page.read_text(), *(p.read_text() for p in sorted(page.parent.glob(f"{page.name}.script-*.js")))])
+
+
+@contextmanager
+def smtp_sink() -> Iterator[tuple[int, list[email.message.Message]]]:
+    """A local SMTP server on a free loopback port keeping every message it is sent (what a notifier mails):
+    yields its port and the list the messages arrive in."""
+    import asyncore  # standard library up to Python 3.11, as smtpd; no SMTP server package is pinned
+    import smtpd
+
+    received: list[email.message.Message] = []
+
+    class Sink(smtpd.SMTPServer):
+        def process_message(self, peer, mailfrom, rcpttos, data, **kwargs):  # noqa: ANN001
+            received.append(email.message_from_bytes(data if isinstance(data, bytes) else data.encode()))
+
+    port = free_port()
+    server = Sink(("127.0.0.1", port), None, decode_data=False)
+    loop = threading.Thread(target=asyncore.loop, kwargs={"timeout": 0.2}, daemon=True)
+    loop.start()
+    try:
+        yield port, received
+    finally:
+        server.close()
+        loop.join(timeout=5)
+
+
+def smtp_connection(port: int) -> str:
+    """An Airflow SMTP connection (JSON, as AIRFLOW_CONN_<ID> reads it) to the sink on `port`."""
+    return json.dumps({"conn_type": "smtp", "host": "127.0.0.1", "port": port,
+                       "extra": {"disable_ssl": True, "disable_tls": True, "from_email": "cdc@example.com",
+                                 "timeout": 10}})

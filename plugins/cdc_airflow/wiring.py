@@ -9,7 +9,7 @@ from typing import Any
 
 from airflow.sdk import Asset
 
-from cdc_airflow.callbacks import on_failure
+from cdc_airflow.callbacks import failure_callbacks
 from spark_jobs.lake import Lake
 from spark_jobs.registry import Registry, load_registry
 from spark_jobs.settings import resolve, resolve_uri, settings
@@ -70,7 +70,7 @@ def wiring() -> Wiring:
 
 def default_args(**extra: Any) -> dict[str, Any]:
     """Retries with exponential backoff (CdcSparkJob retries only transient failures), a timeout per
-    task, and the failure hook."""
+    task, and the failure log and notifiers (cdc_airflow.callbacks)."""
     return {"owner": "data-engineering", "retries": 3, "retry_delay": dt.timedelta(seconds=30),
             "retry_exponential_backoff": True, "max_retry_delay": dt.timedelta(minutes=10),
-            "execution_timeout": dt.timedelta(hours=1), "on_failure_callback": on_failure, **extra}
+            "execution_timeout": dt.timedelta(hours=1), "on_failure_callback": failure_callbacks(), **extra}

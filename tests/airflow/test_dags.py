@@ -33,6 +33,7 @@ print(json.dumps({
     "errors": {k: str(v) for k, v in bag.import_errors.items()},
     "dags": {dag_id: {
         "schedule": schedule(dag), "tags": sorted(dag.tags), "max_active_runs": dag.max_active_runs, "doc": bool(dag.doc_md),
+        "deadlines": [str(d.interval) for d in dag.deadline or []],
         "tasks": {t.task_id: {"down": sorted(t.downstream_task_ids), "outlets": [o.name for o in t.outlets],
                               "inlets": [i.name for i in t.inlets],
                               "doc": bool(t.doc_md), "retries": t.retries, "timeout": str(t.execution_timeout),
@@ -59,6 +60,7 @@ def test_dag_folder_parses_in_a_fresh_home_without_errors_or_heavy_imports(tmp_p
     models = ["customer_email_domains", "customers_by_state", "films_per_actor", "products_by_weight"]
     assert sorted(dags) == sorted(["cdc_bronze", "cdc_replay", "cdc_maintenance", *[f"cdc_silver_{t}" for t in tables],
                                    *[f"cdc_gold_{m}" for m in models]])
+    assert {dag_id: d["deadlines"] for dag_id, d in dags.items()} == {dag_id: ["2:00:00"] for dag_id in dags}  # CDC_RUN_DEADLINE
 
     bronze = dags["cdc_bronze"]
     assert bronze["schedule"] == "0:15:00" and bronze["tags"] == ["bronze", "cdc", "landing"]

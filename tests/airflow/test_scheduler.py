@@ -27,7 +27,7 @@ from spark_jobs.generate import Options, generate
 from spark_jobs.lake import Lake, row_count
 from spark_jobs.registry import load_registry
 from tests.conftest import ROOT, aws_connection, s3_environment, subprocess_env, upload_landing
-from tests.support import free_port, pipeline_service, service_airflow_env
+from tests.support import free_port, pipeline_service, service_airflow_env, smtp_connection, smtp_sink
 
 pytest.importorskip("airflow")
 
@@ -156,7 +156,7 @@ def test_the_scheduler_triggerer_and_assets_run_landing_to_gold_then_a_backfill_
     # the tasks submit their jobs to the pipeline service, the default way to run (README); they wait deferred
     deployment = {"CDC_CONFIG": str(config), "CDC_LANDING_URI": landing, "CDC_LAKE_URI": str(lake)}
     with postgres() as database, pipeline_service(subprocess_env(**deployment, **s3_environment(s3_endpoint)),
-                                                  tmp_path / "service.log") as service:
+                                                  tmp_path / "service.log") as service, smtp_sink() as (smtp, mails):
         env = subprocess_env(
             **service_airflow_env(service),
             AIRFLOW_HOME=str(home), AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=database,
@@ -171,7 +171,10 @@ def test_the_scheduler_triggerer_and_assets_run_landing_to_gold_then_a_backfill_
             AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[1]"}',
             AIRFLOW_CONN_AWS_DEFAULT=aws_connection(s3_endpoint),
             CDC_CONFIG=str(config), CDC_LANDING_URI=landing, CDC_LAKE_URI=str(lake),
-            CDC_SENSOR_TIMEOUT="240", CDC_SENSOR_POKE_INTERVAL="2")
+            CDC_SENSOR_TIMEOUT="240", CDC_SENSOR_POKE_INTERVAL="2",
+            # alerts through the SMTP provider's notifier; a deadline the waiting bronze run is sure to pass
+            AIRFLOW_CONN_SMTP_ALERTS=smtp_connection(smtp), CDC_ALERT_SMTP_CONN_ID="smtp_alerts",
+            CDC_ALERT_TO="ops@example.com", CDC_RUN_DEADLINE="10")
         subprocess.run([str(BIN / "airflow"), "db", "migrate"], cwd=ROOT, env=env, check=True, capture_output=True)
         subprocess.run([str(BIN / "python"), "-m", "cdc_airflow.pools"], cwd=ROOT, env=env, check=True,
                        capture_output=True)
@@ -188,6 +191,12 @@ def test_the_scheduler_triggerer_and_assets_run_landing_to_gold_then_a_backfill_
             scheduled = airflow.wait("the sensor to defer", deferred, 300)
             upload_landing(s3_endpoint, tmp_path / "sink", landing)  # files land: the trigger wakes the sensor
             assert airflow.finished("cdc_bronze", scheduled)["run_type"] == "scheduled"
+            # it waited past its deadline: the triggerer mailed it through the SMTP connection
+            missed = airflow.wait("the deadline alert's mail", lambda: [
+                m for m in mails if m["Subject"] == "CDC run past its deadline: cdc_bronze"] or None)
+            assert missed[0]["To"] == "ops@example.com"
+            assert scheduled in next(p.get_payload(decode=True).decode() for p in missed[0].walk()
+                                     if p.get_content_type() == "text/html")
             silver_run = airflow.wait("silver from bronze's asset event", lambda: next(
                 (r["dag_run_id"] for r in airflow.runs("cdc_silver_customers") if r["run_type"] == "asset_triggered"),
                 None))
