@@ -131,9 +131,10 @@ class PipelineService:
         """The session every job will share, and the Great Expectations import, paid once here."""
         import importlib
 
-        from spark_jobs.session import build_session
+        from spark_jobs import session
 
-        spark = build_session("cdc-pipeline-service")
+        session.SHARED_JVM = True
+        spark = session.build_session("cdc-pipeline-service")
         importlib.import_module("great_expectations")
         return str(spark.sparkContext.master)
 
@@ -188,7 +189,10 @@ class PipelineService:
         finally:
             _current_job.reset(token)
         if spark is not None:
-            job.spark_jobs = len(spark.statusTracker().getJobIdsForGroup(job.id))
+            try:
+                job.spark_jobs = len(spark.statusTracker().getJobIdsForGroup(job.id))
+            except Exception:  # the JVM died under the job (Spark 4.2 ends it on an OutOfMemoryError, local mode
+                pass  # too): the count stays unknown, and the death is dealt with below, the job reported first
         job.cause = failure.read_text().strip() if failure.exists() else None
         job.exit_code, job.finished = code, time.time()
         job.state = "succeeded" if code == 0 else "failed"

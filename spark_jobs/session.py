@@ -63,6 +63,11 @@ def build_session(app_name: str) -> SparkSession:
         builder = builder.master(master)
         for key, value in jvm_conf().items():
             builder = builder.config(key, value)
+        if master.startswith("local"):
+            # local mode runs the tasks in the driver: a task's OutOfMemoryError would end the JVM (Spark 4.2 hands
+            # fatal task errors to its exit handler), and with it every other job of the pipeline service; failing
+            # the task instead names the job's own file (errors.OutOfMemory). On a cluster an executor still exits.
+            builder = builder.config("spark.executor.killOnFatalError.depth", "0")
     else:  # the master spark-submit was given is a system property of its JVM, which SparkConf loads
         from pyspark import SparkConf, SparkContext
 
@@ -116,13 +121,19 @@ def use_s3_settings(spark: SparkSession) -> None:
 
 
 SPARK_EXIT_OOM = 52  # Spark's exit code when a task's OutOfMemoryError ends the JVM (SparkExitCode.OOM)
+# Set by the pipeline service, whose jobs share one JVM: its death by running out of memory is then the doing of
+# whichever job's task raised the error (its exception says so), not of every job that lost the JVM with it
+SHARED_JVM = False
 
 
 def ran_out_of_memory(exc: BaseException) -> bool:
-    """Whether `exc` comes from the driver's JVM running out of memory: an OutOfMemoryError in its message, or the
-    JVM gone with Spark's exit code for it (local mode runs the tasks in the driver, so a task's OOM ends it)."""
+    """Whether `exc` comes from this job running the driver's JVM out of memory: an OutOfMemoryError in its message,
+    or, in a JVM of its own, the JVM gone with Spark's exit code for it (local mode runs the tasks in the driver,
+    so a task's OOM ends it)."""
     if "java.lang.OutOfMemoryError" in str(exc):
         return True
+    if SHARED_JVM:
+        return False
     from py4j.protocol import Py4JNetworkError
     from pyspark import SparkContext
 

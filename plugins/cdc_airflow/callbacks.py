@@ -73,11 +73,20 @@ async def deadline_missed(context: dict[str, Any], **_: Any) -> None:
                 run.get("dag_run_id"), run.get("queued_at"), (context.get("deadline") or {}).get("deadline_time"))
 
 
+def _in_dags_test() -> bool:
+    """Whether this process is `airflow dags test` (the demo's runner): Airflow 3.3.2 fails such a run at its end
+    when its DAG has a deadline, a run that succeeded (apache/airflow#73428, fix open in #73430); a deadline has
+    no scheduler to watch it there anyway."""
+    import sys
+
+    return sys.argv[1:3] == ["dags", "test"]
+
+
 def run_deadline() -> Any:
     """The DAGs' Deadline alert: CDC_RUN_DEADLINE seconds after a run is queued (None when 0). Its callback runs in
     the triggerer: the SMTP notifier when mail is set up, else `deadline_missed`."""
     seconds = settings().run_deadline
-    if seconds <= 0:
+    if seconds <= 0 or _in_dags_test():
         return None
     from airflow.sdk.definitions.callback import AsyncCallback
     from airflow.sdk.definitions.deadline import DeadlineAlert, DeadlineReference

@@ -364,7 +364,8 @@ def test_a_200_mb_file_ingests_at_the_default_heap_and_a_job_beside_it_succeeds(
 
 def test_a_job_that_runs_out_of_memory_fails_alone_naming_its_file_and_the_setting(tmp_path):
     """A line longer than the heap can hold still runs a job out of memory: its cause names the file and
-    CDC_DRIVER_MEMORY (exit 1: the same file would do it again), and the service goes on with the other jobs."""
+    CDC_DRIVER_MEMORY (exit 1: the same file would do it again), and the service goes on with the other jobs (Spark
+    4.2 would end the shared JVM on a task's OutOfMemoryError: the service's session keeps it)."""
     config = tmp_path / "tables.yaml"
     config.write_text(CONFIG)
     landing, lake = tmp_path / "landing", tmp_path / "lake"
