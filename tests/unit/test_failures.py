@@ -73,3 +73,22 @@ def test_a_gate_failing_while_a_connection_error_is_handled_stays_permanent():
         gate = GateFailed(Result())  # type: ignore[arg-type]
         gate.__context__ = ConnectionResetError("reset")
     assert not is_transient(gate)
+
+
+def test_a_jvm_lost_under_a_shared_session_is_not_blamed_on_every_job_in_it(monkeypatch):
+    """In a JVM of its own, a job that lost it to Spark's out-of-memory exit ran it out of memory (permanent); on the
+    pipeline service's shared JVM only the job whose own error says so did: the others retry."""
+    from pyspark import SparkContext
+
+    from spark_jobs import session
+
+    class Gone:  # the JVM process, exited with Spark's code for an OutOfMemoryError
+        def wait(self, timeout: float) -> int:
+            return session.SPARK_EXIT_OOM
+
+    monkeypatch.setattr(SparkContext, "_gateway", type("Gateway", (), {"proc": Gone()})())
+    lost = Py4JNetworkError("Answer from Java side is empty")
+    assert session.ran_out_of_memory(lost)
+    monkeypatch.setattr(session, "SHARED_JVM", True)
+    assert not session.ran_out_of_memory(lost) and is_transient(lost)
+    assert session.ran_out_of_memory(RuntimeError("java.lang.OutOfMemoryError: Java heap space"))
