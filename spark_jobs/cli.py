@@ -1,4 +1,4 @@
-"""`python -m spark_jobs run|generate|status|maintain|serve|spark-server|buckets` (or `cdc-pipeline ...`): the same
+"""`python -m spark_jobs run|generate|status|maintain|serve|service-credentials|buckets` (or `cdc-pipeline ...`): the same
 code path the DAG tasks run (docs/architecture.md, "Command line").
 
 Exit 0 on success; 1 when a gate fails or input cannot be processed; 2 on bad arguments or config; 75 when what
@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import sys
 import threading
 import time
@@ -21,7 +20,7 @@ from typing import Any
 
 from spark_jobs.errors import ConfigError, GateFailed, InfrastructureDown, LayerFailed, is_transient
 from spark_jobs.registry import GoldModel, Registry, TableConfig, load_registry, parse_share
-from spark_jobs.settings import PROJECT_ROOT, resolve_uri, settings
+from spark_jobs.settings import resolve_uri, settings
 
 LAYERS = ("bronze", "silver", "gold")
 MODES = ("incremental", "reprocess", "rebuild", "skip")
@@ -119,11 +118,15 @@ def parser() -> argparse.ArgumentParser:
     service.add_argument("--tls-key", default=None, help="the certificate's private key (PEM)")
     service.add_argument("--allow-host", action="append", default=[],
                          help="another name clients reach the service by (the Host header they send); repeatable")
-    server = sub.add_parser("spark-server", help="run a long-lived Spark Connect server for runs to attach to "
-                                                 "(CDC_SPARK_REMOTE=sc://localhost:PORT)")
-    server.add_argument("--port", type=int, default=15002)
-    server.add_argument("--master", default=None, help="Spark master (default: CDC_SPARK_MASTER, else local[*])")
-    server.add_argument("--driver-memory", default=None, help="the server's heap (default: CDC_DRIVER_MEMORY, else 2g)")
+    service.add_argument("--token-file", default=None, help="the secret callers must send, read from this file "
+                                                           "(instead of CDC_SERVICE_TOKEN)")
+    creds = sub.add_parser("service-credentials", help="make the pipeline service's secret, TLS key and self-signed "
+                                                      "certificate once, and its Airflow connection (a deployment's "
+                                                      "first start: docker-compose.yaml)")
+    creds.add_argument("--dir", required=True, help="where they go (each file readable by this user only)")
+    creds.add_argument("--host", required=True, help="the name clients reach the service by (in the certificate)")
+    creds.add_argument("--port", type=int, required=True)
+    creds.add_argument("--conn-id", default="cdc_service", help="the Airflow connection's id")
     sub.add_parser("assets", help="fetch the pinned styles and scripts of GX Data Docs from the npm registry once "
                                   "(`make assets`), so Data Docs render offline")
     sub.add_parser("jars", help="fetch the pinned JVM jars (Delta, hadoop-aws, spark-avro) into CDC_JARS_DIR once "
@@ -183,7 +186,7 @@ def _selected(registry: Registry, args: argparse.Namespace) -> tuple[list[TableC
 
 
 def run(args: argparse.Namespace) -> int:
-    from spark_jobs.delta import is_remote_session, make_engine
+    from spark_jobs.delta import make_engine
     from spark_jobs.lake import Lake
     from spark_jobs.landing import LandingWindow
     from spark_jobs.layers import bronze, gold, silver
@@ -220,27 +223,23 @@ def run(args: argparse.Namespace) -> int:
     threading.Thread(target=importlib.import_module, args=("great_expectations",), daemon=True).start()
     spark = build_session(f"cdc-{'-'.join(args.layers)}")
     engine = make_engine(spark)
-    ui = None if is_remote_session(spark) else spark.sparkContext.uiWebUrl
+    ui = spark.sparkContext.uiWebUrl
     print(f"run {batch_id}: mode={args.mode} engine={engine.name} landing={landing} lake={lake.root} "
           f"window={window.describe()} session_s={time.monotonic() - started:.3f} session_ready_at={time.time():.3f}"
           + (f" spark_ui={ui}" if ui else ""), flush=True)
     steps = Steps(spark, engine, lake, batch_id)
-    try:
-        for table in tables:
-            if args.mode == "skip":
-                steps.run(table.name, "bronze", table.name, bronze.skip_files, table, landing, lake, batch_id,
-                          selection, args.reason)
-            elif "bronze" in args.layers and args.mode != "rebuild":
-                steps.run(table.name, "bronze", table.name, bronze.bronze_ingest, table, landing, lake, batch_id, selection)
-            if "silver" in args.layers:
-                layer_step = silver.silver_rebuild if args.mode == "rebuild" else silver.silver_merge
-                steps.run(table.name, "silver", table.name, layer_step, table, lake, batch_id)
-        if "gold" in args.layers:
-            for model in models:
-                steps.run(model.name, "gold", f"gold.{model.name}", gold.gold_refresh, model, lake, batch_id)
-    finally:
-        if is_remote_session(spark):  # the server keeps a session (and its checkpoints) until it is released
-            spark.stop()
+    for table in tables:
+        if args.mode == "skip":
+            steps.run(table.name, "bronze", table.name, bronze.skip_files, table, landing, lake, batch_id,
+                      selection, args.reason)
+        elif "bronze" in args.layers and args.mode != "rebuild":
+            steps.run(table.name, "bronze", table.name, bronze.bronze_ingest, table, landing, lake, batch_id, selection)
+        if "silver" in args.layers:
+            layer_step = silver.silver_rebuild if args.mode == "rebuild" else silver.silver_merge
+            steps.run(table.name, "silver", table.name, layer_step, table, lake, batch_id)
+    if "gold" in args.layers:
+        for model in models:
+            steps.run(model.name, "gold", f"gold.{model.name}", gold.gold_refresh, model, lake, batch_id)
     return 0
 
 
@@ -330,29 +329,18 @@ def serve(args: argparse.Namespace) -> int:
     from spark_jobs.service import serve as run_service
 
     return run_service(args.host, args.port, args.workers, args.connection_file, args.tls_cert, args.tls_key,
-                       tuple(args.allow_host))
+                       tuple(args.allow_host), args.token_file)
 
 
-def spark_server(args: argparse.Namespace) -> int:
-    """Replaces this process with a Spark Connect server (pyspark's own jars) set up as every run's session:
-    runs attach to it and skip the JVM start and warm-up they would otherwise pay each time."""
-    import pyspark
+def service_credentials(args: argparse.Namespace) -> int:
+    from spark_jobs.service_credentials import ServiceCredentials
 
-    from spark_jobs.session import SESSION_CONF, jvm_conf
-
-    home = Path(pyspark.__file__).parent
-    master = args.master or settings().spark_master
-    conf = {**SESSION_CONF, **jvm_conf(), "spark.connect.grpc.binding.port": str(args.port),
-            "spark.driver.memory": args.driver_memory or settings().driver_memory,
-            "spark.pyspark.python": sys.executable,  # Python UDF workers run the project's interpreter
-            "spark.cleaner.periodicGC.interval": "1min"}  # long-lived: drop finished runs' checkpoints soon
-    command = [str(home / "bin" / "spark-submit"), "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
-               "--master", master, "--name", "cdc-spark-server",
-               *[part for key, value in conf.items() for part in ("--conf", f"{key}={value}")], "spark-internal"]
-    path = os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    print(f"Spark Connect server ({master}) on port {args.port}: runs attach with "
-          f"CDC_SPARK_REMOTE=sc://localhost:{args.port}", flush=True)
-    os.execve(command[0], command, {**os.environ, "SPARK_HOME": str(home), "PYTHONPATH": path})
+    credentials = ServiceCredentials(Path(args.dir))
+    made = credentials.ensure(args.host, args.port, args.conn_id)
+    print(f"pipeline service credentials for {args.host}: {'made' if made else 'kept'}; its Airflow connection "
+          f"{args.conn_id} is in {credentials.connection} ({credentials.airflow_import} for `airflow connections "
+          "import`)")
+    return 0
 
 
 def make_buckets(args: argparse.Namespace) -> int:
@@ -438,7 +426,7 @@ def status(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     commands = {"run": run, "generate": generate, "status": status, "maintain": maintain, "serve": serve,
-                "spark-server": spark_server, "jars": fetch_jars, "assets": fetch_assets, "buckets": make_buckets}
+                "service-credentials": service_credentials, "jars": fetch_jars, "assets": fetch_assets, "buckets": make_buckets}
     try:
         return commands[args.command](args)
     except ConfigError as exc:

@@ -45,6 +45,7 @@ from typing import IO, Any
 from urllib.parse import parse_qs, urlparse
 
 from spark_jobs.service_client import JobRequest, JobStatus, ServiceConnection
+from spark_jobs.service_credentials import write_private
 from spark_jobs.settings import Settings, job_environment, resolve, resolve_uri, settings
 
 KEEP_FINISHED = 1000  # finished jobs kept for their logs (a task reads its job's log once it ends)
@@ -385,15 +386,21 @@ class _BoundedServer(ThreadingHTTPServer):
 
 
 def listener(host: str, port: int, tls_cert: str | None, tls_key: str | None,
-             allowed_hosts: tuple[str, ...] = ()) -> Listener:
+             allowed_hosts: tuple[str, ...] = (), token_file: str | None = None) -> Listener:
     """The listener's settings, or ConfigError: beyond loopback the service needs TLS and a secret of the
-    operator's (CDC_SERVICE_TOKEN), not one it made up; loopback gets a new secret at each start when none is set."""
+    operator's (CDC_SERVICE_TOKEN, or a file holding it), not one it made up; loopback gets a new secret at each
+    start when none is set."""
     from spark_jobs.errors import ConfigError
 
     token = settings().service_token
+    if token_file:
+        try:
+            token = Path(token_file).read_text().strip()
+        except OSError as exc:
+            raise ConfigError(f"--token-file {token_file}: {exc.strerror}") from None
     if not is_loopback(host) and not (tls_cert and token):
         raise ConfigError(f"--host {host} listens beyond loopback: give it TLS (--tls-cert, --tls-key) and a secret "
-                          "(CDC_SERVICE_TOKEN), or listen on 127.0.0.1")
+                          "(CDC_SERVICE_TOKEN or --token-file), or listen on 127.0.0.1")
     if bool(tls_cert) != bool(tls_key):
         raise ConfigError("--tls-cert and --tls-key go together")
     if token and len(token) < 16:
@@ -412,12 +419,7 @@ def write_connection(path: Path, own: Listener, port: int) -> None:
     connections import`), readable by this user only."""
     connection = ServiceConnection.at(own.scheme, "127.0.0.1" if own.host in ("0.0.0.0", "::") else own.host, port,
                                       own.token)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}")
-    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "w") as handle:
-        handle.write(connection.airflow_json() + "\n")
-    os.replace(partial, path)
+    write_private(path, (connection.airflow_json() + "\n").encode())
 
 
 def _interrupt(signum: int, frame: Any) -> None:
@@ -425,11 +427,11 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 
 def serve(host: str, port: int, workers: int, connection_file: str | None = None, tls_cert: str | None = None,
-          tls_key: str | None = None, allowed_hosts: tuple[str, ...] = ()) -> int:
+          tls_key: str | None = None, allowed_hosts: tuple[str, ...] = (), token_file: str | None = None) -> int:
     """Runs the service until interrupted, or until its Spark stops (exit 1, for a supervisor to restart it).
     Once it takes jobs, its address and secret are written to `connection_file` (CDC_SERVICE_CONNECTION_FILE):
     a script's sign that it is ready, and the Airflow connection the tasks use."""
-    own = listener(host, port, tls_cert, tls_key, allowed_hosts)
+    own = listener(host, port, tls_cert, tls_key, allowed_hosts, token_file)
     # a long-lived driver serves its Spark UI (every task's jobs) unless told otherwise
     os.environ.setdefault(Settings.variable("spark_ui"), "true")
     sys.stdout, sys.stderr = _Routed(sys.stdout), _Routed(sys.stderr)  # type: ignore[assignment]

@@ -234,5 +234,14 @@ def submit(service: ServiceConnection, request: JobRequest) -> str:
     return str(_request(service, "/jobs", "POST", request.as_json())["id"])
 
 
+def health(service: ServiceConnection) -> dict[str, Any]:
+    """The service's /health, or ServiceError when it does not answer or its Spark has stopped (a healthcheck's
+    test: the address, TLS and secret of `service` are checked on the way)."""
+    answer = _request(service, "/health", timeout=10)
+    if not answer.get("ok"):
+        raise ServiceError(f"pipeline service {service.url}: its Spark has stopped")
+    return dict(answer)
+
+
 def poll(service: ServiceConnection, job_id: str, offset: int = 0) -> JobStatus:
     return JobStatus(**_request(service, f"/jobs/{job_id}?offset={offset}"))

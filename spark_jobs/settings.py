@@ -33,8 +33,7 @@ class Settings:
     service_token: str = ""
     # CDC_SERVICE_CONNECTION_FILE: where the service writes its Airflow connection (address and secret, mode 600)
     service_connection_file: str = ".service-connection.json"
-    spark_remote: str = ""  # CDC_SPARK_REMOTE: sc://host:port of a Spark Connect server to attach to
-    spark_master: str = "local[*]"  # CDC_SPARK_MASTER: the master of a session of its own (and of spark-server)
+    spark_master: str = "local[*]"  # CDC_SPARK_MASTER: the master of a session of its own (the service's, a CLI run's)
     spark_ui: bool = False  # CDC_SPARK_UI: a run that starts its own Spark serves its UI (the URL in its first line)
     spark_log_level: str = "ERROR"  # CDC_SPARK_LOG_LEVEL: Spark's log level in a session of its own
     # CDC_DRIVER_MEMORY: the driver's heap (local mode: its executors' too); landing files are read line by line,

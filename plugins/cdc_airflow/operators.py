@@ -1,5 +1,5 @@
-"""The operator that runs a layer job (`python -m spark_jobs run ...`) on the pipeline service, through
-spark-submit, or attached to a long-lived Spark Connect server."""
+"""The operator that runs a layer job (`python -m spark_jobs run ...`) on the pipeline service (the default), or
+through spark-submit, a Spark of its own per job (docs/architecture.md, "One execution model")."""
 
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ from spark_jobs.storage import is_s3
 
 # spark-submit runs the package's entry point as a script
 ENTRY_POINT = str(Path(spark_jobs.__file__).parent / "__main__.py")
-REMOTE_ENV = Settings.variable("spark_remote")
 
 
 def _fail(code: int, cause: str) -> None:
@@ -37,8 +36,8 @@ class CdcSparkJob(SparkSubmitOperator):
     - with CDC_SERVICE_CONN_ID (the embedded default, `make demo`), submitted to the long-lived pipeline service
       that connection names; the task then waits deferred, holding no worker slot, while the job's log comes into
       its own (the service reads and writes its own deployment: only the table, layer, window, files and run id go);
-    - otherwise through spark-submit, a Spark of its own; or, when CDC_SPARK_REMOTE names a Spark Connect server,
-      as a plain process attached to it.
+    - otherwise through spark-submit, a Spark of its own (a deployment with no long-lived driver, or one that wants
+      a JVM per job).
 
     S3 credentials go to the job as AWS_* variables from the Airflow connection (set at run time, never
     rendered in the UI). The bronze task takes the sensor's file list from XCom (`files_from`). A failing
@@ -72,9 +71,8 @@ class CdcSparkJob(SparkSubmitOperator):
                 self.application_args = [*(self.application_args or []), "--files", f"@{listed}"]
             failure = Path(scratch) / "failure.txt"
             self.env_vars = {**env, Settings.variable("failure_file"): str(failure)}
-            remote = settings().spark_remote
-            if remote or self._needs_no_spark():
-                code = self._plain_process({REMOTE_ENV: remote} if remote else {})
+            if self._needs_no_spark():
+                code = self._plain_process()
                 exited = f"the job exited {code}"
             else:
                 self._with_jvm_dependencies()
@@ -132,11 +130,11 @@ class CdcSparkJob(SparkSubmitOperator):
         """Maintenance with delta-rs is Delta's own commands in-process: no JVM to start."""
         return (self.application_args or [None])[0] == "maintain" and settings().delta_engine == "delta-rs"
 
-    def _plain_process(self, extra_env: dict[str, str]) -> int:
-        """The job as a plain Python process, attached to the long-lived Spark Connect server or needing no Spark
-        (no spark-submit, no JVM of its own); its output goes to the task's log. Returns its exit code."""
+    def _plain_process(self) -> int:
+        """The job as a plain Python process, for a job that needs no Spark (no spark-submit, no JVM); its output
+        goes to the task's log. Returns its exit code."""
         self._process = subprocess.Popen([sys.executable, ENTRY_POINT, *(self.application_args or [])],
-                                         env={**os.environ, **(self.env_vars or {}), **extra_env}, cwd=PROJECT_ROOT,
+                                         env={**os.environ, **(self.env_vars or {})}, cwd=PROJECT_ROOT,
                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         assert self._process.stdout is not None
         for line in self._process.stdout:

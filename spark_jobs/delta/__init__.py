@@ -99,8 +99,6 @@ def retention_hours(retain_s: int) -> int:
 
 
 def delta_jars_present(spark: SparkSession) -> bool:
-    if is_remote_session(spark):  # no JVM to ask: the server's session is set up for Delta or not
-        return "DeltaSparkSessionExtension" in (spark.conf.get("spark.sql.extensions", "") or "")
     jvm = getattr(spark.sparkContext, "_jvm", None)
     if jvm is None:
         return False
@@ -109,10 +107,6 @@ def delta_jars_present(spark: SparkSession) -> bool:
         return True
     except Exception:  # py4j raises Py4JJavaError(ClassNotFoundException): the jars are absent
         return False
-
-
-def is_remote_session(spark: SparkSession) -> bool:
-    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 def make_engine(spark: SparkSession | None, choice: str | None = None) -> DeltaEngine:
@@ -126,13 +120,9 @@ def make_engine(spark: SparkSession | None, choice: str | None = None) -> DeltaE
         return DeltaRsEngine()
     if choice == "delta-spark":
         from spark_jobs.delta.delta_spark import DeltaSparkEngine
-        from spark_jobs.errors import ConfigError
 
         if spark is None:
             raise ValueError("delta-spark needs a Spark session")
-        if is_remote_session(spark):  # delta-spark's Python API over Spark Connect needs Delta Connect server-side
-            raise ConfigError("CDC_DELTA_ENGINE=delta-spark does not run attached to a Spark Connect server "
-                              "(CDC_SPARK_REMOTE): use a Spark session of its own, or delta-rs")
         return DeltaSparkEngine(spark)
     raise ValueError(f"CDC_DELTA_ENGINE must be delta-rs or delta-spark, got {choice!r}")
 

@@ -1,6 +1,7 @@
 """docker-compose.yaml without a Docker engine: each defect a user met is caught in the file itself, and what the
-services run (the bucket and sample-landing one-shots, the Airflow init, the Spark healthchecks) runs here, on a
-local S3 endpoint, a local Airflow home and pyspark's own master and worker (tests/cluster)."""
+services run (the bucket and sample-landing one-shots, the Airflow init, the pipeline service and its healthcheck,
+the Spark healthchecks) runs here, on a local S3 endpoint, a local Airflow home and pyspark's own master and worker
+(tests/cluster)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from dataclasses import fields
 from pathlib import Path
 
@@ -46,7 +48,9 @@ def bind_mounts(service: str) -> dict[str, str]:
 
 
 def test_the_deployment_has_every_component():
-    assert set(SERVICES) == {"postgres", "s3", "s3-init", "sample-landing", "spark-master", "spark-worker", *AIRFLOW}
+    assert set(SERVICES) == {"postgres", "s3", "s3-init", "sample-landing", "spark-master", "spark-worker",
+                             "pipeline-service", *AIRFLOW}
+    assert SERVICES["pipeline-service"]["command"][:4] == ["python", "-m", "spark_jobs", "serve"]
     commands = {name: " ".join(SERVICES[name]["command"]) for name in AIRFLOW[1:]}
     assert commands["airflow-apiserver"] == "airflow api-server"
     assert commands["airflow-dag-processor"] == "airflow dag-processor"
@@ -108,22 +112,53 @@ def test_the_build_context_leaves_out_local_state_and_secrets():
     assert not {"dags", "spark_jobs", "plugins", "include", "requirements.txt", "pyproject.toml", "README.md"} & ignored
 
 
-def test_spark_is_sized_for_the_tasks_airflow_runs_at_once_and_everything_waits_for_health():
+def test_the_pipeline_service_is_the_clusters_one_application_and_everything_waits_for_health():
     conf = dict(line.split(None, 1) for line in (ROOT / "include" / "spark-conf" / "spark-defaults.conf").read_text()
                 .splitlines() if line.strip() and not line.startswith("#"))
     worker = SERVICES["spark-worker"]["environment"]
-    parallelism = int(SERVICES["airflow-scheduler"]["environment"]["AIRFLOW__CORE__PARALLELISM"])
-    assert int(conf["spark.cores.max"].strip()) * parallelism <= int(worker["SPARK_WORKER_CORES"])
+    assert int(conf["spark.cores.max"].strip()) <= int(worker["SPARK_WORKER_CORES"])
     executor_gb = int(conf["spark.executor.memory"].strip().removesuffix("g"))
-    assert executor_gb * parallelism <= int(worker["SPARK_WORKER_MEMORY"].removesuffix("g"))
-    for name in ("spark-master", "spark-worker", "s3", "postgres"):
+    assert executor_gb <= int(worker["SPARK_WORKER_MEMORY"].removesuffix("g"))
+    for name in ("spark-master", "spark-worker", "s3", "postgres", "pipeline-service"):
         assert "healthcheck" in SERVICES[name], name
+    assert conditions("pipeline-service") == {
+        "s3-init": "service_completed_successfully", "spark-master": "service_healthy",
+        "spark-worker": "service_healthy", "airflow-init": "service_completed_successfully"}
     for name in AIRFLOW[1:]:
-        depends = SERVICES[name]["depends_on"]
-        assert {k: v["condition"] for k, v in depends.items()} == {
+        assert conditions(name) == {
             "postgres": "service_healthy", "s3-init": "service_completed_successfully",
-            "spark-master": "service_healthy", "spark-worker": "service_healthy",
-            "airflow-init": "service_completed_successfully"}, name
+            "airflow-init": "service_completed_successfully", "pipeline-service": "service_healthy"}, name
+
+
+def conditions(service: str) -> dict[str, str]:
+    return {name: wait["condition"] for name, wait in SERVICES[service]["depends_on"].items()}
+
+
+def serve_options(command: list[str]) -> dict[str, str]:
+    return dict(zip(command[4::2], command[5::2], strict=True))
+
+
+def test_every_layer_job_goes_to_the_pipeline_service_over_tls_with_the_secret_the_init_made():
+    """One execution model from the demo to the cluster: the tasks submit to the service (no spark-submit, no Spark
+    connection in Airflow); the service listens beyond loopback only with TLS and a secret, answers only to its
+    name, and runs on the cluster with delta-spark (the executors write)."""
+    service = SERVICES["pipeline-service"]
+    options = serve_options(service["command"])
+    assert options["--host"] == "0.0.0.0" and options["--allow-host"] == "pipeline-service"
+    assert service["hostname"] == "pipeline-service"
+    assert {options["--token-file"], options["--tls-cert"], options["--tls-key"]} == {
+        f"/opt/airflow/auth/service.{name}" for name in ("token", "crt", "key")}
+    assert "airflow-auth:/opt/airflow/auth:ro" in service["volumes"]
+    assert service["environment"]["CDC_SPARK_MASTER"] == "spark://spark-master:7077"
+    assert service["environment"]["CDC_DELTA_ENGINE"] == "delta-spark"
+    script = init_script()
+    assert (f"python -m spark_jobs service-credentials --dir /opt/airflow/auth --host pipeline-service --port "
+            f"{options['--port']}") in script
+    assert "airflow connections import --overwrite /opt/airflow/auth/service-connections-import.json" in script
+    for name in AIRFLOW:
+        env = SERVICES[name]["environment"]
+        assert env["CDC_SERVICE_CONN_ID"] == "cdc_service", name
+        assert "AIRFLOW_CONN_SPARK_DEFAULT" not in env and "CDC_SPARK_REMOTE" not in env, name
 
 
 def test_airflow_services_share_secrets_the_init_makes_and_none_is_in_the_file():
@@ -153,13 +188,13 @@ def test_airflow_services_get_the_cdc_environment():
         assert bind_mounts(name) == {"./include": f"{PROJECT}/include"}
         assert env["AIRFLOW__CORE__DAGS_FOLDER"] == f"{PROJECT}/dags"
         assert "PYTHONPATH" not in env  # the project is installed in the image
-        assert env["CDC_DELTA_ENGINE"] == "delta-spark"
         assert env["CDC_CONFIG"] == f"{PROJECT}/include/tables.yaml"
-        assert env["SPARK_CONF_DIR"] == f"{PROJECT}/include/spark-conf"
         # landing and lake on S3, which the Spark executors read and write themselves
         assert env["CDC_LANDING_URI"].startswith("s3://landing/") and env["CDC_LAKE_URI"].startswith("s3://lake/")
         assert '"endpoint_url": "http://s3:9000"' in env["AIRFLOW_CONN_AWS_DEFAULT"]
-        assert '"host": "spark://spark-master"' in env["AIRFLOW_CONN_SPARK_DEFAULT"]
+    service = SERVICES["pipeline-service"]["environment"]  # the same deployment: registry, landing, lake
+    assert {k: service[k] for k in contract} == {k: env[k] for k in contract}
+    assert service["SPARK_CONF_DIR"] == f"{PROJECT}/include/spark-conf"
     assert env["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] == "False"  # the sample data moves on `up`
     assert SERVICES["spark-worker"]["environment"]["AWS_ENDPOINT_URL"] == "http://s3:9000"
 
@@ -187,11 +222,16 @@ def run_service(service: str, env: dict[str, str], cwd: Path = ROOT) -> subproce
 
 
 @pytest.mark.slow
-def test_the_bucket_and_sample_landing_one_shots_bring_the_sample_data_to_gold(s3_endpoint, tmp_path):
+def test_the_one_shots_and_the_pipeline_service_bring_the_sample_data_to_gold(s3_endpoint, tmp_path):
     """s3-init makes the buckets (and says so the second time), sample-landing lands the demo's Debezium files in
-    the landing bucket, and a run of every layer, as the DAGs run it on the compose stack (delta-spark, S3),
-    brings them to gold."""
+    the landing bucket; the init's credentials step, the pipeline service as compose starts it (beyond loopback:
+    TLS, the secret from its file) and its healthcheck run here, and a job submitted through the connection the
+    init made, as the tasks submit theirs, brings the files to gold with delta-spark on S3 (a local master here:
+    tests/cluster runs the same service on a standalone cluster)."""
     import boto3
+
+    from spark_jobs.service_client import JobRequest, ServiceConnection, poll, submit
+    from tests.support import free_port
 
     client = boto3.client("s3", endpoint_url=s3_endpoint, aws_access_key_id="test", aws_secret_access_key="test",
                           region_name="us-east-1")
@@ -210,18 +250,52 @@ def test_the_bucket_and_sample_landing_one_shots_bring_the_sample_data_to_gold(s
             for o in page.get("Contents", [])]
     assert keys and all(re.fullmatch(r"cdc/topics/[^/]+/partition=\d+/[^/]+\+\d+\+\d{10}\.json(\.gz)?", k) for k in keys)
 
-    env = compose_env("airflow-scheduler", **local, CDC_SPARK_MASTER="local[2]")
-    for variable in [k for k in env if k.startswith("AIRFLOW")]:
-        env.pop(variable)
-    done = subprocess.run([sys.executable, "-m", "spark_jobs", "run", "--config", env["CDC_CONFIG"], "--landing",
-                           env["CDC_LANDING_URI"], "--lake", env["CDC_LAKE_URI"], "--tables", "customers",
-                           "--models", "customers_by_state", "--layers", "bronze,silver,gold"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    status = subprocess.run([sys.executable, "-m", "spark_jobs", "status", "--config", env["CDC_CONFIG"], "--lake",
-                             env["CDC_LAKE_URI"], "--json"], cwd=ROOT, env=env, capture_output=True, text=True,
-                            timeout=300)
-    rows = {(t["name"], layer): s["rows"] for t in json.loads(status.stdout)["tables"] for layer, s in t["layers"].items()}
+    # compose's names and paths, here: the service is reached as localhost on a free port, its files in tmp_path
+    auth, port = tmp_path / "auth", str(free_port())
+    here = {"/opt/airflow/auth": str(auth), "pipeline-service": "localhost", "8793": port,
+            "/tmp/cdc-service-connection.json": str(tmp_path / "written-connection.json")}
+
+    def localised(text: str) -> str:
+        for there, local_value in here.items():
+            text = text.replace(there, local_value)
+        return text
+
+    credentials = next(line for line in init_script().splitlines() if "service-credentials" in line)
+    env = compose_env("pipeline-service", **local, CDC_SPARK_MASTER="local[2]")
+    made = subprocess.run(localised(credentials).replace("python", sys.executable, 1).split(), env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr[-3000:]
+    command = [localised(part) for part in SERVICES["pipeline-service"]["command"]]
+    command[0] = sys.executable
+    healthcheck = localised(SERVICES["pipeline-service"]["healthcheck"]["test"][3])
+
+    def healthy() -> bool:
+        return subprocess.run([sys.executable, "-c", healthcheck], env=env, capture_output=True, timeout=60).returncode == 0
+
+    assert not healthy()
+    with (tmp_path / "service.log").open("w") as log:
+        service = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 300
+            while not healthy():
+                assert service.poll() is None and time.monotonic() < deadline, (tmp_path / "service.log").read_text()[-3000:]
+                time.sleep(2)
+            connection = ServiceConnection.from_file(auth / "service-connection.json")
+            assert connection.url == f"https://localhost:{port}"
+            request = JobRequest.from_argv(["run", "--lake", "unused", "--landing", "unused", "--tables", "customers",
+                                            "--models", "customers_by_state", "--layers", "bronze,silver,gold"])
+            job = submit(connection, request)
+            while not (status := poll(connection, job)).done:
+                assert time.monotonic() < deadline + 600, status.log[-3000:]
+                time.sleep(1)
+            assert status.exit_code == 0, status.log[-5000:]
+        finally:
+            service.terminate()
+            service.wait(timeout=120)
+    status_run = subprocess.run([sys.executable, "-m", "spark_jobs", "status", "--config", env["CDC_CONFIG"], "--lake",
+                                 env["CDC_LAKE_URI"], "--json"], cwd=ROOT, env=env, capture_output=True, text=True,
+                                timeout=300)
+    rows = {(t["name"], layer): s["rows"] for t in json.loads(status_run.stdout)["tables"] for layer, s in t["layers"].items()}
     assert rows[("customers", "silver")] > 0 and rows[("customers_by_state", "gold")] > 0, rows
 
 
@@ -253,6 +327,15 @@ def test_the_airflow_init_fails_when_a_step_fails_and_sets_everything_up_when_no
         pools = subprocess.run(["airflow", "pools", "list", "-o", "json"], capture_output=True, text=True, timeout=300,
                                env={**base, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": database})
         assert {"cdc_table_customers", "cdc_gold_customers_by_state"} <= {p["pool"] for p in json.loads(pools.stdout)}
+        stored = subprocess.run(["airflow", "connections", "get", "cdc_service", "-o", "json"], capture_output=True,
+                                text=True, timeout=300, env={**base, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": database})
+        service = json.loads(stored.stdout)[0]
+        assert (service["conn_type"], service["host"], service["port"], service["schema"]) == (
+            "http", "pipeline-service", 8793, "https")
+        assert service["password"] == (auth / "service.token").read_text().strip()
+        assert json.loads(service["extra"]) == {"ca_file": str(auth / "service.crt")}
+        secrets.update({name: (auth / name).read_text() for name in ("service.token", "service.key", "service.crt")})
+        assert all(oct((auth / name).stat().st_mode)[-3:] == "600" for name in secrets)
         assert init(database).returncode == 0
         assert secrets == {name: (auth / name).read_text() for name in secrets}  # kept, not remade
 

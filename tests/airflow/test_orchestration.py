@@ -89,18 +89,16 @@ def test_the_landing_trigger_hands_over_pending_files_or_nothing_after_waiting(t
     assert first_event(landing="ftp://elsewhere")["error"].startswith("ValueError: landing ftp://elsewhere: use a local path")
 
 
-@pytest.mark.parametrize("attached", [False, True], ids=["spark-submit", "spark-connect"])
 @pytest.mark.parametrize("exit_code, failure_line, raised, message", [
     (1, "gate failed: table=t layer=bronze expectation=key_not_null", AirflowFailException,
      "gate failed: table=t layer=bronze expectation=key_not_null"),
     (75, "table=t layer=bronze failed: TableBusy: t is being written by another run", AirflowException,
      "table=t layer=bronze failed: TableBusy: t is being written by another run"),
-    (137, None, AirflowException, "{runner} exited 137"),
+    (137, None, AirflowException, "spark-submit exited 137"),
 ])
 def test_a_failed_layer_job_fails_its_task_with_the_cause_and_only_transient_ones_are_retried(
-        tmp_path, monkeypatch, attached, exit_code, failure_line, raised, message):
-    # stands in for Spark (spark-submit) or for the job attached to a Spark Connect server (the entry point):
-    # what the job would print and exit with
+        tmp_path, monkeypatch, exit_code, failure_line, raised, message):
+    # stands in for Spark (spark-submit): what the job would print and exit with
     fake = tmp_path / "bin" / "spark-submit"
     fake.parent.mkdir()
     write = f'echo "{failure_line}" > "$CDC_FAILURE_FILE"; ' if failure_line else ""
@@ -110,12 +108,6 @@ def test_a_failed_layer_job_fails_its_task_with_the_cause_and_only_transient_one
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     env = subprocess_env(PATH=f"{fake.parent}:{os.environ['PATH']}",
                          AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[1]"}')
-    if attached:
-        entry = tmp_path / "entry.py"
-        entry.write_text(f"import os, subprocess, sys\nassert os.environ['CDC_SPARK_REMOTE'] == 'sc://spark:15002'\n"
-                         f"sys.exit(subprocess.call([{str(fake)!r}, {str(entry)!r}, *sys.argv[1:]]))\n")
-        monkeypatch.setattr("cdc_airflow.operators.ENTRY_POINT", str(entry))
-        env["CDC_SPARK_REMOTE"] = "sc://spark:15002"
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     job = CdcSparkJob(task_id="bronze_ingest_t", landing=str(tmp_path / "landing"), files_from="landing_sense_t",
@@ -125,10 +117,9 @@ def test_a_failed_layer_job_fails_its_task_with_the_cause_and_only_transient_one
     ti = SimpleNamespace(xcom_pull=lambda task_ids: backlog)
     with pytest.raises(raised) as failed:
         job.execute({"ti": ti})
-    runner = "the job" if attached else "spark-submit"
-    assert type(failed.value) is raised and str(failed.value).startswith(message.format(runner=runner))
+    assert type(failed.value) is raised and str(failed.value).startswith(message)
     args = (tmp_path / "args").read_text()
-    assert str(tmp_path / "entry.py" if attached else ROOT / "spark_jobs" / "__main__.py") in args
+    assert str(ROOT / "spark_jobs" / "__main__.py") in args
     assert re.search(r"--files @\S+/files\.json$", args.rstrip())
     assert json.loads((tmp_path / "files.json").read_text()) == sorted(backlog)
 

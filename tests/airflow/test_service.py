@@ -197,7 +197,7 @@ def test_a_caller_names_only_what_a_task_needs_never_a_config_lake_path_or_setti
         "an absolute landing file": {"command": "run", "files": ["/etc/passwd"]},
         "a run id that is a path": {"command": "run", "run_id": "../../outside"},
         "an option as a table": {"command": "run", "tables": ["--lake=/tmp/x"]},
-        "another command": {"command": "spark-server"},
+        "another command": {"command": "serve"},
         "a layer that is not one": {"command": "run", "layers": ["bronze", "x"]},
         "a list as the mode": {"command": "run", "mode": ["rebuild"]},
     }
@@ -257,8 +257,13 @@ def test_beyond_loopback_without_tls_and_a_secret_the_service_refuses_to_start(t
         done = subprocess.run([sys.executable, "-m", "spark_jobs", "serve", "--host", "0.0.0.0", "--port", "0", *extra],
                               cwd=ROOT, env=subprocess_env(**env), capture_output=True, text=True, timeout=60)
         assert done.returncode == 2, done.stderr
-        assert "listens beyond loopback: give it TLS (--tls-cert, --tls-key) and a secret (CDC_SERVICE_TOKEN)" in \
-            done.stderr
+        assert ("listens beyond loopback: give it TLS (--tls-cert, --tls-key) and a secret (CDC_SERVICE_TOKEN or "
+                "--token-file)") in done.stderr
+    # a secret file that is not there is a config error naming it, not a service with no secret
+    done = subprocess.run([sys.executable, "-m", "spark_jobs", "serve", "--host", "0.0.0.0", "--port", "0",
+                           "--token-file", str(tmp_path / "missing.token"), "--tls-cert", "c", "--tls-key", "k"],
+                          cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and f"--token-file {tmp_path / 'missing.token'}: No such file" in done.stderr
 
 
 def test_run_ids_are_names_on_the_command_line_too(tmp_path):

@@ -150,7 +150,7 @@ def w5(bench: Bench) -> None:
             assert bench.services is not None
             mode_env = {**environ, **service_airflow_env(bench.services(landing, lake))}
         else:
-            mode_env = {**environ, **({"CDC_SPARK_REMOTE": bench.remote} if mode == "attached" else {})}
+            mode_env = environ
         results: list[dict[str, float]] = []
         for _ in range(runs):
             results.append(one_landing(home, mode_env, staging, landing, next(batches)))

@@ -16,19 +16,17 @@ import json
 import os
 import platform
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager, nullcontext
+from collections.abc import Callable
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tests.benchmarks.equality import KEYS, check_equal
-from tests.support import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -58,9 +56,8 @@ class Bench:
     workdir: Path
     scale: float
     runs: int
-    remote: str  # the long-lived Spark Connect server of the "attached" figures
     services: Services | None = None  # the pipeline services of the "service" figures, one per deployment
-    chosen_modes: tuple[str, ...] = ("", "attached", "service")
+    chosen_modes: tuple[str, ...] = ("", "service")
     engine: str = "delta-rs"  # CDC_DELTA_ENGINE of the project's runs (the floor always merges with delta-rs)
     engines: tuple[str, ...] = ("delta-rs",)  # every engine this bench runs L and W1-W3 with
     figures: list[Figure] = field(default_factory=list)
@@ -72,10 +69,7 @@ class Bench:
 
     @property
     def modes(self) -> tuple[tuple[str, str], ...]:
-        """delta-spark runs only with a Spark of its own: over Spark Connect its Python API needs Delta
-        Connect on the server, which the project does not set up (make_engine refuses the pair)."""
-        usable = MODES if self.engine == "delta-rs" else tuple(m for m in MODES if m[0] != "attached")
-        return tuple(m for m in usable if m[0] in self.chosen_modes)
+        return tuple(m for m in MODES if m[0] in self.chosen_modes)
 
     def n(self, full: int, least: int = 100) -> int:
         return max(least, int(full * self.scale))
@@ -104,26 +98,6 @@ def timed(cmd: list[str], extra_env: dict[str, str] | None = None, cwd: Path = R
     return seconds, done.stdout
 
 
-@contextmanager
-def spark_server(workdir: Path) -> Iterator[str]:
-    """`python -m spark_jobs spark-server` on a free port: the long-lived Spark runs attach to."""
-    port = free_port()
-    log = (workdir / "spark-server.log").open("w")
-    server = subprocess.Popen([sys.executable, "-m", "spark_jobs", "spark-server", "--port", str(port)], cwd=ROOT,
-                              env=env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while "Spark Connect server started" not in (workdir / "spark-server.log").read_text():
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("Spark Connect server did not start: " + (workdir / "spark-server.log").read_text()[-3000:])
-            time.sleep(0.5)
-        yield f"sc://localhost:{port}"
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=60)
-        log.close()
-
-
 def file_list(path: Path, landing: Path, files: list[str]) -> str:
     path.write_text(json.dumps([os.path.relpath(f, landing) for f in files]))
     return f"@{path}"
@@ -131,8 +105,8 @@ def file_list(path: Path, landing: Path, files: list[str]) -> str:
 
 def project_run(landing: Path, lake: Path, files: str, engine: str, mode: str, bench: Bench) -> tuple[float, str]:
     """The project's CLI, bronze and silver, writing with `engine`: as a fresh process starting its own Spark
-    (mode ""), as a fresh process attached to the long-lived Spark Connect server ("attached"), or as a job
-    submitted to the pipeline service, the way the Airflow tasks run it ("service": submit to end, polled)."""
+    (mode ""), or as a job submitted to the pipeline service, the way the Airflow tasks run it ("service": submit
+    to end, polled)."""
     argv = ["run", "--config", str(CONFIG), "--landing", str(landing), "--lake", str(lake), "--layers", "bronze,silver",
             "--tables", TABLE, "--files", files]
     if mode == "service":
@@ -149,8 +123,7 @@ def project_run(landing: Path, lake: Path, files: str, engine: str, mode: str, b
             raise RuntimeError(f"service job exited {status.exit_code}:\n{status.log[-3000:]}")
         bench.spark_jobs.append(status.spark_jobs or 0)
         return time.perf_counter() - started, status.log
-    return timed([sys.executable, "-m", "spark_jobs", *argv],
-                 {"CDC_DELTA_ENGINE": engine, **({"CDC_SPARK_REMOTE": bench.remote} if mode == "attached" else {})})
+    return timed([sys.executable, "-m", "spark_jobs", *argv], {"CDC_DELTA_ENGINE": engine})
 
 
 class Services:
@@ -249,13 +222,12 @@ def fresh_copy(seed: Path, dest: Path) -> Path:
     return dest
 
 
-MODES = (("", "own Spark"), ("attached", "attached to a warm Spark Connect server"),
-         ("service", "on the warm pipeline service"))
+MODES = (("", "own Spark"), ("service", "on the warm pipeline service"))
 
 
 def one_batch(bench: Bench, label: str, rows: int, changes: int) -> dict[str, float]:
-    """Median seconds of the project's CLI (bronze+silver: with its own Spark, and attached to the warm
-    server) and of the floor, for one shuffled batch of `changes` events into a `rows`-row table, every
+    """Median seconds of the project's CLI (bronze+silver: with its own Spark, and on the warm pipeline
+    service) and of the floor, for one shuffled batch of `changes` events into a `rows`-row table, every
     run from a copy of the same seeded lake."""
     landing = bench.workdir / f"landing-{label}"
     generated = generate(landing, rows, changes, batches=1)
@@ -422,8 +394,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated, of L,W1..W5")
     p.add_argument("--engines", default="delta-rs,delta-spark",
                    help="CDC_DELTA_ENGINE of the project's runs, comma-separated: L and W1-W3 run once per engine")
-    p.add_argument("--modes", default="own,attached,service",
-                   help="how the project runs, comma-separated: own (its own Spark), attached (Spark Connect), service")
+    p.add_argument("--modes", default="own,service",
+                   help="how the project runs, comma-separated: own (its own Spark, as spark-submit), service")
     p.add_argument("--workdir", default=str(ROOT / "data" / "bench"), help="generated files and lakes (deleted first)")
     p.add_argument("--results", default=str(HERE / "RESULTS.md"), help="the results file ('' to skip writing it)")
     args = p.parse_args(argv)
@@ -441,9 +413,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     modes = tuple("" if m.strip() == "own" else m.strip() for m in args.modes.split(",") if m.strip())
-    with (spark_server(workdir) if "attached" in modes else nullcontext("")) as remote, \
-            (Services(workdir) if "service" in modes else nullcontext(None)) as services:
-        bench = Bench(workdir, args.scale, args.runs, remote, services, modes, engines=tuple(engines))
+    with Services(workdir) if "service" in modes else nullcontext(None) as services:
+        bench = Bench(workdir, args.scale, args.runs, services, modes, engines=tuple(engines))
         # W4 reads no Delta table and W5 runs Airflow's embedded default: once, not per engine
         for name, engine in [(w, e) for w in chosen for e in (engines if w in ("L", "W1", "W2", "W3") else engines[:1])]:
             bench.engine = engine

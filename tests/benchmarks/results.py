@@ -43,7 +43,8 @@ def write_results(path: Path, bench: Any, info: dict[str, str], workloads: list[
         "Machine: " + ", ".join(f"{k} {v}" for k, v in info.items()),
         "",
         "Project: `python -m spark_jobs run` as a fresh process (spark-submit-like: the JVM and the imports each time), "
-        "attached to a warm Spark Connect server, or as a job on the warm pipeline service, as each row says, "
+        "or as a job on the warm pipeline service, as each row says (rows attached to a Spark Connect server measure "
+        "the mode the project dropped on 2026-11-25: docs/architecture.md, \"One execution model\"), "
         "with the Delta engine each row names (W5: the embedded default). "
         "Floor: DuckDB + a delta-rs merge with the same conditions (L: DuckDB + a delta-rs write; `tests/benchmarks/floor.py`), "
         "also a fresh process. Figures are medians of the runs (W2: percentiles over its batches). Every workload "

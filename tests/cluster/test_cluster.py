@@ -9,6 +9,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,41 @@ def test_the_cli_on_a_standalone_cluster_gives_the_source_state(spark, cluster, 
     # the work ran in the worker's executor: its stderr holds the tasks it ran
     executor_logs = list((workdir / "work").glob("app-*/*/stderr"))
     assert executor_logs and any("Finished task" in log.read_text() for log in executor_logs)
+
+
+def test_the_pipeline_service_runs_every_job_in_one_application_of_the_cluster(spark, cluster, tmp_path, s3_endpoint,
+                                                                             monkeypatch):
+    """The compose picture: the service's driver is the cluster's one application (its jobs start no other), the
+    jobs write with delta-spark from the worker's executor, and silver equals the source."""
+    from spark_jobs.delta.delta_spark import DeltaSparkEngine
+    from spark_jobs.service_client import JobRequest, poll, submit
+    from spark_jobs.session import use_s3_settings
+    from tests.support import pipeline_service
+
+    config = tmp_path / "tables.yaml"
+    config.write_text(CONFIG)
+    generated = generate(load_registry(str(config)).select(None), tmp_path / "sink",
+                         Options(rows=30, changes=60, records_per_file=20))
+    landing, lake, (master, workdir) = "s3://landing/service", "s3://lake/service", cluster
+    upload_landing(s3_endpoint, tmp_path / "sink", landing)
+    apps_before = set((workdir / "work").glob("app-*"))
+    env = subprocess_env(CDC_SPARK_MASTER=master, CDC_DELTA_ENGINE="delta-spark", SPARK_LOCAL_IP="127.0.0.1",
+                         PYSPARK_PYTHON=sys.executable, CDC_CONFIG=str(config), CDC_LANDING_URI=landing,
+                         CDC_LAKE_URI=lake, **s3_environment(s3_endpoint))
+    with pipeline_service(env, tmp_path / "service.log") as service:
+        for _ in range(2):  # the run, and the same run again (nothing new): one application
+            job = submit(service, JobRequest.from_argv(["run", "--config", "x", "--landing", "x", "--lake", "x"]))
+            deadline = time.monotonic() + 600
+            while not (status := poll(service, job)).done:
+                assert time.monotonic() < deadline, status.log[-3000:]
+                time.sleep(0.5)
+            assert status.exit_code == 0, status.log[-5000:]
+    assert len(set((workdir / "work").glob("app-*")) - apps_before) == 1
+    for name, value in s3_environment(s3_endpoint).items():
+        monkeypatch.setenv(name, value)
+    use_s3_settings(spark)
+    g = generated[0]
+    assert silver_rows(spark, DeltaSparkEngine(spark), lake, g.table, ("custkey",)) == expected_rows(g.topic, g.final_rows)
 
 
 def test_airflow_submits_the_layer_jobs_to_the_cluster(cluster, tmp_path, s3_endpoint, monkeypatch):

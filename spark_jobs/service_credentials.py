@@ -1,0 +1,98 @@
+"""What a deployment needs to reach the pipeline service beyond loopback (the compose picture's airflow-init makes it
+once, into a volume only the deployment mounts): the service's secret, a TLS key and a self-signed certificate
+naming the host the service is reached by, and the Airflow connection that reaches it (https, the secret as its
+password, the certificate as the one CA to trust). Kept across starts; delete the files to rotate them."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from spark_jobs.service_client import ServiceConnection
+
+CERT_DAYS = 825  # the longest validity clients accept for a server certificate
+
+
+@dataclass(frozen=True)
+class ServiceCredentials:
+    directory: Path
+
+    @property
+    def token(self) -> Path:
+        return self.directory / "service.token"
+
+    @property
+    def key(self) -> Path:
+        return self.directory / "service.key"
+
+    @property
+    def cert(self) -> Path:
+        return self.directory / "service.crt"
+
+    @property
+    def connection(self) -> Path:
+        """The connection in Airflow's JSON form of one connection (AIRFLOW_CONN_<ID>, ServiceConnection.from_file)."""
+        return self.directory / "service-connection.json"
+
+    @property
+    def airflow_import(self) -> Path:
+        """The same, keyed by its id, as `airflow connections import` reads it."""
+        return self.directory / "service-connections-import.json"
+
+    def ensure(self, host: str, port: int, conn_id: str) -> bool:
+        """Makes the secret, key and certificate unless all three exist (True when made), and writes the
+        connection to the host and port with them."""
+        made = not (self.token.exists() and self.key.exists() and self.cert.exists())
+        if made:
+            key_pem, cert_pem = self_signed(host)
+            write_private(self.key, key_pem)
+            self.cert.write_bytes(cert_pem)
+            write_private(self.token, (secrets.token_urlsafe(32) + "\n").encode())
+        connection = ServiceConnection.at("https", host, port, self.token.read_text().strip(), str(self.cert))
+        write_private(self.connection, (connection.airflow_json() + "\n").encode())
+        keyed = {conn_id: json.loads(connection.airflow_json())}
+        write_private(self.airflow_import, (json.dumps(keyed) + "\n").encode())
+        return made
+
+
+def self_signed(host: str) -> tuple[bytes, bytes]:
+    """(key, certificate) in PEM: an EC P-256 key and a certificate for `host` signed by itself, usable both as the
+    server's certificate and as the CA its clients trust."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)])
+    now = dt.datetime.now(dt.UTC)
+    public = key.public_key()
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(public)
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=CERT_DAYS))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName(host)]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, content_commitment=False,
+                                         key_encipherment=False, data_encipherment=False, key_agreement=False,
+                                         crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(public), critical=False)
+            .sign(key, hashes.SHA256()))
+    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())
+    return key_pem, cert.public_bytes(serialization.Encoding.PEM)
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Written whole (a reader never sees half a file) and readable by this user only."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "wb") as handle:
+        handle.write(data)
+    os.replace(partial, path)
