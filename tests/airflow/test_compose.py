@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from spark_jobs.quality.docs_assets import assets_dir
+from spark_jobs.service_client import ServiceConnection
 from spark_jobs.settings import Settings
 from tests.conftest import subprocess_env
 
@@ -327,13 +328,14 @@ def test_the_airflow_init_fails_when_a_step_fails_and_sets_everything_up_when_no
         pools = subprocess.run(["airflow", "pools", "list", "-o", "json"], capture_output=True, text=True, timeout=300,
                                env={**base, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": database})
         assert {"cdc_table_customers", "cdc_gold_customers_by_state"} <= {p["pool"] for p in json.loads(pools.stdout)}
+        # the connection as Airflow stores it (encrypted) and gives it to the tasks and the triggerer
         stored = subprocess.run(["airflow", "connections", "get", "cdc_service", "-o", "json"], capture_output=True,
                                 text=True, timeout=300, env={**base, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": database})
-        service = json.loads(stored.stdout)[0]
-        assert (service["conn_type"], service["host"], service["port"], service["schema"]) == (
-            "http", "pipeline-service", 8793, "https")
-        assert service["password"] == (auth / "service.token").read_text().strip()
-        assert json.loads(service["extra"]) == {"ca_file": str(auth / "service.crt")}
+        conn = json.loads(stored.stdout)[0]
+        assert conn["is_encrypted"] == "True" and conn["conn_type"] == "http"
+        assert ServiceConnection.at(conn["schema"], conn["host"], int(conn["port"]), conn["password"],
+                                    conn["extra_dejson"]["ca_file"]) == ServiceConnection(
+            "https://pipeline-service:8793", (auth / "service.token").read_text().strip(), str(auth / "service.crt"))
         secrets.update({name: (auth / name).read_text() for name in ("service.token", "service.key", "service.crt")})
         assert all(oct((auth / name).stat().st_mode)[-3:] == "600" for name in secrets)
         assert init(database).returncode == 0
