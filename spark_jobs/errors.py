@@ -95,6 +95,10 @@ def is_transient(exc: BaseException) -> bool:
     input would repeat). Anything the data or the settings cause is not."""
     if isinstance(exc, ConfigError | GateFailed | OutOfMemory):  # whatever happened while they were raised
         return False
+    # boto3's errors (a pinned dependency), imported only once a failure is judged: every job imports this module
+    from botocore.exceptions import ClientError, ReadTimeoutError
+    from botocore.exceptions import ConnectionError as BotoConnectionError
+
     for link in _chain(exc):
         if isinstance(link, InfrastructureDown | TableBusy | ConnectionError | TimeoutError):
             return True
@@ -102,11 +106,6 @@ def is_transient(exc: BaseException) -> bool:
             return True
         if any(words in str(link) for words in LOST_MACHINERY):
             return True
-        try:
-            from botocore.exceptions import ClientError, ReadTimeoutError
-            from botocore.exceptions import ConnectionError as BotoConnectionError
-        except ImportError:
-            continue
         if isinstance(link, BotoConnectionError | ReadTimeoutError):
             return True
         if isinstance(link, ClientError) and link.response.get("Error", {}).get("Code") in RETRYABLE_S3_CODES:
