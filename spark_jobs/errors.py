@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+EXIT_TRANSIENT = 75  # EX_TEMPFAIL: worth a retry (a busy table, an unreachable store); 1 and 2 are not
+
 if TYPE_CHECKING:
     from spark_jobs.layers.summary import LayerSummary
-    from spark_jobs.quality.gates import GateResult
+    from spark_jobs.quality.findings import GateResult
 
 
 class ConfigError(ValueError):

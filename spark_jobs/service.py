@@ -36,6 +36,7 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from http import HTTPStatus
@@ -44,6 +45,7 @@ from pathlib import Path
 from typing import IO, Any
 from urllib.parse import parse_qs, urlparse
 
+from spark_jobs.errors import EXIT_TRANSIENT
 from spark_jobs.service_client import JobRequest, JobStatus, ServiceConnection
 from spark_jobs.service_credentials import write_private
 from spark_jobs.settings import Settings, job_environment, resolve, resolve_uri, settings
@@ -118,8 +120,8 @@ class PipelineService:
     """Runs submitted jobs on `workers` threads, in the one Spark session of this process, on its own deployment
     (the registry, landing and lake of the settings it started with)."""
 
-    def __init__(self, workers: int, deployment: Settings):
-        self.deployment = deployment
+    def __init__(self, workers: int, deployment: Settings, run_job: Callable[[list[str]], int]):
+        self.deployment, self.run_job = deployment, run_job  # run_job: the command line's main (spark_jobs.cli)
         self.jobs: dict[str, _Job] = {}
         self.by_key: dict[str, str] = {}
         self.lock = threading.Lock()
@@ -165,8 +167,6 @@ class PipelineService:
                 self.by_key.pop(job.request.key, None)
 
     def _execute(self, job: _Job) -> None:
-        from spark_jobs.cli import EXIT_TRANSIENT, main
-
         failure = self.scratch / f"{job.id}.failure.txt"
         job.state, job.started = "running", time.time()
         if self.spark_stopped.is_set():  # queued when Spark stopped: never started, a retry runs it on the next start
@@ -181,7 +181,7 @@ class PipelineService:
         variables = {Settings.variable(name): value for name, value in job.request.settings}
         try:
             with job_environment({**variables, Settings.variable("failure_file"): str(failure)}):
-                code = main(job.argv)
+                code = self.run_job(job.argv)
         except SystemExit as exc:  # argparse refusing the arguments, as a process would exit
             code = exc.code if isinstance(exc.code, int) else 2
         except BaseException:  # what would end a process with a traceback and exit 1
@@ -426,9 +426,11 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def serve(host: str, port: int, workers: int, connection_file: str | None = None, tls_cert: str | None = None,
-          tls_key: str | None = None, allowed_hosts: tuple[str, ...] = (), token_file: str | None = None) -> int:
-    """Runs the service until interrupted, or until its Spark stops (exit 1, for a supervisor to restart it).
+def serve(run_job: Callable[[list[str]], int], host: str, port: int, workers: int, connection_file: str | None = None,
+          tls_cert: str | None = None, tls_key: str | None = None, allowed_hosts: tuple[str, ...] = (),
+          token_file: str | None = None) -> int:
+    """Runs the service, each job by `run_job(argv)`, until interrupted, or until its Spark stops (exit 1, for a
+    supervisor to restart it).
     Once it takes jobs, its address and secret are written to `connection_file` (CDC_SERVICE_CONNECTION_FILE):
     a script's sign that it is ready, and the Airflow connection the tasks use."""
     own = listener(host, port, tls_cert, tls_key, allowed_hosts, token_file)
@@ -436,7 +438,7 @@ def serve(host: str, port: int, workers: int, connection_file: str | None = None
     os.environ.setdefault(Settings.variable("spark_ui"), "true")
     sys.stdout, sys.stderr = _Routed(sys.stdout), _Routed(sys.stderr)  # type: ignore[assignment]
     signal.signal(signal.SIGTERM, _interrupt)  # a supervisor's stop ends it like ^C: Spark shut down in order
-    service = PipelineService(workers, settings())
+    service = PipelineService(workers, settings(), run_job)
     try:
         started = time.monotonic()
         master = service.start_spark()

@@ -77,7 +77,7 @@ class JobRequest:
                   key: str | None = None) -> JobRequest:
         """The request for `python -m spark_jobs <argv>` as the DAG tasks build it (their --config, --landing and
         --lake are the deployment's, which the service knows itself, and are not sent)."""
-        from spark_jobs.cli import parser
+        from spark_jobs.arguments import parser
 
         args = parser().parse_args(argv)
         if args.command not in COMMANDS:
@@ -130,7 +130,7 @@ class JobRequest:
 
     def check(self) -> JobRequest:
         """ValueError naming the first field that is not what a task may ask."""
-        from spark_jobs.cli import LAYERS, MODES
+        from spark_jobs.arguments import LAYERS, MODES
         from spark_jobs.lake import check_run_id
         from spark_jobs.landing import check_landing_path
 

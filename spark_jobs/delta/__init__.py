@@ -109,23 +109,5 @@ def delta_jars_present(spark: SparkSession) -> bool:
         return False
 
 
-def make_engine(spark: SparkSession | None, choice: str | None = None) -> DeltaEngine:
-    """The engine CDC_DELTA_ENGINE names; delta-rs needs no session (maintenance runs without Spark)."""
-    from spark_jobs.settings import settings
-
-    choice = choice or settings().delta_engine
-    if choice == "delta-rs":
-        from spark_jobs.delta.delta_rs import DeltaRsEngine
-
-        return DeltaRsEngine()
-    if choice == "delta-spark":
-        from spark_jobs.delta.delta_spark import DeltaSparkEngine
-
-        if spark is None:
-            raise ValueError("delta-spark needs a Spark session")
-        return DeltaSparkEngine(spark)
-    raise ValueError(f"CDC_DELTA_ENGINE must be delta-rs or delta-spark, got {choice!r}")
-
-
 def key_predicate(keys: tuple[str, ...], quote: str) -> str:
     return " AND ".join(f"t.{quote}{k}{quote} = s.{quote}{k}{quote}" for k in keys)

@@ -13,7 +13,8 @@ from spark_jobs.delta import DeltaEngine, MergeSpec
 from spark_jobs.errors import GateFailed
 from spark_jobs.lake import Lake
 from spark_jobs.layers.summary import Counts, LayerSummary
-from spark_jobs.quality.gates import Check, GateResult, run_gate
+from spark_jobs.quality.findings import GateResult
+from spark_jobs.quality.gates import Check, run_gate
 
 QUARANTINE_MERGE = MergeSpec(keys=("layer", "_source_file", "_line"), insert_when="true")
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from spark_jobs.quality.gates import GateResult
+    from spark_jobs.quality.findings import GateResult
 
 Counts = dict[str, int]
 

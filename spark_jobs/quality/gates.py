@@ -33,6 +33,7 @@ from spark_jobs.quality.expectations import (
     UserExpectation,
     flag_expectations,
 )
+from spark_jobs.quality.findings import Finding, GateResult
 from spark_jobs.registry import GoldModel, TableConfig
 
 # GX phones home by default; this pipeline runs offline and must not try.
@@ -174,51 +175,6 @@ def gold_checks(model: GoldModel) -> list[Check]:
     if any(u.action == QUARANTINE for u in model.expectations):
         checks.append(max_quarantined(q))
     return [*checks, *user_checks(model.expectations, "model")]
-
-
-@dataclass
-class Finding:
-    check: str
-    action: str
-    success: bool
-    unexpected: int | None
-    total: int | None
-    observed: Any = None
-
-    def counts(self) -> str:
-        if self.unexpected is None:
-            return f"observed={self.observed}"
-        return f"unexpected={self.unexpected} of {self.total}"
-
-
-@dataclass
-class GateResult:
-    table: str
-    layer: str
-    findings: list[Finding]
-    docs: str | None
-
-    @property
-    def success(self) -> bool:
-        return all(f.success for f in self.findings if f.action == FAIL)
-
-    def warnings(self) -> int:
-        """Findings that failed without failing the gate (warn, or quarantine with rows moved aside)."""
-        return sum(1 for f in self.findings if not f.success and f.action != FAIL)
-
-    def verdict(self) -> str:
-        return "failed" if not self.success else "passed" if not self.warnings() else "passed-with-warnings"
-
-    def failure_line(self) -> str:
-        parts = [f"expectation={f.check} {f.counts()}" for f in self.findings if f.action == FAIL and not f.success]
-        if any(f.check == "max_quarantined" and not f.success for f in self.findings):  # quarantined by what
-            parts += [f"quarantined by {f.check} {f.counts()}" for f in self.findings
-                      if f.action == QUARANTINE and not f.success]
-        return f"gate failed: table={self.table} layer={self.layer} " + "; ".join(parts)
-
-    def as_dict(self) -> list[dict[str, Any]]:
-        return [{"expectation": f.check, "action": f.action, "success": f.success, "unexpected": f.unexpected,
-                 "total": f.total, "observed": f.observed} for f in self.findings]
 
 
 LAKE_BACKEND = {"class_name": "LakeStoreBackend", "module_name": "spark_jobs.quality.gx_store"}

@@ -28,7 +28,7 @@ from spark_jobs import cli
 from spark_jobs.delta.delta_rs import DeltaRsEngine
 from spark_jobs.lake import Lake
 from spark_jobs.layers import common as layer_common
-from spark_jobs.quality.gates import GateResult
+from spark_jobs.quality.findings import GateResult
 from spark_jobs.storage import LocalFiles
 from tests.properties.test_properties import SNAPSHOT_LSN, Event, position, reference
 

@@ -158,7 +158,7 @@ def test_a_merge_that_loses_deletes_fails_the_gate_and_silver_is_restored(spark,
     assert _run(capsys, tmp_path, config)[0] == 0
     before = silver_rows(spark, engine, tmp_path / "lake", "orders", ("id",))
 
-    import spark_jobs.delta as delta
+    import spark_jobs.delta.engines as delta
 
     make_engine = delta.make_engine
 

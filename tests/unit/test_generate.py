@@ -45,7 +45,7 @@ def test_batches_redelivery_and_shuffling_land_the_same_events_and_state(tmp_pat
 
 
 def test_the_change_mix_must_be_three_whole_percentages_adding_up_to_100(capsys):
-    from spark_jobs.cli import parser
+    from spark_jobs.arguments import parser
 
     assert parser().parse_args(["generate", "--landing", "l", "--mix", "0, 100, 0"]).mix == (0, 100, 0)
     for bad in ("50,50,10", "20,70", "20.5,69.5,10", "-10,100,10"):

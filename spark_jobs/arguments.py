@@ -1,0 +1,149 @@
+"""The command line's arguments (`python -m spark_jobs ...`), apart from what the commands do (spark_jobs.cli), so
+that the service's client (spark_jobs.service_client) can read a task's arguments as the command line would
+without importing the commands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from spark_jobs.settings import settings
+
+DESCRIPTION = """`python -m spark_jobs run|generate|status|maintain|serve|service-credentials|buckets` (or `cdc-pipeline
+...`): the same code path the DAG tasks run (docs/architecture.md, "Command line").
+
+Exit 0 on success; 1 when a gate fails or input cannot be processed; 2 on bad arguments or config; 75 when what
+the run needs (a Spark master, a store) did not answer or went away: a retry may mend it.
+Failures print one line naming the table, the layer and the reason (CDC_DEBUG=1 adds the traceback)."""
+
+LAYERS = ("bronze", "silver", "gold")
+MODES = ("incremental", "reprocess", "rebuild", "skip")
+
+
+def _csv(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _mix(value: str) -> tuple[int, int, int]:
+    parts = _csv(value)
+    if len(parts) != 3 or not all(p.isdigit() for p in parts) or sum(int(p) for p in parts) != 100:
+        raise argparse.ArgumentTypeError("three whole percentages adding up to 100, e.g. 20,70,10")
+    return int(parts[0]), int(parts[1]), int(parts[2])
+
+
+def _file_list(value: str) -> frozenset[str]:
+    text = Path(value[1:]).read_text() if value.startswith("@") else value
+    try:
+        paths = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not a JSON list of landing paths: {exc}") from None
+    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+        raise argparse.ArgumentTypeError("not a JSON list of landing paths")
+    from spark_jobs.landing import check_landing_path
+
+    try:
+        return frozenset(map(check_landing_path, paths))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _run_id(value: str) -> str:
+    from spark_jobs.lake import check_run_id
+
+    try:
+        return check_run_id(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m spark_jobs", description=DESCRIPTION)
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="ingest landing files into bronze, merge silver, refresh gold")
+    run.add_argument("--config", default="include/tables.yaml")
+    run.add_argument("--landing", required=True, help="landing root (local path)")
+    run.add_argument("--lake", required=True, help="lake root (local path)")
+    run.add_argument("--tables", type=_csv, default=None, help="comma-separated table names (default: all)")
+    run.add_argument("--layers", type=_csv, default=list(LAYERS), help="comma-separated: bronze,silver,gold")
+    run.add_argument("--models", type=_csv, default=None,
+                     help="gold models to refresh (default: every model reading one of the tables)")
+    run.add_argument("--run-id", type=_run_id, default=None, help="batch id recorded in every row and report (default: new)")
+    run.add_argument("--mode", choices=MODES, default="incremental",
+                     help="incremental: new landing files and bronze rows; reprocess: read the landing files in the "
+                          "window again, replacing their bronze rows, and apply them; rebuild: recompute silver from "
+                          "all of bronze, then gold (bronze is left alone); skip: set the --files aside unread (each "
+                          "is logged as taken and quarantined whole with --reason; a later reprocess reads it again)")
+    run.add_argument("--since", default=None, help="landing time (ISO 8601, UTC if naive) from which files are taken")
+    run.add_argument("--until", default=None, help="landing time before which files are taken")
+    run.add_argument("--files", type=_file_list, default=None,
+                     help="exactly these landing files (JSON list of landing paths, or @file holding one)")
+    run.add_argument("--reason", default="set aside by hand", help="with --mode skip: why, kept in the quarantine")
+    run.add_argument("--max-quarantined", default=None,
+                     help="this run only: the share of a batch that may be quarantined (e.g. 20%%), over tables.yaml")
+    status = sub.add_parser("status", help="per table and layer: rows, latest gate verdict, lag, pending files, last "
+                                           "success; where things are")
+    status.add_argument("--config", default="include/tables.yaml")
+    status.add_argument("--lake", required=True)
+    status.add_argument("--landing", default=None, help="landing root: also count the files bronze has not taken")
+    status.add_argument("--json", action="store_true", help="per table: pending files, rows, verdicts, last success, "
+                                                            "lag, as JSON")
+    status.add_argument("--require-tables", action="store_true",
+                        help="exit 1 unless every layer holds non-empty tables and an HTML report exists")
+    upkeep = sub.add_parser("maintain", help="compact, checkpoint and vacuum the tables; drop reports and GX results "
+                                             "past their retention (tables.yaml `maintenance:`)")
+    upkeep.add_argument("--config", default="include/tables.yaml")
+    upkeep.add_argument("--lake", required=True)
+    upkeep.add_argument("--landing", default=None, help="landing root: also recompute each table's landing marks "
+                                                        "from a full listing")
+    upkeep.add_argument("--tables", type=_csv, default=None, help="comma-separated table names")
+    upkeep.add_argument("--models", type=_csv, default=None, help="comma-separated gold models")
+    upkeep.add_argument("--reports", action="store_true", help="expire the run reports (lake-wide)")
+    upkeep.add_argument("--run-id", type=_run_id, default=None)
+    service = sub.add_parser("serve", help="run the pipeline service: run and maintain jobs submitted over HTTP, with Spark, "
+                                           "Delta and Great Expectations loaded once (CDC_SERVICE_CONN_ID)")
+    service.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    service.add_argument("--port", type=int, default=8790, help="0: any free port (printed)")
+    service.add_argument("--workers", type=int, default=2, help="jobs run at the same time (one Spark session)")
+    service.add_argument("--connection-file", default=None,
+                         help="write the service's Airflow connection (address and secret, mode 600) here once it takes "
+                              "jobs (default: CDC_SERVICE_CONNECTION_FILE)")
+    service.add_argument("--tls-cert", default=None, help="serve HTTPS with this certificate (PEM); required beyond loopback")
+    service.add_argument("--tls-key", default=None, help="the certificate's private key (PEM)")
+    service.add_argument("--allow-host", action="append", default=[],
+                         help="another name clients reach the service by (the Host header they send); repeatable")
+    service.add_argument("--token-file", default=None, help="the secret callers must send, read from this file "
+                                                           "(instead of CDC_SERVICE_TOKEN)")
+    creds = sub.add_parser("service-credentials", help="make the pipeline service's secret, TLS key and self-signed "
+                                                      "certificate once, and its Airflow connection (a deployment's "
+                                                      "first start: docker-compose.yaml)")
+    creds.add_argument("--dir", required=True, help="where they go (each file readable by this user only)")
+    creds.add_argument("--host", required=True, help="the name clients reach the service by (in the certificate)")
+    creds.add_argument("--port", type=int, required=True)
+    creds.add_argument("--conn-id", default="cdc_service", help="the Airflow connection's id")
+    sub.add_parser("assets", help="fetch the pinned styles and scripts of GX Data Docs from the npm registry once "
+                                  "(`make assets`), so Data Docs render offline")
+    sub.add_parser("jars", help="fetch the pinned JVM jars (Delta, hadoop-aws, spark-avro) into CDC_JARS_DIR once "
+                                "(`make jars`); offline afterwards")
+    buckets = sub.add_parser("buckets", help="create the S3 buckets of the landing and the lake unless they exist "
+                                             "(a deployment's first start)")
+    buckets.add_argument("--landing", default=settings().landing_uri)
+    buckets.add_argument("--lake", default=settings().lake_uri)
+    gen = sub.add_parser("generate", help="write sample Debezium change files in the S3 sink layout")
+    gen.add_argument("--config", default="include/tables.yaml")
+    gen.add_argument("--landing", required=True)
+    gen.add_argument("--tables", type=_csv, default=None)
+    gen.add_argument("--rows", type=int, default=200, help="snapshot rows per table")
+    gen.add_argument("--changes", type=int, default=400, help="change events per table after the snapshot")
+    gen.add_argument("--seed", type=int, default=7)
+    gen.add_argument("--records-per-file", type=int, default=250, help="the sink's flush.size")
+    gen.add_argument("--partitions", type=int, default=2, help="Kafka partitions per topic")
+    gen.add_argument("--compress", action="store_true", help="write .json.gz files (Avro: deflate blocks)")
+    gen.add_argument("--format", choices=("json", "avro"), default="json",
+                     help="json: the JSON converter's records; avro: the S3 sink's AvroFormat (.avro)")
+    gen.add_argument("--batches", type=int, default=0,
+                     help="land the snapshot first, then the changes in this many batches of files (0: all at once)")
+    gen.add_argument("--redeliver", type=float, default=0.0, help="share of change events delivered twice")
+    gen.add_argument("--shuffle", action="store_true", help="change events land in random order within a batch")
+    gen.add_argument("--mix", type=_mix, default=(20, 70, 10), help="percent of changes that insert,update,delete")
+    return p
