@@ -76,6 +76,12 @@ class Lake:
     def truncates(self, table: str) -> str:
         return f"{self._silver_root}/_state/truncates/{table}"
 
+    def silver_tables(self, table: str) -> dict[str, str]:
+        """The Delta tables a silver step writes, by name: the table, its tombstone ledger, history and truncate log.
+        A rebuild stages the four together; a failed gate puts the four back."""
+        return {"silver": self.silver(table), "tombstones": self.tombstones(table), "history": self.history(table),
+                "truncates": self.truncates(table)}
+
     def pending_tombstones(self, table: str) -> str:
         """Kafka tombstone lines whose previous record (the delete they follow) has not landed yet."""
         return f"{self.root}/_state/pending_tombstones/{table}"

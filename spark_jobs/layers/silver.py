@@ -118,9 +118,10 @@ def silver_rebuild(spark: SparkSession, engine: DeltaEngine, table: TableConfig,
         if isinstance(failure.summary, SilverSummary):
             failure.summary.mode, failure.summary.bronze_version = "rebuild", bronze_version
         raise
-    for place, partition_by in ((Lake.silver, table.partition_by), (Lake.tombstones, ()),
-                                (Lake.history, table.partition_by), (Lake.truncates, ())):
-        path, rebuilt = place(lake, table.name), engine.read(spark, place(staged, table.name))
+    built = staged.silver_tables(table.name)
+    for name, path in lake.silver_tables(table.name).items():
+        rebuilt = engine.read(spark, built[name])
+        partition_by = table.partition_by if name in ("silver", "history") else ()  # history keeps silver's layout
         if rebuilt is not None:
             engine.overwrite(rebuilt, path, partition_by)
         elif engine.version(path) is not None:
@@ -145,8 +146,7 @@ def apply_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     (with the gate's verdict and findings) and the truncate position in force afterwards. `gate` runs the
     checks (default: Great Expectations, publishing Data Docs) and raises GateFailed when they fail."""
     check = gate or partial(run_gate, actions=table.quality.actions)
-    paths = (lake.silver(table.name), lake.tombstones(table.name), lake.history(table.name), lake.truncates(table.name))
-    published = {path: engine.version(path) for path in paths}
+    published = {path: engine.version(path) for path in lake.silver_tables(table.name).values()}
     plan = plan_batch(spark, engine, table, lake, batch, truncated_at)
     summary = _counts(plan, write_quarantine(engine, lake, table.name, plan.quarantine, "silver", batch_id),
                       table, batch_id)
