@@ -277,7 +277,7 @@ def current_state(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: T
 
 def silver_rows(effective: DataFrame, fields: list[types.ImageField], target: T.StructType | None) -> DataFrame:
     """Source columns under their own names, then the pipeline's `_` columns; columns the table has but
-    the batch lacks are null (docs/architecture.md, "Lake layout" and "Types and schema")."""
+    the batch lacks are null (README, "Lake layout"; docs/architecture.md, "Types and schema")."""
     columns = [F.col("_row")[f.name].alias(f.name) for f in fields]
     present = {f.name for f in fields}
     meta = {"_op": F.col("op"), "_seq": F.col("_seq"),
