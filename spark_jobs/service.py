@@ -3,7 +3,7 @@ Great Expectations loaded once, so that a job pays neither a JVM start, the JIT 
 (docs/architecture.md, "The pipeline service"). Airflow tasks submit a job here and wait deferred, holding no
 worker slot (cdc_airflow.operators, cdc_airflow.triggers).
 
-A few JSON endpoints over HTTP (the standard library's server: nothing here needs a framework):
+A few JSON endpoints over HTTP (spark_jobs/service_http.py):
   POST /jobs          a JobRequest as JSON                      ->  202 {"id": ...}
   GET  /jobs/<id>?offset=N                                      ->  the job's state, exit code, cause and log from N
   GET  /health                                                  ->  {"ok": true, "jobs_running": N, ...}
@@ -18,19 +18,17 @@ service makes one at start and writes it, with its address, as an Airflow connec
 read. Requests a browser could be made to send are refused: a Host other than the service's own address (DNS
 rebinding), any Origin, and POSTs that are not JSON (a form or text/plain POST needs no CORS preflight).
 
-The client half (JobRequest, ServiceConnection, submit, poll) is spark_jobs/service_client.py."""
+The client half (JobRequest, ServiceConnection, submit, poll, health) is spark_jobs/service_client.py."""
 
 from __future__ import annotations
 
 import contextvars
 import datetime as dt
-import ipaddress
 import json
 import os
 import secrets
 import shutil
 import signal
-import ssl
 import sys
 import tempfile
 import threading
@@ -38,24 +36,18 @@ import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
-from urllib.parse import parse_qs, urlparse
 
 from spark_jobs.errors import EXIT_TRANSIENT
 from spark_jobs.service_client import JobRequest, JobStatus, ServiceConnection
 from spark_jobs.service_credentials import write_private
+from spark_jobs.service_http import BoundedServer, Listener, handler, listener
 from spark_jobs.settings import Settings, job_environment, resolve, resolve_uri, settings
 
 KEEP_FINISHED = 1000  # finished jobs kept for their logs (a task reads its job's log once it ends)
-MAX_BODY = 8 * 2**20  # bytes of a request body: a backlog's list of a few thousand landing files fits many times over
-MAX_CONNECTIONS = 64  # requests handled at once; more are refused with 503 (each takes a thread)
-READ_TIMEOUT_S = 15.0  # a client that sends nothing for this long is disconnected
 LINGER_S = 10.0  # after its Spark stopped, how long the service still answers polls before it exits
-LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
 @dataclass
@@ -234,186 +226,6 @@ def _sweep_scratch() -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-@dataclass(frozen=True)
-class Listener:
-    """Where the service listens and what it accepts: the Host names a request may carry (its own address and,
-    on loopback, loopback's names), the secret, and TLS."""
-
-    host: str
-    port: int
-    token: str
-    tls: ssl.SSLContext | None = None
-    allowed_hosts: tuple[str, ...] = ()
-
-    @property
-    def scheme(self) -> str:
-        return "https" if self.tls else "http"
-
-    def host_allowed(self, header: str | None) -> bool:
-        if not header:
-            return False
-        name, _, port = header.rpartition(":") if not header.endswith("]") else (header, "", "")
-        if name.startswith("[") and name.endswith("]"):
-            name = name[1:-1]
-        if not name or port != str(self.port):
-            return False
-        own = {self.host, *self.allowed_hosts, *(LOOPBACK_NAMES if is_loopback(self.host) else ())}
-        return name.lower() in {h.lower() for h in own}
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _handler(service: PipelineService, listener: Listener) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        server_version = "cdc-pipeline-service"
-        timeout = READ_TIMEOUT_S  # an idle or slow client is disconnected (the socket's timeout)
-
-        def _reply(self, status: HTTPStatus, body: dict[str, Any]) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.send_header("Cache-Control", "no-store")
-            self.end_headers()
-            self.wfile.write(data)
-
-        def _refused(self) -> bool:
-            """Replies and returns True unless the request is the service's own client's: its own Host, no
-            Origin (no browser page), and the secret."""
-            if not listener.host_allowed(self.headers.get("Host")):
-                self._reply(HTTPStatus.MISDIRECTED_REQUEST, {"error": "this service answers only at its own address"})
-                return True
-            if self.headers.get("Origin") is not None:
-                self._reply(HTTPStatus.FORBIDDEN, {"error": "requests from web pages are refused"})
-                return True
-            if not secrets.compare_digest(self.headers.get("Authorization", "").encode(),
-                                          f"Bearer {listener.token}".encode()):
-                self._reply(HTTPStatus.UNAUTHORIZED, {"error": "the service's secret is required as a bearer token "
-                                                               "(its Airflow connection's password)"})
-                return True
-            return False
-
-        def do_GET(self) -> None:  # noqa: N802 (the standard library's name)
-            if self._refused():
-                return
-            url = urlparse(self.path)
-            if url.path == "/health":
-                self._reply(HTTPStatus.OK, {"ok": not service.spark_stopped.is_set(), "jobs_running": service.running(),
-                                            "jobs_known": len(service.jobs)})
-                return
-            job = service.jobs.get(url.path.removeprefix("/jobs/")) if url.path.startswith("/jobs/") else None
-            if job is None:
-                self._reply(HTTPStatus.NOT_FOUND, {"error": f"no job {url.path.removeprefix('/jobs/')[:100]!r} on this "
-                                                            "service (restarted, or forgotten long after it ended)"})
-                return
-            offset = parse_qs(url.query).get("offset", ["0"])[0]
-            if not offset.isdigit():
-                self._reply(HTTPStatus.BAD_REQUEST, {"error": "offset: a whole number of characters, 0 or more"})
-                return
-            self._reply(HTTPStatus.OK, asdict(job.status(int(offset))))
-
-        def do_POST(self) -> None:  # noqa: N802
-            if self._refused():
-                return
-            if self.path != "/jobs":
-                self._reply(HTTPStatus.NOT_FOUND, {"error": f"no endpoint {self.path[:100]}"})
-                return
-            if self.headers.get_content_type() != "application/json":
-                self._reply(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, {"error": "a job is submitted as application/json"})
-                return
-            length = self.headers.get("Content-Length", "")
-            if not length.isdigit():
-                self._reply(HTTPStatus.BAD_REQUEST if length else HTTPStatus.LENGTH_REQUIRED,
-                            {"error": "Content-Length: the body's size in bytes"})
-                return
-            if int(length) > MAX_BODY:
-                self._reply(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, {"error": f"a request body is at most {MAX_BODY} bytes"})
-                return
-            if service.spark_stopped.is_set():
-                self._reply(HTTPStatus.SERVICE_UNAVAILABLE, {"error": "the service's Spark stopped; it restarts"})
-                return
-            try:
-                job = service.submit(JobRequest.from_json(json.loads(self.rfile.read(int(length)))))
-            except (ValueError, TypeError) as exc:
-                self._reply(HTTPStatus.BAD_REQUEST, {"error": f"{type(exc).__name__}: {exc}"})
-                return
-            self._reply(HTTPStatus.ACCEPTED, {"id": job.id})
-
-        def log_message(self, format: str, *args: Any) -> None:  # polls every second: keep the service's log quiet
-            pass
-
-    return Handler
-
-
-class _BoundedServer(ThreadingHTTPServer):
-    """At most MAX_CONNECTIONS requests at once; one more is answered 503 at once, holding no thread."""
-
-    daemon_threads = True
-
-    def __init__(self, *args: Any, tls: ssl.SSLContext | None = None, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        if tls is not None:
-            self.socket = tls.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self.slots.acquire(blocking=False):
-            try:
-                request.sendall(b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n")
-            except OSError:
-                pass
-            self.shutdown_request(request)
-            return
-        super().process_request(request, client_address)
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            request.settimeout(READ_TIMEOUT_S)  # the TLS handshake too
-            if isinstance(request, ssl.SSLSocket):
-                request.do_handshake()
-            super().process_request_thread(request, client_address)
-        except OSError:
-            self.shutdown_request(request)
-        finally:
-            self.slots.release()
-
-
-def listener(host: str, port: int, tls_cert: str | None, tls_key: str | None,
-             allowed_hosts: tuple[str, ...] = (), token_file: str | None = None) -> Listener:
-    """The listener's settings, or ConfigError: beyond loopback the service needs TLS and a secret of the
-    operator's (CDC_SERVICE_TOKEN, or a file holding it), not one it made up; loopback gets a new secret at each
-    start when none is set."""
-    from spark_jobs.errors import ConfigError
-
-    token = settings().service_token
-    if token_file:
-        try:
-            token = Path(token_file).read_text().strip()
-        except OSError as exc:
-            raise ConfigError(f"--token-file {token_file}: {exc.strerror}") from None
-    if not is_loopback(host) and not (tls_cert and token):
-        raise ConfigError(f"--host {host} listens beyond loopback: give it TLS (--tls-cert, --tls-key) and a secret "
-                          "(CDC_SERVICE_TOKEN or --token-file), or listen on 127.0.0.1")
-    if bool(tls_cert) != bool(tls_key):
-        raise ConfigError("--tls-cert and --tls-key go together")
-    if token and len(token) < 16:
-        raise ConfigError("CDC_SERVICE_TOKEN: at least 16 characters (e.g. python -c 'import secrets; "
-                          "print(secrets.token_urlsafe(32))')")
-    tls = None
-    if tls_cert:
-        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        tls.minimum_version = ssl.TLSVersion.TLSv1_2
-        tls.load_cert_chain(tls_cert, tls_key)
-    return Listener(host, port, token or secrets.token_urlsafe(32), tls, allowed_hosts)
-
-
 def write_connection(path: Path, own: Listener, port: int) -> None:
     """The service's address and secret as an Airflow connection (JSON form: AIRFLOW_CONN_<ID>, or `airflow
     connections import`), readable by this user only."""
@@ -442,9 +254,9 @@ def serve(run_job: Callable[[list[str]], int], host: str, port: int, workers: in
     try:
         started = time.monotonic()
         master = service.start_spark()
-        server = _BoundedServer((host, port), _handler(service, own), tls=own.tls)
+        server = BoundedServer((host, port), handler(service, own), tls=own.tls)
         own = Listener(own.host, server.server_port, own.token, own.tls, own.allowed_hosts)
-        server.RequestHandlerClass = _handler(service, own)
+        server.RequestHandlerClass = handler(service, own)
         target = resolve(connection_file or settings().service_connection_file)
         print(f"pipeline service on {own.scheme}://{host}:{server.server_port} ({workers} job threads, Spark {master}, "
               f"ready in {time.monotonic() - started:.1f}s) for the lake {resolve_uri(service.deployment.lake_uri)}; "

@@ -20,8 +20,8 @@ import pytest
 
 from spark_jobs.generate import Options, generate
 from spark_jobs.registry import load_registry
-from spark_jobs.service import MAX_BODY, MAX_CONNECTIONS, READ_TIMEOUT_S
 from spark_jobs.service_client import JobRequest, JobStatus, ServiceConnection, ServiceError, poll, submit
+from spark_jobs.service_http import MAX_BODY, MAX_CONNECTIONS, READ_TIMEOUT_S
 from spark_jobs.settings import environ, job_environment, settings
 from tests.conftest import ROOT, subprocess_env
 from tests.support import pipeline_service, summary_line
