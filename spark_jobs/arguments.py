@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 from spark_jobs.settings import settings
 
@@ -60,6 +61,13 @@ def _run_id(value: str) -> str:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m spark_jobs", description=DESCRIPTION)
     sub = p.add_subparsers(dest="command", required=True)
+    for add in (_run, _status, _maintain, _serve, _setup, _generate):
+        add(sub)
+    return p
+
+
+def _run(sub: Any) -> None:
+    """`run`: what a layer task runs."""
     run = sub.add_parser("run", help="ingest landing files into bronze, merge silver, refresh gold")
     run.add_argument("--config", default="include/tables.yaml")
     run.add_argument("--landing", required=True, help="landing root (local path)")
@@ -81,6 +89,10 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--reason", default="set aside by hand", help="with --mode skip: why, kept in the quarantine")
     run.add_argument("--max-quarantined", default=None,
                      help="this run only: the share of a batch that may be quarantined (e.g. 20%%), over tables.yaml")
+
+
+def _status(sub: Any) -> None:
+    """`status`: where each table stands."""
     status = sub.add_parser("status", help="per table and layer: rows, latest gate verdict, lag, pending files, last "
                                            "success; where things are")
     status.add_argument("--config", default="include/tables.yaml")
@@ -90,6 +102,10 @@ def parser() -> argparse.ArgumentParser:
                                                             "lag, as JSON")
     status.add_argument("--require-tables", action="store_true",
                         help="exit 1 unless every layer holds non-empty tables and an HTML report exists")
+
+
+def _maintain(sub: Any) -> None:
+    """`maintain`: Delta's upkeep and the reports' retention."""
     upkeep = sub.add_parser("maintain", help="compact, checkpoint and vacuum the tables; drop reports and GX results "
                                              "past their retention (tables.yaml `maintenance:`)")
     upkeep.add_argument("--config", default="include/tables.yaml")
@@ -100,6 +116,10 @@ def parser() -> argparse.ArgumentParser:
     upkeep.add_argument("--models", type=_csv, default=None, help="comma-separated gold models")
     upkeep.add_argument("--reports", action="store_true", help="expire the run reports (lake-wide)")
     upkeep.add_argument("--run-id", type=_run_id, default=None)
+
+
+def _serve(sub: Any) -> None:
+    """`serve` and `service-credentials`: the pipeline service."""
     service = sub.add_parser("serve", help="run the pipeline service: run and maintain jobs submitted over HTTP, with Spark, "
                                            "Delta and Great Expectations loaded once (CDC_SERVICE_CONN_ID)")
     service.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
@@ -121,6 +141,10 @@ def parser() -> argparse.ArgumentParser:
     creds.add_argument("--host", required=True, help="the name clients reach the service by (in the certificate)")
     creds.add_argument("--port", type=int, required=True)
     creds.add_argument("--conn-id", default="cdc_service", help="the Airflow connection's id")
+
+
+def _setup(sub: Any) -> None:
+    """What a machine or a deployment sets up once: the assets, the jars, the buckets."""
     sub.add_parser("assets", help="fetch the pinned styles and scripts of GX Data Docs from the npm registry once "
                                   "(`make assets`), so Data Docs render offline")
     sub.add_parser("jars", help="fetch the pinned JVM jars (Delta, hadoop-aws, spark-avro) into CDC_JARS_DIR once "
@@ -129,6 +153,10 @@ def parser() -> argparse.ArgumentParser:
                                              "(a deployment's first start)")
     buckets.add_argument("--landing", default=settings().landing_uri)
     buckets.add_argument("--lake", default=settings().lake_uri)
+
+
+def _generate(sub: Any) -> None:
+    """`generate`: sample Debezium files."""
     gen = sub.add_parser("generate", help="write sample Debezium change files in the S3 sink layout")
     gen.add_argument("--config", default="include/tables.yaml")
     gen.add_argument("--landing", required=True)
@@ -146,4 +174,3 @@ def parser() -> argparse.ArgumentParser:
     gen.add_argument("--redeliver", type=float, default=0.0, help="share of change events delivered twice")
     gen.add_argument("--shuffle", action="store_true", help="change events land in random order within a batch")
     gen.add_argument("--mix", type=_mix, default=(20, 70, 10), help="percent of changes that insert,update,delete")
-    return p

@@ -274,7 +274,6 @@ def run_gate(frames: dict[str, DataFrame], table: str, layer: str, checks: list[
     One Checkpoint per frame, not one per gate: a Checkpoint hands all its validation definitions the same
     batch parameters, and each frame of a gate is its own dataframe."""
     import great_expectations as gx
-    import great_expectations.expectations as gxe
     from great_expectations.checkpoint import UpdateDataDocsAction
     from great_expectations.core.run_identifier import RunIdentifier
 
@@ -286,7 +285,8 @@ def run_gate(frames: dict[str, DataFrame], table: str, layer: str, checks: list[
     if figures is not None:
         inputs[FIGURES] = _figures_frame(figures)
     run_id = RunIdentifier(run_name=f"{table}.{layer}")
-    findings, validated = [], []
+    findings: list[Finding] = []
+    validated = []
     for frame, df in inputs.items():
         frame_checks = [c for c in checks if c.frame == frame]
         if not frame_checks:
@@ -299,13 +299,7 @@ def run_gate(frames: dict[str, DataFrame], table: str, layer: str, checks: list[
         asset = next((a for a in source.assets if a.name == name), None) or source.add_dataframe_asset(name=name)
         batch = next((b for b in asset.batch_definitions if b.name == "batch"), None)
         batch = batch or asset.add_batch_definition_whole_dataframe("batch")
-        suite = gx.ExpectationSuite(name=name)
-        for n, check in enumerate(frame_checks):
-            cls = getattr(gxe, "".join(part.title() for part in check.type.split("_")))
-            described = {"description": check.description} if check.description else {}
-            suite.add_expectation(cls(**check.kwargs, **described, severity=_SEVERITY[check.action],
-                                      meta={"check": check.name, "action": check.action, "n": n}))
-        suite = context.suites.add_or_update(suite)
+        suite = context.suites.add_or_update(_suite(name, frame_checks))
         # a stored definition (and checkpoint) is bound to its data source: one per path a frame may take, so a
         # run of another size (driver or Spark) never loads one that names the other's asset
         bound = f"{name}.{where}"
@@ -319,18 +313,7 @@ def run_gate(frames: dict[str, DataFrame], table: str, layer: str, checks: list[
             result_format=_result_format(frame_checks)))
         result_id, outcome = next(iter(checkpoint.run(batch_parameters={"dataframe": df}, run_id=run_id).run_results.items()))
         validated.append(result_id)
-        for r in sorted(outcome.results, key=lambda r: r.expectation_config.meta["n"]):
-            check, result = frame_checks[r.expectation_config.meta["n"]], r.result or {}
-            if frame == FIGURES:  # the finding shows the figures themselves
-                findings.append(Finding(check.label(), check.action, bool(r.success), None, None,
-                                        _shown(check, figures or {})))
-                continue
-            # flags are null where they do not apply: count the rows they apply to
-            total = result.get("element_count")
-            if total is not None and check.type == IN_SET:
-                total -= result.get("missing_count") or 0
-            findings.append(Finding(check.label(), check.action, bool(r.success), result.get("unexpected_count"),
-                                    total, result.get("observed_value")))
+        findings += _findings(outcome.results, frame_checks, (figures or {}) if frame == FIGURES else None)
     if validated and not actions:
         context.build_data_docs(site_names=["reports"], resource_identifiers=validated)
     docs = f"{lake.data_docs(table)}/index.html"
@@ -338,3 +321,35 @@ def run_gate(frames: dict[str, DataFrame], table: str, layer: str, checks: list[
     if raise_on_failure and not gate.success:
         raise GateFailed(gate)
     return gate
+
+
+def _suite(name: str, checks: list[Check]) -> Any:
+    """The frame's GX suite: one expectation per check, which its meta names (`n`: its place in `checks`)."""
+    import great_expectations as gx
+    import great_expectations.expectations as gxe
+
+    suite = gx.ExpectationSuite(name=name)
+    for n, check in enumerate(checks):
+        cls = getattr(gxe, "".join(part.title() for part in check.type.split("_")))
+        described = {"description": check.description} if check.description else {}
+        suite.add_expectation(cls(**check.kwargs, **described, severity=_SEVERITY[check.action],
+                                  meta={"check": check.name, "action": check.action, "n": n}))
+    return suite
+
+
+def _findings(results: Any, checks: list[Check], figures: dict[str, Any] | None) -> list[Finding]:
+    """One finding per check, in the checks' order, from GX's expectation results; on the figures frame
+    (`figures` given) each finding shows the figures themselves."""
+    findings = []
+    for r in sorted(results, key=lambda r: r.expectation_config.meta["n"]):
+        check, result = checks[r.expectation_config.meta["n"]], r.result or {}
+        if figures is not None:
+            findings.append(Finding(check.label(), check.action, bool(r.success), None, None, _shown(check, figures)))
+            continue
+        # flags are null where they do not apply: count the rows they apply to
+        total = result.get("element_count")
+        if total is not None and check.type == IN_SET:
+            total -= result.get("missing_count") or 0
+        findings.append(Finding(check.label(), check.action, bool(r.success), result.get("unexpected_count"),
+                                total, result.get("observed_value")))
+    return findings
