@@ -73,7 +73,8 @@ def parse_envelope(lines: DataFrame, fmt: str = "auto") -> DataFrame:
         flat = "(_flat['__op'] IS NOT NULL OR _flat['__deleted'] IS NOT NULL)"
     else:
         flat = "false"
-    maybe_flat = "true" if fmt == "json-flat" else """(_text LIKE '%"\\_\\_op"%' OR _text LIKE '%"\\_\\_deleted"%')"""
+    # contains(), not LIKE: an escaped `_` in a pattern makes Spark run LIKE as a regex over the whole line
+    maybe_flat = "true" if fmt == "json-flat" else """(contains(_text, '"__op"') OR contains(_text, '"__deleted"'))"""
     flat_op = ("coalesce(_flat['__op'], CASE lower(_flat['__deleted']) WHEN 'true' THEN 'd' WHEN 'false' THEN 'u' END)")
     # a line with a problem found when it was read (too large, not UTF-8) is not parsed
     text = F.col("_raw") if "_line_problem" not in lines.columns else F.when(F.col("_line_problem").isNull(), F.col("_raw"))
@@ -188,7 +189,10 @@ def _overflowed() -> Column:
     as the string "Infinity": more such strings in them than in the line itself means a number overflowed."""
     def infinities(text: Column) -> Column:
         return F.size(F.split(F.coalesce(text, F.lit("")), '"-?Infinity"')) - 1
-    return infinities(F.col("before")) + infinities(F.col("after")) > infinities(F.col("_raw"))
+    # the regex split over whole records is costly and classify refers to this more than once: counted only on
+    # the rare images that hold the word at all
+    rare = F.coalesce(F.col("before"), F.lit("")).contains("Infinity") | F.coalesce(F.col("after"), F.lit("")).contains("Infinity")
+    return rare & (infinities(F.col("before")) + infinities(F.col("after")) > infinities(F.col("_raw")))
 
 
 def classify(parsed: DataFrame, keys: tuple[str, ...], quarantine: frozenset[str] = row_checks("bronze")) -> DataFrame:
@@ -211,15 +215,20 @@ def classify(parsed: DataFrame, keys: tuple[str, ...], quarantine: frozenset[str
     # a Kafka tombstone is `null`, or with the JSON converter's schemas.enable=true, an empty envelope
     tombstone = problem.isNull() & ((trimmed == "null") | trimmed.rlike(
         r'^\{\s*"schema"\s*:\s*null\s*,\s*"payload"\s*:\s*null\s*\}$'))
-    failed = F.when(~tombstone & unusable.isNull(), row_expectation_failure())
-    quarantined = unusable.isNotNull() | F.split(failed, ":")[0].isin(*sorted(quarantine))
-    kind = F.when(tombstone, "tombstone").when(quarantined, "quarantine").otherwise("event")
+    failed = F.when(~F.col("_tombstone") & F.col("_unusable").isNull(), row_expectation_failure())
+    quarantined = F.col("_unusable").isNotNull() | F.split("_failed", ":")[0].isin(*sorted(quarantine))
+    kind = F.when(F.col("_tombstone"), "tombstone").when(quarantined, "quarantine").otherwise("event")
+    # each step refers to the one before by column name: Spark evaluates every expression once per line (passed
+    # as Column objects, the parsing checks were copied into every later expression and ran up to nine times)
     return (parsed.withColumn("_missing_key", missing_keys(keys))
             .withColumn("_nested_key", nested_keys(keys))
+            .withColumn("_unusable", unusable)
+            .withColumn("_tombstone", tombstone)
+            .withColumn("_failed", failed)
             .withColumn("_kind", kind)
-            .withColumn("reason", F.when(kind == "quarantine", F.coalesce(unusable, failed)))
-            .withColumn("_expectation", F.when(kind == "event", failed))
-            .drop("_missing_key", "_nested_key"))
+            .withColumn("reason", F.when(F.col("_kind") == "quarantine", F.coalesce("_unusable", "_failed")))
+            .withColumn("_expectation", F.when(F.col("_kind") == "event", F.col("_failed")))
+            .drop("_missing_key", "_nested_key", "_unusable", "_tombstone", "_failed"))
 
 
 _LANDING_OFFSET = r"([^/]+)\+([0-9]+)\+([0-9]+)\.[^/]*$"
