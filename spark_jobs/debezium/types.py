@@ -239,13 +239,17 @@ def parse_image(df: DataFrame, image: Column, fields: list[ImageField], alias: s
     """Adds struct column `alias` with every field decoded to its Spark type, and `_decode_problems`
     naming the fields whose value is present but does not fit the declared type ('' when none)."""
     ddl = ", ".join(f"`{f.name}` {f.parse_type}" for f in fields)
-    raw = F.from_json(image, ddl, JSON_OPTIONS)
+    # the image is parsed once into a column each way and the fields read from those columns: as Column objects
+    # the parses were copied into every field's expression, two per field (a check inside a CASE is not shared)
+    raw, as_text = F.col("_image_parsed"), F.col("_image_text")
     decoded = {f.name: f.decode(raw[f.name]).try_cast(f.spark_type) for f in fields}
-    as_text = F.from_json(image, "map<string,string>")
-    problems = [F.when(as_text[f.name].isNotNull() & decoded[f.name].isNull(), F.lit(f"{f.name} (not {f.spark_type.lower()})"))
-                for f in fields]
-    return (df.withColumn(alias, F.struct(*[c.alias(n) for n, c in decoded.items()]))
-            .withColumn("_decode_problems", F.concat_ws(", ", *problems)))
+    problems = [F.when(as_text[f.name].isNotNull() & F.col(alias)[f.name].isNull(),
+                       F.lit(f"{f.name} (not {f.spark_type.lower()})")) for f in fields]
+    return (df.withColumn("_image_parsed", F.from_json(image, ddl, JSON_OPTIONS))
+            .withColumn("_image_text", F.from_json(image, "map<string,string>"))
+            .withColumn(alias, F.struct(*[c.alias(n) for n, c in decoded.items()]))
+            .withColumn("_decode_problems", F.concat_ws(", ", *problems))
+            .drop("_image_parsed", "_image_text"))
 
 
 def lossless_cast_check(value: Column, source_type: T.DataType, target_type: T.DataType) -> tuple[Column, Column]:
