@@ -41,14 +41,21 @@ class Figure:
     workload: str
     name: str
     project: float
-    floor: float | None = None
+    floor: float | None = None  # the floor as a process of its own: its imports and start-up paid each time
     target: str = ""
     met: bool | None = None
     note: str = ""
+    # the floor's step timed inside this long-lived process (imports done), as the project's jobs are timed on the
+    # warm pipeline service
+    warm_floor: float | None = None
 
     @property
     def ratio(self) -> float | None:
         return None if not self.floor else self.project / self.floor
+
+    @property
+    def warm_ratio(self) -> float | None:
+        return None if not self.warm_floor else self.project / self.warm_floor
 
 
 @dataclass
@@ -66,6 +73,7 @@ class Bench:
     seeds: dict[tuple[str, int], Path] = field(default_factory=dict)
     floor_seeds: dict[int, Path] = field(default_factory=dict)  # rows -> the floor's silver, loaded by the floor
     floor_load_s: dict[int, float] = field(default_factory=dict)  # rows -> seconds the floor's load took
+    warm_load_s: dict[int, float] = field(default_factory=dict)  # rows -> seconds of the floor's load, warm
 
     @property
     def modes(self) -> tuple[tuple[str, str], ...]:
@@ -78,6 +86,8 @@ class Bench:
         self.figures.append(figure)
         ratio = f"  ratio {figure.ratio:5.2f}" if figure.ratio else ""
         floor = f"  floor {figure.floor:8.2f}s" if figure.floor is not None else ""
+        if figure.warm_ratio:
+            floor += f"  warm floor {figure.warm_floor:7.3f}s  ratio {figure.warm_ratio:6.1f}"
         verdict = "" if figure.met is None else f"  target {figure.target}: {'met' if figure.met else 'MISSED'}"
         unit = "" if "count" in figure.note else "s"
         print(f"{figure.workload} {figure.name:<44} project {figure.project:8.2f}{unit}{floor}{ratio}{verdict}", flush=True)
@@ -172,6 +182,21 @@ def floor_load(landing: Path, silver: Path, files: str, schema_of: Path) -> floa
                   "--silver", str(silver), "--schema-of", str(schema_of), "--keys", ",".join(KEYS)])[0]
 
 
+def warm_floor(step: str, landing: Path, silver: Path, files: str, schema_of: Path | None = None) -> float:
+    """The floor's `apply` or `load` called in this process, its imports long done: the least a warm, long-lived
+    process pays for the step (what the project's jobs on the pipeline service compare with)."""
+    from tests.benchmarks import floor
+
+    listed = json.loads(Path(files.removeprefix("@")).read_text())
+    started = time.perf_counter()
+    if step == "load":
+        assert schema_of is not None
+        floor.load(str(landing), listed, str(silver), str(schema_of), KEYS, "floor")
+    else:
+        floor.apply(str(landing), listed, str(silver), KEYS, "floor")
+    return time.perf_counter() - started
+
+
 def generate(landing: Path, rows: int, changes: int, batches: int, mix: tuple[int, int, int] = MIX,
              redeliver: float = 0.05) -> Any:
     from spark_jobs.generate import Options
@@ -200,11 +225,16 @@ def seeded(bench: Bench, rows: int, landing: Path, generated: Any) -> tuple[Path
             floor_s = floor_load(landing, floor_silver, files, lake / "silver" / TABLE)
             bench.floor_seeds[rows] = floor_silver
             bench.floor_load_s[rows] = floor_s
+            warm_silver = bench.workdir / f"seed-floor-warm-{rows}"
+            shutil.rmtree(warm_silver, ignore_errors=True)
+            bench.warm_load_s[rows] = warm_floor("load", landing, warm_silver, files, lake / "silver" / TABLE)
+            check_equal(warm_silver, floor_silver, generated, snapshot=True)
+            shutil.rmtree(warm_silver)
         check_equal(lake / "silver" / TABLE, bench.floor_seeds[rows], generated, snapshot=True)
         bench.seeds[(bench.engine, rows)] = lake
         figure = Figure("L", f"initial load of {rows:,} rows (bronze+silver; one run), {how}, {bench.engine}", seconds,
-                        bench.floor_load_s[rows], "<= 3x floor")
-        figure.met = seconds <= 3 * bench.floor_load_s[rows]
+                        bench.floor_load_s[rows], "<= 5x warm floor", warm_floor=bench.warm_load_s[rows])
+        figure.met = seconds <= 5 * bench.warm_load_s[rows]
         bench.add(figure)
     return bench.seeds[(bench.engine, rows)], bench.floor_seeds[rows]
 
@@ -233,10 +263,13 @@ def one_batch(bench: Bench, label: str, rows: int, changes: int) -> dict[str, fl
     generated = generate(landing, rows, changes, batches=1)
     seed, floor_seed = seeded(bench, rows, landing, generated)
     files = file_list(bench.workdir / f"{label}.json", landing, generated.batches[1])
-    seconds: dict[str, list[float]] = {mode: [] for mode, _ in (*MODES, ("floor", ""))}
+    seconds: dict[str, list[float]] = {mode: [] for mode, _ in (*MODES, ("floor", ""), ("warm", ""))}
     for _ in range(bench.runs):
+        warm_silver = fresh_copy(floor_seed, bench.workdir / f"floor-warm-{label}")
+        seconds["warm"].append(warm_floor("apply", landing, warm_silver, files))
         floor_silver = fresh_copy(floor_seed, bench.workdir / f"floor-{label}")
         seconds["floor"].append(floor_run(landing, floor_silver, files))  # the floor once per run
+        check_equal(warm_silver, floor_silver, generated)
         for mode, _ in bench.modes:
             lake = fresh_copy(seed, bench.workdir / f"lake-{label}")
             seconds[mode].append(project_run(landing, lake, files, bench.engine, mode, bench)[0])
@@ -249,8 +282,8 @@ def w1(bench: Bench) -> None:
     seconds = one_batch(bench, "w1", rows, changes)
     for mode, how in bench.modes:
         figure = Figure("W1", f"{changes:,} events into {rows:,} rows, {how}, {bench.engine}", seconds[mode], seconds["floor"],
-                        "<= 3x floor")
-        figure.met = figure.project <= 3 * seconds["floor"]
+                        "<= 5x warm floor", warm_floor=seconds["warm"])
+        figure.met = figure.project <= 5 * seconds["warm"]
         bench.add(figure)
 
 
@@ -260,7 +293,8 @@ def w2(bench: Bench) -> None:
     generated = generate(landing, rows, batches * per_batch, batches=batches)
     seed, floor_seed = seeded(bench, rows, landing, generated)
     floor_silver = fresh_copy(floor_seed, bench.workdir / "floor-w2")
-    seconds: dict[str, list[float]] = {mode: [] for mode, _ in (*MODES, ("floor", ""))}
+    warm_silver = fresh_copy(floor_seed, bench.workdir / "floor-warm-w2")
+    seconds: dict[str, list[float]] = {mode: [] for mode, _ in (*MODES, ("floor", ""), ("warm", ""))}
     lakes = {mode: fresh_copy(seed, bench.workdir / f"lake-w2{mode}") for mode, _ in bench.modes}
     jobs: list[int] = []
     for n, files in enumerate(generated.batches[1:], start=1):
@@ -270,6 +304,8 @@ def w2(bench: Bench) -> None:
             if mode == "service":
                 jobs.append(bench.spark_jobs[-1])
         seconds["floor"].append(floor_run(landing, floor_silver, listed))
+        seconds["warm"].append(warm_floor("apply", landing, warm_silver, listed))
+    check_equal(warm_silver, floor_silver, generated)
     for mode, _ in bench.modes:
         check_equal(lakes[mode] / "silver" / TABLE, floor_silver, generated)
     for mode, how in bench.modes:
@@ -277,13 +313,15 @@ def w2(bench: Bench) -> None:
             # the first batch of each warms the page cache (and the server's JIT): "once warm" leaves it out
             p, f = percentile(seconds[mode][1:], share), percentile(seconds["floor"][1:], share)
             figure = Figure("W2", f"{name} per batch of {per_batch:,} ({batches} batches, {rows:,} rows), {how}, "
-                                  f"{bench.engine}", p, f,
-                            "p50 <= 3 s" if name == "p50" else "")
-            figure.met = p <= 3 if name == "p50" else None
+                                  f"{bench.engine}", p, f, "p50 <= 2 s" if name == "p50" else "",
+                            warm_floor=percentile(seconds["warm"][1:], share))
+            figure.met = p <= 2 if name == "p50" else None
             bench.add(figure)
     if jobs:  # what a batch costs in Spark jobs (bronze and silver, gates and audits included)
-        bench.add(Figure("W2", f"Spark jobs per batch of {per_batch:,}, p50, on the pipeline service, {bench.engine}",
-                         statistics.median(jobs), note="a count of Spark jobs, not seconds"))
+        figure = Figure("W2", f"Spark jobs per batch of {per_batch:,}, p50, on the pipeline service, {bench.engine}",
+                        statistics.median(jobs), target="<= 12", note="a count of Spark jobs, not seconds")
+        figure.met = figure.project <= 12
+        bench.add(figure)
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -404,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown workload(s) {', '.join(unknown)}")
     check_floor_restates_the_pipeline()
+    import tests.benchmarks.floor  # noqa: F401  (imported once: the warm floor's steps are timed without their imports)
+
     workdir = Path(args.workdir)
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
