@@ -191,7 +191,7 @@ def _overflowed() -> Column:
         return F.size(F.split(F.coalesce(text, F.lit("")), '"-?Infinity"')) - 1
     # the regex split over whole records is costly and classify refers to this more than once: counted only on
     # the rare images that hold the word at all
-    rare = F.coalesce(F.col("before"), F.lit("")).contains("Infinity") | F.coalesce(F.col("after"), F.lit("")).contains("Infinity")
+    rare = reduce(lambda a, b: a | b, [F.coalesce(F.col(image), F.lit("")).contains("Infinity") for image in ("before", "after")])
     return rare & (infinities(F.col("before")) + infinities(F.col("after")) > infinities(F.col("_raw")))
 
 

@@ -243,3 +243,19 @@ def test_effective_changes_drop_events_older_than_the_row_or_its_delete(spark):
 def test_key_image_reads_before_for_deletes(spark):
     df = spark.createDataFrame([("d", "B", "A"), ("u", "B", "A")], "op STRING, before STRING, after STRING")
     assert [r[0] for r in df.select(envelope.key_image()).collect()] == ["B", "A"]
+
+
+def _optimized_plan(df) -> str:
+    return df._jdf.queryExecution().optimizedPlan().toString()
+
+
+def test_classify_evaluates_each_check_once_per_line(spark):
+    """Spark shares no work between the branches of a CASE: a check passed on as a Column object into later
+    expressions runs again in each. The costly ones (the overflow count's regex split, the tombstone pattern, the
+    key-nesting parse) stand once in classify's plan."""
+    lines = spark.createDataFrame([("a.json", 1, '{"after":{"id":1},"source":{"lsn":5},"op":"c","ts_ms":9}')],
+                                  "_source_file STRING, _line BIGINT, _raw STRING")
+    plan = _optimized_plan(envelope.classify(envelope.parse_envelope(lines), ("id",)))
+    assert plan.count("split(coalesce") == 3  # before, after and the raw line, once each
+    assert plan.count("RLIKE") == 1
+    assert plan.count("variant_get") == 1

@@ -133,3 +133,12 @@ def test_typed_files_keep_their_column_types_through_json(spark):
     text = df.select(F.to_json(F.struct(*df.columns), types.JSON_OPTIONS).alias("img"))
     row = types.parse_image(text, F.col("img"), fields, "r").select("r.*").first()
     assert tuple(row) == tuple(df.first())
+
+
+def test_an_image_is_parsed_twice_whatever_its_columns(spark):
+    """Typed with its declared types and as text (to name what did not fit): two parses per image, not two per
+    column (a parse passed on as a Column object runs again in every expression that holds it)."""
+    fields = [types.ImageField(name=f"c{i}", parse_type="BIGINT") for i in range(6)]
+    df = spark.createDataFrame([('{"c0": 1}',)], "img STRING")
+    plan = types.parse_image(df, F.col("img"), fields, "r")._jdf.queryExecution().optimizedPlan().toString()
+    assert plan.count("from_json") == 2
