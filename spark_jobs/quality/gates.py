@@ -14,15 +14,16 @@ after one Spark job brings its columns over (docs/architecture.md, "Gates").
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from pyspark.sql import DataFrame
 
 from spark_jobs.errors import GateFailed
 from spark_jobs.lake import Lake
+from spark_jobs.quality import gx_project
 from spark_jobs.quality.expectations import (
     EXPECTATIONS,
     FAIL,
@@ -177,44 +178,9 @@ def gold_checks(model: GoldModel) -> list[Check]:
     return [*checks, *user_checks(model.expectations, "model")]
 
 
-LAKE_BACKEND = {"class_name": "LakeStoreBackend", "module_name": "spark_jobs.quality.gx_store"}
-
-
-def _context(lake: Lake, table: str) -> Any:
-    """The table's GX context. Its configuration is built here on every run from the registry (nothing of
-    it is kept in a project file a killed run could leave half-written); suites, validation results and
-    Data Docs are files under `_state/gx/<table>/gx` and the reports, each written atomically (gx_store)."""
-    import great_expectations as gx
-    from great_expectations.data_context.types.base import (
-        DataContextConfig,
-        FilesystemStoreBackendDefaults,
-        ProgressBarsConfig,
-    )
-
-    from spark_jobs.quality.docs_views import SECTION_VIEWS, CachedIndexPageView, view
-
-    defaults = FilesystemStoreBackendDefaults(root_directory=lake.gx_stores(table))
-    for name, store in defaults.stores.items():
-        backend: dict[str, Any] = store["store_backend"]  # type: ignore[index,assignment]
-        backend.update(LAKE_BACKEND)
-        if name == defaults.validation_results_store_name:  # what Data Docs render: source values escaped
-            backend["class_name"] = "ValidationResultsStoreBackend"
-    docs_dir = lake.data_docs(table)
-    site: Any = {
-        "class_name": "SiteBuilder",
-        "show_how_to_buttons": False,
-        "store_backend": {**LAKE_BACKEND, "class_name": "DataDocsStoreBackend", "base_directory": docs_dir},
-        "site_index_builder": {"class_name": "DefaultSiteIndexBuilder", "view": view(CachedIndexPageView)},
-        "site_section_builders": SECTION_VIEWS,
-    }
-    config = DataContextConfig(store_backend_defaults=defaults, data_docs_sites={"reports": site},
-                               progress_bars=ProgressBarsConfig(globally=False))
-    return gx.get_context(project_config=config, mode="ephemeral")
-
-
 def rebuild_data_docs(lake: Lake, table: str) -> None:
     """The table's Data Docs from the validation results its store holds (after maintenance removed old ones)."""
-    _context(lake, table).build_data_docs(site_names=["reports"])
+    gx_project.context(lake, table).build_data_docs(site_names=["reports"])
 
 
 def _figures_frame(figures: dict[str, Any]) -> Any:
@@ -272,50 +238,36 @@ def run_gate(frames: dict[str, DataFrame], table: str, layer: str, checks: list[
     writing its evidence). Checks on frames not given are not run.
 
     One Checkpoint per frame, not one per gate: a Checkpoint hands all its validation definitions the same
-    batch parameters, and each frame of a gate is its own dataframe."""
-    import great_expectations as gx
-    from great_expectations.checkpoint import UpdateDataDocsAction
+    batch parameters, and each frame of a gate is its own dataframe. The Checkpoints (and the context) are made
+    on a table's first gate in the process and reused while the checks are the same (quality/gx_project.py)."""
     from great_expectations.core.run_identifier import RunIdentifier
 
-    context = _context(lake, table)
-    sources = {"spark": context.data_sources.add_or_update_spark(name="lake"),
-               "figures": context.data_sources.add_or_update_pandas(name="figures"),
-               "local": context.data_sources.add_or_update_pandas(name="audit")}
     inputs: dict[str, Any] = dict(frames)
     if figures is not None:
         inputs[FIGURES] = _figures_frame(figures)
+    spark_app = next((df.sparkSession.sparkContext.applicationId for df in frames.values()), "")
+    project = gx_project.project(lake, table, spark_app)
     run_id = RunIdentifier(run_name=f"{table}.{layer}")
     findings: list[Finding] = []
     validated = []
-    for frame, df in inputs.items():
-        frame_checks = [c for c in checks if c.frame == frame]
-        if not frame_checks:
-            continue
-        name = f"{table}.{layer}.{frame}"
-        where = "figures" if frame == FIGURES else "spark"
-        if where == "spark" and (local := _local_frame(df, frame_checks)) is not None:
-            df, frame_checks, where = local, [c.local() for c in frame_checks], "local"
-        source = sources[where]
-        asset = next((a for a in source.assets if a.name == name), None) or source.add_dataframe_asset(name=name)
-        batch = next((b for b in asset.batch_definitions if b.name == "batch"), None)
-        batch = batch or asset.add_batch_definition_whole_dataframe("batch")
-        suite = context.suites.add_or_update(_suite(name, frame_checks))
-        # a stored definition (and checkpoint) is bound to its data source: one per path a frame may take, so a
-        # run of another size (driver or Spark) never loads one that names the other's asset
-        bound = f"{name}.{where}"
-        definition = context.validation_definitions.add_or_update(gx.ValidationDefinition(name=bound, data=batch, suite=suite))
-        # Data Docs: a notification's link needs the page the checkpoint's own action writes; without
-        # notifications, the gate's pages and the index are written once, below, not once per frame
-        # (each build also renders the site's index page again)
-        docs_action = [UpdateDataDocsAction(name="data_docs", site_names=["reports"])] if actions else []
-        checkpoint = context.checkpoints.add_or_update(gx.Checkpoint(
-            name=bound, validation_definitions=[definition], actions=[*docs_action, *map(json.loads, actions)],
-            result_format=_result_format(frame_checks)))
-        result_id, outcome = next(iter(checkpoint.run(batch_parameters={"dataframe": df}, run_id=run_id).run_results.items()))
-        validated.append(result_id)
-        findings += _findings(outcome.results, frame_checks, (figures or {}) if frame == FIGURES else None)
-    if validated and not actions:
-        context.build_data_docs(site_names=["reports"], resource_identifiers=validated)
+    with project.lock:
+        for frame, df in inputs.items():
+            frame_checks = [c for c in checks if c.frame == frame]
+            if not frame_checks:
+                continue
+            where = gx_project.FIGURES if frame == FIGURES else gx_project.SPARK
+            if where == gx_project.SPARK and (local := _local_frame(df, frame_checks)) is not None:
+                df, frame_checks, where = local, [c.local() for c in frame_checks], gx_project.LOCAL
+            name = f"{table}.{layer}.{frame}"
+            checkpoint = project.checkpoint(gx_project.FrameValidation(
+                name, where, repr(frame_checks), partial(_suite, checks=frame_checks), _result_format(frame_checks),
+                actions))
+            result_id, outcome = next(iter(checkpoint.run(batch_parameters={"dataframe": df}, run_id=run_id)
+                                           .run_results.items()))
+            validated.append(result_id)
+            findings += _findings(outcome.results, frame_checks, (figures or {}) if frame == FIGURES else None)
+        if validated and not actions:
+            project.context.build_data_docs(site_names=["reports"], resource_identifiers=validated)
     docs = f"{lake.data_docs(table)}/index.html"
     gate = GateResult(table, layer, findings, docs if lake.files.exists(docs) else None)
     if raise_on_failure and not gate.success:

@@ -4,7 +4,7 @@ written aside and renamed over, or S3.
 Written here because no library does either: GX's filesystem backend truncates a file and then writes it
 (a run killed in between left an empty suite or validation result, and every later gate of the table
 failed to load it), and GX 1.x ships no S3 backend. GX instantiates this by name from the store
-configuration (gates._context); it imports GX, so nothing else imports it."""
+configuration (gx_project.context); it imports GX, so nothing else imports it."""
 
 from __future__ import annotations
 

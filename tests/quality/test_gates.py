@@ -141,3 +141,35 @@ def test_frames_crossing_the_local_threshold_either_way_validate_every_time(spar
     dup = spark.createDataFrame([(1, "x")] * 8, "id INT, v STRING")
     with pytest.raises(GateFailed, match=r"key_unique\(id\) unexpected=8 of 8$"):
         run_gate({"rows": dup}, "orders", "silver", _rows_only(TABLE), lake)
+
+
+def test_a_tables_gx_objects_are_made_once_and_again_only_when_its_checks_change(spark, tmp_path, monkeypatch):
+    """The pipeline service runs every batch of a table in one process: a frame's suite, definition and
+    Checkpoint are made on its first gate and reused (each run still validates its own rows), made again when a
+    check changes; frames of other layers added to the same data source since keep theirs."""
+    from spark_jobs.quality import gx_project
+
+    made = []
+    make = gx_project.Project._make
+    monkeypatch.setattr(gx_project.Project, "_make", lambda self, frame: made.append(frame.name) or make(self, frame))
+    lake = Lake(str(tmp_path))
+    good = spark.createDataFrame([(1, "x"), (2, "y")], "id INT, v STRING")
+    bad = spark.createDataFrame([(1, "x"), (1, "y"), (3, "z")], "id INT, v STRING")
+    assert run_gate({"rows": good}, "orders", "silver", _rows_only(TABLE), lake).success
+    with pytest.raises(GateFailed, match=r"expectation=key_unique\(id\) unexpected=2 of 3$"):
+        run_gate({"rows": bad}, "orders", "silver", _rows_only(TABLE), lake)
+    assert made == ["orders.silver.rows"]
+    # another layer's frame on the same (driver-side) data source, then the first frame again: still found
+    events = spark.createDataFrame([("c", "1", None, True)], "op STRING, id STRING, _follows_delete BOOLEAN, "
+                                                             "_deleted_flag_agrees BOOLEAN")
+    bronze = [c for c in bronze_checks(TABLE) if c.frame == "events"]
+    assert run_gate({"events": events}, "orders", "bronze", bronze, lake).success
+    assert run_gate({"rows": good}, "orders", "silver", _rows_only(TABLE), lake).success
+    assert made == ["orders.silver.rows", "orders.bronze.events"]
+    lenient = TableConfig(name="orders", topic="t", keys=("id",), quality=Quality(overrides=(("key_unique", "warn"),)))
+    result = run_gate({"rows": bad}, "orders", "silver", _rows_only(lenient), lake)
+    assert (result.verdict(), made[-1]) == ("passed-with-warnings", "orders.silver.rows")
+    # the first checks again: stored anew (the lenient suite replaced theirs under the same name)
+    with pytest.raises(GateFailed, match=r"expectation=key_unique\(id\) unexpected=2 of 3$"):
+        run_gate({"rows": bad}, "orders", "silver", _rows_only(TABLE), lake)
+    assert len(made) == 4
