@@ -86,11 +86,10 @@ class Bench:
         self.figures.append(figure)
         ratio = f"  ratio {figure.ratio:5.2f}" if figure.ratio else ""
         floor = f"  floor {figure.floor:8.2f}s" if figure.floor is not None else ""
-        if figure.warm_ratio:
-            floor += f"  warm floor {figure.warm_floor:7.3f}s  ratio {figure.warm_ratio:6.1f}"
+        warm = f"  warm floor {figure.warm_floor:7.3f}s  ratio {figure.warm_ratio:6.1f}" if figure.warm_ratio else ""
         verdict = "" if figure.met is None else f"  target {figure.target}: {'met' if figure.met else 'MISSED'}"
         unit = "" if "count" in figure.note else "s"
-        print(f"{figure.workload} {figure.name:<44} project {figure.project:8.2f}{unit}{floor}{ratio}{verdict}", flush=True)
+        print(f"{figure.workload} {figure.name:<44} project {figure.project:8.2f}{unit}{floor}{ratio}{warm}{verdict}", flush=True)
 
 
 def env() -> dict[str, str]:
