@@ -26,7 +26,8 @@ def write_results(path: Path, bench: Any, info: dict[str, str], workloads: list[
     earlier = json.loads(raw_path.read_text()) if raw_path.exists() else {}
     kept = [{"measured": earlier.get("written", ""), "scale": earlier.get("scale"), **f}
             for f in earlier.get("figures", [])]
-    current = [{**asdict(f), "ratio": f.ratio, "warm_ratio": f.warm_ratio, "scale": bench.scale, "measured": when} for f in bench.figures]
+    current = [{**asdict(f), "ratio": f.ratio, "warm_ratio": f.warm_ratio, "scale": bench.scale, "measured": when}
+               for f in bench.figures]
     # a figure measured again replaces its earlier row; the others (other modes, engines, scales) stay
     measured = {(f["workload"], f["name"], f["scale"]) for f in current}
     kept = [f for f in kept if (f["workload"], f["name"], f["scale"]) not in measured]
@@ -48,7 +49,8 @@ def write_results(path: Path, bench: Any, info: dict[str, str], workloads: list[
         "with the Delta engine each row names (W5: the embedded default). "
         "Floor: DuckDB + a delta-rs merge with the same conditions (L: DuckDB + a delta-rs write; `tests/benchmarks/floor.py`), "
         "also a fresh process; the warm floor is the same step called inside the long-lived benchmark process, its "
-        "imports done, as the project's jobs run on the warm service. Figures are medians of the runs (W2: percentiles over its batches). Every workload "
+        "imports done, as the project's jobs run on the warm service. Figures are medians of the runs "
+        "(W2: percentiles over its batches). Every workload "
         "checks that the project's silver equals the floor's and the generator's final state.",
         "",
         "| workload | figure | project | floor | project / floor | warm floor | project / warm floor | target | met "
