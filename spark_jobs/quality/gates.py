@@ -259,11 +259,9 @@ def run_gate(frames: dict[str, DataFrame], table: str, layer: str, checks: list[
             if where == gx_project.SPARK and (local := _local_frame(df, frame_checks)) is not None:
                 df, frame_checks, where = local, [c.local() for c in frame_checks], gx_project.LOCAL
             name = f"{table}.{layer}.{frame}"
-            checkpoint = project.checkpoint(gx_project.FrameValidation(
+            result_id, outcome = project.validate(gx_project.FrameValidation(
                 name, where, repr(frame_checks), partial(_suite, checks=frame_checks), _result_format(frame_checks),
-                actions))
-            result_id, outcome = next(iter(checkpoint.run(batch_parameters={"dataframe": df}, run_id=run_id)
-                                           .run_results.items()))
+                actions), df, run_id)
             validated.append(result_id)
             findings += _findings(outcome.results, frame_checks, (figures or {}) if frame == FIGURES else None)
         if validated and not actions:

@@ -103,6 +103,21 @@ class Project:
             self.checkpoints[frame.bound] = (frame.key, made)
         return made
 
+    def validate(self, frame: FrameValidation, df: Any, run_id: Any) -> tuple[Any, Any]:
+        """Run the frame's Checkpoint on `df`: (its result's id, the outcome). Objects its stores lost since they
+        were made (the lake's folder deleted under a running service) are made and stored again first."""
+        from great_expectations.exceptions.resource_freshness import (
+            ResourceFreshnessAggregateError,
+            ResourceFreshnessError,
+        )
+
+        try:
+            outcome = self.checkpoint(frame).run(batch_parameters={"dataframe": df}, run_id=run_id)
+        except (ResourceFreshnessAggregateError, ResourceFreshnessError):  # GX checks them before it validates
+            del self.checkpoints[frame.bound]
+            outcome = self.checkpoint(frame).run(batch_parameters={"dataframe": df}, run_id=run_id)
+        return next(iter(outcome.run_results.items()))
+
     def _source(self, where: str) -> Any:
         """The data source, added once: adding it again would replace it, and the assets the checkpoints made
         before are bound to with it."""

@@ -173,3 +173,18 @@ def test_a_tables_gx_objects_are_made_once_and_again_only_when_its_checks_change
     with pytest.raises(GateFailed, match=r"expectation=key_unique\(id\) unexpected=2 of 3$"):
         run_gate({"rows": bad}, "orders", "silver", _rows_only(TABLE), lake)
     assert len(made) == 4
+
+
+def test_gx_objects_the_lake_lost_under_a_running_process_are_made_again(spark, tmp_path):
+    """A lake's folder deleted (and its GX stores with it) while the service runs: the next gate of the table
+    stores its objects again and validates its rows, instead of failing on the Checkpoint it made before."""
+    import shutil
+
+    lake = Lake(str(tmp_path / "lake"))
+    good = spark.createDataFrame([(1, "x"), (2, "y")], "id INT, v STRING")
+    assert run_gate({"rows": good}, "orders", "silver", _rows_only(TABLE), lake).success
+    shutil.rmtree(tmp_path / "lake")
+    bad = spark.createDataFrame([(1, "x"), (1, "y")], "id INT, v STRING")
+    with pytest.raises(GateFailed, match=r"expectation=key_unique\(id\) unexpected=2 of 2$"):
+        run_gate({"rows": bad}, "orders", "silver", _rows_only(TABLE), lake)
+    assert (tmp_path / "lake" / "reports" / "data_docs" / "orders" / "index.html").exists()
