@@ -15,7 +15,17 @@ from spark_jobs.delta import DeltaEngine, MergeSpec, driver_rows
 from spark_jobs.errors import ConcurrentWrite, OutOfMemory, PipelineError
 from spark_jobs.lake import Lake
 from spark_jobs.landing import LandingFile, LandingWindow, list_topic, spark_paths
-from spark_jobs.layers.common import gate, lag_seconds, now, one_row, share, write_quarantine
+from spark_jobs.layers.common import (
+    ONE_TASK_BYTES,
+    checkpoint,
+    gate,
+    lag_seconds,
+    landing_bytes,
+    now,
+    one_row,
+    share,
+    write_quarantine,
+)
 from spark_jobs.layers.landing_reader import read_landing
 from spark_jobs.layers.summary import BronzeSummary, Counts
 from spark_jobs.quality.expectations import QUARANTINE, row_checks
@@ -169,7 +179,8 @@ def _ingest(spark: SparkSession, engine: DeltaEngine, batch: _Batch, staged: dic
     parsed = envelope.parse_envelope(lines, table.format)
     parsed = parsed.withColumn("_schema", F.coalesce("_typed_schema", "_schema")).drop("_typed_schema")
     to_quarantine = frozenset(n for n in row_checks("bronze") if table.quality.action(n) == QUARANTINE)
-    classified = envelope.classify(parsed, table.keys, to_quarantine).localCheckpoint()
+    small = landing_bytes((f.path, f.size) for f in batch.files) <= ONE_TASK_BYTES
+    classified = checkpoint(envelope.classify(parsed, table.keys, to_quarantine), small)
     raw = _raw_events(classified, table)
     classified = _quarantine_by_expectations(classified, raw, table)
     tally = _tally(classified)
@@ -177,7 +188,7 @@ def _ingest(spark: SparkSession, engine: DeltaEngine, batch: _Batch, staged: dic
     per_file = dict(tally.per_file)  # unreadable files join it below
     # tombstone lines that open a file follow a record of an earlier batch: look in bronze for those only
     earlier = _preceding_rows(spark, engine, lake, table.name, tally.opening) if tally.opening else None
-    matched = envelope.match_tombstones(classified, earlier).localCheckpoint()
+    matched = checkpoint(envelope.match_tombstones(classified, earlier), small)
     tombstones = _tombstone_counts(matched) if tally.tombstones else _TombstoneCounts(0, 0)
     _count(tally, tombstones, batch, len(unreadable), summary)
     _audit(classified, matched, raw, batch, summary)

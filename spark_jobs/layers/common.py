@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from pyspark.sql import DataFrame, Row
@@ -34,6 +34,27 @@ def write_quarantine(engine: DeltaEngine, lake: Lake, table: str, rows: DataFram
             F.lit(batch_id).alias("_batch_id"), F.lit(now()).cast("timestamp").alias("_ingested_at"))
         engine.merge(rows, lake.quarantine(table), QUARANTINE_MERGE)
     return counts
+
+
+# Batches up to this size are planned in one partition (checkpoint): bronze rows into silver, landing bytes into
+# bronze (a gzip file's lines taking about ten times its size)
+ONE_TASK_ROWS = 10_000
+ONE_TASK_BYTES = 8 << 20
+
+
+def landing_bytes(paths_and_sizes: Iterable[tuple[str, int]]) -> int:
+    """About how many bytes of lines the landing files hold."""
+    return sum(size * (10 if path.endswith(".gz") else 1) for path, size in paths_and_sizes)
+
+
+def checkpoint(df: DataFrame, together: bool) -> DataFrame:
+    """`df` materialised; with `together` (a small batch) in one partition, which the planner then knows: every
+    later aggregate, window and join over it runs in place, where Spark would otherwise shuffle first, and under
+    adaptive execution each shuffle is a Spark job of its own. For a small batch those jobs cost more than a
+    second core gains. Marked on the checkpoint, not before it: adaptive execution plans an aggregate, window or
+    join as a whole, and the checkpoint of such a plan does not know its partitions."""
+    materialised = df.localCheckpoint()
+    return materialised.coalesce(1) if together else materialised
 
 
 def one_row(df: DataFrame) -> Row:

@@ -11,6 +11,7 @@ from pyspark.sql import functions as F
 
 from spark_jobs.debezium import avro, envelope, types
 from spark_jobs.landing import LandingFile, exact_line, file_too_large, landing_read_problem, read_problem
+from spark_jobs.layers.common import ONE_TASK_BYTES, checkpoint, landing_bytes
 from spark_jobs.settings import settings
 from spark_jobs.storage import open_input
 
@@ -150,7 +151,8 @@ def _json_lines(spark: SparkSession, staged: dict[str, LandingFile]) -> tuple[Da
         return None, unreadable
     scan = spark.read.option("lineSep", "\n").option("ignoreMissingFiles", "true").text(list(readable)).select(
         F.col("_metadata.file_path").alias("_uri"), F.col("_metadata.file_block_start").alias("_block"),
-        F.monotonically_increasing_id().alias("_row"), F.col("value").alias("_text")).localCheckpoint()
+        F.monotonically_increasing_id().alias("_row"), F.col("value").alias("_text"))
+    scan = checkpoint(scan, landing_bytes((path, f.size) for path, f in readable.items()) <= ONE_TASK_BYTES)
     blocks = scan.groupBy("_uri", "_block").agg(
         F.count(F.lit(1)).alias("lines"), F.min("_row").alias("first"),
         F.min(F.expr("is_valid_utf8(_text)")).alias("utf8")).collect()

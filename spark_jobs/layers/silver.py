@@ -14,7 +14,7 @@ from pyspark.sql import functions as F
 from spark_jobs.delta import DeltaEngine, MergeSpec, driver_rows
 from spark_jobs.errors import GateFailed, PipelineError
 from spark_jobs.lake import Lake
-from spark_jobs.layers.common import Gate, lag_seconds, now, share, write_quarantine
+from spark_jobs.layers.common import Gate, checkpoint, lag_seconds, now, share, write_quarantine
 from spark_jobs.layers.common import gate as run_gate
 from spark_jobs.layers.history import TRUNCATE_LOG_MERGE, apply_history
 from spark_jobs.layers.silver_plan import BatchPlan, merged_audit, plan_batch
@@ -166,9 +166,9 @@ def apply_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     frames = dict(plan.frames)
     if plan.latest is not None and plan.deletes is not None:
         rows_audit, deletes_audit = merged_audit(spark, engine, lake.silver(table.name), plan.latest, plan.deletes,
-                                                 table.keys, batch_id)
-        frames.update(events=frames["events"].unionByName(deletes_audit, allowMissingColumns=True).localCheckpoint(),
-                      rows=rows_audit.localCheckpoint())
+                                                 table.keys, batch_id, plan.one_task)
+        frames.update(events=checkpoint(frames["events"].unionByName(deletes_audit, allowMissingColumns=True),
+                                        plan.one_task), rows=checkpoint(rows_audit, plan.one_task))
     try:
         check(frames, figures, table.name, "silver", checks, lake, summary)
     except GateFailed:

@@ -16,7 +16,7 @@ from spark_jobs.delta import DeltaEngine
 from spark_jobs.errors import ConfigError
 from spark_jobs.lake import Lake
 from spark_jobs.layers import changes
-from spark_jobs.layers.common import one_row
+from spark_jobs.layers.common import ONE_TASK_ROWS, checkpoint, one_row
 from spark_jobs.quality.user_expectations import check_columns, violations
 from spark_jobs.registry import TableConfig
 
@@ -59,6 +59,11 @@ class BatchPlan:
     delete_counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("received", "before_truncate", "superseded", "stale", "absent"), 0))
 
+    @property
+    def one_task(self) -> bool:
+        """A batch small enough to plan in one partition (common.checkpoint)."""
+        return self.rows_in <= ONE_TASK_ROWS
+
 
 def plan_batch(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake: Lake, batch: DataFrame,
                truncated_at: str | None) -> BatchPlan:
@@ -79,6 +84,8 @@ def plan_batch(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lak
     plan = BatchPlan(truncates, overview["truncates"], new_truncate, new_truncate or truncated_at, overview["rows"],
                      overview["newest_ts_ms"], truncates.where("reason IS NOT NULL").select(*QUARANTINED),
                      engine.schema(lake.silver(table.name)))
+    if plan.one_task:  # materialised already: the planner is only told it is one partition (common.checkpoint)
+        ordered = ordered.coalesce(1)
     if overview["changes"]:
         _plan_changes(spark, engine, table, lake, ordered.where("op <> 't'"), overview["plain"] > 0,
                       overview["unavailable"] > 0, plan)
@@ -90,26 +97,27 @@ def _plan_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     """The row events' part of the plan: typed, the newest per key, the merge's rows, the deletes."""
     typed, plan.fields = typed_changes(spark, table, changes_in, plan.target_schema, has_plain, unavailable)
     if unavailable:
-        typed = fill_unavailable(spark, engine, lake, table, typed.localCheckpoint())
-    plan.typed = typed = _quarantine_by_expectations(table, typed.withColumn(
-        EVENT_ID, F.monotonically_increasing_id()).localCheckpoint(), plan)
+        typed = fill_unavailable(spark, engine, lake, table, checkpoint(typed, plan.one_task))
+    plan.typed = typed = _quarantine_by_expectations(table, checkpoint(typed.withColumn(
+        EVENT_ID, F.monotonically_increasing_id()), plan.one_task), plan)
     plan.quarantine = plan.quarantine.unionByName(typed.where("reason IS NOT NULL").select(*QUARANTINED))
     events = typed.where("reason IS NULL")
     # audit frames are materialised once: the gate computes each expectation with its own Spark job
-    plan.frames["events"] = event_audit(typed, table.keys).localCheckpoint()
+    plan.frames["events"] = checkpoint(event_audit(typed, table.keys), plan.one_task)
     after_truncate = F.col("_seq") > F.lit(plan.truncated_at) if plan.truncated_at else F.lit(True)
     position = F.struct(*table.keys, "_seq")
     counts = one_row(events.agg(F.count(F.lit(1)).alias("events"), F.countDistinct(position).alias("positions"),
                                 F.countDistinct(F.when(after_truncate, position)).alias("positions_after_truncate")))
     plan.events, plan.positions, plan.positions_after_truncate = counts
-    plan.latest = changes.latest_per_key(events.where(after_truncate), table.keys).localCheckpoint()
+    plan.latest = checkpoint(changes.latest_per_key(events.where(after_truncate), table.keys), plan.one_task)
     latest_counts = one_row(plan.latest.agg(F.count(F.lit(1)).alias("keys"), F.sum(F.col("_tie").cast("int")).alias("ties")))
     plan.keys, plan.ties = latest_counts["keys"], int(latest_counts["ties"] or 0)
-    plan.state = current_state(spark, engine, lake, table, plan.latest, plan.new_truncate).localCheckpoint()
+    plan.state = checkpoint(current_state(spark, engine, lake, table, plan.latest, plan.new_truncate, plan.one_task),
+                            plan.one_task)
     effective = changes.effective_changes(plan.latest, plan.state.select(*table.keys, "_seq"), table.keys)
-    plan.rows = silver_rows(effective, plan.fields, plan.target_schema).localCheckpoint()
+    plan.rows = checkpoint(silver_rows(effective, plan.fields, plan.target_schema), plan.one_task)
     plan.effective = plan.rows.count()
-    plan.deletes = events.where("op = 'd'").select(*table.keys, "_seq").distinct().localCheckpoint()
+    plan.deletes = checkpoint(events.where("op = 'd'").select(*table.keys, "_seq").distinct(), plan.one_task)
     plan.delete_counts = classify_deletes(plan.deletes, plan.latest, plan.state, table.keys, plan.truncated_at)
 
 
@@ -130,7 +138,8 @@ def _quarantine_by_expectations(table: TableConfig, typed: DataFrame, plan: Batc
     failing = violations(upserts, expectations, EVENT_ID)
     if failing is not None:
         typed = typed.join(failing.withColumnRenamed("reason", "_failed"), EVENT_ID, "left").withColumn(
-            "reason", F.coalesce("reason", "_failed")).drop("_failed").localCheckpoint()
+            "reason", F.coalesce("reason", "_failed")).drop("_failed")
+        typed = checkpoint(typed, plan.one_task)
     return typed.drop(EVENT_ID)
 
 
@@ -232,29 +241,32 @@ def classify_deletes(deletes: DataFrame, latest: DataFrame, state: DataFrame, ke
 
 
 def merged_audit(spark: SparkSession, engine: DeltaEngine, target_path: str, latest: DataFrame, deletes: DataFrame,
-                  keys: tuple[str, ...], batch_id: str) -> tuple[DataFrame, DataFrame]:
+                  keys: tuple[str, ...], batch_id: str, together: bool = False) -> tuple[DataFrame, DataFrame]:
     """Read back from the merged silver table: the rows of the batch's keys and the rows this batch
     wrote (key checks, scaled to the batch rather than the table), and each delete of the batch with
-    `_not_live_after`: its key is not live afterwards, unless at a later position."""
+    `_not_live_after`: its key is not live afterwards, unless at a later position. `together`: a small batch's
+    deletes' rows of silver are audited in one task."""
     silver = engine.read(spark, target_path)
     if silver is None:
         silver = latest.select(*keys, "_seq", F.lit(batch_id).alias("_batch_id")).limit(0)
     touched = latest.select(*keys).withColumn("_touched", F.lit(True))
     rows = (silver.join(touched, list(keys), "left").where(F.col("_touched") | (F.col("_batch_id") == batch_id))
             .select(*keys, "_seq"))
-    live = silver.select(*keys, F.col("_seq").alias("_live_seq"))
+    live = silver.select(*keys, F.col("_seq").alias("_live_seq")).join(deletes.select(*keys), list(keys), "left_semi")
+    if together:
+        live = live.coalesce(1)
     checked = deletes.join(live, list(keys), "left").select(
         (F.col("_live_seq").isNull() | (F.col("_live_seq") > F.col("_seq"))).alias("_not_live_after"))
     return rows, checked
 
 
 def current_state(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: TableConfig, latest: DataFrame,
-                   new_truncate: str | None) -> DataFrame:
+                   new_truncate: str | None, together: bool = False) -> DataFrame:
     """(key, _seq, _live, _ledger_behind) of the batch's keys: the newest of the key's live silver row and
     its tombstone-ledger entry. The two are written by separate commits, so a run killed between them
     leaves a key in both; the newer one is the key's state, and `_ledger_behind` marks a ledger entry older
     than the live row, for the ledger merge to drop. Entries older than a new truncate are left out: it
-    removes them before the merge."""
+    removes them before the merge. `together`: the entries (a small batch's keys) are grouped in one task."""
     keys = latest.select(*table.keys)
     parts = []
     for path, live in ((lake.silver(table.name), True), (lake.tombstones(table.name), False)):
@@ -269,6 +281,8 @@ def current_state(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: T
                                                        T.StructField("_live", T.BooleanType()),
                                                        T.StructField("_ledger_behind", T.BooleanType())]))
     entries = reduce(DataFrame.unionByName, parts)
+    if together:
+        entries = entries.coalesce(1)
     newest = F.max(F.struct("_seq", "_live"))
     return entries.groupBy(*table.keys).agg(newest["_seq"].alias("_seq"), newest["_live"].alias("_live"),
                                             (F.count(F.lit(1)) > 1).alias("_both")).select(

@@ -1,12 +1,19 @@
 """Any batch size applies, in any order: a gate validates a small audit frame on the driver and a large one on Spark
-(quality/gates.py, LOCAL_ROWS); whatever one run stored, the next run of the other size applies exactly."""
+(quality/gates.py, LOCAL_ROWS), silver plans a small batch in one partition and a big one in its partitions
+(layers/common.py, checkpoint); whatever one run stored, the next run of the other size applies exactly."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
+import pytest
+from pyspark.sql import functions as F
+
 from spark_jobs.generate import Options, generate
+from spark_jobs.lake import Lake
+from spark_jobs.layers import silver_plan
+from spark_jobs.layers.common import ONE_TASK_ROWS
 from spark_jobs.quality.gates import LOCAL_ROWS
 from spark_jobs.registry import load_registry
 from tests.support import run, silver_rows, summary_line
@@ -40,3 +47,29 @@ def test_a_batch_over_the_local_threshold_between_small_ones_applies_exactly(spa
             assert int(summary_line(out, "bronze", "customers")["events"]) == 110_000 > LOCAL_ROWS
             assert silver_rows(spark, engine, lake, "customers", ("custkey",)) == g.snapshot_rows
     assert silver_rows(spark, engine, lake, "customers", ("custkey",)) == g.final_rows
+
+
+def _one_partition(df) -> bool:
+    """Does the planner know `df` is in one partition (so aggregates and windows over it shuffle nothing)?"""
+    return df._jdf.queryExecution().executedPlan().outputPartitioning().toString() == "SinglePartition"
+
+
+@pytest.mark.parametrize("one_task_rows", [ONE_TASK_ROWS, 10])
+def test_a_small_batch_is_planned_in_one_partition_and_a_big_one_keeps_its_partitions(spark, engine, tmp_path, capsys,
+                                                                                       monkeypatch, one_task_rows):
+    config = tmp_path / "tables.yaml"
+    config.write_text(CONFIG)
+    table = load_registry(str(config)).tables["customers"]
+    generate(load_registry(str(config)).select(None), tmp_path / "landing",
+             Options(rows=300, changes=50, records_per_file=100, batches=1, seed=5))
+    lake = tmp_path / "lake"
+    assert run(capsys, config, tmp_path / "landing", lake, "--layers", "bronze")[0] == 0
+    monkeypatch.setattr(silver_plan, "ONE_TASK_ROWS", one_task_rows)
+    bronze = engine.read(spark, Lake(str(lake)).bronze("customers"))
+    plan = silver_plan.plan_batch(spark, engine, table, Lake(str(lake)), bronze, None)
+    assert plan.rows_in == 350
+    frames = [plan.typed, plan.latest, plan.state, plan.rows, plan.deletes, plan.frames["events"]]
+    small = plan.rows_in <= one_task_rows
+    assert [_one_partition(f) for f in frames] == [small] * len(frames)
+    counts = plan.latest.agg(F.count(F.lit(1)))._jdf.queryExecution().executedPlan().toString()
+    assert ("Exchange" in counts) != small

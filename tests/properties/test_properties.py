@@ -26,6 +26,7 @@ import json
 import os
 import tempfile
 from dataclasses import dataclass
+from unittest import mock
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -34,6 +35,7 @@ from pyspark.sql import functions as F
 from spark_jobs.debezium import envelope
 from spark_jobs.delta.delta_rs import DeltaRsEngine
 from spark_jobs.lake import Lake
+from spark_jobs.layers import silver_plan
 from spark_jobs.layers.silver import apply_changes
 from spark_jobs.registry import TableConfig
 
@@ -210,7 +212,13 @@ def silver_gate(frames, figures, table, layer, checks, lake, summary):
     summary.gate = "passed"
 
 
-def check(spark, runs, logs):
+def check(spark, runs, logs, partitioned=False):
+    """`partitioned`: every batch planned as a big one is (its partitions kept), not in one task."""
+    with mock.patch.object(silver_plan, "ONE_TASK_ROWS", -1 if partitioned else silver_plan.ONE_TASK_ROWS):
+        _check(spark, runs, logs)
+
+
+def _check(spark, runs, logs):
     engine, lake = DeltaRsEngine(), Lake(tempfile.mkdtemp(prefix="prop-lake-"))
     truncated_at = None
     for run, files in enumerate(runs):
@@ -243,14 +251,14 @@ def check(spark, runs, logs):
 
 
 @settings(max_examples=BUNDLES, **COMMON)
-@given(bundles())
-def test_silver_and_history_equal_the_model_for_every_tenant_whatever_the_arrival(spark, delivery):
+@given(bundles(), st.booleans())
+def test_silver_and_history_equal_the_model_for_every_tenant_whatever_the_arrival(spark, delivery, partitioned):
     runs, logs = delivery
-    check(spark, runs, logs)
+    check(spark, runs, logs, partitioned)
 
 
 @settings(max_examples=TRUNCATE_HISTORIES, **COMMON)
-@given(truncate_histories())
-def test_truncates_empty_the_table_as_of_their_position_whatever_the_arrival(spark, delivery):
+@given(truncate_histories(), st.booleans())
+def test_truncates_empty_the_table_as_of_their_position_whatever_the_arrival(spark, delivery, partitioned):
     runs, logs = delivery
-    check(spark, runs, logs)
+    check(spark, runs, logs, partitioned)
