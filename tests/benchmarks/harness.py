@@ -212,12 +212,15 @@ def seeded(bench: Bench, rows: int, landing: Path, generated: Any) -> tuple[Path
     """(the project's lake, the floor's silver) holding the snapshot of `rows` rows, each loaded by its own
     code once per size and engine (the snapshot files are the same in every landing of that size: same
     seed): workload L's figure, with its equality check. The project loads the way the bench's last chosen
-    mode runs (the service, by default)."""
+    mode runs (the service, by default, timed on its second load: the first, into a lake then deleted, warms it)."""
     if (bench.engine, rows) not in bench.seeds:
         lake, floor_silver = bench.workdir / f"seed-{bench.engine}-{rows}", bench.workdir / f"seed-floor-{rows}"
         shutil.rmtree(lake, ignore_errors=True)
         mode, how = bench.modes[-1] if bench.modes else MODES[0]
         files = file_list(bench.workdir / f"seed-{rows}.json", landing, generated.batches[0])
+        if mode == "service":  # timed warm, as users' loads run: the service's first job (its JVM's start) runs untimed
+            project_run(landing, lake, files, bench.engine, mode, bench)
+            shutil.rmtree(lake)
         seconds, _ = project_run(landing, lake, files, bench.engine, mode, bench)
         if rows not in bench.floor_seeds:  # the floor's load takes silver's schema from the project's table
             shutil.rmtree(floor_silver, ignore_errors=True)
