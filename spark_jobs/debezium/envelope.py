@@ -256,15 +256,24 @@ def match_tombstones(lines: DataFrame, earlier: DataFrame | None) -> DataFrame:
     The previous record is looked up in `lines` and then in `earlier` (bronze rows: _source_file, _line,
     op), for tombstones that open a file. Columns: _source_file, _line, _part and _offset (where the previous
     record is), _follows_delete, and _previous_unseen (that record is in neither: it may land later)."""
+    # One aggregation over tombstones and records by the record's place, not a join: a join shuffles both sides
+    # first, and a small batch's one partition needs no shuffle for an aggregation (layers/common.py, checkpoint).
     partition, offset = kafka_position(F.col("_source_file"), F.col("_line"))
-    tombstones = lines.where("_kind = 'tombstone'").select("_source_file", "_line", partition.alias("_part"),
-                                                          (offset - 1).alias("_offset"))
-    records = lines.where("_kind <> 'tombstone'").select(partition.alias("_part"), offset.alias("_offset"), "op")
+
+    def by_place(rows: DataFrame, tombstones: bool) -> DataFrame:  # a tombstone's place is the offset before its own
+        op = F.lit(None).cast("string") if tombstones else F.col("op")
+        return rows.select(partition.alias("_part"), (offset - 1 if tombstones else offset).alias("_offset"),
+                           op.alias("op"), F.when(F.lit(tombstones), F.struct("_source_file", "_line")).alias("_tomb"))
+
+    places = by_place(lines.where("_kind = 'tombstone'"), True).unionByName(
+        by_place(lines.where("_kind <> 'tombstone'"), False))
     if earlier is not None:
-        records = records.unionByName(earlier.select(partition.alias("_part"), offset.alias("_offset"), "op"))
-    previous = records.groupBy("_part", "_offset").agg(F.max(F.col("op") == "d").alias("_is_delete"))
-    return (tombstones.join(previous, ["_part", "_offset"], "left")
-            .select("_source_file", "_line", "_part", "_offset",
+        places = places.unionByName(by_place(earlier, False))
+    previous = places.groupBy("_part", "_offset").agg(
+        F.max(F.when(F.col("_tomb").isNull(), F.col("op") == "d")).alias("_is_delete"),
+        F.collect_list("_tomb").alias("_tombs"))  # collect_list leaves the records' nulls out
+    return (previous.select("_part", "_offset", "_is_delete", F.explode("_tombs").alias("_tomb"))
+            .select("_tomb._source_file", "_tomb._line", "_part", "_offset",
                     F.coalesce("_is_delete", F.lit(False)).alias("_follows_delete"),
                     F.col("_is_delete").isNull().alias("_previous_unseen")))
 
