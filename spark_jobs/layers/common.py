@@ -57,6 +57,19 @@ def checkpoint(df: DataFrame, together: bool) -> DataFrame:
     return materialised.coalesce(1) if together else materialised
 
 
+def join_side(df: DataFrame, together: bool) -> DataFrame:
+    """The side of a join from a small batch's one-partition frames (`together`): broadcast, one Spark job, where
+    Spark would shuffle both sides to its shuffle partitions first, a job each. Otherwise as Spark chooses."""
+    return F.broadcast(df) if together else df
+
+
+def audit_frame(df: DataFrame, together: bool) -> DataFrame:
+    """An audit frame for a gate. A small batch's (`together`) stays a plan: the gate brings its columns to the
+    driver in one job (quality/gates.py, LOCAL_ROWS), which a checkpoint first would only double. A big one is
+    materialised, as GX on Spark reads it once per expectation."""
+    return df if together else df.localCheckpoint()
+
+
 def one_row(df: DataFrame) -> Row:
     """The single row of a global aggregate (which always has exactly one)."""
     row = df.first()

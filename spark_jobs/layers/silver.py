@@ -14,7 +14,7 @@ from pyspark.sql import functions as F
 from spark_jobs.delta import DeltaEngine, MergeSpec, driver_rows
 from spark_jobs.errors import GateFailed, PipelineError
 from spark_jobs.lake import Lake
-from spark_jobs.layers.common import Gate, checkpoint, lag_seconds, now, share, write_quarantine
+from spark_jobs.layers.common import Gate, audit_frame, lag_seconds, now, share, write_quarantine
 from spark_jobs.layers.common import gate as run_gate
 from spark_jobs.layers.history import TRUNCATE_LOG_MERGE, apply_history
 from spark_jobs.layers.silver_plan import BatchPlan, merged_audit, plan_batch
@@ -167,8 +167,8 @@ def apply_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     if plan.latest is not None and plan.deletes is not None:
         rows_audit, deletes_audit = merged_audit(spark, engine, lake.silver(table.name), plan.latest, plan.deletes,
                                                  table.keys, batch_id, plan.one_task)
-        frames.update(events=checkpoint(frames["events"].unionByName(deletes_audit, allowMissingColumns=True),
-                                        plan.one_task), rows=checkpoint(rows_audit, plan.one_task))
+        frames.update(events=audit_frame(frames["events"].unionByName(deletes_audit, allowMissingColumns=True),
+                                         plan.one_task), rows=audit_frame(rows_audit, plan.one_task))
     try:
         check(frames, figures, table.name, "silver", checks, lake, summary)
     except GateFailed:

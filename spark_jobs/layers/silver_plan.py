@@ -16,7 +16,7 @@ from spark_jobs.delta import DeltaEngine
 from spark_jobs.errors import ConfigError
 from spark_jobs.lake import Lake
 from spark_jobs.layers import changes
-from spark_jobs.layers.common import ONE_TASK_ROWS, checkpoint, one_row
+from spark_jobs.layers.common import ONE_TASK_ROWS, audit_frame, checkpoint, join_side, one_row
 from spark_jobs.quality.user_expectations import check_columns, violations
 from spark_jobs.registry import TableConfig
 
@@ -102,8 +102,7 @@ def _plan_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
         EVENT_ID, F.monotonically_increasing_id()), plan.one_task), plan)
     plan.quarantine = plan.quarantine.unionByName(typed.where("reason IS NOT NULL").select(*QUARANTINED))
     events = typed.where("reason IS NULL")
-    # audit frames are materialised once: the gate computes each expectation with its own Spark job
-    plan.frames["events"] = checkpoint(event_audit(typed, table.keys), plan.one_task)
+    plan.frames["events"] = audit_frame(event_audit(typed, table.keys), plan.one_task)
     after_truncate = F.col("_seq") > F.lit(plan.truncated_at) if plan.truncated_at else F.lit(True)
     position = F.struct(*table.keys, "_seq")
     counts = one_row(events.agg(F.count(F.lit(1)).alias("events"), F.countDistinct(position).alias("positions"),
@@ -118,7 +117,8 @@ def _plan_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     plan.rows = checkpoint(silver_rows(effective, plan.fields, plan.target_schema), plan.one_task)
     plan.effective = plan.rows.count()
     plan.deletes = checkpoint(events.where("op = 'd'").select(*table.keys, "_seq").distinct(), plan.one_task)
-    plan.delete_counts = classify_deletes(plan.deletes, plan.latest, plan.state, table.keys, plan.truncated_at)
+    plan.delete_counts = classify_deletes(plan.deletes, plan.latest, plan.state, table.keys, plan.truncated_at,
+                                          plan.one_task)
 
 
 EVENT_ID = "_cdc_event_id"  # the typed event's id while it is checked against the user's expectations
@@ -221,15 +221,16 @@ def event_audit(typed: DataFrame, keys: tuple[str, ...]) -> DataFrame:
 
 
 def classify_deletes(deletes: DataFrame, latest: DataFrame, state: DataFrame, keys: tuple[str, ...],
-                      truncated_at: str | None) -> dict[str, int]:
+                      truncated_at: str | None, small: bool = False) -> dict[str, int]:
     """Where each delete the batch received (one per key and position) goes: before the truncate in force,
     superseded by a later event of its key in the batch, stale (the key's state is newer), or applied to
     a key that is not live (`absent`: the ledger records it). Applied deletes of live keys are the rows
-    the merge removes: the gate checks that the merge reports exactly that many."""
+    the merge removes: the gate checks that the merge reports exactly that many. `small`: one-partition frames
+    (common.join_side)."""
     before = F.col("_seq") <= F.lit(truncated_at) if truncated_at else F.lit(False)
     winners = latest.where("op = 'd'").select(*keys, F.col("_seq").alias("_winner_seq")).join(
-        state.select(*keys, F.col("_seq").alias("_state_seq"), "_live"), list(keys), "left")
-    outcome = deletes.join(winners, list(keys), "left").withColumn(
+        join_side(state.select(*keys, F.col("_seq").alias("_state_seq"), "_live"), small), list(keys), "left")
+    outcome = deletes.join(join_side(winners, small), list(keys), "left").withColumn(
         "_winner", F.coalesce(F.col("_winner_seq") == F.col("_seq"), F.lit(False)))
     newer = F.col("_state_seq").isNull() | (F.col("_seq") > F.col("_state_seq"))
     counts = one_row(outcome.agg(

@@ -68,7 +68,7 @@ def test_a_small_batch_is_planned_in_one_partition_and_a_big_one_keeps_its_parti
     bronze = engine.read(spark, Lake(str(lake)).bronze("customers"))
     plan = silver_plan.plan_batch(spark, engine, table, Lake(str(lake)), bronze, None)
     assert plan.rows_in == 350
-    frames = [plan.typed, plan.latest, plan.state, plan.rows, plan.deletes, plan.frames["events"]]
+    frames = [plan.typed, plan.latest, plan.state, plan.rows, plan.deletes]
     small = plan.rows_in <= one_task_rows
     assert [_one_partition(f) for f in frames] == [small] * len(frames)
     counts = plan.latest.agg(F.count(F.lit(1)))._jdf.queryExecution().executedPlan().toString()
