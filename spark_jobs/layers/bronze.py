@@ -16,14 +16,13 @@ from spark_jobs.errors import ConcurrentWrite, OutOfMemory, PipelineError
 from spark_jobs.lake import Lake
 from spark_jobs.landing import LandingFile, LandingWindow, list_topic, spark_paths
 from spark_jobs.layers.common import (
-    ONE_TASK_BYTES,
     checkpoint,
     gate,
     lag_seconds,
-    landing_bytes,
     now,
     one_row,
     share,
+    small_landing,
     write_quarantine,
 )
 from spark_jobs.layers.landing_reader import read_landing
@@ -175,11 +174,11 @@ def _ingest(spark: SparkSession, engine: DeltaEngine, batch: _Batch, staged: dic
     classify, quarantine, audit, then append (or replace, for a reprocess) and log the files. Returns the
     number of files that could not be read."""
     table, lake = batch.table, batch.lake
-    lines, unreadable = read_landing(spark, staged, batch.files, table.format)
+    small = small_landing(batch.files)
+    lines, unreadable = read_landing(spark, staged, batch.files, table.format, small)
     parsed = envelope.parse_envelope(lines, table.format)
     parsed = parsed.withColumn("_schema", F.coalesce("_typed_schema", "_schema")).drop("_typed_schema")
     to_quarantine = frozenset(n for n in row_checks("bronze") if table.quality.action(n) == QUARANTINE)
-    small = landing_bytes((f.path, f.size) for f in batch.files) <= ONE_TASK_BYTES
     classified = checkpoint(envelope.classify(parsed, table.keys, to_quarantine), small)
     raw = _raw_events(classified, table)
     classified = _quarantine_by_expectations(classified, raw, table)

@@ -12,6 +12,7 @@ from pyspark.sql import functions as F
 from spark_jobs.delta import DeltaEngine, MergeSpec
 from spark_jobs.errors import GateFailed
 from spark_jobs.lake import Lake
+from spark_jobs.landing import LandingFile
 from spark_jobs.layers.summary import Counts, LayerSummary
 from spark_jobs.quality.findings import GateResult
 from spark_jobs.quality.gates import Check, run_gate
@@ -42,9 +43,9 @@ ONE_TASK_ROWS = 10_000
 ONE_TASK_BYTES = 8 << 20
 
 
-def landing_bytes(paths_and_sizes: Iterable[tuple[str, int]]) -> int:
-    """About how many bytes of lines the landing files hold."""
-    return sum(size * (10 if path.endswith(".gz") else 1) for path, size in paths_and_sizes)
+def small_landing(files: Iterable[LandingFile]) -> bool:
+    """Do the landing files hold at most ONE_TASK_BYTES of lines (a small bronze batch, planned in one partition)?"""
+    return sum(f.size * (10 if f.path.endswith(".gz") else 1) for f in files) <= ONE_TASK_BYTES
 
 
 def checkpoint(df: DataFrame, together: bool) -> DataFrame:

@@ -11,7 +11,7 @@ from pyspark.sql import functions as F
 
 from spark_jobs.debezium import avro, envelope, types
 from spark_jobs.landing import LandingFile, exact_line, file_too_large, landing_read_problem, read_problem
-from spark_jobs.layers.common import ONE_TASK_BYTES, checkpoint, landing_bytes
+from spark_jobs.layers.common import checkpoint
 from spark_jobs.settings import settings
 from spark_jobs.storage import open_input
 
@@ -39,11 +39,12 @@ def _parquet_rows(path: str) -> int | None:
 
 
 def read_landing(spark: SparkSession, staged: dict[str, LandingFile], files: list[LandingFile],
-                 fmt: str = "auto") -> tuple[DataFrame, dict[LandingFile, str]]:
+                 fmt: str = "auto", together: bool = False) -> tuple[DataFrame, dict[LandingFile, str]]:
     """Landing files as lines: (_source_file, _line, _raw, _line_problem, _typed_schema), checkpointed.
     JSON files (plain or gzip) give one row per text line; Parquet and Avro files one row per record, as its
     JSON text, with `_typed_schema` holding the record's column types. `staged` maps the paths Spark reads to the
-    landing files (landing.spark_paths).
+    landing files (landing.spark_paths). `together`: a small batch, its JSON lines read into one partition
+    (layers/common.py, checkpoint).
 
     Files that cannot be read are returned apart with the reason, to be quarantined whole while the rest
     of the batch goes on: not of the table's format (unsupported_file), or unreadable_file (cannot be
@@ -59,7 +60,7 @@ def read_landing(spark: SparkSession, staged: dict[str, LandingFile], files: lis
     unreadable |= {f: f"unreadable_file: {_name(f)}: {f.problem}" for f in files if f.problem and f.kind in wanted}
     parts = []
     if by_kind["json"]:
-        lines, broken = _json_lines(spark, by_kind["json"])
+        lines, broken = _json_lines(spark, by_kind["json"], together)
         unreadable |= broken
         if lines is not None:
             parts.append(lines.withColumn("_typed_schema", F.lit(None).cast("string")))
@@ -126,7 +127,8 @@ def _name(f: LandingFile) -> str:
     return f.path.rsplit("/", 1)[-1]
 
 
-def _json_lines(spark: SparkSession, staged: dict[str, LandingFile]) -> tuple[DataFrame | None, dict[LandingFile, str]]:
+def _json_lines(spark: SparkSession, staged: dict[str, LandingFile],
+                together: bool) -> tuple[DataFrame | None, dict[LandingFile, str]]:
     """JSON-lines files as lines, numbered in their file; read line by line and split across tasks, so memory
     follows the longest line, not the largest file.
 
@@ -152,7 +154,7 @@ def _json_lines(spark: SparkSession, staged: dict[str, LandingFile]) -> tuple[Da
     scan = spark.read.option("lineSep", "\n").option("ignoreMissingFiles", "true").text(list(readable)).select(
         F.col("_metadata.file_path").alias("_uri"), F.col("_metadata.file_block_start").alias("_block"),
         F.monotonically_increasing_id().alias("_row"), F.col("value").alias("_text"))
-    scan = checkpoint(scan, landing_bytes((path, f.size) for path, f in readable.items()) <= ONE_TASK_BYTES)
+    scan = checkpoint(scan, together)
     blocks = scan.groupBy("_uri", "_block").agg(
         F.count(F.lit(1)).alias("lines"), F.min("_row").alias("first"),
         F.min(F.expr("is_valid_utf8(_text)")).alias("utf8")).collect()

@@ -166,7 +166,7 @@ def apply_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     frames = dict(plan.frames)
     if plan.latest is not None and plan.deletes is not None:
         rows_audit, deletes_audit = merged_audit(spark, engine, lake.silver(table.name), plan.latest, plan.deletes,
-                                                 table.keys, batch_id, plan.one_task)
+                                                 table.keys, batch_id)
         frames.update(events=audit_frame(frames["events"].unionByName(deletes_audit, allowMissingColumns=True),
                                          plan.one_task), rows=audit_frame(rows_audit, plan.one_task))
     try:

@@ -242,11 +242,10 @@ def classify_deletes(deletes: DataFrame, latest: DataFrame, state: DataFrame, ke
 
 
 def merged_audit(spark: SparkSession, engine: DeltaEngine, target_path: str, latest: DataFrame, deletes: DataFrame,
-                  keys: tuple[str, ...], batch_id: str, together: bool = False) -> tuple[DataFrame, DataFrame]:
+                  keys: tuple[str, ...], batch_id: str) -> tuple[DataFrame, DataFrame]:
     """Read back from the merged silver table: the rows of the batch's keys and the rows this batch
     wrote (key checks, scaled to the batch rather than the table), and each delete of the batch with
-    `_not_live_after`: its key is not live afterwards, unless at a later position. `together`: a small batch's
-    deletes' rows of silver are audited in one task."""
+    `_not_live_after`: its key is not live afterwards, unless at a later position."""
     silver = engine.read(spark, target_path)
     if silver is None:
         silver = latest.select(*keys, "_seq", F.lit(batch_id).alias("_batch_id")).limit(0)
@@ -254,8 +253,6 @@ def merged_audit(spark: SparkSession, engine: DeltaEngine, target_path: str, lat
     rows = (silver.join(touched, list(keys), "left").where(F.col("_touched") | (F.col("_batch_id") == batch_id))
             .select(*keys, "_seq"))
     live = silver.select(*keys, F.col("_seq").alias("_live_seq")).join(deletes.select(*keys), list(keys), "left_semi")
-    if together:
-        live = live.coalesce(1)
     checked = deletes.join(live, list(keys), "left").select(
         (F.col("_live_seq").isNull() | (F.col("_live_seq") > F.col("_seq"))).alias("_not_live_after"))
     return rows, checked
