@@ -135,8 +135,8 @@ class Project:
         asset = next((a for a in source.assets if a.name == frame.name), None) or source.add_dataframe_asset(name=frame.name)
         batch = next((b for b in asset.batch_definitions if b.name == "batch"), None)
         batch = batch or asset.add_batch_definition_whole_dataframe("batch")
-        suite = self.context.suites.add_or_update(frame.suite(frame.bound))
         bound = frame.bound
+        suite = self.context.suites.add_or_update(frame.suite(bound))
         definition = self.context.validation_definitions.add_or_update(
             gx.ValidationDefinition(name=bound, data=batch, suite=suite))
         # Data Docs: a notification's link needs the page the checkpoint's own action writes; without notifications,
@@ -147,13 +147,13 @@ class Project:
             result_format=frame.result_format))
 
 
-_projects: OrderedDict[tuple[str, str, str], Project] = OrderedDict()
+_projects: OrderedDict[tuple[str, str], Project] = OrderedDict()
 _projects_lock = threading.Lock()
 
 
 def project(lake: Lake, table: str, spark_app: str) -> Project:
     """The table's project in this process (made on its first gate), for the Spark application `spark_app`."""
-    key = (lake.gx_stores(table), lake.data_docs(table), spark_app)
+    key = (lake.gx_stores(table), spark_app)  # the table's Data Docs folder lies in the same lake: named by it too
     with _projects_lock:
         found = _projects.get(key)
         if found is not None:
