@@ -16,7 +16,7 @@ from pyspark.sql.types import StructType
 from spark_jobs.debezium import connectors
 from spark_jobs.landing import EXCERPT_BYTES as EXCERPT_CHARS
 from spark_jobs.landing import line_too_large
-from spark_jobs.quality.expectations import row_checks
+from spark_jobs.quality.expectations import row_checks, row_failure_sql
 
 OPS = ("c", "u", "d", "r", "t")
 
@@ -65,7 +65,8 @@ def parse_envelope(lines: DataFrame, fmt: str = "auto") -> DataFrame:
 
     Adds op, ts_ms, source, before, after (JSON text), _schema (the envelope's schema, or null),
     _json_ok (false when the line is not valid JSON), _json_single (false when more follows the first
-    JSON value) and _deleted_flag_agrees."""
+    JSON value), and a flattened record's own `__op` and `__deleted` (null for other records), which an
+    expectation compares (quality/expectations.py)."""
     # written as SQL: one expression tree built in the JVM, not hundreds of Python-side calls
     if fmt == "json-flat":
         flat = "true"
@@ -87,7 +88,7 @@ def parse_envelope(lines: DataFrame, fmt: str = "auto") -> DataFrame:
         .withColumn("_flat", F.lit(None).cast("map<string,string>") if fmt == "json" else
                     F.expr(f"CASE WHEN {maybe_flat} THEN from_json(_body, 'map<string,string>') END"))
         .withColumn("_is_flat", F.expr(f"coalesce({flat}, false)"))
-        .withColumn("_flat_op", F.expr(flat_op))
+        .withColumn("_flat_derived_op", F.expr(flat_op))
     )
 
     def pick(name: str) -> str:
@@ -100,16 +101,15 @@ def parse_envelope(lines: DataFrame, fmt: str = "auto") -> DataFrame:
         # array, `v,0` has two items and `0,v` two exactly when v is one JSON value with nothing after it
         "coalesce(json_array_length(concat('[', _text, ',0]')) = 2 AND json_array_length(concat('[0,', _text, ']')) = 2,"
         " false) AS _json_single",
-        f"CASE WHEN _is_flat THEN _flat_op ELSE {pick('op')} END AS op",
+        f"CASE WHEN _is_flat THEN _flat_derived_op ELSE {pick('op')} END AS op",
         f"CASE WHEN _is_flat THEN CAST(coalesce(_flat['__ts_ms'], _flat['__source_ts_ms']) AS BIGINT) ELSE {pick('ts_ms')} END"
         " AS ts_ms",
         f"CASE WHEN _is_flat THEN {_flat_source_sql()} ELSE {pick('source')} END AS source",
-        f"CASE WHEN _is_flat THEN CASE WHEN _flat_op = 'd' THEN _body END ELSE {pick('before')} END AS before",
-        f"CASE WHEN _is_flat THEN CASE WHEN _flat_op <> 'd' THEN _body END ELSE {pick('after')} END AS after",
+        f"CASE WHEN _is_flat THEN CASE WHEN _flat_derived_op = 'd' THEN _body END ELSE {pick('before')} END AS before",
+        f"CASE WHEN _is_flat THEN CASE WHEN _flat_derived_op <> 'd' THEN _body END ELSE {pick('after')} END AS after",
         "CASE WHEN _env THEN _rec.schema END AS _schema",
-        # flattened records carrying both `__op` and `__deleted`: do they agree? (null when not both)
-        "CASE WHEN _is_flat AND _flat['__op'] IS NOT NULL AND _flat['__deleted'] IS NOT NULL "
-        "THEN (lower(_flat['__deleted']) = 'true') = (_flat['__op'] = 'd') END AS _deleted_flag_agrees",
+        "CASE WHEN _is_flat THEN _flat['__op'] END AS _flat_op",
+        "CASE WHEN _is_flat THEN _flat['__deleted'] END AS _flat_deleted",
     )
 
 
@@ -177,11 +177,7 @@ def missing_keys_typed(keys: tuple[str, ...]) -> Column:
 # Quarantine is the default action; under `warn` or `fail` the event stays in the batch.
 def row_expectation_failure() -> Column:
     """`<expectation>: <detail>` for the first row-level expectation the event fails, else null."""
-    return F.expr("""CASE
-      WHEN op IN ('c', 'u', 'r') AND _missing_key <> '' THEN concat('event_has_key: ', _missing_key)
-      WHEN op = 'd' AND _missing_key <> '' THEN concat('delete_has_key: ', _missing_key)
-      WHEN NOT _deleted_flag_agrees THEN concat('deleted_flag_matches_op: __deleted disagrees with __op=', op)
-    END""")
+    return F.expr(row_failure_sql("bronze"))
 
 
 def _overflowed() -> Column:
@@ -196,7 +192,8 @@ def _overflowed() -> Column:
 
 
 def classify(parsed: DataFrame, keys: tuple[str, ...], quarantine: frozenset[str] = row_checks("bronze")) -> DataFrame:
-    """Adds `_kind` (event | tombstone | quarantine), `reason` for quarantined lines and `_expectation`,
+    """Adds `_kind` (event | tombstone | quarantine), `reason` for quarantined lines, `_missing_key` (the key
+    columns absent from the key image, comma-separated) and `_expectation`,
     the row-level expectation a kept event fails (reported, not quarantined: its action is not in
     `quarantine`). Lines that are no change event at all are always quarantined."""
     trimmed = F.trim(F.col("_raw"))
@@ -228,7 +225,7 @@ def classify(parsed: DataFrame, keys: tuple[str, ...], quarantine: frozenset[str
             .withColumn("_kind", kind)
             .withColumn("reason", F.when(F.col("_kind") == "quarantine", F.coalesce("_unusable", "_failed")))
             .withColumn("_expectation", F.when(F.col("_kind") == "event", F.col("_failed")))
-            .drop("_missing_key", "_nested_key", "_unusable", "_tombstone", "_failed"))
+            .drop("_nested_key", "_unusable", "_tombstone", "_failed"))
 
 
 _LANDING_OFFSET = r"([^/]+)\+([0-9]+)\+([0-9]+)\.[^/]*$"

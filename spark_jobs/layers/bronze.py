@@ -27,7 +27,8 @@ from spark_jobs.layers.common import (
 )
 from spark_jobs.layers.landing_reader import read_landing
 from spark_jobs.layers.summary import BronzeSummary, Counts
-from spark_jobs.quality.expectations import QUARANTINE, row_checks
+from spark_jobs.quality.audit import Audit, Figures, tally
+from spark_jobs.quality.expectations import QUARANTINE, flagged, row_checks
 from spark_jobs.quality.gates import bronze_checks
 from spark_jobs.quality.user_expectations import check_columns, violations
 from spark_jobs.registry import TableConfig
@@ -310,16 +311,13 @@ def _count(tally: _Tally, tombstones: _TombstoneCounts, batch: _Batch, unreadabl
 
 def _audit(classified: DataFrame, matched: DataFrame, raw: DataFrame | None, batch: _Batch,
            summary: BronzeSummary) -> None:
-    """The bronze gate over the change events' flags and the tombstone lines' `_follows_delete`."""
+    """The bronze gate: its checks' tallies over the batch's change events and tombstone lines, and its figures."""
     table = batch.table
     change_events = classified.where(f"_kind <> 'tombstone' AND _json_ok AND op IN {envelope.OPS}")
-    audit = change_events.select("op", F.lit(None).cast("boolean").alias("_follows_delete"), "_deleted_flag_agrees",
-                                 *[F.get_json_object(envelope.key_image(), f"$.{k}").alias(k) for k in table.keys])
-    flags = audit.unionByName(matched.select("_follows_delete"), allowMissingColumns=True)
-    figures = {"quarantined_share": summary.quarantined_share, "quarantined": sum((summary.quarantined or {}).values())}
-    frames = {"events": flags, **({"raw": raw} if raw is not None else {})}
-    gate(frames, figures, table.name, "bronze", bronze_checks(table), batch.lake, summary,
-         table.quality.actions)
+    lines = change_events.unionByName(matched.select("_follows_delete"), allowMissingColumns=True)
+    figures = Figures(sum((summary.quarantined or {}).values()), summary.quarantined_share or 0.0)
+    gate(Audit(figures, tally({"events": lines}, flagged("bronze"))), {"raw": raw} if raw is not None else {},
+         table.name, "bronze", bronze_checks(table), batch.lake, summary, table.quality.actions)
 
 
 def _commit(engine: DeltaEngine, events: DataFrame, batch: _Batch, summary: BronzeSummary) -> int | None:

@@ -14,6 +14,7 @@ from spark_jobs.errors import GateFailed
 from spark_jobs.lake import Lake
 from spark_jobs.landing import LandingFile
 from spark_jobs.layers.summary import Counts, LayerSummary
+from spark_jobs.quality.audit import Audit
 from spark_jobs.quality.findings import GateResult
 from spark_jobs.quality.gates import Check, run_gate
 
@@ -64,13 +65,6 @@ def join_side(df: DataFrame, together: bool) -> DataFrame:
     return F.broadcast(df) if together else df
 
 
-def audit_frame(df: DataFrame, together: bool) -> DataFrame:
-    """An audit frame for a gate. A small batch's (`together`) stays a plan: the gate brings its columns to the
-    driver in one job (quality/gates.py, LOCAL_ROWS), which a checkpoint first would only double. A big one is
-    materialised, as GX on Spark reads it once per expectation."""
-    return df if together else df.localCheckpoint()
-
-
 def one_row(df: DataFrame) -> Row:
     """The single row of a global aggregate (which always has exactly one)."""
     row = df.first()
@@ -92,15 +86,15 @@ def share(part: int, whole: int) -> float:
     return round(part / whole, 6) if whole else 0.0
 
 
-# (audit frames, batch figures, table, layer, checks, lake, summary) -> result; raises GateFailed on failure
-Gate = Callable[[dict[str, DataFrame], dict[str, Any], str, str, list[Check], Lake, LayerSummary], Any]
+# (audit, frames of a user's expectations, table, layer, checks, lake, summary) -> result; raises GateFailed on failure
+Gate = Callable[[Audit, dict[str, DataFrame], str, str, list[Check], Lake, LayerSummary], Any]
 
 
-def gate(frames: dict[str, DataFrame], figures: dict[str, Any], name: str, layer: str, checks: list[Check], lake: Lake,
+def gate(audit: Audit, frames: dict[str, DataFrame], name: str, layer: str, checks: list[Check], lake: Lake,
          summary: LayerSummary, actions: tuple[str, ...] = ()) -> GateResult:
-    """Run a gate over the audit frames and the batch's figures; the summary records the findings (and,
-    when the gate fails, goes with the exception so the failed run's report still has it)."""
-    result = run_gate(frames, name, layer, checks, lake, raise_on_failure=False, figures=figures, actions=actions)
+    """Run a gate over the batch's audit (and the frames a user's expectations read); the summary records the
+    findings (and, when the gate fails, goes with the exception so the failed run's report still has it)."""
+    result = run_gate(audit, frames, name, layer, checks, lake, raise_on_failure=False, actions=actions)
     summary.record_gate(result)
     if not result.success:
         raise GateFailed(result, summary)

@@ -17,7 +17,8 @@ from spark_jobs.errors import PipelineError
 from spark_jobs.lake import Lake
 from spark_jobs.layers.common import gate, lag_seconds, one_row, share, write_quarantine
 from spark_jobs.layers.summary import GoldSummary
-from spark_jobs.quality.expectations import QUARANTINE
+from spark_jobs.quality.audit import Audit, Figures, tally
+from spark_jobs.quality.expectations import QUARANTINE, flagged
 from spark_jobs.quality.gates import gold_checks
 from spark_jobs.quality.user_expectations import check_columns, violations
 from spark_jobs.registry import GoldModel
@@ -49,16 +50,17 @@ def gold_refresh(spark: SparkSession, engine: DeltaEngine, model: GoldModel, lak
                           lag_s=lag_seconds(newest))
     check_columns(result, model.expectations, "the model's columns")
     published, quarantine = _quarantine_by_expectations(model, result, batch_id)
-    frames = {"model": result}
+    audited = {"rows": result}
     if model.references:
-        frames["references"] = _references(spark, engine, lake, model, result, inputs["silver_versions"])
-    figures: dict[str, Any] = {"lag_s": summary.lag_s}
+        audited["references"] = _references(spark, engine, lake, model, result, inputs["silver_versions"])
+    figures = Figures(rows=rows, lag_s=summary.lag_s)
     if quarantine is not None:
         # the rows a `quarantine` expectation refused are kept aside before the gate, as silver's are
         summary.quarantined = write_quarantine(engine, lake, model.name, quarantine, "gold", batch_id)
-        figures["quarantined"] = sum(summary.quarantined.values())
-        figures["quarantined_share"] = summary.quarantined_share = share(figures["quarantined"], rows)
-    gate(frames, figures, model.name, "gold", gold_checks(model), lake, summary, model.quality.actions)
+        figures.quarantined = sum(summary.quarantined.values())
+        figures.quarantined_share = summary.quarantined_share = share(figures.quarantined, rows)
+    gate(Audit(figures, tally(audited, flagged("gold"), model.keys)), {"model": result}, model.name, "gold",
+         gold_checks(model), lake, summary, model.quality.actions)
     summary.version = engine.overwrite(published, lake.gold(model.name))
     # written after the publish: a run dying between the two refreshes again, which is harmless
     lake.files.write(lake.gold_inputs(model.name), json.dumps({**inputs, "gold_version": summary.version}, sort_keys=True))

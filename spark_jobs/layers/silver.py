@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -14,13 +13,14 @@ from pyspark.sql import functions as F
 from spark_jobs.delta import DeltaEngine, MergeSpec, driver_rows
 from spark_jobs.errors import GateFailed, PipelineError
 from spark_jobs.lake import Lake
-from spark_jobs.layers.common import Gate, audit_frame, lag_seconds, now, share, write_quarantine
+from spark_jobs.layers.common import Gate, lag_seconds, now, share, write_quarantine
 from spark_jobs.layers.common import gate as run_gate
 from spark_jobs.layers.history import TRUNCATE_LOG_MERGE, apply_history
 from spark_jobs.layers.silver_plan import BatchPlan, merged_audit, plan_batch
 from spark_jobs.layers.summary import SilverSummary
-from spark_jobs.quality.expectations import FAIL
-from spark_jobs.quality.gates import before_publishing, silver_checks
+from spark_jobs.quality.audit import Audit, Figures, tally
+from spark_jobs.quality.expectations import flagged
+from spark_jobs.quality.gates import refuses, silver_checks
 from spark_jobs.registry import TableConfig
 
 # Silver: apply the newest event per key when it is newer than the row (docs/architecture.md, "Silver").
@@ -151,26 +151,25 @@ def apply_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     summary = _counts(plan, write_quarantine(engine, lake, table.name, plan.quarantine, "silver", batch_id),
                       table, batch_id)
     quarantined = sum((summary.quarantined or {}).values())
-    figures: dict[str, Any] = {"quarantined_share": summary.quarantined_share, "quarantined": quarantined}
+    audit = Audit(Figures(quarantined, summary.quarantined_share or 0.0),
+                  tally(plan.audited, flagged("silver"), table.keys))
     checks = silver_checks(table)
     # audit before publishing: a batch the table refuses leaves every table as it was
-    trips = table.quality.breaker_trips(quarantined, summary.quarantined_share or 0)
-    if trips or _refused(table, plan.typed, summary.ties or 0):
-        check(plan.frames, figures, table.name, "silver", before_publishing(checks), lake, summary)
+    if table.quality.breaker_trips(quarantined, summary.quarantined_share or 0) or refuses(audit, checks):
+        check(audit, plan.frames, table.name, "silver", checks, lake, summary)
     _publish(spark, engine, table, lake, plan, batch_id, summary)
 
     # audit the published result; on failure, put every table back to its version before the batch
     removed = (summary.deletes or {}).get("removed", 0)
-    figures.update(deletes_received=plan.delete_counts["received"],
-                   deletes_accounted=removed + sum(v for k, v in plan.delete_counts.items() if k != "received"))
-    frames = dict(plan.frames)
+    audit.figures.deletes_received = received = plan.delete_counts["received"]
+    audit.figures.deletes_unaccounted = received - removed - sum(v for k, v in plan.delete_counts.items()
+                                                                 if k != "received")
     if plan.latest is not None and plan.deletes is not None:
-        rows_audit, deletes_audit = merged_audit(spark, engine, lake.silver(table.name), plan.latest, plan.deletes,
-                                                 table.keys, batch_id)
-        frames.update(events=audit_frame(frames["events"].unionByName(deletes_audit, allowMissingColumns=True),
-                                         plan.one_task), rows=audit_frame(rows_audit, plan.one_task))
+        rows, deletes = merged_audit(spark, engine, lake.silver(table.name), plan.latest, plan.deletes, table.keys,
+                                     batch_id)
+        audit = audit.with_tallies(tally({"rows": rows, "deletes": deletes}, flagged("silver"), table.keys))
     try:
-        check(frames, figures, table.name, "silver", checks, lake, summary)
+        check(audit, plan.frames, table.name, "silver", checks, lake, summary)
     except GateFailed:
         _restore(engine, published)
         raise
@@ -243,15 +242,6 @@ def _restore(engine: DeltaEngine, published: dict[str, int | None]) -> None:
             engine.delete(path, "true")
         elif before is not None and engine.version(path) != before:
             engine.restore(path, before)
-
-
-def _refused(table: TableConfig, typed: DataFrame | None, ties: int) -> bool:
-    """Does a `fail` row expectation fail on the batch's events (before anything is written)?"""
-    q = table.quality
-    if q.action("sequence_increasing") == FAIL and ties:
-        return True
-    return (q.action("sequence_present") == FAIL and typed is not None
-            and typed.where(F.col("_seq").isNull()).limit(1).count() > 0)
 
 
 def _expire_tombstones(engine: DeltaEngine, lake: Lake, table: TableConfig) -> int:

@@ -16,7 +16,7 @@ from spark_jobs.delta import DeltaEngine
 from spark_jobs.errors import ConfigError
 from spark_jobs.lake import Lake
 from spark_jobs.layers import changes
-from spark_jobs.layers.common import ONE_TASK_ROWS, audit_frame, checkpoint, join_side, one_row
+from spark_jobs.layers.common import ONE_TASK_ROWS, checkpoint, join_side, one_row
 from spark_jobs.quality.user_expectations import check_columns, violations
 from spark_jobs.registry import TableConfig
 
@@ -33,7 +33,7 @@ QUARANTINED = ("_source_file", "_line", "_raw", "reason")
 
 @dataclass
 class BatchPlan:
-    """What one batch will change, and the audit frames the gate checks before anything is written."""
+    """What one batch will change, and the rows the gate audits before anything is written."""
 
     truncates: DataFrame  # the batch's truncate events, `reason` set where one cannot be applied
     truncate_count: int
@@ -45,7 +45,8 @@ class BatchPlan:
     target_schema: T.StructType | None  # silver's schema, None before its first commit
     typed: DataFrame | None = None  # row events, typed (`_row`, key columns), with a quarantine `reason`
     fields: list[types.ImageField] = field(default_factory=list)
-    frames: dict[str, DataFrame] = field(default_factory=dict)
+    audited: dict[str, DataFrame] = field(default_factory=dict)  # the rows the expectations' flags read, by name
+    frames: dict[str, DataFrame] = field(default_factory=dict)  # the rows a user's expectations read, by name
     events: int = 0  # row events without a quarantine reason
     positions: int = 0  # distinct (key, position) among them
     positions_after_truncate: int = 0
@@ -102,7 +103,7 @@ def _plan_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
         EVENT_ID, F.monotonically_increasing_id()), plan.one_task), plan)
     plan.quarantine = plan.quarantine.unionByName(typed.where("reason IS NOT NULL").select(*QUARANTINED))
     events = typed.where("reason IS NULL")
-    plan.frames["events"] = audit_frame(event_audit(typed, table.keys), plan.one_task)
+    plan.audited["events"] = event_audit(typed, table.keys)
     after_truncate = F.col("_seq") > F.lit(plan.truncated_at) if plan.truncated_at else F.lit(True)
     position = F.struct(*table.keys, "_seq")
     counts = one_row(events.agg(F.count(F.lit(1)).alias("events"), F.countDistinct(position).alias("positions"),
@@ -212,12 +213,11 @@ def fill_unavailable(spark: SparkSession, engine: DeltaEngine, lake: Lake, table
 
 
 def event_audit(typed: DataFrame, keys: tuple[str, ...]) -> DataFrame:
-    """Per row event: `_seq_present`, and `_no_tie` (no other event of the key shares its position with
-    different content; null where the event has no key or position)."""
+    """Per row event: `op`, `_seq` and `_variants`, the distinct contents among the events sharing its key and
+    position (null where the event has no key or position)."""
     variants = F.size(F.collect_set(changes.event_content()).over(Window.partitionBy(*keys, "_seq")))
     usable = F.col("_seq").isNotNull() & reduce(lambda a, b: a & b, [F.col(k).isNotNull() for k in keys])
-    return typed.select(F.col("_seq").isNotNull().alias("_seq_present"),
-                        F.when(usable, variants == 1).alias("_no_tie"))
+    return typed.select("op", "_seq", F.when(usable, variants).alias("_variants"))
 
 
 def classify_deletes(deletes: DataFrame, latest: DataFrame, state: DataFrame, keys: tuple[str, ...],
@@ -244,8 +244,8 @@ def classify_deletes(deletes: DataFrame, latest: DataFrame, state: DataFrame, ke
 def merged_audit(spark: SparkSession, engine: DeltaEngine, target_path: str, latest: DataFrame, deletes: DataFrame,
                   keys: tuple[str, ...], batch_id: str) -> tuple[DataFrame, DataFrame]:
     """Read back from the merged silver table: the rows of the batch's keys and the rows this batch
-    wrote (key checks, scaled to the batch rather than the table), and each delete of the batch with
-    `_not_live_after`: its key is not live afterwards, unless at a later position."""
+    wrote (key checks, scaled to the batch rather than the table), and each delete of the batch (`_seq`) with
+    `_live_seq`, its key's live position afterwards (null: not live)."""
     silver = engine.read(spark, target_path)
     if silver is None:
         silver = latest.select(*keys, "_seq", F.lit(batch_id).alias("_batch_id")).limit(0)
@@ -253,9 +253,7 @@ def merged_audit(spark: SparkSession, engine: DeltaEngine, target_path: str, lat
     rows = (silver.join(touched, list(keys), "left").where(F.col("_touched") | (F.col("_batch_id") == batch_id))
             .select(*keys, "_seq"))
     live = silver.select(*keys, F.col("_seq").alias("_live_seq")).join(deletes.select(*keys), list(keys), "left_semi")
-    checked = deletes.join(live, list(keys), "left").select(
-        (F.col("_live_seq").isNull() | (F.col("_live_seq") > F.col("_seq"))).alias("_not_live_after"))
-    return rows, checked
+    return rows, deletes.join(live, list(keys), "left").select("_seq", "_live_seq")
 
 
 def current_state(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: TableConfig, latest: DataFrame,

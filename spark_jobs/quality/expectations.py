@@ -1,9 +1,23 @@
 """The expectations every gate runs: one record each, with what a failure does by default.
 
-Adding an expectation on a per-row flag takes one record here plus the flag itself: a boolean column
-(null where it does not apply) the layer's audit frame carries (`event_audit` in layers/silver_plan.py,
-`_audit` in layers/bronze.py, `_references` in layers/gold.py). The gate (quality/gates.py) builds the GX check from the record.
-Expectations on keys, figures or row counts (no `column`) have their GX checks built in gates.py.
+A check on the batch's rows is its record alone: its `flag`, a Spark SQL expression over one set of the layer's
+audited rows (`rows`) that is true where a row passes, false where it fails and null where the check does not
+apply. From the records come the columns the layer's audit aggregates (quality/audit.py, one Spark job per gate),
+the GX suite the gate validates on that one aggregated row (quality/gates.py), the refusal of a batch before
+anything is published, and, for bronze's row-level checks, the quarantine reason (`detail`: its variable tail).
+A check on the batch's figures (`figure`) reads a field of quality.audit.Figures; its bounds come from the
+table's settings in gates.py.
+
+The rows each layer audits, and the columns their flags may read:
+- bronze `events`: every change event and tombstone line of the batch (`op`, `_missing_key`: the key columns
+  absent from the key image, `_flat_op`/`_flat_deleted`: a flattened record's `__op`/`__deleted`,
+  `_follows_delete` on tombstones);
+- silver `events`: the typed row events (`op`, `_seq`, `_variants`: the distinct contents sharing the event's key
+  and position, null without either); `deletes`: each delete received (`_seq`, `_live_seq`: its key's live
+  position after the merge); `rows`: the merged rows of the batch's keys;
+- gold `rows`: the model's rows; `references`: one per reference and row (`_found`).
+Frames with the table's key columns also carry `_key` (null when a key column is) and `_key_rows` (rows with
+that key).
 
 Pure Python: the registry validates tables.yaml against these names without importing Spark or GX."""
 
@@ -26,17 +40,19 @@ class Expectation:
     """A named check. Row-level checks may `quarantine` the rows that fail it (the rest go on); any check
     may `warn` (report only) or `fail` (the gate fails).
 
-    `frame` and `column` name the audit frame and its boolean flag column the check reads (None: the gate
-    builds the check itself, see quality/gates.py); `phase` says whether silver runs it before publishing
-    (a failure writes nothing but the quarantine) or after (a failure restores every table)."""
+    A check on rows has `rows` (which audited rows) and `flag` (see the module's doc); a check on the batch's
+    figures has `figure` instead. `phase` says whether silver runs it before publishing (a failure writes
+    nothing but the quarantine) or after (a failure restores every table)."""
 
     name: str
     layers: tuple[str, ...]
     action: str  # the default
     row_level: bool
     doc: str
-    frame: str | None = None
-    column: str | None = None
+    rows: str | None = None
+    flag: str | None = None
+    detail: str | None = None  # a row-level check's quarantine reason after `<name>: ` (Spark SQL)
+    figure: str | None = None
     phase: str = PRE
 
     @property
@@ -46,31 +62,39 @@ class Expectation:
 
 EXPECTATIONS = {e.name: e for e in (
     Expectation("event_has_key", ("bronze",), QUARANTINE, True,
-                "every insert, update and snapshot event carries its key columns in `after`"),
-    Expectation("delete_has_key", ("bronze",), QUARANTINE, True, "every delete carries its key columns in `before`"),
+                "every insert, update and snapshot event carries its key columns in `after`",
+                "events", "CASE WHEN op IN ('c', 'u', 'r') THEN _missing_key = '' END", "_missing_key"),
+    Expectation("delete_has_key", ("bronze",), QUARANTINE, True, "every delete carries its key columns in `before`",
+                "events", "CASE WHEN op = 'd' THEN _missing_key = '' END", "_missing_key"),
     Expectation("deleted_flag_matches_op", ("bronze",), QUARANTINE, True,
                 "in flattened records, `__deleted` agrees with `__op` (true exactly for deletes)",
-                "events", "_deleted_flag_agrees"),
+                "events", "(lower(_flat_deleted) = 'true') = (_flat_op = 'd')",
+                "concat('__deleted disagrees with __op=', op)"),
     Expectation("tombstone_follows_delete", ("bronze",), WARN, False,
                 "every Kafka tombstone line follows a delete at the previous offset of its partition",
                 "events", "_follows_delete"),
     Expectation("sequence_present", ("silver",), QUARANTINE, True, "every event has a log position to be ordered by",
-                "events", "_seq_present"),
+                "events", "_seq IS NOT NULL"),
     Expectation("sequence_increasing", ("silver",), WARN, False,
                 "per key, positions strictly increase after ordering: two different events never share one (a tie)",
-                "events", "_no_tie"),
-    Expectation("key_not_null", ("silver", "gold"), FAIL, False, "primary key columns are never null", phase=POST),
-    Expectation("key_unique", ("silver", "gold"), FAIL, False, "the primary key is unique", phase=POST),
+                "events", "_variants = 1"),
+    Expectation("key_not_null", ("silver", "gold"), FAIL, False, "primary key columns are never null",
+                "rows", "_key IS NOT NULL", phase=POST),
+    Expectation("key_unique", ("silver", "gold"), FAIL, False, "the primary key is unique",
+                "rows", "_key_rows = 1", phase=POST),
     Expectation("deleted_keys_not_live", ("silver",), FAIL, False,
                 "after the merge, no key deleted in the batch is live unless re-created at a later position",
-                "events", "_not_live_after", POST),
+                "deletes", "_live_seq IS NULL OR _live_seq > _seq", phase=POST),
     Expectation("deletes_reconcile", ("silver",), FAIL, False,
-                "deletes received = rows removed + deletes of absent keys + stale + superseded in the batch", phase=POST),
-    Expectation("row_count", ("gold",), FAIL, False, "the model's row count is within its configured bounds"),
+                "deletes received = rows removed + deletes of absent keys + stale + superseded in the batch",
+                figure="deletes_unaccounted", phase=POST),
+    Expectation("row_count", ("gold",), FAIL, False, "the model's row count is within its configured bounds",
+                figure="rows"),
     Expectation("references", ("gold",), FAIL, False, "every configured reference finds its row in silver",
                 "references", "_found"),
     Expectation("freshness", ("gold",), FAIL, False,
-                "the newest source change is at most the configured lag old (only checked when configured)"),
+                "the newest source change is at most the configured lag old (only checked when configured)",
+                figure="lag_s"),
 )}
 
 
@@ -79,9 +103,17 @@ def row_checks(layer: str) -> frozenset[str]:
     return frozenset(n for n, e in EXPECTATIONS.items() if e.row_level and layer in e.layers)
 
 
-def flag_expectations(layer: str) -> list[Expectation]:
-    """The layer's expectations on a per-row flag column, in the order they are reported."""
-    return [e for e in EXPECTATIONS.values() if layer in e.layers and e.column is not None]
+def flagged(layer: str, rows: str | None = None) -> list[Expectation]:
+    """The layer's expectations on rows (on `rows` only, when given), in the order they are reported."""
+    return [e for e in EXPECTATIONS.values()
+            if layer in e.layers and e.flag is not None and (rows is None or e.rows == rows)]
+
+
+def row_failure_sql(layer: str) -> str:
+    """`<expectation>: <detail>` for the first row-level expectation of `layer` a row fails, else null (SQL)."""
+    cases = [f"WHEN NOT ({e.flag}) THEN concat('{e.name}: ', {e.detail or repr('')})"
+             for e in flagged(layer) if e.row_level]
+    return f"CASE {' '.join(cases)} END" if cases else "CAST(NULL AS STRING)"
 
 
 @dataclass(frozen=True)

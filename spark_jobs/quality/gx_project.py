@@ -25,9 +25,9 @@ from spark_jobs.lake import Lake
 
 MAX_PROJECTS = 64
 LAKE_BACKEND = {"class_name": "LakeStoreBackend", "module_name": "spark_jobs.quality.gx_store"}
-# where a frame is validated: on Spark, with pandas on the driver (a small audit frame), or the batch's figures
-SPARK, LOCAL, FIGURES = "spark", "local", "figures"
-_SOURCES = {SPARK: "lake", LOCAL: "audit", FIGURES: "figures"}
+# where a frame is validated: on Spark (a user's expectations on the batch's rows), or with pandas (the audit's row)
+SPARK, AUDIT = "spark", "audit"
+_SOURCES = {SPARK: "lake", AUDIT: "audit"}
 
 
 def context(lake: Lake, table: str) -> Any:
@@ -77,8 +77,7 @@ class FrameValidation:
     @property
     def bound(self) -> str:
         """The name of its suite, validation definition and Checkpoint. Each is bound to its data source: one per
-        path a frame may take, so a run of another size (driver or Spark) never loads one that names the other's
-        asset or holds the other's suite."""
+        path a frame may take, so a Checkpoint never loads one that names another source's asset."""
         return f"{self.name}.{self.where}"
 
     @property

@@ -31,7 +31,7 @@ def test_gate_failure_exits_1_with_one_line_and_publishes_nothing(tmp_path):
               and "setLogLevel" not in line]
     assert len(stderr) == 1, done.stderr
     assert stderr[0].startswith("gate failed: table=states layer=gold "
-                                "expectation=key_unique(state) unexpected=")
+                                "expectation=key_unique unexpected=")
     assert stderr[0].endswith(" of 30")
     assert "Traceback" not in done.stderr
     assert (lake / "silver" / "customers" / "_delta_log").is_dir()  # the layers before it were published

@@ -121,7 +121,7 @@ def durable_writes(monkeypatch):
     for method in ("append", "merge", "overwrite", "replace", "delete", "restore"):
         monkeypatch.setattr(DeltaRsEngine, method, after_write(f"delta.{method}", getattr(DeltaRsEngine, method)))
     monkeypatch.setattr(LocalFiles, "write", after_write("report", LocalFiles.write))
-    monkeypatch.setattr(layer_common, "run_gate", lambda frames, table, layer, *a, **k: GateResult(table, layer, [], None))
+    monkeypatch.setattr(layer_common, "run_gate", lambda audit, frames, table, layer, *a, **k: GateResult(table, layer, [], None))
     return state
 
 

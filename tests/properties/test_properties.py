@@ -203,12 +203,12 @@ def position(seq: str | None) -> tuple[int, int] | None:
     return int(lsn), int(rank)
 
 
-def silver_gate(frames, figures, table, layer, checks, lake, summary):
+def silver_gate(audit, frames, table, layer, checks, lake, summary):
     """The silver gate's fail checks on every batch, without Great Expectations."""
-    assert (figures["quarantined_share"], figures.get("deletes_received")) == (0, figures.get("deletes_accounted"))
-    if "rows" in frames:
-        assert frames["events"].where("NOT _not_live_after").count() == 0
-        assert frames["rows"].groupBy(*TABLE.keys).count().where("count > 1").count() == 0
+    assert audit.figures.quarantined_share == 0 and audit.figures.deletes_unaccounted in (0, None)  # None: before
+    if "key_unique" in audit.tallies:
+        assert (audit.tallies["deleted_keys_not_live"].failed, audit.tallies["key_unique"].failed,
+                audit.tallies["key_not_null"].failed) == (0, 0, 0)
     summary.gate = "passed"
 
 

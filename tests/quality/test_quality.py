@@ -63,7 +63,7 @@ def test_one_keyless_delete_in_a_small_batch_is_quarantined_and_the_other_events
     code, out, err = _run(capsys, tmp_path, config)
     assert code == 1
     assert err == ("gate failed: table=orders layer=bronze expectation=max_quarantined observed=0.125 (max 0.05), "
-                   "2 record(s) (fails from 2); quarantined by delete_has_key(id) unexpected=2 of 2\n")
+                   "2 record(s) (fails from 2); quarantined by delete_has_key unexpected=2 of 2\n")
 
     strict = _config(tmp_path, ", quality: {min_quarantined_to_fail: 1}")
     code, _, err = run(capsys, strict, tmp_path / "first_batch", tmp_path / "strict_lake")
@@ -95,7 +95,7 @@ def test_keyless_events_are_quarantined_and_a_batch_of_only_bad_events_fails_lea
     assert code == 1
     assert err == ("gate failed: table=orders layer=bronze expectation=max_quarantined observed=1.0 (max 0.05), "
                    "3 record(s) (fails from 2); "
-                   "quarantined by event_has_key(id) unexpected=3 of 3\n")
+                   "quarantined by event_has_key unexpected=3 of 3\n")
     assert engine.version(Lake(str(tmp_path / "lake")).silver("orders")) == silver_version
     assert engine.read(spark, Lake(str(tmp_path / "lake")).quarantine("orders")).count() == 5
     failed = _reports(tmp_path, "bronze")[-1]
@@ -103,7 +103,7 @@ def test_keyless_events_are_quarantined_and_a_batch_of_only_bad_events_fails_lea
     assert [(c["expectation"], c["action"], c["success"]) for c in failed["checks"]][-1] == (
         "max_quarantined", "fail", False)
     docs = data_docs_text(Path(failed["docs"]))
-    assert "orders.bronze.events" in docs
+    assert "orders.bronze.audit" in docs
     # the files were not taken: the next run meets them again (and fails again) until they are fixed
     code, _, _ = _run(capsys, tmp_path, config)
     assert code == 1
@@ -143,7 +143,7 @@ def test_tombstone_checks_pass_on_a_clean_batch_and_report_a_violating_one(spark
     assert (bronze["quarantined"], bronze["tombstones_matched"], bronze["tombstones_unmatched"], bronze["gate"],
             bronze["warnings"]) == ("delete_has_key:1", "1", "1", "passed-with-warnings", "2")
     checks = {c["expectation"]: c for c in _reports(tmp_path, "bronze")[-1]["checks"]}
-    assert (checks["delete_has_key(id)"]["unexpected"], checks["tombstone_follows_delete"]["unexpected"]) == (1, 1)
+    assert (checks["delete_has_key"]["unexpected"], checks["tombstone_follows_delete"]["unexpected"]) == (1, 1)
     # the same violation under `fail` stops the batch
     strict = _config(tmp_path, ", quality: {max_quarantined: 50%, checks: {tombstone_follows_delete: fail}}")
     _land(tmp_path, "orders", 14, ["null"])
@@ -173,8 +173,8 @@ def test_a_merge_that_loses_deletes_fails_the_gate_and_silver_is_restored(spark,
     _land(tmp_path, "orders", 3, [_pg_event("d", 20, before={"id": 0}), _pg_event("u", 21, after={"id": 1, "v": "b"})])
     code, _, err = _run(capsys, tmp_path, config)
     assert (code, err) == (1, "gate failed: table=orders layer=silver expectation=deleted_keys_not_live "
-                              "unexpected=1 of 1; expectation=deletes_reconcile observed=deletes_received=1, "
-                              "deletes_accounted=0\n")
+                              "unexpected=1 of 1; expectation=deletes_reconcile observed=1 of 1 deletes received not "
+                              "accounted for\n")
     assert silver_rows(spark, engine, tmp_path / "lake", "orders", ("id",)) == before  # the update is rolled back too
     assert engine.read(spark, Lake(str(tmp_path / "lake")).tombstones("orders")).count() == 0
     monkeypatch.setattr(delta, "make_engine", make_engine)
@@ -192,9 +192,10 @@ def test_flattened_deleted_flag_must_agree_with_the_op(spark):
         ("f", 4, json.dumps({"id": 4, "__deleted": "true"})),               # the flag is the op: nothing to disagree
     ], "_source_file STRING, _line BIGINT, _raw STRING")
     got = envelope.classify(envelope.parse_envelope(lines, "json-flat"), ("id",)).orderBy("_line")
-    assert [(r["_line"], r["_deleted_flag_agrees"], r["_kind"], r["reason"]) for r in got.collect()] == [
-        (1, True, "event", None), (2, True, "event", None),
-        (3, False, "quarantine", "deleted_flag_matches_op: __deleted disagrees with __op=u"), (4, None, "event", None)]
+    assert [(r["_line"], r["_flat_op"], r["_flat_deleted"], r["_kind"], r["reason"]) for r in got.collect()] == [
+        (1, "d", "true", "event", None), (2, "u", "false", "event", None),
+        (3, "u", "true", "quarantine", "deleted_flag_matches_op: __deleted disagrees with __op=u"),
+        (4, None, "true", "event", None)]
     kept = envelope.classify(envelope.parse_envelope(lines, "json-flat"), ("id",), frozenset())
     assert [r["_expectation"] for r in kept.orderBy("_line").collect()][2] == (
         "deleted_flag_matches_op: __deleted disagrees with __op=u")
@@ -252,7 +253,7 @@ def test_gold_checks_keys_row_counts_references_and_freshness(spark, engine, tmp
     with pytest.raises(GateFailed) as failure:
         gold.gold_refresh(spark, engine, model, lake, "b1")
     assert str(failure.value).startswith(
-        "gate failed: table=by_customer layer=gold expectation=row_count observed=3; "
+        "gate failed: table=by_customer layer=gold expectation=row_count observed=3 (max 2); "
         "expectation=references unexpected=1 of 3; expectation=freshness observed=")
     assert engine.version(lake.gold("by_customer")) is None  # nothing published
     ok = replace(model, row_count=(1, 3), freshness_s=None)
@@ -290,3 +291,43 @@ def test_after_a_failed_gate_a_run_may_raise_the_limit_once_or_set_the_files_asi
     # a skip needs the files named, and only bronze
     code, _, err = _run(capsys, tmp_path, config, "--mode", "skip")
     assert code == 2 and "--mode skip sets landing files aside" in err
+
+
+def test_a_new_built_in_check_is_its_record_alone(spark, engine, tmp_path, capsys, monkeypatch):
+    """A check added as one record and nothing else: bronze quarantines the events failing a row-level one with
+    the reason its record gives, a silver one on the merged rows is counted and reported, its action and the
+    table's overrides apply, and Data Docs describe both."""
+    from spark_jobs.quality.expectations import EXPECTATIONS, POST, QUARANTINE, WARN, Expectation
+
+    monkeypatch.setitem(EXPECTATIONS, "event_has_source_time", Expectation(
+        "event_has_source_time", ("bronze",), QUARANTINE, True, "every change event carries its source time",
+        "events", "CASE WHEN op IN ('c', 'u', 'r', 'd') THEN ts_ms IS NOT NULL END", "'no ts_ms'"))
+    monkeypatch.setitem(EXPECTATIONS, "ids_positive", Expectation(
+        "ids_positive", ("silver",), WARN, False, "the merged rows' ids are positive", "rows", "id > 0", phase=POST))
+    config = _config(tmp_path, ", quality: {max_quarantined: 50%}")
+    _land(tmp_path, "orders", 0, [_pg_event("c", 10, after={"id": 1, "v": "a"}),
+                                  _pg_event("c", 11, after={"id": -2, "v": "b"}),
+                                  _pg_event("c", 12, after={"id": 3, "v": "c"}, ts_ms=None),
+                                  _pg_event("c", 13, after={"id": 4, "v": "d"})])
+    code, out, err = _run(capsys, tmp_path, config)
+    assert (code, err) == (0, "")
+    bronze, silver = summary_line(out, "bronze", "orders"), summary_line(out, "silver", "orders")
+    assert (bronze["events"], bronze["quarantined"], bronze["gate"]) == ("3", "event_has_source_time:1",
+                                                                         "passed-with-warnings")
+    quarantine = engine.read(spark, Lake(str(tmp_path / "lake")).quarantine("orders")).collect()
+    assert [(r["_line"], r["reason"]) for r in quarantine] == [(3, "event_has_source_time: no ts_ms")]
+    assert silver["gate"] == "passed-with-warnings"
+    assert sorted(silver_rows(spark, engine, tmp_path / "lake", "orders", ("id",))) == [(-2,), (1,), (4,)]
+    bronze_checks = {c["expectation"]: c for c in _reports(tmp_path, "bronze")[-1]["checks"]}
+    silver_checks = {c["expectation"]: c for c in _reports(tmp_path, "silver")[-1]["checks"]}
+    assert [(c["action"], c["success"], c["unexpected"], c["total"]) for c in (
+        bronze_checks["event_has_source_time"], silver_checks["ids_positive"])] == [
+        ("quarantine", False, 1, 4), ("warn", False, 1, 3)]
+    pages = tmp_path / "lake" / "reports" / "data_docs" / "orders" / "validations" / "orders" / "silver" / "audit"
+    assert "ids are positive" in next(pages.rglob("*.html")).read_text()
+    # an override in tables.yaml applies to it like to any built-in check
+    strict = _config(tmp_path, ", quality: {max_quarantined: 50%, checks: {ids_positive: fail}}")
+    _land(tmp_path, "orders", 4, [_pg_event("u", 20, after={"id": -2, "v": "again"})])
+    code, _, err = _run(capsys, tmp_path, strict)
+    assert (code, err) == (1, "gate failed: table=orders layer=silver expectation=ids_positive unexpected=1 of 1\n")
+    assert silver_rows(spark, engine, tmp_path / "lake", "orders", ("id",))[(-2,)]["v"] == "b"  # restored

@@ -228,7 +228,7 @@ def test_data_docs_of_a_failed_run_show_the_failing_expectation_offline_and_gx_a
     text = " ".join(re.sub(r"<[^>]+>", " ", page).split())
     assert "every customer has a state 1 unexpected values found. 50% of 2 total rows." in text
     # the breaker and delete reconciliation are GX expectations too, described in plain words
-    figures = next((docs / "orders" / "validations" / "orders" / "silver" / "figures").rglob("*.html")).read_text()
+    figures = next((docs / "orders" / "validations" / "orders" / "silver" / "audit").rglob("*.html")).read_text()
     assert "of the batch is quarantined, once 2 or more records are" in figures
     for html in docs.rglob("*.html"):
         loads = re.findall(r'<(?:script|img|link)[^>]*(?:src|href)="([^"]+)"', html.read_text())
