@@ -24,7 +24,8 @@ from spark_jobs.errors import (
     LayerFailed,
     is_transient,
 )
-from spark_jobs.registry import GoldModel, Registry, TableConfig, load_registry, parse_share
+from spark_jobs.quality.config import parse_share
+from spark_jobs.registry import GoldModel, Registry, TableConfig, load_registry
 from spark_jobs.settings import resolve_uri, settings
 
 

@@ -54,7 +54,7 @@ def check_replay(params: dict[str, Any], known: Sequence[str]) -> dict[str, Any]
         raise AirflowFailException(f"param {exc}") from None
     if params.get("max_quarantined"):
         from spark_jobs.errors import ConfigError
-        from spark_jobs.registry import parse_share
+        from spark_jobs.quality.config import parse_share
 
         try:
             parse_share(params["max_quarantined"], "param max_quarantined")
