@@ -11,7 +11,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark_jobs.debezium import envelope
-from spark_jobs.delta import DeltaEngine, MergeSpec, driver_rows
+from spark_jobs.delta import DeltaEngine, driver_rows
 from spark_jobs.errors import ConcurrentWrite, OutOfMemory, PipelineError
 from spark_jobs.lake import Lake
 from spark_jobs.landing import LandingFile, LandingWindow, list_topic, spark_paths
@@ -20,13 +20,13 @@ from spark_jobs.layers.common import (
     gate,
     lag_seconds,
     now,
-    one_row,
     share,
     small_landing,
     write_quarantine,
 )
 from spark_jobs.layers.landing_reader import read_landing
 from spark_jobs.layers.summary import BronzeSummary, Counts
+from spark_jobs.layers.tombstones import TombstoneCounts, preceding_rows, tombstone_counts, track_pending_tombstones
 from spark_jobs.quality.audit import Audit, Figures, tally
 from spark_jobs.quality.expectations import QUARANTINE, flagged, row_checks
 from spark_jobs.quality.gates import bronze_checks
@@ -187,13 +187,13 @@ def _ingest(spark: SparkSession, engine: DeltaEngine, batch: _Batch, staged: dic
     _quarantine(spark, engine, batch, classified, tally.quarantined, unreadable, summary)
     per_file = dict(tally.per_file)  # unreadable files join it below
     # tombstone lines that open a file follow a record of an earlier batch: look in bronze for those only
-    earlier = _preceding_rows(spark, engine, lake, table.name, tally.opening) if tally.opening else None
+    earlier = preceding_rows(spark, engine, lake, table.name, tally.opening) if tally.opening else None
     matched = checkpoint(envelope.match_tombstones(classified, earlier), small)
-    tombstones = _tombstone_counts(matched) if tally.tombstones else _TombstoneCounts(0, 0)
+    tombstones = tombstone_counts(matched) if tally.tombstones else TombstoneCounts(0, 0)
     _count(tally, tombstones, batch, len(unreadable), summary)
     _audit(classified, matched, raw, batch, summary)
-    summary.tombstones_matched_late = _track_pending_tombstones(spark, engine, lake, table.name, classified, matched,
-                                                                tombstones.waiting > 0)
+    summary.tombstones_matched_late = track_pending_tombstones(spark, engine, lake, table.name, classified, matched,
+                                                               tombstones.waiting > 0)
     committed = _commit(engine, classified.where("_kind = 'event'"), batch, summary)
     for f in unreadable:
         per_file[f.path] = (0, 0, 0, 1)
@@ -286,20 +286,7 @@ def _tally(classified: DataFrame) -> _Tally:
                   max(newest) if newest else None, sorted({g["_source_file"] for g in groups if g["opens"]}))
 
 
-@dataclass(frozen=True)
-class _TombstoneCounts:
-    matched: int  # tombstone lines following a delete
-    waiting: int  # tombstone lines whose previous record is in an earlier file not landed yet
-
-
-def _tombstone_counts(matched: DataFrame) -> _TombstoneCounts:
-    row = one_row(matched.agg(
-        F.count(F.when(F.col("_follows_delete"), 1)).alias("matched"),
-        F.count(F.when(F.col("_previous_unseen") & (F.col("_part") != F.col("_source_file")), 1)).alias("waiting")))
-    return _TombstoneCounts(row["matched"], row["waiting"])
-
-
-def _count(tally: _Tally, tombstones: _TombstoneCounts, batch: _Batch, unreadable: int, summary: BronzeSummary) -> None:
+def _count(tally: _Tally, tombstones: TombstoneCounts, batch: _Batch, unreadable: int, summary: BronzeSummary) -> None:
     lines_in, events_in = (sum(stats[i] for stats in tally.per_file.values()) for i in range(2))
     summary.lines, summary.events, summary.tombstones = lines_in, events_in, tally.tombstones
     summary.tombstones_matched, summary.tombstones_unmatched = tombstones.matched, tally.tombstones - tombstones.matched
@@ -344,55 +331,6 @@ def _commit(engine: DeltaEngine, events: DataFrame, batch: _Batch, summary: Bron
                               "during this run; runs of one table must be serialized")
     summary.version = committed if committed is not None else version_before
     return committed
-
-
-PENDING_TOMBSTONES = MergeSpec(keys=("_source_file", "_line"), insert_when="true")
-
-
-def _track_pending_tombstones(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: str, classified: DataFrame,
-                              matched: DataFrame, any_waiting: bool) -> int:
-    """Tombstones whose previous record is in no batch yet wait in the lake (`any_waiting`: the batch has
-    some); each batch settles those whose previous record it brings. Returns how many of them follow a
-    delete (matched late)."""
-    path = lake.pending_tombstones(table)
-    settled_late = 0
-    if engine.version(path) is not None:
-        pending = engine.read(spark, path)
-        assert pending is not None
-        settled = envelope.resolve_pending_tombstones(pending, classified).localCheckpoint()
-        counts = one_row(settled.agg(F.count(F.lit(1)).alias("settled"),
-                                     F.count(F.when(F.col("_follows_delete"), 1)).alias("late")))
-        settled_late = counts["late"]
-        if counts["settled"]:
-            engine.merge(settled.select("_source_file", "_line"), path,
-                         MergeSpec(keys=("_source_file", "_line"), delete_when="true"))
-    if any_waiting:
-        waiting = matched.where("_previous_unseen AND _part <> _source_file")
-        engine.merge(waiting.select("_source_file", "_line", "_part", "_offset"), path, PENDING_TOMBSTONES)
-    return settled_late
-
-
-def _preceding_rows(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: str, opening: list[str]) -> DataFrame | None:
-    """Bronze rows of the files that precede `opening` in their Kafka partition (the sink names files by
-    topic, partition and first offset): a tombstone opening a file follows the previous file's last record.
-    Read from the bronze versions holding those files (by the ingest log), never all of bronze."""
-    log = ingest_log(lake, table, ["file", "bronze_version"])
-    taken: dict[str, list[tuple[int, str, int]]] = {}
-    for path, version in zip(log["file"], log["bronze_version"], strict=True):
-        position = envelope.landing_offset(path)
-        if position is not None and version is not None:
-            taken.setdefault(position[0], []).append((position[1], path, version))
-    wanted: dict[str, int] = {}
-    for path in opening:
-        position = envelope.landing_offset(path)
-        earlier = [f for f in taken.get(position[0], []) if f[0] < position[1]] if position else []
-        if earlier:
-            _, previous, version = max(earlier)
-            wanted[previous] = version
-    bronze = engine.read(spark, lake.bronze(table)) if wanted else None
-    if bronze is None:
-        return None
-    return bronze.where(F.col("_bronze_version").isin(sorted(set(wanted.values()))) & F.col("_source_file").isin(sorted(wanted)))
 
 
 def _in_bronze(engine: DeltaEngine, lake: Lake, table: str, files: list[LandingFile]) -> list[str]:
