@@ -20,7 +20,7 @@ from spark_jobs.layers.silver_plan import BatchPlan, merged_audit, plan_batch
 from spark_jobs.layers.summary import SilverSummary
 from spark_jobs.quality.audit import Audit, Figures, tally
 from spark_jobs.quality.expectations import flagged
-from spark_jobs.quality.gates import refuses, silver_checks
+from spark_jobs.quality.gates import may_refuse, refuses, silver_checks
 from spark_jobs.registry import TableConfig
 
 # Silver: apply the newest event per key when it is newer than the row (docs/architecture.md, "Silver").
@@ -151,11 +151,15 @@ def apply_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     summary = _counts(plan, write_quarantine(engine, lake, table.name, plan.quarantine, "silver", batch_id),
                       table, batch_id)
     quarantined = sum((summary.quarantined or {}).values())
-    audit = Audit(Figures(quarantined, summary.quarantined_share or 0.0),
-                  tally(plan.audited, flagged("silver"), table.keys))
+    audit = Audit(Figures(quarantined, summary.quarantined_share or 0.0))
     checks = silver_checks(table)
-    # audit before publishing: a batch the table refuses leaves every table as it was
-    if table.quality.breaker_trips(quarantined, summary.quarantined_share or 0) or refuses(audit, checks):
+    # audit before publishing: a batch the table refuses leaves every table as it was. The events are tallied
+    # here only when that can refuse the batch; otherwise with the merged rows after, in the same Spark job
+    trips = table.quality.breaker_trips(quarantined, summary.quarantined_share or 0)
+    before = trips or may_refuse(checks, set(plan.audited))
+    if before:
+        audit = audit.with_tallies(tally(plan.audited, flagged("silver"), table.keys))
+    if trips or refuses(audit, checks):
         check(audit, plan.frames, table.name, "silver", checks, lake, summary)
     _publish(spark, engine, table, lake, plan, batch_id, summary)
 
@@ -164,10 +168,11 @@ def apply_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     audit.figures.deletes_received = received = plan.delete_counts["received"]
     audit.figures.deletes_unaccounted = received - removed - sum(v for k, v in plan.delete_counts.items()
                                                                  if k != "received")
+    pending = {} if before else dict(plan.audited)
     if plan.latest is not None and plan.deletes is not None:
-        rows, deletes = merged_audit(spark, engine, lake.silver(table.name), plan.latest, plan.deletes, table.keys,
-                                     batch_id)
-        audit = audit.with_tallies(tally({"rows": rows, "deletes": deletes}, flagged("silver"), table.keys))
+        pending["rows"], pending["deletes"] = merged_audit(spark, engine, lake.silver(table.name), plan.latest,
+                                                           plan.deletes, table.keys, batch_id)
+    audit = audit.with_tallies(tally(pending, flagged("silver"), table.keys))
     try:
         check(audit, plan.frames, table.name, "silver", checks, lake, summary)
     except GateFailed:

@@ -119,6 +119,11 @@ def gold_checks(model: GoldModel) -> list[Check]:
     return [*checks, *user_checks(model.expectations, "model")]
 
 
+def may_refuse(checks: list[Check], rows: set[str]) -> bool:
+    """Is there a `fail` check on any of these rows (so silver tallies them before publishing)?"""
+    return any(c.action == FAIL and c.name in EXPECTATIONS and EXPECTATIONS[c.name].rows in rows for c in checks)
+
+
 def refuses(audit: Audit, checks: list[Check]) -> bool:
     """Does a `fail` check on rows fail on the audit's tallies (silver: before anything is published)?"""
     return any(c.action == FAIL and c.name in audit.tallies and audit.tallies[c.name].failed for c in checks)

@@ -331,3 +331,24 @@ def test_a_new_built_in_check_is_its_record_alone(spark, engine, tmp_path, capsy
     code, _, err = _run(capsys, tmp_path, strict)
     assert (code, err) == (1, "gate failed: table=orders layer=silver expectation=ids_positive unexpected=1 of 1\n")
     assert silver_rows(spark, engine, tmp_path / "lake", "orders", ("id",))[(-2,)]["v"] == "b"  # restored
+
+
+def test_a_fail_check_on_the_events_refuses_the_batch_before_anything_is_published(spark, engine, tmp_path, capsys):
+    """`sequence_increasing: fail`: two different events of a key at one position (a tie) stop the batch before
+    silver is written (no commit at all, not a commit and its restore); the same batch under the default
+    `warn` is applied and reported."""
+    config = _config(tmp_path, ", quality: {checks: {sequence_increasing: fail}}")
+    _land(tmp_path, "orders", 0, [_pg_event("c", 10, after={"id": 1, "v": "a"})])
+    assert _run(capsys, tmp_path, config)[0] == 0
+    lake = Lake(str(tmp_path / "lake"))
+    versions = [engine.version(path) for path in lake.silver_tables("orders").values()]
+    _land(tmp_path, "orders", 1, [_pg_event("u", 20, after={"id": 1, "v": "x"}),
+                                  _pg_event("u", 20, after={"id": 1, "v": "y"}),
+                                  _pg_event("c", 21, after={"id": 2, "v": "b"})])
+    code, _, err = _run(capsys, tmp_path, config)
+    assert (code, err) == (1, "gate failed: table=orders layer=silver expectation=sequence_increasing "
+                              "unexpected=2 of 3\n")
+    assert [engine.version(path) for path in lake.silver_tables("orders").values()] == versions
+    code, out, err = _run(capsys, tmp_path, _config(tmp_path))
+    assert (code, err, summary_line(out, "silver", "orders")["gate"]) == (0, "", "passed-with-warnings")
+    assert sorted(silver_rows(spark, engine, tmp_path / "lake", "orders", ("id",))) == [(1,), (2,)]
