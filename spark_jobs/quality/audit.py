@@ -56,8 +56,9 @@ def _keyed(df: DataFrame, keys: tuple[str, ...], reads_key_rows: bool) -> DataFr
 
 
 def tally(frames: dict[str, DataFrame], checks: list[Expectation], keys: tuple[str, ...] = ()) -> dict[str, Tally]:
-    """Each check's tally over its rows (`frames` by the name the records give them), in one Spark job: each
-    frame's flags are evaluated in place, the frames' flag columns stacked and counted in one aggregate."""
+    """Each check's tally over its rows (`frames` by the name the records give them), in one Spark action: each
+    frame's flags are evaluated in place, the frames' flag columns stacked and counted in one aggregate (one Spark
+    job when the frames are one partition each; a shuffle the frames' own plans need adds its stage)."""
     counted = [e for e in checks if e.rows in frames]
     if not counted:
         return {}

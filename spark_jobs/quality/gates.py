@@ -71,12 +71,13 @@ def builtin(quality: Quality, layer: str, bounds: dict[str, dict[str, Any]] | No
     """The layer's built-in checks, in their records' order (quality/expectations.py): a check on rows passes
     when none of its rows fails it, a check on figures when its figure is within its `bounds` (from the table's
     settings; a check without them is not configured here and not run)."""
+    bounds = bounds or {}
     checks = []
     for e in EXPECTATIONS.values():
         if layer in e.layers and e.flag is not None:
             checks.append(_on_audit(quality, e.name, e.name, min_value=0, max_value=0))
-        elif layer in e.layers and e.figure is not None and e.name in (bounds or {}):
-            checks.append(_on_audit(quality, e.name, e.figure, **(bounds or {})[e.name]))
+        elif layer in e.layers and e.figure is not None and e.name in bounds:
+            checks.append(_on_audit(quality, e.name, e.figure, **bounds[e.name]))
     return checks
 
 
@@ -134,26 +135,19 @@ def rebuild_data_docs(lake: Lake, table: str) -> None:
     gx_project.context(lake, table).build_data_docs(site_names=["reports"])
 
 
-def _measured(check: Check, audit: Audit) -> bool:
-    """Does the audit hold what the check reads? A check on rows none of this gate's frames held is not run."""
-    if check.name in audit.tallies:
-        return True
-    expectation = EXPECTATIONS.get(check.name)
-    if expectation is not None and expectation.flag is not None:
-        return False
-    figure = check.kwargs["column"]
-    return figure == "lag_s" or getattr(audit.figures, figure) is not None
-
-
-def _audit_row(audit: Audit) -> Any:
+def _audit_values(audit: Audit) -> dict[str, Any]:
     """The audit as the one row GX validates with pandas: each tally's failures under its check's name, then
     the figures. A lag that is not known (no source time in the batch) is infinitely old, so a freshness
     check fails on it."""
-    import pandas as pd
-
     figures = {k: (float("inf") if k == "lag_s" and v is None else v) for k, v in asdict(audit.figures).items()}
     assert not set(figures) & set(audit.tallies), "a check is named like a figure"
-    return pd.DataFrame([{**{name: t.failed for name, t in audit.tallies.items()}, **figures}])
+    return {**{name: t.failed for name, t in audit.tallies.items()}, **figures}
+
+
+def _measured(check: Check, values: dict[str, Any]) -> bool:
+    """Does the audit hold what the check reads? A check on rows none of this gate's frames held has no tally,
+    a check on a figure not measured in this batch no value: neither is run."""
+    return values.get(check.kwargs["column"]) is not None
 
 
 def _shown(check: Check, audit: Audit) -> str:
@@ -185,17 +179,21 @@ def run_gate(audit: Audit, frames: dict[str, DataFrame], table: str, layer: str,
     A Checkpoint hands all its validation definitions the same batch parameters, and each frame is its own
     dataframe: one Checkpoint per frame. They (and the context) are made on a table's first gate in the process
     and reused while the checks are the same (quality/gx_project.py)."""
+    import pandas as pd
     from great_expectations.core.run_identifier import RunIdentifier
+    from pyspark.sql import SparkSession
 
-    inputs: dict[str, Any] = {AUDIT: _audit_row(audit), **frames}
-    spark_app = next((df.sparkSession.sparkContext.applicationId for df in frames.values()), "")
+    values = _audit_values(audit)
+    inputs: dict[str, Any] = {AUDIT: pd.DataFrame([values]), **frames}
+    # the process's Spark application, whether or not this gate has frames on Spark: one project per table
+    spark_app = SparkSession.active().sparkContext.applicationId
     project = gx_project.project(lake, table, spark_app)
     run_id = RunIdentifier(run_name=f"{table}.{layer}")
     findings: list[Finding] = []
     validated = []
     with project.lock:
         for frame, df in inputs.items():
-            frame_checks = [c for c in checks if c.frame == frame and (frame != AUDIT or _measured(c, audit))]
+            frame_checks = [c for c in checks if c.frame == frame and (frame != AUDIT or _measured(c, values))]
             if not frame_checks:
                 continue
             result_id, outcome = project.validate(gx_project.FrameValidation(

@@ -200,3 +200,28 @@ def test_every_check_on_rows_declares_its_rows_and_flag_and_none_is_named_like_a
     assert all(e.rows and e.figure is None for e in on_rows)
     assert all(e.figure for e in EXPECTATIONS.values() if e.flag is None)
     assert not {e.name for e in on_rows} & set(Figures.__dataclass_fields__)
+
+
+def test_a_tables_gates_share_one_gx_project_whether_or_not_they_validate_rows_on_spark(spark, tmp_path, monkeypatch):
+    """A gate with only its audit (bronze here) and one with a user's expectation on Spark rows (silver) use the
+    same GX context: the project is the process's Spark application's, not named by the gate's frames."""
+    from spark_jobs.quality import gx_project
+    from spark_jobs.quality.expectations import UserExpectation
+    from spark_jobs.quality.gates import user_checks
+
+    monkeypatch.setattr(gx_project, "_projects", type(gx_project._projects)())
+    made = []
+    context = gx_project.context
+    monkeypatch.setattr(gx_project, "context", lambda lake, table: made.append(table) or context(lake, table))
+    lake = Lake(str(tmp_path))
+    events = spark.createDataFrame([("c", "", None, None, None)], "op STRING, _missing_key STRING, _flat_op STRING, "
+                                                                 "_flat_deleted STRING, _follows_delete BOOLEAN")
+    bronze = Audit(Figures(), tally({"events": events}, flagged("bronze")))
+    assert run_gate(bronze, {}, "orders", "bronze", bronze_checks(TABLE), lake).success
+    upserts = spark.createDataFrame([(1, "x"), (2, None)], "id INT, v STRING")
+    not_null = UserExpectation("expect_column_values_to_not_be_null", '{"column": "v"}', "warn", "table 'orders'")
+    result = run_gate(Audit(Figures()), {"upserts": upserts}, "orders", "silver", user_checks((not_null,), "upserts"),
+                      lake)
+    assert [(f.check, f.success, f.unexpected) for f in result.findings] == [
+        ("expect_column_values_to_not_be_null(v)", False, 1)]
+    assert made == ["orders"]
