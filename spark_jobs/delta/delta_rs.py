@@ -7,9 +7,15 @@ a table with deletion vectors (written by delta-spark or another tool) or column
 Delta's own Spark reader instead, and never written (delta-rs 1.6 rewrites a file without applying its
 deletion vector, which brings deleted rows back).
 
-Writes hand delta-rs the rows as Arrow without collecting them into Spark's driver: Spark writes them to
-a scratch Parquet folder (CDC_SPILL_DIR, default the system's temp folder) and delta-rs reads it back a
-row group at a time, so memory stays bounded whatever the batch's size. A merge source up to
+Appends, overwrites and a merge into a table that does not exist yet (an initial load) never pass rows
+through the driver: Spark's executors write the Parquet files into a folder of the table's own
+(`cdc-<uuid>/`), and delta-rs commits them as they are, with statistics read from their footers
+(delta/file_stats.py). A partitioned table's files would need their partition folders at the table's root
+for Spark's reader to find the partition values, so its writes take the path below instead.
+
+A merge (and a partitioned table's write, or a replace) hands delta-rs the rows as Arrow: Spark writes
+them to a scratch Parquet folder (CDC_SPILL_DIR, default the system's temp folder) and delta-rs reads it
+back a row group at a time, so memory stays bounded whatever the batch's size. A merge source up to
 CDC_MERGE_SOURCE_MB (default 256) is held in memory, which lets delta-rs prune the target's files by the
 source's key range; a larger one is streamed."""
 
@@ -19,28 +25,35 @@ import json
 import os
 import shutil
 import tempfile
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
+from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import TableNotFoundError
+from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
+from pyarrow import fs as pafs
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from spark_jobs.delta import MergeResult, MergeSpec, key_predicate, log_retention, retention_hours
 from spark_jobs.delta.features import unplain_features
+from spark_jobs.delta.file_stats import delta_stats
 from spark_jobs.errors import UnsupportedTable
 from spark_jobs.settings import settings
-from spark_jobs.storage import delta_storage_options
+from spark_jobs.storage import arrow_path, arrow_s3, delta_storage_options, is_s3
 
 if TYPE_CHECKING:
     from spark_jobs.delta import Rows
 
 SPILL_PREFIX = "cdc-spill-"
+STAGED_PREFIX = "cdc-"  # a folder of the table's files one write committed: not hidden, so VACUUM sees them
 
 
 def _remove_dead_runs_scratch() -> None:
@@ -60,6 +73,39 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _nullable(schema: pa.Schema) -> pa.Schema:
+    """Spark marks columns NOT NULL from the plan (a literal, current_timestamp()); a Delta table created from
+    that would reject later batches that legitimately hold nulls there."""
+    return pa.schema([f.with_nullable(True) for f in schema])
+
+
+@dataclass
+class _Staged:
+    """Parquet files Spark wrote into one folder (a table's, before they are committed; or scratch)."""
+
+    fs: pafs.FileSystem
+    root: str  # the folder, as `fs` names it
+    files: list[str] = field(default_factory=list)
+    actions: list[AddAction] = field(default_factory=list)
+    schema: pa.Schema | None = None
+
+    def reader(self) -> pa.RecordBatchReader:
+        assert self.schema is not None
+        schema = self.schema
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            for f in self.files:
+                with self.fs.open_input_file(f) as handle:
+                    for batch in pq.ParquetFile(handle).iter_batches(batch_size=65_536):
+                        yield batch.cast(schema)
+
+        return pa.RecordBatchReader.from_batches(schema, batches())
+
+    def remove(self) -> None:
+        if self.fs.get_file_info(self.root).type != pafs.FileType.NotFound:
+            self.fs.delete_dir(self.root)
 
 
 class DeltaRsEngine:
@@ -129,22 +175,16 @@ class DeltaRsEngine:
         try:
             df.write.mode("overwrite").parquet(str(folder))
             files = sorted(folder.glob("part-*.parquet"))
-            # Spark marks columns NOT NULL from the plan (a literal, current_timestamp()); a Delta table
-            # created from that would reject later batches that legitimately hold nulls there
-            schema = pa.schema([f.with_nullable(True) for f in
-                                (pq.read_schema(files[0]) if files else df.limit(0).toArrow().schema)])
-
-            def batches() -> Iterator[pa.RecordBatch]:
-                for f in files:
-                    for batch in pq.ParquetFile(f).iter_batches(batch_size=65_536):
-                        yield batch.cast(schema)
-
-            yield pa.RecordBatchReader.from_batches(schema, batches()), sum(f.stat().st_size for f in files)
+            schema = pq.read_schema(files[0]) if files else df.limit(0).toArrow().schema
+            scratch = _Staged(pafs.LocalFileSystem(), str(folder), [str(f) for f in files], schema=_nullable(schema))
+            yield scratch.reader(), sum(f.stat().st_size for f in files)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
     def append(self, df: Rows, path: str, partition_by: tuple[str, ...] = ()) -> int:
         self._writable(path)
+        if isinstance(df, DataFrame) and not partition_by:
+            return self._commit(self._stage(df, path), path, "append")[0]
         with self._rows(df) as (rows, _):
             write_deltalake(path, rows, mode="append", partition_by=list(partition_by) or None,
                             schema_mode="merge", storage_options=self._options(path))
@@ -152,10 +192,60 @@ class DeltaRsEngine:
 
     def overwrite(self, df: DataFrame, path: str, partition_by: tuple[str, ...] = ()) -> int:
         self._writable(path)
+        if not partition_by:
+            return self._commit(self._stage(df, path), path, "overwrite")[0]
         with self._rows(df) as (rows, _):
             write_deltalake(path, rows, mode="overwrite", partition_by=list(partition_by) or None,
                             schema_mode="overwrite", storage_options=self._options(path))
         return self._must(path).version()
+
+    def _stage(self, df: DataFrame, path: str) -> _Staged:
+        """Spark's executors write `df` into a new folder of the table's; its files as add actions (not yet
+        committed: a reader sees none of them). What is not a data file (Spark's _SUCCESS marker, the local
+        filesystem's checksums) is removed: VACUUM never removes a hidden file."""
+        folder = f"{STAGED_PREFIX}{uuid.uuid4().hex}"
+        uri = f"{path.rstrip('/')}/{folder}"
+        staged = _Staged(arrow_s3() if is_s3(path) else pafs.LocalFileSystem(), arrow_path(uri))
+        try:
+            df.write.mode("errorifexists").parquet(uri)
+            found = staged.fs.get_file_info(pafs.FileSelector(staged.root, recursive=True))
+            data = sorted((f for f in found if f.is_file and f.base_name.startswith("part-")
+                           and f.base_name.endswith(".parquet")), key=lambda f: f.path)
+            for f in found:
+                if f.is_file and f not in data:
+                    staged.fs.delete_file(f.path)
+            for f in data:
+                meta = pq.read_metadata(f.path, filesystem=staged.fs)
+                staged.schema = staged.schema or meta.schema.to_arrow_schema()
+                mtime = f.mtime.timestamp() if f.mtime else 0.0
+                staged.files.append(f.path)
+                staged.actions.append(AddAction(f"{folder}/{f.path[len(staged.root) + 1:]}", f.size, {},
+                                                int(mtime * 1000), True, delta_stats(meta)))
+        except BaseException:  # a failed write leaves no files behind
+            staged.remove()
+            raise
+        staged.schema = _nullable(staged.schema or df.limit(0).toArrow().schema)  # no file for no rows
+        return staged
+
+    def _commit(self, staged: _Staged, path: str, mode: str) -> tuple[int, int]:
+        """Commit staged files (the table is created by the first): the new version, and the rows added."""
+        table, schema = self._table(path), staged.schema
+        assert schema is not None
+        rows = sum(json.loads(a.stats)["numRecords"] for a in staged.actions)
+        if table is None:
+            create_table_with_add_actions(path, DeltaSchema.from_arrow(schema), staged.actions, mode="error",
+                                          storage_options=self._options(path))
+        elif mode == "append" and set(schema.names) - {f.name for f in table.schema().fields}:
+            # new columns: a commit of files cannot change the schema, so delta-rs writes the rows itself, with
+            # its schema merge, in one commit (rare: a source's schema changed)
+            try:
+                write_deltalake(path, staged.reader(), mode="append", schema_mode="merge",
+                                storage_options=self._options(path))
+            finally:
+                staged.remove()
+        else:
+            table.create_write_transaction(list[AddAction | RemoveAction](staged.actions), mode=mode, schema=schema)
+        return self._must(path).version(), rows
 
     def replace(self, df: DataFrame, path: str, predicate: str, partition_by: tuple[str, ...] = ()) -> int:
         self._writable(path)
@@ -166,6 +256,10 @@ class DeltaRsEngine:
 
     def merge(self, df: Rows, path: str, spec: MergeSpec, partition_by: tuple[str, ...] = ()) -> MergeResult:
         self._writable(path)
+        if isinstance(df, DataFrame) and not partition_by and spec.insert_when and self._table(path) is None:
+            # an initial load: into no table, a merge inserts the rows its insert clause takes, and nothing else
+            version, rows = self._commit(self._stage(df.alias("s").where(spec.insert_when), path), path, "append")
+            return MergeResult(version=version, inserted=rows, updated=0, deleted=0)
         with self._rows(df) as (rows, size):
             return self._merge(rows, size, path, spec, partition_by)
 

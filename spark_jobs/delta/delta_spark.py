@@ -63,6 +63,12 @@ class DeltaSparkEngine:
 
     def merge(self, df: Rows, path: str, spec: MergeSpec, partition_by: tuple[str, ...] = ()) -> MergeResult:
         df = self._frame(df)
+        if not self._exists(path) and spec.insert_when:
+            # an initial load: into no table, a merge inserts the rows its insert clause takes, and nothing else
+            df.alias("s").where(spec.insert_when).write.format("delta").partitionBy(*partition_by).save(path)
+            written = self.history(path, 1)[0]
+            inserted = int((written.get("operationMetrics") or {}).get("numOutputRows", 0))
+            return MergeResult(version=written["version"], inserted=inserted, updated=0, deleted=0)
         if not self._exists(path):
             df.limit(0).write.format("delta").partitionBy(*partition_by).save(path)
         merger = self._DeltaTable.forPath(self.spark, path).alias("t").merge(df.alias("s"), key_predicate(spec.keys, "`"))

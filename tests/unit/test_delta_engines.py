@@ -229,7 +229,8 @@ def test_delta_rs_writes_through_scratch_parquet_held_or_streamed_and_leaves_not
     (tmp_path / "spill").mkdir()
     path, spec = str(tmp_path / "t"), replace(SILVER_MERGE, keys=("k",))
     first = spark.createDataFrame([(k, f"v{k}", "05", "c") for k in range(1, 7)], SCHEMA).repartition(3)
-    assert (engine.merge(first, path, spec).inserted, engine.append(first.limit(0), path)) == (6, 2)
+    # the first merge creates the table (version 0: a load, not a merge), the append is version 1
+    assert (engine.merge(first, path, spec).inserted, engine.append(first.limit(0), path)) == (6, 1)
     second = spark.createDataFrame([(2, "w2", "06", "u"), (3, None, "07", "d"), (7, "v7", "01", "c"), (4, "old", "04", "u")],
                                    SCHEMA).repartition(3)
     result = engine.merge(second, path, spec)
@@ -253,3 +254,86 @@ def test_scratch_left_by_a_killed_run_is_removed_and_a_live_runs_is_kept(spark, 
     (tmp_path / "other").mkdir()
     DeltaRsEngine()
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"cdc-spill-{os.getpid()}-def", "other"]
+
+
+def committed_files(path):
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    return pa.table(DeltaTable(path).get_add_actions(flatten=True)).to_pylist()
+
+
+def table_files(path):
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*") if p.is_file() and "_delta_log" not in p.parts)
+
+
+@pytest.fixture
+def no_driver_rows(monkeypatch):
+    """Fails a test whose rows would pass through the driver (the scratch Parquet read back into delta-rs)."""
+    from spark_jobs.delta.delta_rs import DeltaRsEngine
+
+    monkeypatch.setattr(DeltaRsEngine, "_rows", lambda *_: pytest.fail("the rows passed through the driver"))
+
+
+def test_delta_rs_commits_the_files_spark_wrote_in_the_tables_folder_with_their_bounds(engine, spark, tmp_path,
+                                                                                        no_driver_rows):
+
+    path = tmp_path / "t"
+    first = spark.createDataFrame([(k, f"v{k}", "01", "c") for k in range(1, 7)], SCHEMA).repartition(2, "k")
+    assert engine.append(first, str(path)) == 0
+    assert engine.append(first.where("k > 4"), str(path)) == 1
+    assert rows(engine, spark, str(path)) == [(k, f"v{k}", "01", "c") for k in (1, 2, 3, 4, 5, 5, 6, 6)]
+    added = committed_files(str(path))
+    # each write's files in a folder of its own, nothing else left there (no _SUCCESS, no checksums)
+    assert table_files(path) == sorted(a["path"] for a in added)
+    assert len({a["path"].split("/")[0] for a in added}) == 2 and all(a["path"].startswith("cdc-") for a in added)
+    # with each file's bounds and counts, as delta-rs' own writes have them: merges can skip the files
+    by_file = [(a["num_records"], a["min.k"], a["max.k"], a["null_count.v"]) for a in added]
+    assert sorted(by_file) == sorted(
+        (len(ks), min(ks), max(ks), 0) for ks in _spark_files_keys(spark, path, added))
+    assert sum(n for n, *_ in by_file) == 8
+
+
+def _spark_files_keys(spark, path, added):
+    for a in added:
+        yield [r["k"] for r in spark.read.parquet(str(path / a["path"])).collect()]
+
+
+def test_a_merge_into_no_table_loads_it_with_the_rows_its_insert_clause_takes(any_engine, spark, tmp_path,
+                                                                                no_driver_rows, monkeypatch):
+    path = str(tmp_path / "t")
+    events = spark.createDataFrame([(1, "a", "01", "c"), (2, None, "02", "d"), (3, "c", "03", "u")], SCHEMA)
+    result = any_engine.merge(events, path, replace(SILVER_MERGE, keys=("k",)))
+    assert (result.version, result.inserted, result.updated, result.deleted) == (0, 2, 0, 0)
+    assert rows(any_engine, spark, path) == [(1, "a", "01", "c"), (3, "c", "03", "u")]
+    assert "MERGE" not in [h["operation"] for h in any_engine.history(path)]  # written, not merged
+    # later merges into it take the usual path (a merge's source goes through the driver), and meet the loaded rows
+    monkeypatch.undo()
+    later = any_engine.merge(spark.createDataFrame([(1, "b", "04", "u")], SCHEMA), path,
+                             replace(SILVER_MERGE, keys=("k",)))
+    assert (later.inserted, later.updated) == (0, 1)
+
+
+def test_an_append_with_new_columns_evolves_the_schema_in_one_commit_and_leaves_no_staged_files(engine, spark,
+                                                                                               tmp_path):
+    from pyspark.sql import functions as F
+
+    path = tmp_path / "t"
+    first = spark.createDataFrame([(1, "a", "01", "c")], SCHEMA)
+    engine.append(first, str(path))
+    assert engine.append(first.withColumn("extra", F.lit(7)), str(path)) == 1
+    assert rows(engine, spark, str(path), "extra") == [(1, "a", "01", "c", None), (1, "a", "01", "c", 7)]
+    assert table_files(path) == sorted(a["path"] for a in committed_files(str(path)))
+
+
+def test_a_write_that_fails_leaves_no_files_in_the_table(engine, spark, tmp_path):
+    from pyspark.sql import functions as F
+
+    path = tmp_path / "t"
+    engine.append(spark.createDataFrame([(1, "a", "01", "c")], SCHEMA), str(path))
+    broken = spark.createDataFrame([(0, "b", "02", "c")], SCHEMA).withColumn(
+        "k", F.udf(lambda k: 1 // k, "int")("k"))
+    with pytest.raises(Exception, match="ZeroDivisionError"):
+        engine.append(broken, str(path))
+    assert table_files(path) == [a["path"] for a in committed_files(str(path))]
+    assert [p.name for p in path.iterdir() if p.name.startswith("cdc-")] == [committed_files(str(path))[0]["path"].split("/")[0]]
