@@ -188,8 +188,9 @@ def _ingest(spark: SparkSession, engine: DeltaEngine, batch: _Batch, staged: dic
     per_file = dict(tally.per_file)  # unreadable files join it below
     # tombstone lines that open a file follow a record of an earlier batch: look in bronze for those only
     earlier = preceding_rows(spark, engine, lake, table.name, tally.opening) if tally.opening else None
-    matched = checkpoint(envelope.match_tombstones(classified, earlier), small)
-    tombstones = tombstone_counts(matched) if tally.tombstones else TombstoneCounts(0, 0)
+    # a batch without tombstone lines (an initial snapshot, most batches) matches none: no pass over its records
+    matched = checkpoint(envelope.match_tombstones(classified, earlier), small) if tally.tombstones else None
+    tombstones = tombstone_counts(matched) if matched is not None else TombstoneCounts(0, 0)
     _count(tally, tombstones, batch, len(unreadable), summary)
     _audit(classified, matched, raw, batch, summary)
     summary.tombstones_matched_late = track_pending_tombstones(spark, engine, lake, table.name, classified, matched,
@@ -296,12 +297,13 @@ def _count(tally: _Tally, tombstones: TombstoneCounts, batch: _Batch, unreadable
     summary.flagged = tally.flagged or None
 
 
-def _audit(classified: DataFrame, matched: DataFrame, raw: DataFrame | None, batch: _Batch,
+def _audit(classified: DataFrame, matched: DataFrame | None, raw: DataFrame | None, batch: _Batch,
            summary: BronzeSummary) -> None:
     """The bronze gate: its checks' tallies over the batch's change events and tombstone lines, and its figures."""
     table = batch.table
     change_events = classified.where(f"_kind <> 'tombstone' AND _json_ok AND op IN {envelope.OPS}")
-    lines = change_events.unionByName(matched.select("_follows_delete"), allowMissingColumns=True)
+    lines = (change_events.withColumn("_follows_delete", F.lit(None).cast("boolean")) if matched is None else
+             change_events.unionByName(matched.select("_follows_delete"), allowMissingColumns=True))
     figures = Figures(sum((summary.quarantined or {}).values()), summary.quarantined_share or 0.0)
     gate(Audit(figures, tally({"events": lines}, flagged("bronze"))), {"raw": raw} if raw is not None else {},
          table.name, "bronze", bronze_checks(table), batch.lake, summary, table.quality.actions)

@@ -32,7 +32,7 @@ PENDING_TOMBSTONES = MergeSpec(keys=("_source_file", "_line"), insert_when="true
 
 
 def track_pending_tombstones(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: str, classified: DataFrame,
-                              matched: DataFrame, any_waiting: bool) -> int:
+                              matched: DataFrame | None, any_waiting: bool) -> int:
     """Tombstones whose previous record is in no batch yet wait in the lake (`any_waiting`: the batch has
     some); each batch settles those whose previous record it brings. Returns how many of them follow a
     delete (matched late)."""
@@ -48,7 +48,7 @@ def track_pending_tombstones(spark: SparkSession, engine: DeltaEngine, lake: Lak
         if counts["settled"]:
             engine.merge(settled.select("_source_file", "_line"), path,
                          MergeSpec(keys=("_source_file", "_line"), delete_when="true"))
-    if any_waiting:
+    if any_waiting and matched is not None:
         waiting = matched.where("_previous_unseen AND _part <> _source_file")
         engine.merge(waiting.select("_source_file", "_line", "_part", "_offset"), path, PENDING_TOMBSTONES)
     return settled_late
