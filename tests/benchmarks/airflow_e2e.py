@@ -157,8 +157,8 @@ def w5(bench: Bench) -> None:
             print(f"W5 run ({how}): " + " ".join(f"{k}={v:.1f}s" for k, v in results[-1].items()), flush=True)
         median: dict[str, Any] = {k: statistics.median(r[k] for r in results) for k in results[0]}
         total = Figure("W5", f"landing to gold, p50 (1,000 events into 10,000 rows), {how}", median["total"], None,
-                       "p50 <= 20 s")
-        total.met = median["total"] <= 20
+                       "p50 <= 15 s")
+        total.met = median["total"] <= 15
         bench.add(total)
         orchestration = median["detection"] + median["scheduling"]
         share = Figure("W5", f"  orchestration (detection + scheduling; poke every {POKE_S} s), {how}", orchestration, None,
