@@ -326,6 +326,10 @@ class DeltaRsEngine:
         # the window is the project's setting, never under an hour (registry.MIN_RETAIN_VERSIONS_S)
         self._writable(path)  # its VACUUM does not know deletion vectors' files
         self._must(path).vacuum(retention_hours=retention_hours(retain_s), dry_run=False, enforce_retention_duration=False)
+        if not is_s3(path):  # VACUUM removes files, not folders: the staged folders it emptied go too (S3 has none)
+            for folder in Path(path).glob(f"{STAGED_PREFIX}*"):
+                if folder.is_dir() and not any(folder.iterdir()):
+                    folder.rmdir()
 
     def _must(self, path: str) -> DeltaTable:
         table = self._table(path)

@@ -326,6 +326,17 @@ def test_an_append_with_new_columns_evolves_the_schema_in_one_commit_and_leaves_
     assert table_files(path) == sorted(a["path"] for a in committed_files(str(path)))
 
 
+def test_delta_rs_vacuum_removes_the_staged_folders_it_empties(engine, spark, tmp_path):
+    path = tmp_path / "t"
+    for k in range(3):
+        engine.append(spark.createDataFrame([(k, "a", "01", "c")], SCHEMA), str(path))
+    engine.compact(str(path), 128 * 2**20)
+    engine.vacuum(str(path), 0)  # no window: every file no longer in the table goes
+    assert table_files(path) == [a["path"] for a in committed_files(str(path))]
+    assert sorted(p.name for p in path.iterdir() if p.name != "_delta_log") == [
+        p.split("/")[0] for p in table_files(path)]
+
+
 def test_a_write_that_fails_leaves_no_files_in_the_table(engine, spark, tmp_path):
     from pyspark.sql import functions as F
 
