@@ -90,6 +90,7 @@ class _Staged:
     files: list[str] = field(default_factory=list)
     actions: list[AddAction] = field(default_factory=list)
     schema: pa.Schema | None = None
+    rows: int = 0
 
     def reader(self) -> pa.RecordBatchReader:
         assert self.schema is not None
@@ -219,6 +220,7 @@ class DeltaRsEngine:
                 staged.schema = staged.schema or meta.schema.to_arrow_schema()
                 mtime = f.mtime.timestamp() if f.mtime else 0.0
                 staged.files.append(f.path)
+                staged.rows += meta.num_rows
                 staged.actions.append(AddAction(f"{folder}/{f.path[len(staged.root) + 1:]}", f.size, {},
                                                 int(mtime * 1000), True, delta_stats(meta)))
         except BaseException:  # a failed write leaves no files behind
@@ -231,7 +233,6 @@ class DeltaRsEngine:
         """Commit staged files (the table is created by the first): the new version, and the rows added."""
         table, schema = self._table(path), staged.schema
         assert schema is not None
-        rows = sum(json.loads(a.stats)["numRecords"] for a in staged.actions)
         if table is None:
             create_table_with_add_actions(path, DeltaSchema.from_arrow(schema), staged.actions, mode="error",
                                           storage_options=self._options(path))
@@ -245,7 +246,7 @@ class DeltaRsEngine:
                 staged.remove()
         else:
             table.create_write_transaction(list[AddAction | RemoveAction](staged.actions), mode=mode, schema=schema)
-        return self._must(path).version(), rows
+        return self._must(path).version(), staged.rows
 
     def replace(self, df: DataFrame, path: str, predicate: str, partition_by: tuple[str, ...] = ()) -> int:
         self._writable(path)
