@@ -22,6 +22,7 @@ from spark_jobs.errors import (
     GateFailed,
     InfrastructureDown,
     LayerFailed,
+    TableBusy,
     is_transient,
 )
 from spark_jobs.quality.config import parse_share
@@ -102,29 +103,44 @@ def run(args: argparse.Namespace) -> int:
           f"window={window.describe()} session_s={time.monotonic() - started:.3f} session_ready_at={time.time():.3f}"
           + (f" spark_ui={ui}" if ui else ""), flush=True)
     steps = Steps(spark, engine, lake, batch_id)
-    for table in tables:
+    for table in tables:  # one table's failed gate or bad input fails that table only (Steps)
+        ok = True
         if args.mode == "skip":
-            steps.run(table.name, "bronze", table.name, bronze.skip_files, table, landing, lake, batch_id,
-                      selection, args.reason)
+            ok = steps.run(table.name, "bronze", table.name, bronze.skip_files, table, landing, lake, batch_id,
+                           selection, args.reason)
         elif "bronze" in args.layers and args.mode != "rebuild":
-            steps.run(table.name, "bronze", table.name, bronze.bronze_ingest, table, landing, lake, batch_id, selection)
-        if "silver" in args.layers:
+            ok = steps.run(table.name, "bronze", table.name, bronze.bronze_ingest, table, landing, lake, batch_id,
+                           selection)
+        if "silver" in args.layers and ok:  # a table whose bronze failed this run goes no further in it
             layer_step = silver.silver_rebuild if args.mode == "rebuild" else silver.silver_merge
             steps.run(table.name, "silver", table.name, layer_step, table, lake, batch_id)
     if "gold" in args.layers:
         for model in models:
+            failed = sorted(set(model.sources) & steps.failed_tables)
+            if failed:  # its SQL would join a failed table's silver with the others' newer state
+                print(f"gold   {model.name:<22} skipped: source(s) {', '.join(failed)} failed in this run", flush=True)
+                continue
             steps.run(model.name, "gold", f"gold.{model.name}", gold.gold_refresh, model, lake, batch_id)
+    steps.raise_failures()
     return 0
 
 
 class Steps:
     """Runs layer steps one at a time, each under its table's writer lock, and publishes each summary
-    (a failed step's too, with its cause) to the run's report."""
+    (a failed step's too, with its cause) to the run's report.
+
+    A step failing on its table's data or settings (a gate, bad input, tables.yaml) or finding it busy (another
+    writer's lock) fails that table only: the run goes on with the others, which publish as if alone, and ends
+    failing with every failed table named (`raise_failures`). Any other transient failure (the JVM, the store)
+    stops the run at once: it is not the table's, and the retry runs every table again (each step is idempotent)."""
 
     def __init__(self, spark: Any, engine: Any, lake: Any, batch_id: str):
         self.spark, self.engine, self.lake, self.batch_id = spark, engine, lake, batch_id
+        self.failures: list[Exception] = []
+        self.failed_tables: set[str] = set()
 
-    def run(self, table: str, layer: str, lock: str, fn: Any, *fn_args: Any) -> None:
+    def run(self, table: str, layer: str, lock: str, fn: Any, *fn_args: Any) -> bool:
+        """Runs one step; False when it failed on its table's data or settings (recorded for raise_failures)."""
         from spark_jobs import report
         from spark_jobs.layers.summary import LayerSummary
         from spark_jobs.state import writer_lock
@@ -147,11 +163,30 @@ class Steps:
             counts.gate = "failed" if gate_failed else "error"
             counts.error = str(failed)
             report.publish(self.lake, self.batch_id, counts.as_dict())
-            if isinstance(exc, ConfigError):  # tables.yaml names what the data does not have: exit 2, no retry
-                raise ConfigError(f"{exc} (layer {layer})") from exc
-            raise failed from exc
+            if transient and not isinstance(exc, TableBusy):  # another writer holding this table is this table's
+                raise failed from exc
+            # tables.yaml names what the data does not have: exit 2, no retry
+            recorded = ConfigError(f"{exc} (layer {layer})") if isinstance(exc, ConfigError) else failed
+            recorded.__cause__ = exc
+            self.failures.append(recorded)
+            self.failed_tables.add(table)
+            print(f"{layer:<6} {table:<22} FAILED: {failed}", flush=True)
+            return False
         report.publish(self.lake, self.batch_id, summary.as_dict())
         print(format_summary(summary.as_dict()), flush=True)
+        return True
+
+    def raise_failures(self) -> None:
+        """Fail the run when a step failed: every other failure on its line, then the one deciding the exit code
+        raised: a configuration error first (exit 2, the settings decide), then one the same input would repeat
+        (1), then a busy table's (75: a retry takes it)."""
+        if not self.failures:
+            return
+        deciding = min(self.failures, key=lambda f: (not isinstance(f, ConfigError), bool(getattr(f, "transient", False))))
+        for failure in self.failures:
+            if failure is not deciding:
+                print(str(failure), file=sys.stderr, flush=True)
+        raise deciding
 
 
 def maintain(args: argparse.Namespace) -> int:
@@ -196,6 +231,7 @@ def maintain(args: argparse.Namespace) -> int:
         expired = maintenance.expire_reports(lake, registry)
         print(f"maintain reports: {len(expired)} run report(s) past "
               f"{registry.maintenance.report_retention_s // 86400} days removed", flush=True)
+    steps.raise_failures()
     return 0
 
 

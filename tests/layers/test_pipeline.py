@@ -351,3 +351,47 @@ def test_added_columns_flow_in_and_unsafe_type_changes_are_quarantined(spark, en
     assert [(r["_line"], r["reason"]) for r in quarantine] == [
         # the batch's values of qty are text, a fraction and an integer: read as text, cast only where exact
         (2, "incompatible_type: qty (string -> bigint)"), (3, "incompatible_type: qty (string -> bigint)")]
+
+
+def test_one_tables_failed_gate_leaves_the_others_of_the_run_published(spark, engine, tmp_path, capsys):
+    """A run over a whole database: one table's bronze gate refuses its batch (a `fail` expectation on its raw
+    events), another's silver gate fails (a `fail` expectation on rows); the others, before and after them,
+    publish as if alone, and the run fails naming both. The failed tables hold nothing of the batch."""
+    config = tmp_path / "tables.yaml"
+    config.write_text(
+        "tables:\n  good: {topic: shop.public.good, keys: [id]}\n"
+        "  bad_lines:\n    topic: shop.public.bad_lines\n    keys: [id]\n    expectations:\n"
+        "      - expect_column_values_to_be_in_set: {column: op, value_set: [c, u, d]}\n        layer: bronze\n"
+        "        action: fail\n"
+        "  bad_rows:\n    topic: shop.public.bad_rows\n    keys: [id]\n    expectations:\n"
+        "      - expect_column_values_to_be_between: {column: qty, min_value: 0}\n        action: fail\n"
+        "  later: {topic: shop.public.later, keys: [id]}\n")  # after the failing ones: the run goes on to it
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    batches = {"good": [_pg_event("c", 10, after={"id": 1, "qty": 1})],
+               "bad_lines": [_pg_event("c", 10, after={"id": 1, "qty": 1}), _pg_event("r", 11, after={"id": 2, "qty": 1})],
+               "bad_rows": [_pg_event("c", 10, after={"id": 1, "qty": 1}), _pg_event("c", 11, after={"id": 2, "qty": -1})],
+               "later": [_pg_event("c", 10, after={"id": 5, "qty": 2}), _pg_event("d", 11, before={"id": 5})]}
+    for table, lines in batches.items():
+        folder = landing / "topics" / f"shop.public.{table}" / "partition=0"
+        folder.mkdir(parents=True)
+        (folder / f"shop.public.{table}+0+0000000000.json").write_text("\n".join(lines) + "\n")
+
+    code, out, err = run(capsys, config, landing, lake)
+
+    assert code == 1
+    assert [" ".join(w for w in line.split() if w.startswith(("table=", "layer="))) for line in err.strip().splitlines()] == [
+        "table=bad_rows layer=silver", "table=bad_lines layer=bronze"]
+    assert silver_rows(spark, engine, lake, "good", ("id",)) == {(1,): {"id": 1, "qty": 1}}
+    assert silver_rows(spark, engine, lake, "later", ("id",)) == {}
+    assert engine.version(Lake(str(lake)).silver("later")) is not None
+    assert summary_line(out, "silver", "later")["gate"] == "passed"
+    lake_paths = Lake(str(lake))
+    assert engine.version(lake_paths.bronze("bad_lines")) is None  # refused: nothing of the batch
+    assert silver_rows(spark, engine, lake, "bad_rows", ("id",)) == {}  # the batch's commits undone
+    # the run's report holds each table's verdict
+    verdicts = {(s["table"], s["layer"]): s["gate"] for s in
+                (json.loads(p.read_text()) for p in (lake / "reports" / "runs").glob("*/*.json"))}
+    assert {k: v for k, v in verdicts.items() if v in ("failed", "passed")} == {
+        ("good", "bronze"): "passed", ("good", "silver"): "passed", ("later", "bronze"): "passed",
+        ("later", "silver"): "passed", ("bad_lines", "bronze"): "failed", ("bad_rows", "bronze"): "passed",
+        ("bad_rows", "silver"): "failed"}
