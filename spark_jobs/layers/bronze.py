@@ -63,13 +63,12 @@ class _Listing:
         advance_marks(lake, table, self.marks, self.listed, self.done | {f.path for f in self.chosen})
 
 
-def _select(landing: str, lake: Lake, table: TableConfig, selection: Selection, recovered: set[str]) -> _Listing:
+def _select(landing: str, lake: Lake, table: TableConfig, selection: Selection, done: set[str]) -> _Listing:
     # the sensor's files (after its marks) are found by listing after the marks too; a run that lists for
     # itself (by hand, a window, a reprocess) lists everything, which also finds a file that landed late
     # under a name before its folder's mark (the sink does not, a copy by hand may), and recomputes the marks
     marks = read_marks(lake, table.name) if selection.files is not None and not selection.reprocess else {}
     listed = list_topic(landing, table.topic, marks=marks)
-    done = ingested_files(lake, table.name) | recovered
     chosen = listed
     if selection.files is not None:
         # named files bronze has taken since (another run of the table) are not gone: they are done
@@ -84,8 +83,10 @@ def _select(landing: str, lake: Lake, table: TableConfig, selection: Selection, 
 
 def bronze_ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, landing: str, lake: Lake,
                   batch_id: str, selection: Selection = Selection()) -> BronzeSummary:
-    recovered = _recover_unlogged_files(spark, engine, lake, table.name, batch_id)
-    listing = _select(landing, lake, table, selection, recovered)
+    # the ingest log read once, for both: a cycle asks this of every table, most of which have nothing new
+    logged = ingest_log(lake, table.name, ["file", "bronze_version"])
+    recovered = _recover_unlogged_files(spark, engine, lake, table.name, batch_id, logged["bronze_version"])
+    listing = _select(landing, lake, table, selection, set(logged["file"]) | recovered)
     files = listing.chosen
     summary = BronzeSummary(table=table.name, batch_id=batch_id, files=len(files), recovered_files=len(recovered),
                             mode="reprocess" if selection.reprocess else None)
@@ -137,7 +138,7 @@ def skip_files(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lan
     each is logged as taken, so the sensor and later runs pass it by, and quarantined whole (line 0, the
     reason `skipped: <reason>`), so it is counted and found. It stays in landing: a reprocess over its
     landing time reads it again."""
-    listing = _select(landing, lake, table, selection, set())
+    listing = _select(landing, lake, table, selection, ingested_files(lake, table.name))
     files = listing.chosen
     summary = BronzeSummary(table=table.name, batch_id=batch_id, files=len(files), mode="skip",
                             gate="skipped (files set aside)")
@@ -361,14 +362,15 @@ def _log_files(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: str,
     engine.append(driver_rows(rows, INGEST_LOG_SCHEMA), lake.ingest_log(table))
 
 
-def _recover_unlogged_files(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: str, batch_id: str) -> set[str]:
-    """Bronze commits its rows before the ingest log. If a run died between the two, bronze's rows newer
-    than the last logged commit name the files it already holds: log them now, never append them twice."""
+def _recover_unlogged_files(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: str, batch_id: str,
+                            logged_versions: list[int | None]) -> set[str]:
+    """Bronze commits its rows before the ingest log (whose `logged_versions` are given). If a run died between
+    the two, bronze's rows newer than the last logged commit name the files it already holds: log them now,
+    never append them twice."""
     current = engine.version(lake.bronze(table))
     if current is None:
         return set()
-    logged = max((v for v in ingest_log(lake, table, ["bronze_version"])["bronze_version"] if v is not None),
-                 default=-1)  # version 0 is a real commit, not "none"
+    logged = max((v for v in logged_versions if v is not None), default=-1)  # version 0 is a real commit, not "none"
     if current <= logged:
         return set()
     bronze = engine.read(spark, lake.bronze(table))

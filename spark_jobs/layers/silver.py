@@ -12,7 +12,7 @@ from pyspark.sql import functions as F
 
 from spark_jobs.delta import DeltaEngine, MergeSpec, driver_rows
 from spark_jobs.errors import GateFailed, PipelineError
-from spark_jobs.lake import Lake
+from spark_jobs.lake import Lake, read_columns
 from spark_jobs.layers.common import Gate, lag_seconds, now, share, write_quarantine
 from spark_jobs.layers.common import gate as run_gate
 from spark_jobs.layers.history import TRUNCATE_LOG_MERGE, apply_history
@@ -43,12 +43,14 @@ class SilverProgress:
     silver_version: int | None = None
 
 
-def silver_progress(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: str) -> SilverProgress:
-    progress = engine.read(spark, lake.progress(table))
-    row = None if progress is None else progress.where("layer = 'silver'").first()
+def silver_progress(lake: Lake, table: str) -> SilverProgress:
+    """Read without Spark (its one row): a cycle asks this of every table, most of which have nothing new."""
+    progress = read_columns(lake.progress(table)) or {}
+    rows = [dict(zip(progress, values, strict=True)) for values in zip(*progress.values(), strict=True)]
+    row = next((r for r in rows if r["layer"] == "silver"), None)
     if row is None:
         return SilverProgress()
-    return SilverProgress(int(row["bronze_version"]), row["truncated_at"], row.asDict().get("silver_version"))
+    return SilverProgress(int(row["bronze_version"]), row["truncated_at"], row.get("silver_version"))
 
 
 # operation metrics as delta-rs and delta-spark name them
@@ -76,7 +78,7 @@ def interrupted_work(engine: DeltaEngine, path: str, since_version: int | None) 
 
 def silver_merge(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake: Lake, batch_id: str) -> SilverSummary:
     """Apply the bronze rows silver has not seen (gated inside), then record the progress."""
-    progress = silver_progress(spark, engine, lake, table.name)
+    progress = silver_progress(lake, table.name)
     bronze_version = engine.version(lake.bronze(table.name))
     if bronze_version is None or bronze_version <= progress.bronze_version:
         return SilverSummary(table=table.name, batch_id=batch_id, events=0, gate="skipped (no new bronze rows)")
