@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from spark_jobs.delta.engines import make_engine
     from spark_jobs.lake import Lake
     from spark_jobs.landing import LandingWindow
-    from spark_jobs.layers import bronze, gold, silver
+    from spark_jobs.layers import bronze
     from spark_jobs.quality.user_expectations import validate, validate_actions
     from spark_jobs.session import build_session
     from spark_jobs.state import check_lock_timeout, new_batch_id
@@ -102,8 +102,16 @@ def run(args: argparse.Namespace) -> int:
     print(f"run {batch_id}: mode={args.mode} engine={engine.name} landing={landing} lake={lake.root} "
           f"window={window.describe()} session_s={time.monotonic() - started:.3f} session_ready_at={time.time():.3f}"
           + (f" spark_ui={ui}" if ui else ""), flush=True)
-    steps = Steps(spark, engine, lake, batch_id)
-    for table in tables:  # one table's failed gate or bad input fails that table only (Steps)
+    with Steps(spark, engine, lake, batch_id) as steps:
+        _run_steps(steps, args, tables, models, landing, lake, batch_id, selection)
+    return 0
+
+
+def _run_steps(steps: Steps, args: argparse.Namespace, tables: list[TableConfig], models: list[GoldModel],
+               landing: str, lake: Any, batch_id: str, selection: Any) -> None:
+    from spark_jobs.layers import bronze, gold, silver
+
+    def table_steps(table: TableConfig) -> None:  # a failed gate or bad input fails this table only (Steps)
         ok = True
         if args.mode == "skip":
             ok = steps.run(table.name, "bronze", table.name, bronze.skip_files, table, landing, lake, batch_id,
@@ -114,6 +122,8 @@ def run(args: argparse.Namespace) -> int:
         if "silver" in args.layers and ok:  # a table whose bronze failed this run goes no further in it
             layer_step = silver.silver_rebuild if args.mode == "rebuild" else silver.silver_merge
             steps.run(table.name, "silver", table.name, layer_step, table, lake, batch_id)
+
+    each_table(steps.spark, tables, table_steps, settings().table_workers)
     if "gold" in args.layers:
         for model in models:
             failed = sorted(set(model.sources) & steps.failed_tables)
@@ -122,11 +132,36 @@ def run(args: argparse.Namespace) -> int:
                 continue
             steps.run(model.name, "gold", f"gold.{model.name}", gold.gold_refresh, model, lake, batch_id)
     steps.raise_failures()
-    return 0
+
+
+def each_table(spark: Any, tables: list[TableConfig], work: Any, workers: int) -> None:
+    """`work(table)` for every table, up to `workers` at once. Each worker thread runs in a copy of the caller's
+    context (a service job's settings and output are context variables) and with its Spark job group (the
+    service counts and cancels a job's Spark jobs by it). The first exception stops what has not started and
+    is raised once the running tables are done."""
+    if workers <= 1 or len(tables) <= 1:
+        for table in tables:
+            work(table)
+        return
+    import contextvars
+    from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+
+    from pyspark.util import inheritable_thread_target
+
+    with ThreadPoolExecutor(min(workers, len(tables)), thread_name_prefix="cdc-table") as pool:
+        # the job group (Spark's local properties) is captured as each target is made, in the caller's thread
+        futures = [pool.submit(contextvars.copy_context().run, inheritable_thread_target(spark)(work), table)
+                   for table in tables]
+        _, pending = wait(futures, return_when=FIRST_EXCEPTION)
+        for future in pending:
+            future.cancel()
+    for future in futures:
+        if not future.cancelled() and future.exception() is not None:
+            raise future.exception()  # type: ignore[misc]
 
 
 class Steps:
-    """Runs layer steps one at a time, each under its table's writer lock, and publishes each summary
+    """Runs layer steps, each under its table's writer lock (tables side by side: each_table), and publishes each summary
     (a failed step's too, with its cause) to the run's report.
 
     A step failing on its table's data or settings (a gate, bad input, tables.yaml) or finding it busy (another
@@ -138,10 +173,29 @@ class Steps:
         self.spark, self.engine, self.lake, self.batch_id = spark, engine, lake, batch_id
         self.failures: list[Exception] = []
         self.failed_tables: set[str] = set()
+        self.published: list[str] = []  # tables (and models) whose summaries this run's report holds
+
+    def __enter__(self) -> Steps:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        """The report's pages, once for the run (whether it ends well or not), over what it published."""
+        from spark_jobs import report
+
+        if self.published:
+            report.render_pages(self.lake, self.batch_id, self.published)
+
+    def _publish(self, summary: dict[str, Any]) -> None:
+        """A step's summary to the run's report; a step that found nothing to do (`skipped`) only prints its line:
+        a cycle over a whole database leaves nothing behind for its idle tables."""
+        from spark_jobs import report
+
+        if not str(summary.get("gate", "")).startswith("skipped"):
+            report.publish(self.lake, self.batch_id, summary, render=False)
+            self.published.append(summary["table"])
 
     def run(self, table: str, layer: str, lock: str, fn: Any, *fn_args: Any) -> bool:
         """Runs one step; False when it failed on its table's data or settings (recorded for raise_failures)."""
-        from spark_jobs import report
         from spark_jobs.layers.summary import LayerSummary
         from spark_jobs.state import writer_lock
 
@@ -162,7 +216,7 @@ class Steps:
             counts = failed.summary or LayerSummary(table=table, layer=layer, batch_id=self.batch_id)
             counts.gate = "failed" if gate_failed else "error"
             counts.error = str(failed)
-            report.publish(self.lake, self.batch_id, counts.as_dict())
+            self._publish(counts.as_dict())
             if transient and not isinstance(exc, TableBusy):  # another writer holding this table is this table's
                 raise failed from exc
             # tables.yaml names what the data does not have: exit 2, no retry
@@ -172,7 +226,7 @@ class Steps:
             self.failed_tables.add(table)
             print(f"{layer:<6} {table:<22} FAILED: {failed}", flush=True)
             return False
-        report.publish(self.lake, self.batch_id, summary.as_dict())
+        self._publish(summary.as_dict())
         print(format_summary(summary.as_dict()), flush=True)
         return True
 
@@ -211,7 +265,6 @@ def maintain(args: argparse.Namespace) -> int:
     from spark_jobs.delta.engines import make_engine
 
     engine = make_engine(spark)
-    steps = Steps(spark, engine, lake, batch_id)
 
     def upkeep(fn: Any) -> Any:
         def step(spark: Any, engine: Any, *fn_args: Any) -> Any:
@@ -221,17 +274,18 @@ def maintain(args: argparse.Namespace) -> int:
             return summary
         return step
 
-    for table in tables:
-        steps.run(table.name, "maintenance", table.name, upkeep(maintenance.maintain_table), lake, table, batch_id,
-                  resolve_uri(args.landing) if args.landing else None)
-    for model in models:
-        steps.run(model.name, "maintenance", f"gold.{model.name}", upkeep(maintenance.maintain_model), lake, model,
-                  batch_id)
-    if args.reports or everything:
-        expired = maintenance.expire_reports(lake, registry)
-        print(f"maintain reports: {len(expired)} run report(s) past "
-              f"{registry.maintenance.report_retention_s // 86400} days removed", flush=True)
-    steps.raise_failures()
+    with Steps(spark, engine, lake, batch_id) as steps:
+        for table in tables:
+            steps.run(table.name, "maintenance", table.name, upkeep(maintenance.maintain_table), lake, table, batch_id,
+                      resolve_uri(args.landing) if args.landing else None)
+        for model in models:
+            steps.run(model.name, "maintenance", f"gold.{model.name}", upkeep(maintenance.maintain_model), lake, model,
+                      batch_id)
+        if args.reports or everything:
+            expired = maintenance.expire_reports(lake, registry)
+            print(f"maintain reports: {len(expired)} run report(s) past "
+                  f"{registry.maintenance.report_retention_s // 86400} days removed", flush=True)
+        steps.raise_failures()
     return 0
 
 

@@ -29,7 +29,10 @@ UPKEEP = ("name", "files_before", "files_after", "bytes_before", "bytes_after", 
 SECONDS = ("lag_s", "seconds")
 
 
-def publish(lake: Lake, run_id: str, summary: dict[str, Any]) -> str:
+def publish(lake: Lake, run_id: str, summary: dict[str, Any], render: bool = True) -> str:
+    """Writes a step's summary to its run's report (and the table's latest verdicts); with `render`, the pages
+    too. A run over many tables renders once at its end (`render_pages`): each rendering reads every run's
+    summaries."""
     path = f"{lake.run_reports(run_id)}/{summary['table']}.{summary['layer']}.json"
     stamped = {**summary, "published_at": dt.datetime.now(dt.UTC).isoformat()}
     lake.files.write(path, json.dumps(stamped, indent=2, sort_keys=True, default=str))
@@ -39,11 +42,18 @@ def publish(lake: Lake, run_id: str, summary: dict[str, Any]) -> str:
         lake.files.write(lake.latest_summary(summary["table"], summary["layer"]), latest)
     if summary.get("gate") in ("passed", "passed-with-warnings"):
         lake.files.write(lake.latest_summary(summary["table"], summary["layer"], passed=True), latest)
+    if render:
+        render_pages(lake, run_id, [summary["table"]])
+    return path
+
+
+def render_pages(lake: Lake, run_id: str, tables: list[str]) -> None:
+    """The run's page, the index of runs and the pages of `tables`."""
     render_run(lake, run_id)
     runs = load_runs(lake)
     render_index(lake, runs)
-    render_table(lake, summary["table"], runs)
-    return path
+    for table in dict.fromkeys(tables):
+        render_table(lake, table, runs)
 
 
 def human_seconds(value: Any) -> str:

@@ -50,6 +50,9 @@ class Settings:
     max_line_bytes: int = 16 * 2**20  # CDC_MAX_LINE_BYTES: a longer landing line is quarantined, never parsed
     # CDC_BRONZE_BATCH_FILES: a bronze run takes its landing files in batches of this many, each its own commit
     bronze_batch_files: int = 1000
+    # CDC_TABLE_WORKERS: a run over several tables works on this many at once (each table's steps in order): a
+    # small table's steps are mostly waits on Spark's scheduling and the stores, which overlap
+    table_workers: int = 2
     lock_timeout: float = 900.0  # CDC_LOCK_TIMEOUT: seconds a run waits for another writer of its table
     failure_file: str = ""  # CDC_FAILURE_FILE: where a failed run writes its one-line cause (for the task)
     on_failure_callback: str = ""  # CDC_ON_FAILURE_CALLBACK: module:function the DAGs' failure hook calls

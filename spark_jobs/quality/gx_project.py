@@ -23,7 +23,7 @@ from typing import Any
 
 from spark_jobs.lake import Lake
 
-MAX_PROJECTS = 64
+MAX_PROJECTS = 1024  # a whole database's tables: a smaller cache would make each of them anew every cycle
 LAKE_BACKEND = {"class_name": "LakeStoreBackend", "module_name": "spark_jobs.quality.gx_store"}
 # where a frame is validated: on Spark (a user's expectations on the batch's rows), or with pandas (the audit's row)
 SPARK, AUDIT = "spark", "audit"
