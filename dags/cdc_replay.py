@@ -42,29 +42,25 @@ with DAG(
     def replay_plan() -> list[str]:
         plan = check_replay(dict(get_current_context()["params"]), TABLES)
         print(f"replay: {plan}")
-        step = "bronze_reprocess" if plan["mode"] == "reprocess" else "silver_replay"
-        return [f"{step}_{t}" for t in plan["tables"]]
+        return [f"replay_{t}" for t in plan["tables"]]
 
     plan = replay_plan()
-    silver = {}
+    replayed = {}
     window = ["--since", "{{ params.since or '' }}", "--until", "{{ params.until or '' }}"]
     limit = ["--max-quarantined", "{{ params.max_quarantined or '' }}"]
+    # one task per table (a rebuild skips bronze): at hundreds of tables, each task copies the DAG's params (the
+    # list of tables) as it is made, so the file's parse time grows with tasks x tables
     for name in TABLES:
-        bronze = CdcSparkJob(
-            task_id=f"bronze_reprocess_{name}", landing=W.landing, pool=writer_pool(name),
-            cli_args=W.cli_args("--layers", "bronze", "--tables", name, "--mode", "reprocess", *window, *limit),
-            inlets=W.reads("bronze", name), outlets=[W.asset("bronze", name)],
-            doc_md="Reads the window's landing files again and replaces their bronze rows in one commit.")
-        silver[name] = CdcSparkJob(
-            task_id=f"silver_replay_{name}", landing=W.landing, pool=writer_pool(name),
-            trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS,
-            cli_args=W.cli_args("--layers", "silver", "--tables", name, "--mode", "{{ params.mode }}", *limit),
-            inlets=W.reads("silver", name), outlets=[W.asset("silver", name)],
-            doc_md="reprocess: applies the re-read bronze rows; rebuild: recomputes silver from all of bronze.")
-        plan >> bronze >> silver[name]
-        plan >> silver[name]
+        replayed[name] = CdcSparkJob(
+            task_id=f"replay_{name}", landing=W.landing, pool=writer_pool(name),
+            cli_args=W.cli_args("--layers", "bronze,silver", "--tables", name, "--mode", "{{ params.mode }}", *window,
+                                *limit),
+            inlets=W.reads("bronze", name), outlets=[W.asset("bronze", name), W.asset("silver", name)],
+            doc_md="reprocess: reads the window's landing files again, replaces their bronze rows in one commit and "
+                   "applies them to silver; rebuild: recomputes silver from all of bronze.")
+        plan >> replayed[name]
     for model in W.registry.gold.values():
-        [silver[s] for s in model.sources] >> CdcSparkJob(
+        [replayed[s] for s in model.sources] >> CdcSparkJob(
             task_id=f"gold_refresh_{model.name}", landing=W.landing, pool=writer_pool(model.name, gold=True),
             trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS,
             cli_args=W.cli_args("--layers", "gold", "--models", model.name),

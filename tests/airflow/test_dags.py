@@ -86,13 +86,10 @@ def test_dag_folder_parses_in_a_fresh_home_without_errors_or_heavy_imports(tmp_p
 
     replay = dags["cdc_replay"]
     assert (replay["schedule"], replay["max_active_runs"]) == ("None", 1)
-    assert replay["tasks"]["replay_plan"]["down"] == sorted(
-        [f"bronze_reprocess_{t}" for t in tables] + [f"silver_replay_{t}" for t in tables])
-    assert replay["tasks"]["bronze_reprocess_customers"]["down"] == ["silver_replay_customers"]
-    assert replay["tasks"]["silver_replay_customers"]["down"] == ["gold_refresh_customers_by_state"]
+    assert replay["tasks"]["replay_plan"]["down"] == sorted(f"replay_{t}" for t in tables)
+    assert replay["tasks"]["replay_customers"]["down"] == ["gold_refresh_customers_by_state"]
     # a replay updates the assets of what it rewrote, as the scheduled DAGs do
-    assert [replay["tasks"][f"{step}_customers"]["outlets"] for step in ("bronze_reprocess", "silver_replay")] == [
-        ["cdc.bronze.customers"], ["cdc.silver.customers"]]
+    assert replay["tasks"]["replay_customers"]["outlets"] == ["cdc.bronze.customers", "cdc.silver.customers"]
     assert all(t["doc"] and t["on_failure"] for d in dags.values() for t in d["tasks"].values())
     assert all(d["doc"] for d in dags.values())
 
@@ -102,8 +99,8 @@ def test_dag_folder_parses_in_a_fresh_home_without_errors_or_heavy_imports(tmp_p
     for (dag_id, task_id), pool in writers.items():
         name = max((n for n in [*tables, *models] if task_id.endswith(f"_{n}")), key=len)  # film_actor, not actor
         assert pool == (f"cdc_gold_{name}" if name in models else f"cdc_table_{name}"), (dag_id, task_id)
-    # bronze, silver, replay's bronze and silver, maintenance per table; gold, replay's gold, maintenance per model
-    assert len(writers) == 5 * len(tables) + 3 * len(models)
+    # bronze, silver, replay, maintenance per table; gold, replay's gold, maintenance per model
+    assert len(writers) == 4 * len(tables) + 3 * len(models)
 
     upkeep = dags["cdc_maintenance"]
     assert (upkeep["schedule"], upkeep["max_active_runs"]) == ("0 0 * * *", 1)

@@ -236,7 +236,7 @@ def test_the_scheduler_triggerer_and_assets_run_landing_to_gold_then_a_backfill_
                 manual = airflow.api("POST", "/dags/cdc_silver_customers/dagRuns", {"logical_date": None})["dag_run_id"]
 
                 def writers() -> dict[str, str | None]:
-                    return {"replay": airflow.task_instances("cdc_replay", replay).get("silver_replay_customers", {})
+                    return {"replay": airflow.task_instances("cdc_replay", replay).get("replay_customers", {})
                             .get("state"), "manual": airflow.task_instances("cdc_silver_customers", manual)
                             ["silver_merge_customers"].get("state")}
 
@@ -246,12 +246,12 @@ def test_the_scheduler_triggerer_and_assets_run_landing_to_gold_then_a_backfill_
                 assert sorted(map(str, writers().values())) == ["deferred", "scheduled"], writers()
             airflow.finished("cdc_replay", replay)
             airflow.finished("cdc_silver_customers", manual)
-            assert {airflow.task_instances("cdc_replay", replay)["silver_replay_customers"]["pool"],
+            assert {airflow.task_instances("cdc_replay", replay)["replay_customers"]["pool"],
                     airflow.task_instances("cdc_silver_customers", manual)["silver_merge_customers"]["pool"]} == {
                 "cdc_table_customers"}
             # and the jobs themselves never ran at once: the second was submitted once the first had ended
             jobs = service_jobs(tmp_path / "service.log")
-            first, second = sorted((jobs[f"cdc_replay/silver_replay_customers/{replay}"],
+            first, second = sorted((jobs[f"cdc_replay/replay_customers/{replay}"],
                                     jobs[f"cdc_silver_customers/silver_merge_customers/{manual}"]))
             assert second[0] >= first[1], jobs
             assert silver_rows(tables) == generated.final_rows
