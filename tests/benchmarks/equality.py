@@ -27,9 +27,11 @@ def read_table(path: Path, keys: tuple[str, ...] = KEYS) -> Any:
     return table.cast(plain).sort_by([(k, "ascending") for k in keys])
 
 
-def check_equal(project_silver: Path, floor_silver: Path | None, generated: Any, snapshot: bool = False) -> None:
+def check_equal(project_silver: Path, floor_silver: Path | None, generated: Any, snapshot: bool = False,
+                profile: Any = None) -> None:
     """Silver equals the floor's (source columns, op, position) and the generator's final state (or, with
-    `snapshot`, the state its snapshot read)."""
+    `snapshot`, the state its snapshot read); `profile` is the generator's source profile when its topic is
+    not a sample topic's."""
     from spark_jobs.generate import PROFILES
 
     project = read_table(project_silver)
@@ -38,7 +40,7 @@ def check_equal(project_silver: Path, floor_silver: Path | None, generated: Any,
         floor = read_table(floor_silver)
         if not project.select(columns).equals(floor.select(columns).cast(project.select(columns).schema)):
             raise AssertionError(f"silver differs from the floor's: {project.num_rows} rows against {floor.num_rows}")
-    columns_out = PROFILES[generated.topic].columns  # without the envelope, silver keeps the JSON values
+    columns_out = (profile or PROFILES[generated.topic]).columns  # without the envelope, silver keeps the JSON values
     state = generated.snapshot_rows if snapshot else generated.final_rows
     expected = {k: {c.name: c.encode(row[c.name]) for c in columns_out} for k, row in state.items()}
     got = {tuple(r[k] for k in KEYS): r for r in project.select([c.name for c in columns_out]).to_pylist()}

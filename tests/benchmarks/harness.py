@@ -1,12 +1,13 @@
 """`make bench`: the pipeline against the single-node floor (tests/benchmarks/floor.py) on the same files.
 
-    python -m tests.benchmarks [--scale 1.0] [--runs 3] [--workloads L,W1,W2,W3,W4,W5] [--workdir data/bench]
+    python -m tests.benchmarks [--scale 1.0] [--runs 3] [--workloads L,W1,W2,W3,W4,W5,D] [--workdir data/bench]
 
 Every workload generates its change files with the project's generator (pagila's `actor`, PostgreSQL,
 without the schema envelope), runs the project's CLI and the floor as separate processes on the same
 files, checks that both silver tables are equal (and equal to the generator's final state), and prints
 each figure with the ratio project/floor. `--scale` multiplies table and batch sizes (1.0 = the sizes
-of issue 6); the results go to tests/benchmarks/RESULTS.md and results.json.
+of issue 6); the results go to tests/benchmarks/RESULTS.md and results.json. D, a whole database of many small
+tables, is in tests/benchmarks/database.py (its sizes do not scale).
 """
 
 from __future__ import annotations
@@ -142,12 +143,12 @@ class Services:
     def __init__(self, workdir: Path):
         self.workdir, self.stack, self.started = workdir, ExitStack(), {}
 
-    def __call__(self, landing: Path | str, lake: Path | str) -> Any:
+    def __call__(self, landing: Path | str, lake: Path | str, config: Path = CONFIG) -> Any:
         from tests.support import pipeline_service
 
         key = (str(landing), str(lake))
         if key not in self.started:
-            deployment = {"CDC_CONFIG": str(CONFIG), "CDC_LANDING_URI": str(landing), "CDC_LAKE_URI": str(lake)}
+            deployment = {"CDC_CONFIG": str(config), "CDC_LANDING_URI": str(landing), "CDC_LAKE_URI": str(lake)}
             log = self.workdir / f"service-{len(self.started)}.log"
             self.started[key] = self.stack.enter_context(pipeline_service({**env(), **deployment}, log))
         return self.started[key]
@@ -424,14 +425,16 @@ def machine() -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     from tests.benchmarks.airflow_e2e import w5
+    from tests.benchmarks.database import database
     from tests.benchmarks.results import write_results
 
     WORKLOADS["W5"] = w5
+    WORKLOADS["D"] = database
     p = argparse.ArgumentParser(prog="python -m tests.benchmarks", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scale", type=float, default=1.0, help="table and batch sizes relative to issue 6's (1.0)")
     p.add_argument("--runs", type=int, default=3, help="runs per figure (medians are reported)")
-    p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated, of L,W1..W5")
+    p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated, of L,W1..W5,D")
     p.add_argument("--engines", default="delta-rs,delta-spark",
                    help="CDC_DELTA_ENGINE of the project's runs, comma-separated: L and W1-W3 run once per engine")
     p.add_argument("--modes", default="own,service",

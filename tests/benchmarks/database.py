@@ -1,0 +1,151 @@
+"""D: a whole database captured by one connector, many small tables, on the warm pipeline service.
+
+Every table is pagila's `actor` under a topic of its own (`bench_db.public.t000`, ...): TABLES tables of
+ROWS rows, then one change batch of EVENTS events landed for each. One `run` job (bronze and silver, every
+table, no file list: the run finds what landed itself) does each of:
+
+- the initial load: every table's snapshot landed at once;
+- a change cycle: one batch landed for every table;
+- an idle cycle: nothing landed.
+
+Against the floor doing the same per table, warm (its `load` and `apply` called in this process). Every
+silver table is checked equal to the floor's and to the generator's state. Then the DAG files parse with
+PARSE_TABLES tables registered (Airflow's own DagBag, in a process of its own).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.benchmarks.equality import check_equal
+from tests.benchmarks.harness import FLUSH_SIZE, ROOT, Bench, Figure, env, warm_floor
+
+TABLES, ROWS, EVENTS, PARSE_TABLES = 100, 200, 50, 500
+
+
+def registry(path: Path, tables: int) -> Path:
+    """tables.yaml of a database of `tables` tables shaped like pagila's actor."""
+    lines = ["tables:"] + [f"  t{n:03d}:\n    topic: bench_db.public.t{n:03d}\n    keys: [actor_id]" for n in range(tables)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def generate(source: Path, tables: int) -> list[tuple[Any, Any]]:
+    """(profile, generated table) per table: the snapshot (batch 0) and one shuffled change batch (batch 1)."""
+    from spark_jobs.generate import PROFILES, Options, write_table
+
+    shutil.rmtree(source, ignore_errors=True)
+    opts = Options(rows=ROWS, changes=EVENTS, batches=1, shuffle=True, records_per_file=FLUSH_SIZE, seed=7)
+    out = []
+    for n in range(tables):
+        profile = dataclasses.replace(PROFILES["pagila.public.actor"], topic=f"bench_db.public.t{n:03d}")
+        out.append((profile, write_table(profile, f"t{n:03d}", str(source), opts, n)))
+    return out
+
+
+def land(source: Path, landing: Path, files: list[str]) -> list[str]:
+    """Copies generated files into the landing area, as the sink uploads them; their paths there."""
+    landed = []
+    for f in files:
+        dest = landing / Path(f).relative_to(source)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(f, dest)
+        landed.append(str(dest))
+    return landed
+
+
+def cycle(bench: Bench, config: Path, landing: Path, lake: Path) -> tuple[float, int]:
+    """One `run` of bronze and silver over every table on the warm service: (seconds, Spark jobs)."""
+    from spark_jobs.service_client import JobRequest, poll, submit
+
+    assert bench.services is not None
+    service = bench.services(landing, lake, config)
+    request = JobRequest.from_argv(["run", "--config", str(config), "--landing", str(landing), "--lake", str(lake),
+                                    "--layers", "bronze,silver"], job_settings={"delta_engine": bench.engine})
+    started = time.perf_counter()
+    job = submit(service, request)
+    while not (status := poll(service, job)).done:
+        time.sleep(0.05)
+    if status.exit_code != 0:
+        raise RuntimeError(f"service job exited {status.exit_code}:\n{status.log[-3000:]}")
+    return time.perf_counter() - started, status.spark_jobs or 0
+
+
+def floor_seconds(bench: Bench, step: str, source: Path, floor_lake: Path, tables: list[tuple[Any, Any]],
+                  batch: int, lake: Path) -> float:
+    """The warm floor's step over every table's files of `batch` (read where they were generated), one table
+    after another."""
+    total = 0.0
+    for _, generated in tables:
+        files = [str(Path(f).relative_to(source)) for f in generated.batches[batch]]
+        listed = bench.workdir / f"d-{generated.table}-{batch}.json"
+        listed.write_text(json.dumps(files))
+        silver = floor_lake / generated.table
+        schema_of = lake / "silver" / generated.table if step == "load" else None
+        total += warm_floor(step, source, silver, f"@{listed}", schema_of)
+    return total
+
+
+def check_all(lake: Path, floor_lake: Path, tables: list[tuple[Any, Any]], snapshot: bool) -> None:
+    for profile, generated in tables:
+        check_equal(lake / "silver" / generated.table, floor_lake / generated.table, generated, snapshot, profile)
+
+
+def dag_parse_seconds(config: Path, landing: Path, lake: Path) -> float:
+    """Seconds Airflow's DagBag takes to parse the DAG files with `config` registered, in a fresh process (its
+    imports before the clock starts), failing on any import error."""
+    code = ("import time, json\nfrom airflow.dag_processing.dagbag import DagBag\nt = time.perf_counter()\n"
+            "bag = DagBag(dag_folder='dags')\n"
+            "print(json.dumps({'s': time.perf_counter() - t, 'dags': len(bag.dags), 'errors': bag.import_errors}))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
+                         env={**env(), "CDC_CONFIG": str(config), "CDC_LANDING_URI": str(landing),
+                              "CDC_LAKE_URI": str(lake), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+                              "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
+                              "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
+                              "AIRFLOW_HOME": str(config.parent / "airflow-home")})
+    parsed = json.loads(out.stdout.strip().splitlines()[-1])
+    if parsed["errors"]:
+        raise RuntimeError(f"DAG import errors: {parsed['errors']}")
+    return float(parsed["s"])
+
+
+def database(bench: Bench) -> None:
+    work = bench.workdir
+    source, landing, lake, floor_lake = (work / n for n in ("landing-d-source", "landing-d", "lake-d", "floor-d"))
+    for path in (landing, lake, floor_lake):
+        shutil.rmtree(path, ignore_errors=True)
+    config = registry(work / "tables-d.yaml", TABLES)
+    tables = generate(source, TABLES)
+    land(source, landing, [f for _, g in tables for f in g.batches[0]])
+    load_s, load_jobs = cycle(bench, config, landing, lake)
+    warm_load = floor_seconds(bench, "load", source, floor_lake, tables, 0, lake)
+    check_all(lake, floor_lake, tables, snapshot=True)
+    figures = [Figure("D", f"initial load of {TABLES} tables x {ROWS} rows (one run), on the pipeline service",
+                      load_s, target="<= 60 s", warm_floor=warm_load)]
+    land(source, landing, [f for _, g in tables for f in g.batches[1]])
+    change_s, change_jobs = cycle(bench, config, landing, lake)
+    warm_apply = floor_seconds(bench, "apply", source, floor_lake, tables, 1, lake)
+    check_all(lake, floor_lake, tables, snapshot=False)
+    figures.append(Figure("D", f"cycle with {EVENTS} events landed for each of {TABLES} tables, on the pipeline service",
+                          change_s, target="<= 100 s", warm_floor=warm_apply))
+    idle_s, idle_jobs = cycle(bench, config, landing, lake)
+    check_all(lake, floor_lake, tables, snapshot=False)
+    figures.append(Figure("D", f"cycle with nothing landed for {TABLES} tables, on the pipeline service", idle_s,
+                          target="<= 3 s"))
+    for what, jobs in (("initial load", load_jobs), ("change cycle", change_jobs), ("idle cycle", idle_jobs)):
+        figures.append(Figure("D", f"Spark jobs of the {what}, {TABLES} tables", jobs,
+                              note="a count of Spark jobs, not seconds"))
+    parse = Figure("D", f"DAG files parsed with {PARSE_TABLES} tables registered (Airflow DagBag)",
+                   dag_parse_seconds(registry(work / "tables-d-parse.yaml", PARSE_TABLES), landing, lake),
+                   target="<= 5 s")
+    for figure in [*figures, parse]:
+        if figure.target:
+            figure.met = figure.project <= float(figure.target.split()[1])
+        bench.add(figure)
