@@ -395,3 +395,30 @@ def test_one_tables_failed_gate_leaves_the_others_of_the_run_published(spark, en
         ("good", "bronze"): "passed", ("good", "silver"): "passed", ("later", "bronze"): "passed",
         ("later", "silver"): "passed", ("bad_lines", "bronze"): "failed", ("bad_rows", "bronze"): "passed",
         ("bad_rows", "silver"): "failed"}
+
+
+def test_a_cycle_with_nothing_new_costs_no_spark_job_and_leaves_no_report(spark, tmp_path, capsys):
+    """Work follows change: after a run took every table's files, a run over all of them with nothing landed
+    asks Spark nothing (each table's listing, ingest log and silver progress are read without it) and
+    writes nothing to the reports; each table's line says it was skipped."""
+    config = tmp_path / "tables.yaml"
+    names = ("a", "b", "c")
+    config.write_text("tables:\n" + "".join(f"  {n}: {{topic: shop.public.{n}, keys: [id]}}\n" for n in names))
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    for n in names:
+        folder = landing / "topics" / f"shop.public.{n}" / "partition=0"
+        folder.mkdir(parents=True)
+        (folder / f"shop.public.{n}+0+0000000000.json").write_text(_pg_event("c", 10, after={"id": 1}) + "\n")
+    assert run(capsys, config, landing, lake)[:1] == (0,)
+    runs = sorted(p.name for p in (lake / "reports" / "runs").iterdir())
+
+    spark.sparkContext.setJobGroup("idle-cycle", "a cycle with nothing new")
+    try:
+        code, out, err = run(capsys, config, landing, lake)
+        jobs = spark.sparkContext.statusTracker().getJobIdsForGroup("idle-cycle")
+    finally:
+        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+    assert (code, err, list(jobs)) == (0, "", [])
+    assert {(layer, n): summary_line(out, layer, n)["gate"] for layer in ("bronze", "silver") for n in names} == {
+        **{("bronze", n): "skipped" for n in names}, **{("silver", n): "skipped" for n in names}}
+    assert sorted(p.name for p in (lake / "reports" / "runs").iterdir()) == runs
