@@ -1,8 +1,9 @@
 """CDC medallion pipeline, one DAG per layer, linked by assets (docs/architecture.md):
 
-- `cdc_bronze` (every 15 minutes, or backfilled over a date range): per table, a deferrable sensor waits
-  for landing files bronze has not taken and hands their exact list to the bronze task. A backfill run
-  takes the files whose landing time falls in its data interval. Updates the asset `cdc.bronze.<table>`.
+- `cdc_bronze` (every 15 minutes, or backfilled over a date range): one deferrable sensor waits for landing
+  files bronze has not taken, of any table, and hands each table's exact list to its bronze task; a branch
+  skips the bronze tasks of tables with none, which start no process. A backfill run takes the files whose
+  landing time falls in its data interval. Each bronze task updates the asset `cdc.bronze.<table>`.
 - `cdc_silver_<table>`: scheduled by `cdc.bronze.<table>`; applies the new bronze rows to silver.
 - `cdc_gold_<model>`: scheduled by any of its sources' `cdc.silver.<table>`; refreshes the model.
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from airflow.sdk import DAG, AssetAny
+from airflow.sdk import DAG, AssetAny, task
 from airflow.timetables.interval import DeltaDataIntervalTimetable
 
 from cdc_airflow.callbacks import run_deadline
@@ -39,20 +40,28 @@ with DAG(
     deadline=run_deadline(),
     default_args=default_args(),
 ):
+    sense = LandingSensor(
+        task_id="landing_sense", tables={t.name: t.topic for t in W.registry.tables.values()}, landing=W.landing,
+        lake=W.lake, timeout=W.sensor_timeout_s, poke_interval=W.sensor_poke_s, retries=1,
+        doc_md="Waits (deferred, on the triggerer) for landing files bronze has not taken, of any table; returns "
+               "each such table's paths. A backfill run takes its data interval's files without waiting. Skips "
+               "the run when nothing arrives.")
+
+    @task.branch(task_id="changed_tables", retries=0,
+                 doc_md="Picks the bronze tasks of the tables the sensor found files for; the others are skipped "
+                        "without starting.")
+    def changed_tables(found: dict[str, list[str]]) -> list[str]:
+        return [f"bronze_ingest_{table}" for table in sorted(found)]
+
+    changed = changed_tables(sense.output)  # type: ignore[arg-type]  # the sensor's XCom, resolved at run time
     for table in W.registry.tables.values():
-        sense = LandingSensor(
-            task_id=f"landing_sense_{table.name}", table=table.name, topic=table.topic, landing=W.landing, lake=W.lake,
-            timeout=W.sensor_timeout_s, poke_interval=W.sensor_poke_s, retries=1,
-            doc_md=f"Waits (deferred, on the triggerer) for files of `{table.topic}` bronze has not taken; returns "
-                   "their paths. A backfill run takes its data interval's files without waiting. Skips the table "
-                   "when nothing arrives.")
-        sense >> CdcSparkJob(
-            task_id=f"bronze_ingest_{table.name}", landing=W.landing, files_from=sense.task_id,
+        changed >> CdcSparkJob(
+            task_id=f"bronze_ingest_{table.name}", landing=W.landing, files_from=(sense.task_id, table.name),
             cli_args=W.cli_args("--layers", "bronze", "--tables", table.name),
             inlets=W.reads("bronze", table.name), outlets=[W.asset("bronze", table.name)],
             pool=writer_pool(table.name),  # one writer per table: others wait queued (cdc_airflow.wiring)
-            doc_md="Ingests exactly the sensor's files: bad lines to quarantine with a reason, the rest appended "
-                   "to bronze when the bronze gate passes.")
+            doc_md="Ingests exactly the sensor's files of its table: bad lines to quarantine with a reason, the "
+                   "rest appended to bronze when the bronze gate passes.")
 
 for table in W.registry.tables.values():
     with DAG(

@@ -67,3 +67,12 @@ def pending_landing_files(landing: str, lake: str, table: str, topic: str, since
     env = s3_environment(settings) if settings else os.environ
     files = pending_files(landing, Lake(lake), table, topic, LandingWindow(since_ms, until_ms), client, env)
     return [f.path for f in files]
+
+
+def pending_by_table(landing: str, lake: str, tables: dict[str, str], since_ms: int | None, until_ms: int | None,
+                     client: Any, settings: dict[str, str] | None = None) -> dict[str, list[str]]:
+    """Of `tables` (name -> topic), those with landing files bronze has not taken, with their paths: one listing
+    per table, after its landing marks, so it costs what is new."""
+    found = {table: pending_landing_files(landing, lake, table, topic, since_ms, until_ms, client, settings)
+             for table, topic in tables.items()}
+    return {table: files for table, files in found.items() if files}

@@ -40,11 +40,12 @@ class CdcSparkJob(SparkSubmitOperator):
       a JVM per job).
 
     S3 credentials go to the job as AWS_* variables from the Airflow connection (set at run time, never
-    rendered in the UI). The bronze task takes the sensor's file list from XCom (`files_from`). A failing
+    rendered in the UI). The bronze task takes its table's file list from the sensor's XCom (`files_from`: the
+    sensor's task id and the table). A failing
     job fails the task with its one-line cause (table, layer, reason); only transient failures (a busy
     table, an unreachable store, a killed process) are retried."""
 
-    def __init__(self, *, cli_args: list[str], landing: str, files_from: str | None = None,
+    def __init__(self, *, cli_args: list[str], landing: str, files_from: tuple[str, str] | None = None,
                  aws_conn_id: str | None = None, command: str = "run", **kwargs: Any):
         kwargs.setdefault("conn_id", "spark_default")
         # the Spark UI while the job runs: its URL is in the task log's first line (`spark_ui=`)
@@ -67,7 +68,7 @@ class CdcSparkJob(SparkSubmitOperator):
                 # client mode): as one argument, a backlog of a few thousand files exceeds Linux's 128 KiB
                 # limit per argument and the job could not even start (E2BIG)
                 listed = Path(scratch) / "files.json"
-                listed.write_text(json.dumps(sorted(context["ti"].xcom_pull(task_ids=self.files_from))))
+                listed.write_text(json.dumps(self._sensed(context["ti"])))
                 self.application_args = [*(self.application_args or []), "--files", f"@{listed}"]
             failure = Path(scratch) / "failure.txt"
             self.env_vars = {**env, Settings.variable("failure_file"): str(failure)}
@@ -85,6 +86,12 @@ class CdcSparkJob(SparkSubmitOperator):
             if code != 0:
                 _fail(code, failure.read_text().strip() if failure.exists() else exited)
 
+    def _sensed(self, ti: Any) -> list[str]:
+        """The table's landing files, as the sensor found them."""
+        assert self.files_from is not None
+        sensor, table = self.files_from
+        return sorted(ti.xcom_pull(task_ids=sensor)[table])
+
     def _submit(self, context: Any) -> None:
         """The job goes to the pipeline service: the task's selection (tables, layers, window, run id), the sensor's
         list and the settings a job may bring; the task defers until the job ends. A retry is a new job (the key
@@ -94,7 +101,7 @@ class CdcSparkJob(SparkSubmitOperator):
         conn_id = settings().service_conn_id
         own = {name: value for name in JOB_SETTINGS if (value := os.environ.get(Settings.variable(name)))}
         ti = context["ti"]
-        files = sorted(ti.xcom_pull(task_ids=self.files_from)) if self.files_from else None
+        files = self._sensed(ti) if self.files_from else None
         key = f"{ti.dag_id}/{ti.task_id}/{ti.run_id}/{ti.map_index}/{ti.try_number}"
         try:
             request = JobRequest.from_argv(list(self.application_args or []), files, own, key)

@@ -10,7 +10,7 @@ from typing import Any
 from airflow.exceptions import AirflowException, AirflowSkipException
 from airflow.sdk import BaseSensorOperator
 
-from cdc_airflow.hooks import pending_landing_files, s3_client, s3_settings
+from cdc_airflow.hooks import pending_by_table, s3_client, s3_settings
 from cdc_airflow.triggers import LandingTrigger
 from spark_jobs.landing import is_remote
 from spark_jobs.settings import settings
@@ -34,37 +34,40 @@ def landing_window(context: Any) -> tuple[int | None, int | None]:
 
 
 class LandingSensor(BaseSensorOperator):
-    """Waits, deferred (on the triggerer, holding no worker slot), for landing files of one table that
-    bronze has not taken, and returns their paths (XCom) for the bronze task to ingest exactly those.
-    Skips the table when none arrive in `timeout` seconds; a backfill run does not wait."""
+    """Waits, deferred (on the triggerer, holding no worker slot), for landing files bronze has not taken, of
+    any of `tables` (name -> topic), and returns the paths of each table that has some (XCom: {table: paths})
+    for its bronze task to ingest exactly those. Skips when none arrive in `timeout` seconds; a backfill run
+    does not wait. One sensor for every table: an idle table costs no task start (cdc_layers' branch skips its
+    bronze task)."""
 
     template_fields: Sequence[str] = ()
 
-    def __init__(self, *, table: str, topic: str, landing: str, lake: str, aws_conn_id: str | None = None, **kwargs: Any):
+    def __init__(self, *, tables: dict[str, str], landing: str, lake: str, aws_conn_id: str | None = None,
+                 **kwargs: Any):
         super().__init__(**kwargs)
-        self.table, self.topic, self.landing, self.lake = table, topic, landing, lake
+        self.tables, self.landing, self.lake = dict(tables), landing, lake
         self.aws_conn_id = aws_conn_id or settings().aws_conn_id
 
-    def execute(self, context: Any) -> list[str]:
+    def execute(self, context: Any) -> dict[str, list[str]]:
         since_ms, until_ms = landing_window(context)
         settings = s3_settings(self.aws_conn_id) if is_remote(self.landing) or is_s3(self.lake) else None
-        files = pending_landing_files(self.landing, self.lake, self.table, self.topic, since_ms, until_ms,
-                                      s3_client(settings), settings)
+        files = pending_by_table(self.landing, self.lake, self.tables, since_ms, until_ms, s3_client(settings), settings)
         if files or until_ms is not None:  # a closed window gets no new files by waiting
             return self._hand_over(files)
-        self.defer(trigger=LandingTrigger(landing=self.landing, lake=self.lake, table=self.table, topic=self.topic,
+        self.defer(trigger=LandingTrigger(landing=self.landing, lake=self.lake, tables=self.tables,
                                           since_ms=since_ms, until_ms=until_ms, wait_s=float(self.timeout),
                                           poke_s=float(self.poke_interval), aws_conn_id=self.aws_conn_id),
                    method_name="execute_complete", timeout=dt.timedelta(seconds=float(self.timeout) + 300))
         raise AssertionError("defer() raises")  # pragma: no cover
 
-    def execute_complete(self, context: Any, event: dict[str, Any]) -> list[str]:
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, list[str]]:
         if "error" in event:
-            raise AirflowException(f"table={self.table} layer=landing: cannot list {self.landing}: {event['error']}")
+            raise AirflowException(f"layer=landing: cannot list {self.landing}: {event['error']}")
         return self._hand_over(event["files"])
 
-    def _hand_over(self, files: list[str]) -> list[str]:
+    def _hand_over(self, files: dict[str, list[str]]) -> dict[str, list[str]]:
         if not files:
-            raise AirflowSkipException(f"table={self.table}: no landing files to ingest")
-        self.log.info("table=%s: %d landing file(s) for bronze, first %s", self.table, len(files), files[0])
+            raise AirflowSkipException(f"no landing files to ingest in any of {len(self.tables)} table(s)")
+        for table, paths in sorted(files.items()):
+            self.log.info("table=%s: %d landing file(s) for bronze, first %s", table, len(paths), paths[0])
         return files

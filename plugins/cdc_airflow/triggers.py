@@ -9,24 +9,24 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from cdc_airflow.hooks import pending_landing_files, s3_client, s3_settings, service_connection
+from cdc_airflow.hooks import pending_by_table, s3_client, s3_settings, service_connection
 from spark_jobs.landing import is_remote
 from spark_jobs.storage import is_s3
 
 
 class LandingTrigger(BaseTrigger):
-    """Runs on the triggerer: lists the landing until files of the table are there that bronze has not
-    taken (or `wait_s` has passed), then hands their paths back to the sensor."""
+    """Runs on the triggerer: lists the landing until files that bronze has not taken are there for any of the
+    tables (name -> topic; or `wait_s` has passed), then hands each such table's paths back to the sensor."""
 
-    def __init__(self, *, landing: str, lake: str, table: str, topic: str, since_ms: int | None, until_ms: int | None,
-                 wait_s: float, poke_s: float, aws_conn_id: str):
+    def __init__(self, *, landing: str, lake: str, tables: dict[str, str], since_ms: int | None,
+                 until_ms: int | None, wait_s: float, poke_s: float, aws_conn_id: str):
         super().__init__()
-        self.landing, self.lake, self.table, self.topic = landing, lake, table, topic
+        self.landing, self.lake, self.tables = landing, lake, dict(tables)
         self.since_ms, self.until_ms, self.wait_s, self.poke_s, self.aws_conn_id = since_ms, until_ms, wait_s, poke_s, aws_conn_id
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}",
-                {"landing": self.landing, "lake": self.lake, "table": self.table, "topic": self.topic,
+                {"landing": self.landing, "lake": self.lake, "tables": self.tables,
                  "since_ms": self.since_ms, "until_ms": self.until_ms, "wait_s": self.wait_s, "poke_s": self.poke_s,
                  "aws_conn_id": self.aws_conn_id})
 
@@ -39,7 +39,7 @@ class LandingTrigger(BaseTrigger):
             settings = await sync_to_async(s3_settings)(self.aws_conn_id) if is_remote(self.landing) or is_s3(self.lake) else None
             client = await asyncio.to_thread(s3_client, settings)  # one client for every poll
             while True:
-                files = await asyncio.to_thread(pending_landing_files, self.landing, self.lake, self.table, self.topic,
+                files = await asyncio.to_thread(pending_by_table, self.landing, self.lake, self.tables,
                                                 self.since_ms, self.until_ms, client, settings)
                 if files or time.monotonic() >= deadline:
                     yield TriggerEvent({"files": files})

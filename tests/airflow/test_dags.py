@@ -64,13 +64,15 @@ def test_dag_folder_parses_in_a_fresh_home_without_errors_or_heavy_imports(tmp_p
 
     bronze = dags["cdc_bronze"]
     assert bronze["schedule"] == "0:15:00" and bronze["tags"] == ["bronze", "cdc", "landing"]
-    assert bronze["tasks"]["landing_sense_customers"] == {
-        "down": ["bronze_ingest_customers"], "outlets": [], "doc": True, "retries": 1, "timeout": "1:00:00",
+    # one sensor for every table; the branch starts the bronze tasks of the tables it found files for
+    assert bronze["tasks"]["landing_sense"] == {
+        "down": ["changed_tables"], "outlets": [], "doc": True, "retries": 1, "timeout": "1:00:00",
         "on_failure": True, "type": "LandingSensor", "pool": "default_pool", "inlets": []}
+    assert bronze["tasks"]["changed_tables"]["down"] == sorted(f"bronze_ingest_{t}" for t in tables)
     assert bronze["tasks"]["bronze_ingest_customers"] == {
         "down": [], "outlets": ["cdc.bronze.customers"], "doc": True, "retries": 3, "timeout": "1:00:00",
         "on_failure": True, "type": "CdcSparkJob", "pool": "cdc_table_customers", "inlets": ["cdc.landing.customers"]}
-    assert len(bronze["tasks"]) == 2 * len(tables)
+    assert len(bronze["tasks"]) == len(tables) + 2
 
     # each layer's DAG is scheduled by the asset it reads, and updates the one it writes
     silver = dags["cdc_silver_film"]
@@ -118,7 +120,7 @@ def test_dags_follow_the_cdc_config_environment(tmp_path):
     assert sorted(parsed["dags"]) == ["cdc_bronze", "cdc_freshness", "cdc_maintenance", "cdc_replay",
                                       "cdc_silver_orders"]
     assert parsed["dags"]["cdc_freshness"]["tasks"]["fresh_silver_orders"]["type"] == "FreshnessCheck"
-    assert sorted(parsed["dags"]["cdc_bronze"]["tasks"]) == ["bronze_ingest_orders", "landing_sense_orders"]
+    assert sorted(parsed["dags"]["cdc_bronze"]["tasks"]) == ["bronze_ingest_orders", "changed_tables", "landing_sense"]
 
 
 def test_a_broken_registry_is_an_import_error_naming_the_field(tmp_path):

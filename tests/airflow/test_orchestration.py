@@ -64,13 +64,14 @@ def test_replay_params_are_checked_before_any_work_naming_the_param():
         "tables": ["orders"], "mode": "reprocess", "window": "[2026-03-01T00:00:00+00:00, ...)"}
 
 
-def test_the_landing_trigger_hands_over_pending_files_or_nothing_after_waiting(tmp_path):
+def test_the_landing_trigger_hands_over_each_tables_pending_files_or_nothing_after_waiting(tmp_path):
     landing, lake = tmp_path / "landing", tmp_path / "lake"
     folder = landing / "topics" / "db.s.t" / "partition=0"
     folder.mkdir(parents=True)
 
     def first_event(**overrides: object) -> dict:
-        kwargs = {"landing": str(landing), "lake": str(lake), "table": "t", "topic": "db.s.t", "since_ms": None,
+        kwargs = {"landing": str(landing), "lake": str(lake), "tables": {"t": "db.s.t", "idle": "db.s.idle"},
+                  "since_ms": None,
                   "until_ms": None, "wait_s": 1.0, "poke_s": 0.2, "aws_conn_id": "aws_default", **overrides}
         trigger = LandingTrigger(**kwargs)
         assert LandingTrigger(**trigger.serialize()[1]).serialize() == trigger.serialize()
@@ -81,11 +82,12 @@ def test_the_landing_trigger_hands_over_pending_files_or_nothing_after_waiting(t
             raise AssertionError("no event")
         return asyncio.run(first())
 
-    assert first_event() == {"files": []}  # nothing landed within wait_s
+    assert first_event() == {"files": {}}  # nothing landed within wait_s
     (folder / "db.s.t+0+0000000000.json").write_text("{}\n")
     (folder / ".db.s.t+0+0000000001.json.tmp").write_text("")
-    assert first_event() == {"files": ["topics/db.s.t/partition=0/db.s.t+0+0000000000.json"]}
-    assert first_event(until_ms=1) == {"files": []}  # landed after the window
+    # only the tables with files: the idle one's bronze task is skipped
+    assert first_event() == {"files": {"t": ["topics/db.s.t/partition=0/db.s.t+0+0000000000.json"]}}
+    assert first_event(until_ms=1) == {"files": {}}  # landed after the window
     assert first_event(landing="ftp://elsewhere")["error"].startswith("ValueError: landing ftp://elsewhere: use a local path")
 
 
@@ -110,11 +112,11 @@ def test_a_failed_layer_job_fails_its_task_with_the_cause_and_only_transient_one
                          AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[1]"}')
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    job = CdcSparkJob(task_id="bronze_ingest_t", landing=str(tmp_path / "landing"), files_from="landing_sense_t",
+    job = CdcSparkJob(task_id="bronze_ingest_t", landing=str(tmp_path / "landing"), files_from=("landing_sense", "t"),
                       cli_args=["--layers", "bronze", "--tables", "t"])
     # a backlog after an outage: as one argument its list would be over Linux's 128 KiB per argument
     backlog = [f"topics/t/partition=0/t+0+{n:019d}.json" for n in range(5_000, 0, -1)]
-    ti = SimpleNamespace(xcom_pull=lambda task_ids: backlog)
+    ti = SimpleNamespace(xcom_pull=lambda task_ids: {"t": backlog, "other": ["topics/o/partition=0/o+0+0.json"]})
     with pytest.raises(raised) as failed:
         job.execute({"ti": ti})
     assert type(failed.value) is raised and str(failed.value).startswith(message)

@@ -183,7 +183,7 @@ def test_the_scheduler_triggerer_and_assets_run_landing_to_gold_then_a_backfill_
             # the scheduled run's sensor finds nothing and waits deferred, in the triggerer
             def deferred() -> str | None:
                 for run in airflow.runs("cdc_bronze"):
-                    state = airflow.task_instances("cdc_bronze", run["dag_run_id"]).get("landing_sense_customers", {})
+                    state = airflow.task_instances("cdc_bronze", run["dag_run_id"]).get("landing_sense", {})
                     if state.get("state") == "deferred":
                         return run["dag_run_id"]
                 return None

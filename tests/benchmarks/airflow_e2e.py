@@ -98,7 +98,7 @@ def wait_for_deferral(home: Path, process: subprocess.Popen[str]) -> None:
         if process.poll() is not None:
             raise RuntimeError(f"cdc_bronze ended before its sensor waited:\n{process.communicate()[0][-4000:]}")
         try:
-            started, _, state = task_times(home, "cdc_bronze").get(f"landing_sense_{TABLE}", (None, None, ""))
+            started, _, state = task_times(home, "cdc_bronze").get("landing_sense", (None, None, ""))
         except sqlite3.OperationalError:  # the database is busy or the run not there yet
             started, state = None, ""
         # `dags test` runs the trigger in its own process: the sensor shows as deferred, then queued
@@ -123,7 +123,7 @@ def one_landing(home: Path, environ: dict[str, str], staging: Path, landing: Pat
     if len(ready) != len(spark) or any(s[2] != "success" for s in spark):
         raise RuntimeError(f"expected {len(spark)} successful Spark tasks, got {spark} and sessions {ready}")
     total = spark[-1][1] - t0  # type: ignore[operator]
-    detection = tasks[f"landing_sense_{TABLE}"][1] - t0  # type: ignore[operator]
+    detection = tasks["landing_sense"][1] - t0  # type: ignore[operator]
     startup = sum(r - s[0] for r, s in zip(ready, spark, strict=True))  # type: ignore[operator]
     compute = sum(s[1] - r for r, s in zip(ready, spark, strict=True))  # type: ignore[operator]
     return {"total": total, "detection": detection, "spark_startup": startup, "compute": compute,
