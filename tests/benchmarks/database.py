@@ -20,12 +20,11 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from tests.benchmarks.equality import check_equal
-from tests.benchmarks.harness import FLUSH_SIZE, ROOT, Bench, Figure, env, warm_floor
+from tests.benchmarks.harness import FLUSH_SIZE, ROOT, Bench, Figure, env, service_job, warm_floor
 
 TABLES, ROWS, EVENTS, PARSE_TABLES = 100, 200, 50, 500
 
@@ -63,19 +62,11 @@ def land(source: Path, landing: Path, files: list[str]) -> list[str]:
 
 def cycle(bench: Bench, config: Path, landing: Path, lake: Path) -> tuple[float, int]:
     """One `run` of bronze and silver over every table on the warm service: (seconds, Spark jobs)."""
-    from spark_jobs.service_client import JobRequest, poll, submit
-
     assert bench.services is not None
-    service = bench.services(landing, lake, config)
-    request = JobRequest.from_argv(["run", "--config", str(config), "--landing", str(landing), "--lake", str(lake),
-                                    "--layers", "bronze,silver"], job_settings={"delta_engine": bench.engine})
-    started = time.perf_counter()
-    job = submit(service, request)
-    while not (status := poll(service, job)).done:
-        time.sleep(0.05)
-    if status.exit_code != 0:
-        raise RuntimeError(f"service job exited {status.exit_code}:\n{status.log[-3000:]}")
-    return time.perf_counter() - started, status.spark_jobs or 0
+    seconds, status = service_job(bench.services(landing, lake, config),
+                                  ["run", "--config", str(config), "--landing", str(landing), "--lake", str(lake),
+                                   "--layers", "bronze,silver"], bench.engine)
+    return seconds, status.spark_jobs or 0
 
 
 def floor_seconds(bench: Bench, step: str, source: Path, floor_lake: Path, tables: list[tuple[Any, Any]],

@@ -120,20 +120,27 @@ def project_run(landing: Path, lake: Path, files: str, engine: str, mode: str, b
     argv = ["run", "--config", str(CONFIG), "--landing", str(landing), "--lake", str(lake), "--layers", "bronze,silver",
             "--tables", TABLE, "--files", files]
     if mode == "service":
-        from spark_jobs.service_client import JobRequest, poll, submit
-
         assert bench.services is not None
         service = bench.services(landing, lake)  # its start is not timed: a warm service is what a task meets
-        request = JobRequest.from_argv(argv, job_settings={"delta_engine": engine})
-        started = time.perf_counter()
-        job = submit(service, request)
-        while not (status := poll(service, job)).done:
-            time.sleep(0.05)
-        if status.exit_code != 0:
-            raise RuntimeError(f"service job exited {status.exit_code}:\n{status.log[-3000:]}")
+        seconds, status = service_job(service, argv, engine)
         bench.spark_jobs.append(status.spark_jobs or 0)
-        return time.perf_counter() - started, status.log
+        return seconds, status.log
     return timed([sys.executable, "-m", "spark_jobs", *argv], {"CDC_DELTA_ENGINE": engine})
+
+
+def service_job(service: Any, argv: list[str], engine: str) -> tuple[float, Any]:
+    """`argv` as a job on the warm service, writing with `engine`, timed from submission to its end (polled):
+    (seconds, its status). A failed job stops the benchmark with its log."""
+    from spark_jobs.service_client import JobRequest, poll, submit
+
+    request = JobRequest.from_argv(argv, job_settings={"delta_engine": engine})
+    started = time.perf_counter()
+    job = submit(service, request)
+    while not (status := poll(service, job)).done:
+        time.sleep(0.05)
+    if status.exit_code != 0:
+        raise RuntimeError(f"service job exited {status.exit_code}:\n{status.log[-3000:]}")
+    return time.perf_counter() - started, status
 
 
 class Services:
