@@ -1,4 +1,4 @@
-"""A run's tables side by side (cli.each_table): each worker sees the caller's context (a service job's settings
+"""A run's tables side by side (steps.each_table): each worker sees the caller's context (a service job's settings
 and output) and Spark job group, and the first failure stops what has not started."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from spark_jobs.cli import each_table
+from spark_jobs.steps import each_table
 
 JOB = contextvars.ContextVar("job", default=None)
 

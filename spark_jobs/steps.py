@@ -1,0 +1,141 @@
+"""How a command's layer steps run over its tables: each under its table's writer lock, tables side by side
+(`each_table`), a failed table alone (`Steps`), every summary published to the run's report and printed as one
+line."""
+
+from __future__ import annotations
+
+import sys
+import time
+import traceback
+from typing import Any
+
+from spark_jobs.errors import ConfigError, GateFailed, LayerFailed, TableBusy, is_transient
+from spark_jobs.registry import TableConfig
+from spark_jobs.settings import settings
+
+
+def _flat(value: Any) -> Any:
+    """Quarantine counts on one line by kind (`missing_key:2,malformed_json:1`); the JSON summary and the
+    quarantine table keep the full reasons."""
+    if not isinstance(value, dict):
+        return value
+    kinds: dict[str, int] = {}
+    for reason, n in value.items():
+        kind = str(reason).split(":", 1)[0]
+        kinds[kind] = kinds.get(kind, 0) + n
+    return ",".join(f"{k}:{n}" for k, n in sorted(kinds.items()))
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    skip = {"table", "layer", "batch_id", "docs", "sources", "checks", "deletes", "tables"}
+    fields = " ".join(f"{k}={_flat(v)}" for k, v in s.items() if k not in skip and v not in (None, {}))
+    return f"{s['layer']:<6} {s['table']:<22} {fields}"
+
+
+def each_table(spark: Any, tables: list[TableConfig], work: Any, workers: int) -> None:
+    """`work(table)` for every table, up to `workers` at once. Each worker thread runs in a copy of the caller's
+    context (a service job's settings and output are context variables) and with its Spark job group (the
+    service counts and cancels a job's Spark jobs by it). The first exception stops what has not started and
+    is raised once the running tables are done."""
+    if workers <= 1 or len(tables) <= 1:
+        for table in tables:
+            work(table)
+        return
+    import contextvars
+    from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+
+    from pyspark.util import inheritable_thread_target
+
+    with ThreadPoolExecutor(min(workers, len(tables)), thread_name_prefix="cdc-table") as pool:
+        # the job group (Spark's local properties) is captured as each target is made, in the caller's thread
+        futures = [pool.submit(contextvars.copy_context().run, inheritable_thread_target(spark)(work), table)
+                   for table in tables]
+        _, pending = wait(futures, return_when=FIRST_EXCEPTION)
+        for future in pending:
+            future.cancel()
+    for future in futures:
+        if not future.cancelled() and future.exception() is not None:
+            raise future.exception()  # type: ignore[misc]
+
+
+class Steps:
+    """Runs layer steps, each under its table's writer lock (tables side by side: each_table), and publishes each summary
+    (a failed step's too, with its cause) to the run's report.
+
+    A step failing on its table's data or settings (a gate, bad input, tables.yaml) or finding it busy (another
+    writer's lock) fails that table only: the run goes on with the others, which publish as if alone, and ends
+    failing with every failed table named (`raise_failures`). Any other transient failure (the JVM, the store)
+    stops the run at once: it is not the table's, and the retry runs every table again (each step is idempotent)."""
+
+    def __init__(self, spark: Any, engine: Any, lake: Any, batch_id: str):
+        self.spark, self.engine, self.lake, self.batch_id = spark, engine, lake, batch_id
+        self.failures: list[Exception] = []
+        self.failed_tables: set[str] = set()
+        self.published: list[str] = []  # tables (and models) whose summaries this run's report holds
+
+    def __enter__(self) -> Steps:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        """The report's pages, once for the run (whether it ends well or not), over what it published."""
+        from spark_jobs import report
+
+        if self.published:
+            report.render_pages(self.lake, self.batch_id, self.published)
+
+    def _publish(self, summary: dict[str, Any]) -> None:
+        """A step's summary to the run's report; a step that found nothing to do (`skipped`) only prints its line:
+        a cycle over a whole database leaves nothing behind for its idle tables."""
+        from spark_jobs import report
+
+        if not str(summary.get("gate", "")).startswith("skipped"):
+            report.publish(self.lake, self.batch_id, summary, render=False)
+            self.published.append(summary["table"])
+
+    def run(self, table: str, layer: str, lock: str, fn: Any, *fn_args: Any) -> bool:
+        """Runs one step; False when it failed on its table's data or settings (recorded for raise_failures)."""
+        from spark_jobs.layers.summary import LayerSummary
+        from spark_jobs.state import writer_lock
+
+        try:
+            with writer_lock(self.lake, lock, self.batch_id):
+                started = time.monotonic()
+                summary = fn(self.spark, self.engine, *fn_args)
+                summary.seconds = round(time.monotonic() - started, 3)  # the layer's work, without the lock wait
+        except Exception as exc:
+            if settings().debug:
+                traceback.print_exc()
+            gate_failed = isinstance(exc, GateFailed)
+            from spark_jobs.session import ran_out_of_memory
+
+            transient = is_transient(exc) and not ran_out_of_memory(exc)
+            failed = LayerFailed(table, layer, exc, transient, exc.summary if isinstance(exc, GateFailed) else None)
+            # the run's report shows the failure too, with the failed gate's findings and counts
+            counts = failed.summary or LayerSummary(table=table, layer=layer, batch_id=self.batch_id)
+            counts.gate = "failed" if gate_failed else "error"
+            counts.error = str(failed)
+            self._publish(counts.as_dict())
+            if transient and not isinstance(exc, TableBusy):  # another writer holding this table is this table's
+                raise failed from exc
+            # tables.yaml names what the data does not have: exit 2, no retry
+            recorded = ConfigError(f"{exc} (layer {layer})") if isinstance(exc, ConfigError) else failed
+            recorded.__cause__ = exc
+            self.failures.append(recorded)
+            self.failed_tables.add(table)
+            print(f"{layer:<6} {table:<22} FAILED: {failed}", flush=True)
+            return False
+        self._publish(summary.as_dict())
+        print(format_summary(summary.as_dict()), flush=True)
+        return True
+
+    def raise_failures(self) -> None:
+        """Fail the run when a step failed: every other failure on its line, then the one deciding the exit code
+        raised: a configuration error first (exit 2, the settings decide), then one the same input would repeat
+        (1), then a busy table's (75: a retry takes it)."""
+        if not self.failures:
+            return
+        deciding = min(self.failures, key=lambda f: (not isinstance(f, ConfigError), bool(getattr(f, "transient", False))))
+        for failure in self.failures:
+            if failure is not deciding:
+                print(str(failure), file=sys.stderr, flush=True)
+        raise deciding
