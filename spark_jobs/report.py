@@ -29,10 +29,9 @@ UPKEEP = ("name", "files_before", "files_after", "bytes_before", "bytes_after", 
 SECONDS = ("lag_s", "seconds")
 
 
-def publish(lake: Lake, run_id: str, summary: dict[str, Any], render: bool = True) -> str:
-    """Writes a step's summary to its run's report (and the table's latest verdicts); with `render`, the pages
-    too. A run over many tables renders once at its end (`render_pages`): each rendering reads every run's
-    summaries."""
+def publish(lake: Lake, run_id: str, summary: dict[str, Any]) -> str:
+    """Writes a step's summary to its run's report (and the table's latest verdicts). The pages are rendered
+    apart, once per run (`render_pages`): each rendering reads every run's summaries."""
     path = f"{lake.run_reports(run_id)}/{summary['table']}.{summary['layer']}.json"
     stamped = {**summary, "published_at": dt.datetime.now(dt.UTC).isoformat()}
     lake.files.write(path, json.dumps(stamped, indent=2, sort_keys=True, default=str))
@@ -42,8 +41,6 @@ def publish(lake: Lake, run_id: str, summary: dict[str, Any], render: bool = Tru
         lake.files.write(lake.latest_summary(summary["table"], summary["layer"]), latest)
     if summary.get("gate") in ("passed", "passed-with-warnings"):
         lake.files.write(lake.latest_summary(summary["table"], summary["layer"], passed=True), latest)
-    if render:
-        render_pages(lake, run_id, [summary["table"]])
     return path
 
 

@@ -89,7 +89,7 @@ class Steps:
         from spark_jobs import report
 
         if not str(summary.get("gate", "")).startswith("skipped"):
-            report.publish(self.lake, self.batch_id, summary, render=False)
+            report.publish(self.lake, self.batch_id, summary)
             self.published.append(summary["table"])
 
     def run(self, table: str, layer: str, lock: str, fn: Any, *fn_args: Any) -> bool:

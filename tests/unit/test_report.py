@@ -1,7 +1,7 @@
 import json
 
 from spark_jobs.lake import Lake
-from spark_jobs.report import load_runs, publish
+from spark_jobs.report import load_runs, publish, render_pages
 
 CHECKS = [{"expectation": "event_has_key(id)", "action": "quarantine", "success": False, "unexpected": 2, "total": 5,
            "observed": None},
@@ -17,6 +17,8 @@ def test_runs_are_listed_newest_first_and_each_run_has_its_page(tmp_path):
     publish(lake, "run-b", {"table": "orders", "layer": "bronze", "gate": "failed", "checks": CHECKS,
                             "error": "gate failed: table=orders layer=bronze expectation=max_quarantined <x>",
                             "docs": str(tmp_path / "reports" / "data_docs" / "orders" / "index.html")})
+    for run_id in ("run-a", "run-b"):
+        render_pages(lake, run_id, ["orders"])
     assert [(run_id, [s["layer"] for s in summaries]) for run_id, summaries in load_runs(lake)] == [
         ("run-b", ["bronze"]), ("run-a", ["silver"])]
     assert [run_id for run_id, _ in load_runs(lake, newest=1)] == ["run-b"]
@@ -42,6 +44,7 @@ def test_each_table_has_a_trend_page_with_charts_over_its_runs_in_human_units(tm
         publish(lake, f"run-{n}", {"table": "orders", "layer": "silver", "gate": "failed" if n == 2 else "passed",
                                    "inserted": inserted, "updated": 1, "deleted": 0, "lag_s": lag, "seconds": 0.85,
                                    "checks": [{**CHECKS[1], "success": n != 2}]})
+        render_pages(lake, f"run-{n}", ["orders"])
     page = (tmp_path / "reports" / "tables" / "orders.html").read_text()
     assert page.count("<svg class='chart'") == 3
     assert page.count("<polyline class='series'") == 1 + 4 + 2  # lag; in, inserted, updated, deleted; two layers
