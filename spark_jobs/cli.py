@@ -147,7 +147,7 @@ def maintain(args: argparse.Namespace) -> int:
             steps.run(model.name, "maintenance", f"gold.{model.name}", upkeep(maintenance.maintain_model), lake, model,
                       batch_id)
         if args.reports or everything:
-            expired = maintenance.expire_reports(lake, registry)
+            expired = maintenance.expire_reports(engine, lake, registry)
             print(f"maintain reports: {len(expired)} run report(s) past "
                   f"{registry.maintenance.report_retention_s // 86400} days removed", flush=True)
         steps.raise_failures()

@@ -110,9 +110,10 @@ class Lake:
     def runs_reports(self) -> str:
         return f"{self.reports}/runs"
 
-    def latest_summary(self, table: str, layer: str, passed: bool = False) -> str:
-        """The newest summary of a table's layer (`passed`: the newest whose gate passed), for `status`."""
-        return f"{self.reports}/latest/{table}.{layer}{'.passed' if passed else ''}.json"
+    @property
+    def event_log(self) -> str:
+        """One row per run, table and layer and per expectation result (spark_jobs/event_log.py)."""
+        return f"{self.root}/event_log"
 
     @property
     def reports_index(self) -> str:

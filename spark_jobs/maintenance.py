@@ -177,19 +177,28 @@ def expire_gx_results(lake: Lake, table: str, retention_s: int) -> int:
     return len(expired)
 
 
-def expire_reports(lake: Lake, registry: Registry) -> list[str]:
-    """Removes run reports whose newest summary is older than the top-level report retention, then
-    renders the history page and every table's trend page again. Returns the runs removed."""
-    from spark_jobs import report
+def expire_reports(engine: Any, lake: Lake, registry: Registry) -> list[str]:
+    """Removes run reports whose newest summary is older than the top-level report retention and the event log's
+    rows of steps as old, keeps the event log's Delta table compact, then renders the history page and every
+    table's trend page again. Returns the runs removed."""
+    from spark_jobs import event_log, report
+    from spark_jobs.state import writer_lock
 
-    cutoff = (dt.datetime.now(dt.UTC) - dt.timedelta(seconds=registry.maintenance.report_retention_s)).isoformat()
+    policy = registry.maintenance
+    cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=policy.report_retention_s)
     expired = [run_id for run_id, summaries in report.load_runs(lake, newest=None)
-               if max(str(s.get("published_at", "")) for s in summaries) < cutoff]
+               if max(str(s.get("published_at", "")) for s in summaries) < cutoff.isoformat()]
     for run_id in expired:
         lake.files.delete_tree(lake.run_reports(run_id))
-    if expired:
-        runs = report.load_runs(lake)
-        report.render_index(lake, runs)
+    removed = event_log.expire(engine, lake, cutoff)
+    with writer_lock(lake, event_log.LOCK, "maintenance"):
+        upkeep = maintain_delta(engine, "event_log", lake.event_log, policy, ())
+    if upkeep is not None:
+        print(f"maintain event_log: {removed} row(s) of steps past the retention removed; {upkeep.line()}", flush=True)
+    if expired or removed:
+        steps = event_log.recent_steps(lake)
+        report.render_index(lake, steps)
+        failed = event_log.failed_checks(lake, [s.run_id for s in steps])
         for name in [*registry.tables, *registry.gold]:
-            report.render_table(lake, name, runs)
+            report.render_table(lake, name, steps, failed)
     return expired

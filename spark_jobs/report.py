@@ -9,9 +9,12 @@ from __future__ import annotations
 import datetime as dt
 import html
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spark_jobs.lake import Lake
+
+if TYPE_CHECKING:
+    from spark_jobs.event_log import Step
 
 STYLE = ("body{font-family:system-ui,sans-serif;margin:1.5em;color:#1b1f24}td,th{padding:3px 10px;text-align:left;"
          "vertical-align:top}th{background:#eef1f4}table{border-collapse:collapse;margin:.4em 0 1.2em}"
@@ -29,28 +32,30 @@ UPKEEP = ("name", "files_before", "files_after", "bytes_before", "bytes_after", 
 SECONDS = ("lag_s", "seconds")
 
 
+def published_now() -> dt.datetime:
+    """The time a summary is published at (the event log's `published_at`)."""
+    return dt.datetime.now(dt.UTC)
+
+
 def publish(lake: Lake, run_id: str, summary: dict[str, Any]) -> str:
-    """Writes a step's summary to its run's report (and the table's latest verdicts). The pages are rendered
-    apart, once per run (`render_pages`): each rendering reads every run's summaries."""
+    """Writes a step's summary to its run's report. The event log takes the run's summaries and the pages are
+    rendered apart, once per run (steps.Steps)."""
     path = f"{lake.run_reports(run_id)}/{summary['table']}.{summary['layer']}.json"
-    stamped = {**summary, "published_at": dt.datetime.now(dt.UTC).isoformat()}
+    stamped = {**summary, "published_at": published_now().isoformat()}
     lake.files.write(path, json.dumps(stamped, indent=2, sort_keys=True, default=str))
-    # `status` reads a table's newest verdict and last success from these, not from every run of the lake
-    latest = json.dumps({**stamped, "run_id": run_id}, sort_keys=True, default=str)
-    if not str(summary.get("gate", "")).startswith("skipped"):
-        lake.files.write(lake.latest_summary(summary["table"], summary["layer"]), latest)
-    if summary.get("gate") in ("passed", "passed-with-warnings"):
-        lake.files.write(lake.latest_summary(summary["table"], summary["layer"], passed=True), latest)
     return path
 
 
 def render_pages(lake: Lake, run_id: str, tables: list[str]) -> None:
-    """The run's page, the index of runs and the pages of `tables`."""
+    """The run's page, the index of runs and the trend pages of `tables`, the last two from the event log."""
+    from spark_jobs import event_log
+
     render_run(lake, run_id)
-    runs = load_runs(lake)
-    render_index(lake, runs)
+    steps = event_log.recent_steps(lake)
+    render_index(lake, steps)
+    failed = event_log.failed_checks(lake, [s.run_id for s in steps if s.table in tables])
     for table in dict.fromkeys(tables):
-        render_table(lake, table, runs)
+        render_table(lake, table, steps, failed)
 
 
 def human_seconds(value: Any) -> str:
@@ -158,17 +163,28 @@ def render_run(lake: Lake, run_id: str) -> str:
     return path
 
 
-def render_index(lake: Lake, runs: list[tuple[str, list[dict[str, Any]]]] | None = None) -> str:
-    runs = load_runs(lake) if runs is None else runs
+def _by_run(steps: list[Step]) -> list[tuple[str, list[Step]]]:
+    """The steps grouped by run, the newest run (by its first step) first."""
+    runs: dict[str, list[Step]] = {}
+    for step in steps:
+        runs.setdefault(step.run_id, []).append(step)
+    return sorted(runs.items(), key=lambda r: (r[1][0].published_at, r[0]), reverse=True)
+
+
+def render_index(lake: Lake, steps: list[Step] | None = None) -> str:
+    """The history page, from the event log's steps of the newest runs."""
+    from spark_jobs import event_log
+
+    steps = event_log.recent_steps(lake) if steps is None else steps
     rows = []
-    for run_id, summaries in runs:
-        tables = ", ".join(f"{_e(s['layer'])}/{_e(s['table'])}: {_verdict(s.get('gate'))}" for s in summaries
-                           if not str(s.get("gate", "")).startswith("skipped"))
-        quarantined = sum(sum((s.get("quarantined") or {}).values()) for s in summaries)
+    for run_id, mine in _by_run(steps):
+        tables = ", ".join(f"{_e(s.layer)}/{_e(s.table)}: {_verdict(s.verdict)}" for s in mine)
+        quarantined = sum(s.quarantined or 0 for s in mine)
+        verdict = run_verdict([{"gate": s.verdict} for s in mine])
         rows.append(f"<tr><td><a href='runs/{_e(run_id)}/index.html'>{_e(run_id)}</a></td>"
-                    f"<td>{_e(str(summaries[0].get('published_at', ''))[:19])}Z</td><td>{_verdict(run_verdict(summaries))}</td>"
+                    f"<td>{_e(mine[0].published_at.isoformat()[:19])}Z</td><td>{_verdict(verdict)}</td>"
                     f"<td>{quarantined}</td><td>{tables or 'nothing new'}</td></tr>")
-    names = sorted({s["table"] for _, summaries in runs for s in summaries})
+    names = sorted({s.table for s in steps})
     links = " · ".join(f"<a href='tables/{_e(t)}.html'>{_e(t)}</a>" for t in names)
     body = ("<h1>CDC pipeline runs</h1><p>Newest first. Each run links to its report; each report links to the "
             f"Great Expectations Data Docs of its tables.</p><p>Trends per table: {links}</p>"
@@ -221,15 +237,16 @@ def _percent(value: float) -> str:
     return f"{value:.1%}"
 
 
-def render_table(lake: Lake, table: str, runs: list[tuple[str, list[dict[str, Any]]]]) -> str:
-    """`reports/tables/<table>.html`: the table's (or gold model's) runs, oldest left, as charts of lag, rows
-    per run and the quarantined share, and each run's verdicts and the checks that did not pass."""
-    mine = [(run_id, {s["layer"]: s for s in summaries if s["table"] == table}) for run_id, summaries in reversed(runs)]
-    mine = [(run_id, layers) for run_id, layers in mine if layers]
-    labels = [str(next(iter(layers.values())).get("published_at", ""))[:16].replace("T", " ") for _, layers in mine]
+def render_table(lake: Lake, table: str, steps: list[Step], failed: dict[tuple[str, str, str], list[str]]) -> str:
+    """`reports/tables/<table>.html`: the table's (or gold model's) runs among `steps` (the event log's, oldest
+    first), oldest left, as charts of lag, rows per run and the quarantined share, and each run's verdicts and
+    the checks that did not pass (`failed`, by run, table and layer)."""
+    mine = [(run_id, {s.layer: s for s in run}) for run_id, run in reversed(_by_run([s for s in steps if s.table == table]))]
+    labels = [next(iter(layers.values())).published_at.isoformat()[:16].replace("T", " ") for _, layers in mine]
 
     def figure(layer: str, key: str) -> list[float | None]:
-        return [None if layers.get(layer, {}).get(key) in (None, "") else float(layers[layer][key]) for _, layers in mine]
+        values = [getattr(layers[layer], key) if layer in layers else None for _, layers in mine]
+        return [None if v is None else float(v) for v in values]
 
     charts = []
     if labels:
@@ -245,9 +262,9 @@ def render_table(lake: Lake, table: str, runs: list[tuple[str, list[dict[str, An
                                   if any(layer in layers for _, layers in mine)}, _percent))
     verdicts = []
     for (run_id, layers), when in zip(reversed(mine), reversed(labels), strict=True):
-        cells = "".join(f"<td>{_verdict(layers[layer].get('gate')) if layer in layers else ''}</td>"
+        cells = "".join(f"<td>{_verdict(layers[layer].verdict) if layer in layers else ''}</td>"
                         for layer in ("bronze", "silver", "gold"))
-        failing = [c["expectation"] for s in layers.values() for c in s.get("checks") or [] if not c["success"]]
+        failing = [c for layer in layers for c in failed.get((run_id, table, layer), [])]
         verdicts.append(f"<tr><td><a href='../runs/{_e(run_id)}/index.html'>{_e(run_id)}</a></td><td>{_e(when)}</td>"
                         f"{cells}<td>{_e(', '.join(failing))}</td></tr>")
     body = (f"<p><a href='../index.html'>← all runs</a> · <a href='../data_docs/{_e(table)}/index.html'>Data Docs</a>"

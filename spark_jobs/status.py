@@ -1,17 +1,18 @@
 """Where every table stands (`python -m spark_jobs status [--json]`): per source table its pending landing files,
 per layer its rows, last gate verdict and last success, and its lag now; per gold model the same. Read from the
-Delta logs, each layer's newest summaries (`reports/latest/`, written as runs publish) and a listing of the
-landing: its cost follows the number of tables, not the lake's history, and it starts no Spark."""
+Delta logs, the event log (two queries for the whole lake) and a listing of the landing; it starts no Spark."""
 
 from __future__ import annotations
 
 import datetime as dt
-import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from spark_jobs.event_log import Standing, standings
 from spark_jobs.lake import Lake, row_count
 from spark_jobs.registry import Registry
+
+EMPTY = Standing(None, None, None)  # a layer with no step in the event log
 
 
 @dataclass
@@ -42,25 +43,30 @@ class LakeStatus:
         return asdict(self)
 
 
-def layer_status(lake: Lake, name: str, layer: str, now: dt.datetime | None = None) -> LayerStatus:
-    """One table's (or gold model's) layer: rows, newest verdict and run, last success, and its lag now."""
+def layer_status(lake: Lake, name: str, layer: str, now: dt.datetime | None = None,
+                 standing: Standing | None = None) -> LayerStatus:
+    """One table's (or gold model's) layer: rows, newest verdict and run, last success, and its lag now (the age
+    of the newest source change a passed step held). `standing`: the event log's, read by the caller already."""
     now = now or dt.datetime.now(dt.UTC)
     path = {"bronze": lake.bronze, "silver": lake.silver, "gold": lake.gold}[layer](name)
     status = LayerStatus(rows=row_count(path))
-    last, good = (_read(lake, lake.latest_summary(name, layer, passed)) for passed in (False, True))
-    if last:
-        status.last_verdict, status.last_run = str(last.get("gate")), last.get("run_id")
-    if good:
-        status.last_success = good.get("published_at")
-        if good.get("lag_s") is not None and status.last_success:
-            since = (now - dt.datetime.fromisoformat(status.last_success)).total_seconds()
-            status.lag_s = round(float(good["lag_s"]) + since, 3)
+    if standing is None:
+        standing = standings(lake, name).get((name, layer))
+    if standing is None:
+        return status
+    if standing.last is not None:
+        status.last_verdict, status.last_run = standing.last.verdict, standing.last.run_id
+    if standing.last_passed is not None:
+        status.last_success = standing.last_passed.published_at.isoformat()
+    if standing.newest_change_at is not None:
+        status.lag_s = round((now - standing.newest_change_at).total_seconds(), 3)
     return status
 
 
 def lake_status(registry: Registry, lake: Lake, landing: str | None, now: dt.datetime | None = None) -> LakeStatus:
     """Every table's and gold model's status; `landing` None leaves pending files uncounted."""
     now = now or dt.datetime.now(dt.UTC)
+    known = standings(lake)
     tables = []
     for table in registry.tables.values():
         item = TableStatus(table.name, "table", quarantined_rows=row_count(lake.quarantine(table.name)))
@@ -68,14 +74,11 @@ def lake_status(registry: Registry, lake: Lake, landing: str | None, now: dt.dat
             from spark_jobs.state import pending_files
 
             item.pending_files = len(pending_files(landing, lake, table.name, table.topic))
-        item.layers = {layer: layer_status(lake, table.name, layer, now) for layer in ("bronze", "silver")}
+        item.layers = {layer: layer_status(lake, table.name, layer, now, known.get((table.name, layer), EMPTY))
+                       for layer in ("bronze", "silver")}
         tables.append(item)
     for model in registry.gold.values():
         tables.append(TableStatus(model.name, "gold", quarantined_rows=row_count(lake.quarantine(model.name)),
-                                  layers={"gold": layer_status(lake, model.name, "gold", now)}))
+                                  layers={"gold": layer_status(lake, model.name, "gold", now,
+                                                               known.get((model.name, "gold"), EMPTY))}))
     return LakeStatus(lake=lake.root, at=now.isoformat(), tables=tables)
-
-
-def _read(lake: Lake, path: str) -> dict[str, Any] | None:
-    data = lake.files.read(path)
-    return None if data is None else dict(json.loads(data))

@@ -27,7 +27,7 @@ def _flat(value: Any) -> Any:
 
 
 def format_summary(s: dict[str, Any]) -> str:
-    skip = {"table", "layer", "batch_id", "docs", "sources", "checks", "deletes", "tables"}
+    skip = {"table", "layer", "batch_id", "docs", "sources", "checks", "deletes", "tables", "newest_change_ms"}
     fields = " ".join(f"{k}={_flat(v)}" for k, v in s.items() if k not in skip and v not in (None, {}))
     return f"{s['layer']:<6} {s['table']:<22} {fields}"
 
@@ -76,11 +76,22 @@ class Steps:
     def __enter__(self) -> Steps:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        """The report's pages, once for the run (whether it ends well or not), over what it published."""
-        from spark_jobs import report
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        """The run's report into the event log, then its pages, once for the run (whether it ends well or not),
+        over what it published. The log failing fails the run (a retry records the whole report again), unless
+        the run is failing already: its own failure decides the exit code."""
+        from spark_jobs import event_log, report
 
-        if self.published:
+        if not self.published:
+            return
+        try:
+            event_log.record_run(self.engine, self.lake, self.batch_id, lambda: report.load_run(self.lake, self.batch_id))
+        except Exception as failed:
+            if exc is not None:
+                print(f"event log: run {self.batch_id} not recorded: {failed}", file=sys.stderr, flush=True)
+            else:
+                raise LayerFailed("event_log", "report", failed, is_transient(failed)) from failed
+        finally:
             report.render_pages(self.lake, self.batch_id, self.published)
 
     def _publish(self, summary: dict[str, Any]) -> None:

@@ -248,7 +248,7 @@ class DeltaRsEngine:
             table.create_write_transaction(list[AddAction | RemoveAction](staged.actions), mode=mode, schema=schema)
         return self._must(path).version(), staged.rows
 
-    def replace(self, df: DataFrame, path: str, predicate: str, partition_by: tuple[str, ...] = ()) -> int:
+    def replace(self, df: Rows, path: str, predicate: str, partition_by: tuple[str, ...] = ()) -> int:
         self._writable(path)
         with self._rows(df) as (rows, _):
             write_deltalake(path, rows, mode="overwrite", predicate=predicate,

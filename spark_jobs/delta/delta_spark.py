@@ -57,8 +57,9 @@ class DeltaSparkEngine:
          .partitionBy(*partition_by).save(path))
         return self.version(path) or 0
 
-    def replace(self, df: DataFrame, path: str, predicate: str, partition_by: tuple[str, ...] = ()) -> int:
-        df.write.format("delta").mode("overwrite").option("replaceWhere", predicate).partitionBy(*partition_by).save(path)
+    def replace(self, df: Rows, path: str, predicate: str, partition_by: tuple[str, ...] = ()) -> int:
+        (self._frame(df).write.format("delta").mode("overwrite").option("replaceWhere", predicate)
+         .partitionBy(*partition_by).save(path))
         return self.version(path) or 0
 
     def merge(self, df: Rows, path: str, spec: MergeSpec, partition_by: tuple[str, ...] = ()) -> MergeResult:

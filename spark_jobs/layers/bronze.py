@@ -294,7 +294,7 @@ def _count(tally: _Tally, tombstones: TombstoneCounts, batch: _Batch, unreadable
     summary.tombstones_matched, summary.tombstones_unmatched = tombstones.matched, tally.tombstones - tombstones.matched
     summary.quarantined_share = share(sum((summary.quarantined or {}).values()), lines_in + unreadable)
     summary.empty_files = sum(1 for f in batch.files if f.size == 0)
-    summary.lag_s = lag_seconds(tally.newest_ts_ms)
+    summary.lag_s, summary.newest_change_ms = lag_seconds(tally.newest_ts_ms), tally.newest_ts_ms
     summary.flagged = tally.flagged or None
 
 

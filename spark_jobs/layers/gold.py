@@ -47,7 +47,7 @@ def gold_refresh(spark: SparkSession, engine: DeltaEngine, model: GoldModel, lak
     result = spark.sql(model.sql).localCheckpoint()
     rows = result.count()
     summary = GoldSummary(table=model.name, batch_id=batch_id, sources=list(model.sources), rows=rows,
-                          lag_s=lag_seconds(newest))
+                          lag_s=lag_seconds(newest), newest_change_ms=newest)
     check_columns(result, model.expectations, "the model's columns")
     published, quarantine = _quarantine_by_expectations(model, result, batch_id)
     audited = {"rows": result}

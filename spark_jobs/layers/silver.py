@@ -191,7 +191,8 @@ def _counts(plan: BatchPlan, quarantined: dict[str, int], table: TableConfig, ba
         duplicates_dropped=plan.events - plan.positions, superseded_in_batch=plan.positions_after_truncate - plan.keys,
         stale_ignored=(plan.positions - plan.positions_after_truncate) + (plan.keys - plan.effective),
         ties=plan.ties, truncates=plan.truncate_count, quarantined=quarantined,
-        quarantined_share=share(quarantined_n, plan.rows_in), lag_s=lag_seconds(plan.newest_ts_ms))
+        quarantined_share=share(quarantined_n, plan.rows_in), lag_s=lag_seconds(plan.newest_ts_ms),
+        newest_change_ms=plan.newest_ts_ms)
 
 
 def _publish(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake: Lake, plan: BatchPlan, batch_id: str,

@@ -56,6 +56,7 @@ class BronzeSummary(LayerSummary):
     quarantined_share: float | None = None
     empty_files: int | None = None
     lag_s: float | None = None
+    newest_change_ms: int | None = None  # the source time of the batch's newest change (lag_s is now less it)
     flagged: Counts | None = None  # events kept in the batch that fail a warn/fail expectation
 
     AFTER_GATE = ("tombstones_matched_late",)
@@ -72,6 +73,8 @@ class BronzeSummary(LayerSummary):
                 merged[reason] = merged.get(reason, 0) + n
             setattr(self, name, merged or None)
         self.lag_s = min((v for v in (self.lag_s, part.lag_s) if v is not None), default=None)
+        self.newest_change_ms = max((v for v in (self.newest_change_ms, part.newest_change_ms) if v is not None),
+                                    default=None)
         self.gate = part.gate if self.gate in (None, "passed") else self.gate
         self.checks, self.docs, self.version = part.checks, part.docs, part.version
 
@@ -90,6 +93,7 @@ class SilverSummary(LayerSummary):
     quarantined: Counts | None = None
     quarantined_share: float | None = None
     lag_s: float | None = None
+    newest_change_ms: int | None = None  # the source time of the batch's newest change (lag_s is now less it)
     inserted: int | None = None
     updated: int | None = None
     deleted: int | None = None
@@ -114,3 +118,4 @@ class GoldSummary(LayerSummary):
     quarantined: Counts | None = None  # rows a `quarantine` expectation kept out of the published table
     quarantined_share: float | None = None
     lag_s: float | None = None
+    newest_change_ms: int | None = None  # the source time of the batch's newest change (lag_s is now less it)

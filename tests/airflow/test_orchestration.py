@@ -151,18 +151,22 @@ def test_the_failure_callback_logs_the_cause_in_one_line_and_calls_the_configure
 def test_the_freshness_check_fails_naming_the_table_when_its_newest_change_is_too_old(tmp_path):
     """Whether or not anything ran: the last success's lag, aged since it was published."""
     from cdc_airflow.checks import FreshnessCheck
-    from spark_jobs import report
+    from spark_jobs import event_log, report
+    from spark_jobs.delta.delta_rs import DeltaRsEngine
     from spark_jobs.lake import Lake
+
+    def published(run_id: str, summary: dict) -> None:  # a run's step, recorded as the run ends
+        report.publish(lake, run_id, {"table": "orders", "layer": "silver", "batch_id": run_id, **summary})
+        event_log.record_run(DeltaRsEngine(), lake, run_id, lambda: report.load_run(lake, run_id))
 
     lake = Lake(str(tmp_path / "lake"))
     check = FreshnessCheck(task_id="fresh_silver_orders", name="orders", layer="silver", freshness_s=3600,
                            lake=lake.root)
     with pytest.raises(AirflowFailException, match="table=orders layer=silver: no successful run holds a source"):
         check.execute({})
-    report.publish(lake, "run-1", {"table": "orders", "layer": "silver", "batch_id": "run-1", "gate": "passed",
-                                   "lag_s": 600.0})
+    published("run-1", {"gate": "passed", "lag_s": 600.0})
     assert 600 <= check.execute({}) < 660  # ten minutes old, within the hour
-    report.publish(lake, "run-2", {"table": "orders", "layer": "silver", "batch_id": "run-2", "gate": "failed"})
+    published("run-2", {"gate": "failed"})
     stale = FreshnessCheck(task_id="fresh_silver_orders", name="orders", layer="silver", freshness_s=300,
                            lake=lake.root)
     with pytest.raises(AirflowFailException, match=r"table=orders layer=silver: newest source change 1\d\.\d min "

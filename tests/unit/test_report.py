@@ -1,12 +1,20 @@
 import json
 
+from spark_jobs import event_log
+from spark_jobs.delta.delta_rs import DeltaRsEngine
 from spark_jobs.lake import Lake
-from spark_jobs.report import load_runs, publish, render_pages
+from spark_jobs.report import load_run, load_runs, publish, render_pages
 
 CHECKS = [{"expectation": "event_has_key(id)", "action": "quarantine", "success": False, "unexpected": 2, "total": 5,
            "observed": None},
           {"expectation": "max_quarantined", "action": "fail", "success": False, "unexpected": None, "total": None,
            "observed": "0.4 (max 0.05)"}]
+
+
+def finish(lake: Lake, run_id: str, tables: list[str]) -> None:
+    """What a run does at its end (steps.Steps): its report into the event log, then its pages."""
+    event_log.record_run(DeltaRsEngine(), lake, run_id, lambda: load_run(lake, run_id))
+    render_pages(lake, run_id, tables)
 
 
 def test_runs_are_listed_newest_first_and_each_run_has_its_page(tmp_path):
@@ -18,7 +26,7 @@ def test_runs_are_listed_newest_first_and_each_run_has_its_page(tmp_path):
                             "error": "gate failed: table=orders layer=bronze expectation=max_quarantined <x>",
                             "docs": str(tmp_path / "reports" / "data_docs" / "orders" / "index.html")})
     for run_id in ("run-a", "run-b"):
-        render_pages(lake, run_id, ["orders"])
+        finish(lake, run_id, ["orders"])
     assert [(run_id, [s["layer"] for s in summaries]) for run_id, summaries in load_runs(lake)] == [
         ("run-b", ["bronze"]), ("run-a", ["silver"])]
     assert [run_id for run_id, _ in load_runs(lake, newest=1)] == ["run-b"]
@@ -44,7 +52,7 @@ def test_each_table_has_a_trend_page_with_charts_over_its_runs_in_human_units(tm
         publish(lake, f"run-{n}", {"table": "orders", "layer": "silver", "gate": "failed" if n == 2 else "passed",
                                    "inserted": inserted, "updated": 1, "deleted": 0, "lag_s": lag, "seconds": 0.85,
                                    "checks": [{**CHECKS[1], "success": n != 2}]})
-        render_pages(lake, f"run-{n}", ["orders"])
+        finish(lake, f"run-{n}", ["orders"])
     page = (tmp_path / "reports" / "tables" / "orders.html").read_text()
     assert page.count("<svg class='chart'") == 3
     assert page.count("<polyline class='series'") == 1 + 4 + 2  # lag; in, inserted, updated, deleted; two layers
@@ -56,3 +64,25 @@ def test_each_table_has_a_trend_page_with_charts_over_its_runs_in_human_units(tm
     assert "<a href='tables/orders.html'>orders</a>" in (tmp_path / "reports" / "index.html").read_text()
     run_page = (tmp_path / "reports" / "runs" / "run-0" / "index.html").read_text()
     assert "<tr><th>lag_s</th><td>3.0 years</td></tr>" in run_page and "<td>850 ms</td>" in run_page
+
+
+def test_the_report_retention_removes_old_runs_from_the_event_log_too(tmp_path, monkeypatch):
+    import datetime as dt
+
+    from spark_jobs import maintenance, report
+    from spark_jobs.registry import load_registry
+
+    config = tmp_path / "tables.yaml"
+    config.write_text("maintenance: {report_retention: 30d}\ntables:\n  orders: {topic: shop.public.orders, keys: [id]}\n")
+    lake = Lake(str(tmp_path / "lake"))
+    now = dt.datetime.now(dt.UTC)
+    for run_id, age_days in (("run-old", 31), ("run-new", 29)):
+        monkeypatch.setattr(report, "published_now", lambda age=age_days: now - dt.timedelta(days=age))
+        publish(lake, run_id, {"table": "orders", "layer": "bronze", "gate": "passed", "events": 1, "checks": CHECKS})
+        finish(lake, run_id, ["orders"])
+    assert {s.run_id for s in event_log.recent_steps(lake)} == {"run-old", "run-new"}
+    assert maintenance.expire_reports(DeltaRsEngine(), lake, load_registry(str(config))) == ["run-old"]
+    assert [s.run_id for s in event_log.recent_steps(lake)] == ["run-new"]
+    assert set(event_log.failed_checks(lake, ["run-old", "run-new"])) == {("run-new", "orders", "bronze")}
+    history = (tmp_path / "lake" / "reports" / "index.html").read_text()
+    assert "run-new" in history and "run-old" not in history
