@@ -1,6 +1,7 @@
 """CDC medallion pipeline, one DAG per layer, linked by assets (docs/architecture.md):
 
-- `cdc_bronze` (every 15 minutes, or backfilled over a date range): one deferrable sensor waits for landing
+- `cdc_bronze` (every 15 minutes, at once when CDC_LANDING_QUEUE notifies a landing, or backfilled over a date
+  range): one deferrable sensor waits for landing
   files bronze has not taken, of any table, and hands each table's exact list to its bronze task; a branch
   skips the bronze tasks of tables with none, which start no process. A backfill run takes the files whose
   landing time falls in its data interval. Each bronze task updates the asset `cdc.bronze.<table>`.
@@ -16,8 +17,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from airflow.sdk import DAG, AssetAny, task
-from airflow.timetables.interval import DeltaDataIntervalTimetable
+from airflow.sdk import DAG, AssetAny, AssetOrTimeSchedule, DeltaDataIntervalTimetable, task
 
 from cdc_airflow.callbacks import run_deadline
 from cdc_airflow.operators import CdcSparkJob
@@ -27,11 +27,14 @@ from cdc_airflow.wiring import default_args, wiring, writer_pool
 
 W = wiring()
 START = datetime(2024, 1, 1, tzinfo=UTC)
+EVERY_15_MINUTES = DeltaDataIntervalTimetable(timedelta(minutes=15))  # data intervals: what a backfill run covers
 
 with DAG(
     dag_id="cdc_bronze",
     doc_md=__doc__,
-    schedule=DeltaDataIntervalTimetable(timedelta(minutes=15)),  # data intervals: what a backfill run covers
+    # notified landings start a run at once; the schedule's runs stay, and catch what a lost notification missed
+    schedule=AssetOrTimeSchedule(timetable=EVERY_15_MINUTES, assets=W.landing_notified()) if W.landing_queue
+    else EVERY_15_MINUTES,
     start_date=START,
     catchup=False,
     max_active_runs=4,  # backfill intervals may run side by side; each table's bronze task runs one at a time

@@ -26,6 +26,9 @@ class Settings:
     sensor_timeout: float = 600.0  # CDC_SENSOR_TIMEOUT: seconds a run's sensor waits for landing files
     sensor_poke_interval: float = 60.0  # CDC_SENSOR_POKE_INTERVAL: seconds between its listings
     aws_conn_id: str = "aws_default"  # CDC_AWS_CONN_ID: the Airflow connection holding the S3 credentials
+    # CDC_LANDING_QUEUE: an SQS queue's URL that receives the landing bucket's object-created notifications; set, a
+    # landed file starts cdc_bronze at once (the 15-minute schedule and its sensor stay, as the fallback)
+    landing_queue: str = ""
     # CDC_SERVICE_CONN_ID: the Airflow connection (address and secret) of the pipeline service (`python -m spark_jobs
     # serve`) the Airflow tasks submit their jobs to; empty: each task starts its own Spark through spark-submit
     service_conn_id: str = ""

@@ -37,7 +37,8 @@ class LandingSensor(BaseSensorOperator):
     """Waits, deferred (on the triggerer, holding no worker slot), for landing files bronze has not taken, of
     any of `tables` (name -> topic), and returns the paths of each table that has some (XCom: {table: paths})
     for its bronze task to ingest exactly those. Skips when none arrive in `timeout` seconds; a backfill run
-    does not wait. One sensor for every table: an idle table costs no task start (cdc_layers' branch skips its
+    and a run a landing notification started (its files are there: a notified file another run took leaves it
+    nothing) do not wait. One sensor for every table: an idle table costs no task start (cdc_layers' branch skips its
     bronze task)."""
 
     template_fields: Sequence[str] = ()
@@ -52,7 +53,9 @@ class LandingSensor(BaseSensorOperator):
         since_ms, until_ms = landing_window(context)
         settings = s3_settings(self.aws_conn_id) if is_remote(self.landing) or is_s3(self.lake) else None
         files = pending_by_table(self.landing, self.lake, self.tables, since_ms, until_ms, s3_client(settings), settings)
-        if files or until_ms is not None:  # a closed window gets no new files by waiting
+        run = context["dag_run"]
+        notified = str(getattr(run.run_type, "value", run.run_type)) == "asset_triggered"
+        if files or until_ms is not None or notified:  # a closed window gets no new files by waiting
             return self._hand_over(files)
         self.defer(trigger=LandingTrigger(landing=self.landing, lake=self.lake, tables=self.tables,
                                           since_ms=since_ms, until_ms=until_ms, wait_s=float(self.timeout),

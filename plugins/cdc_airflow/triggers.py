@@ -1,4 +1,5 @@
-"""The deferrable landing sensor's trigger: lists the landing on the triggerer, holding no worker slot."""
+"""The triggers: the deferrable landing sensor's (lists the landing on the triggerer, holding no worker slot), the
+landing queue's (an asset watcher: a landed file starts cdc_bronze) and the service job's."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from airflow.triggers.base import BaseTrigger, TriggerEvent
+from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 
 from cdc_airflow.hooks import pending_by_table, s3_client, s3_settings, service_connection
 from spark_jobs.landing import is_remote
@@ -47,6 +48,74 @@ class LandingTrigger(BaseTrigger):
                 await asyncio.sleep(self.poke_s)
         except Exception as exc:  # the sensor turns it into the task's failure, with the cause
             yield TriggerEvent({"error": f"{type(exc).__name__}: {exc}"})
+
+
+def landed_keys(body: str, landing: str) -> list[str]:
+    """The object keys of an S3 event notification's ObjectCreated records under the landing's topics (keys come
+    URL-encoded); [] for anything else on the queue (S3's test event, other prefixes, other events, other shapes)."""
+    import json
+    from urllib.parse import unquote_plus
+
+    from spark_jobs.storage import split_s3
+
+    bucket, prefix = split_s3(landing)
+    topics = f"{prefix.rstrip('/')}/topics/".lstrip("/")
+    keys = []
+    try:
+        for record in json.loads(body).get("Records") or []:
+            if str(record.get("eventName", "")).startswith("ObjectCreated") and \
+                    record["s3"]["bucket"]["name"] == bucket:
+                key = unquote_plus(str(record["s3"]["object"]["key"]))
+                keys += [key] if key.startswith(topics) else []
+    except (ValueError, AttributeError, TypeError, KeyError):  # not a notification of S3's shape
+        return []
+    return keys
+
+
+class LandingQueueTrigger(BaseEventTrigger):
+    """An asset watcher's trigger (cdc_layers: cdc_bronze's schedule with CDC_LANDING_QUEUE): long-polls the SQS
+    queue that receives the landing bucket's object-created notifications, deletes what it received, and fires
+    once notifications name landing files (the keys in the event; the run's sensor lists what bronze has not
+    taken). Written here, not the Amazon provider's SqsSensorTrigger: that one needs aiobotocore, whose releases
+    pin a botocore older than the one this project's boto3 needs. A notification lost here (deleted, then the
+    triggerer dies) loses no file: the schedule's runs list the landing."""
+
+    def __init__(self, *, queue_url: str, landing: str, aws_conn_id: str, wait_s: int = 20, retry_s: float = 30.0):
+        super().__init__()
+        self.queue_url, self.landing, self.aws_conn_id, self.wait_s, self.retry_s = \
+            queue_url, landing, aws_conn_id, wait_s, retry_s
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (f"{type(self).__module__}.{type(self).__qualname__}",
+                {"queue_url": self.queue_url, "landing": self.landing, "aws_conn_id": self.aws_conn_id,
+                 "wait_s": self.wait_s, "retry_s": self.retry_s})
+
+    def _receive(self, client: Any) -> list[str]:
+        """One long poll (up to `wait_s`): the landed keys it brought; every message it brought is deleted."""
+        messages = client.receive_message(QueueUrl=self.queue_url, MaxNumberOfMessages=10,
+                                          WaitTimeSeconds=self.wait_s).get("Messages", [])
+        if messages:
+            client.delete_message_batch(QueueUrl=self.queue_url, Entries=[
+                {"Id": str(n), "ReceiptHandle": m["ReceiptHandle"]} for n, m in enumerate(messages)])
+        return [key for m in messages for key in landed_keys(m.get("Body", ""), self.landing)]
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        import boto3
+        from asgiref.sync import sync_to_async
+
+        settings = await sync_to_async(s3_settings)(self.aws_conn_id)
+        client = await asyncio.to_thread(boto3.client, "sqs", **settings)
+        while True:
+            try:
+                keys = await asyncio.to_thread(self._receive, client)
+            except Exception as exc:  # the queue unreachable: said in the triggerer's log; the schedule still runs
+                self.log.error("landing queue %s: %s: %s; trying again in %.0fs", self.queue_url,
+                               type(exc).__name__, exc, self.retry_s)
+                await asyncio.sleep(self.retry_s)
+                continue
+            if keys:
+                yield TriggerEvent({"landed": len(keys), "keys": sorted(keys)[:100]})
+                return
 
 
 class ServiceJobTrigger(BaseTrigger):

@@ -25,6 +25,8 @@ class Wiring:
     registry: Registry
     sensor_timeout_s: float
     sensor_poke_s: float
+    landing_queue: str  # "" when landings are not notified (spark_jobs.settings, CDC_LANDING_QUEUE)
+    aws_conn_id: str
 
     def cli_args(self, *selection: str) -> list[str]:
         return ["--config", self.config, "--landing", self.landing, "--lake", self.lake, *selection]
@@ -48,6 +50,18 @@ class Wiring:
         root = self.landing if "://" in self.landing else f"file://{self.landing}"
         return Asset(name=f"cdc.landing.{table}", uri=f"{root}/topics/{self.registry.tables[table].topic}", group="cdc")
 
+    def landing_notified(self) -> Asset:
+        """Files landed, as the landing bucket's notifications on CDC_LANDING_QUEUE tell it: the triggerer watches
+        the queue (cdc_airflow.triggers.LandingQueueTrigger), and each batch of notifications is an asset event."""
+        from airflow.sdk import AssetWatcher
+
+        from cdc_airflow.triggers import LandingQueueTrigger
+
+        root = self.landing if "://" in self.landing else f"file://{self.landing}"
+        trigger = LandingQueueTrigger(queue_url=self.landing_queue, landing=self.landing, aws_conn_id=self.aws_conn_id)
+        return Asset(name="cdc.landing.notified", uri=f"{root}/topics", group="cdc",
+                     watchers=[AssetWatcher(name="cdc_landing_queue", trigger=trigger)])
+
     def reads(self, layer: str, name: str) -> list[Asset]:
         """What a layer's task of a table (or gold model) reads, as assets: its lineage inputs (OpenLineage)."""
         if layer == "bronze":
@@ -65,7 +79,7 @@ def wiring() -> Wiring:
     env = settings()
     config = str(resolve(env.config))
     return Wiring(config, resolve_uri(env.landing_uri), resolve_uri(env.lake_uri), load_registry(config),
-                  env.sensor_timeout, env.sensor_poke_interval)
+                  env.sensor_timeout, env.sensor_poke_interval, env.landing_queue, env.aws_conn_id)
 
 
 def default_args(**extra: Any) -> dict[str, Any]:

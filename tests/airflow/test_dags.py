@@ -22,12 +22,15 @@ def names(condition):  # an asset's name, or those of every asset under an Asset
         return [n for c in condition.objects for n in names(c)]
     return [condition.name] if hasattr(condition, "name") else []  # a non-asset schedule has a null condition
 
+def every(timetable):  # Airflow 3.3 parses into the task SDK's timetables, which carry no summary; the scheduler's do
+    delta = getattr(timetable, "delta", None)
+    return getattr(timetable, "summary", None) or getattr(timetable, "expression", None) or (delta and str(delta))
+
 def schedule(dag):
     condition = getattr(dag.timetable, "asset_condition", None)
     assets = sorted(names(condition)) if condition is not None else []
-    # Airflow 3.3 parses into the task SDK's timetables, which carry no summary; the scheduler's do
-    timetable = dag.timetable
-    return assets or getattr(timetable, "summary", None) or getattr(timetable, "expression", None) or str(dag.schedule)
+    time = getattr(dag.timetable, "timetable", None)  # assets or a time (AssetOrTimeSchedule): both
+    return [*assets, every(time)] if assets and time else assets or every(dag.timetable) or str(dag.schedule)
 
 print(json.dumps({
     "errors": {k: str(v) for k, v in bag.import_errors.items()},
@@ -73,6 +76,11 @@ def test_dag_folder_parses_in_a_fresh_home_without_errors_or_heavy_imports(tmp_p
         "down": [], "outlets": ["cdc.bronze.customers"], "doc": True, "retries": 3, "timeout": "1:00:00",
         "on_failure": True, "type": "CdcSparkJob", "pool": "cdc_table_customers", "inlets": ["cdc.landing.customers"]}
     assert len(bronze["tasks"]) == len(tables) + 2
+    # with the landing bucket's notifications on a queue, a notified landing starts it too
+    (tmp_path / "notified").mkdir()
+    notified = parse_dags(tmp_path / "notified", CDC_LANDING_QUEUE="https://sqs.us-east-1.amazonaws.com/1/landing",
+                          CDC_LANDING_URI="s3://landing/cdc")["dags"]["cdc_bronze"]
+    assert notified["schedule"] == ["cdc.landing.notified", "0:15:00"]
 
     # each layer's DAG is scheduled by the asset it reads, and updates the one it writes
     silver = dags["cdc_silver_film"]

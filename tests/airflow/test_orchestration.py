@@ -172,3 +172,26 @@ def test_the_freshness_check_fails_naming_the_table_when_its_newest_change_is_to
     with pytest.raises(AirflowFailException, match=r"table=orders layer=silver: newest source change 1\d\.\d min "
                                                    r"old, over its freshness of 5\.0 min .*newest verdict failed"):
         stale.execute({})
+
+
+def test_the_landing_queue_watcher_takes_created_landing_files_from_s3_notifications_and_nothing_else():
+    import json
+
+    from cdc_airflow.triggers import landed_keys
+
+    def notification(event: str, bucket: str, key: str) -> str:
+        return json.dumps({"Records": [{"eventName": event, "s3": {"bucket": {"name": bucket}, "object": {"key": key}}}]})
+
+    landing = "s3://landing/cdc"
+    # keys come URL-encoded, as S3 sends them ('+' for a space)
+    assert landed_keys(notification("ObjectCreated:Put", "landing", "cdc/topics/shop.orders/partition%3D0/"
+                                    "shop.orders%2B0%2B0000000000.json"), landing) == [
+        "cdc/topics/shop.orders/partition=0/shop.orders+0+0000000000.json"]
+    assert landed_keys(notification("ObjectCreated:CompleteMultipartUpload", "landing", "cdc/topics/a/b+c.json"),
+                       landing) == ["cdc/topics/a/b c.json"]
+    for ignored in (notification("ObjectRemoved:Delete", "landing", "cdc/topics/a/x.json"),
+                    notification("ObjectCreated:Put", "other", "cdc/topics/a/x.json"),
+                    notification("ObjectCreated:Put", "landing", "elsewhere/topics/a/x.json"),
+                    json.dumps({"Service": "Amazon S3", "Event": "s3:TestEvent", "Bucket": "landing"}),
+                    "not json", "[1, 2]", json.dumps({"Records": [None, {"s3": None}]})):
+        assert landed_keys(ignored, landing) == []

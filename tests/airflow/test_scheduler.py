@@ -138,8 +138,40 @@ class Airflow:
         assert run["state"] == "success", (run, self.task_instances(dag_id, run_id), self.logs())
         return run
 
+    def deferred_sensor(self) -> str | None:
+        """The cdc_bronze run whose landing sensor waits deferred, if any."""
+        for run in self.runs("cdc_bronze"):
+            if self.task_instances("cdc_bronze", run["dag_run_id"]).get("landing_sense", {}).get("state") == "deferred":
+                return run["dag_run_id"]
+        return None
+
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text()[-2500:]}" for p in sorted(self.home.glob("*.log")))
+
+
+def airflow_env(home: Path, database: str, service, s3_endpoint: str, deployment: dict[str, str],  # noqa: ANN001
+                **extra: str) -> dict[str, str]:
+    """Airflow's components on `database` with the LocalExecutor, the project's DAGs and plugins, its tasks
+    submitting to `service`, S3 at the local endpoint; the admin user's password is `admin`. Migrated, pools made."""
+    home.mkdir()
+    (home / "passwords.json").write_text(json.dumps({"admin": "admin"}))
+    port = free_port()
+    env = subprocess_env(
+        **service_airflow_env(service),
+        AIRFLOW_HOME=str(home), AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=database,
+        AIRFLOW__CORE__EXECUTOR="LocalExecutor", AIRFLOW__CORE__DAGS_FOLDER=str(ROOT / "dags"),
+        AIRFLOW__CORE__PLUGINS_FOLDER=str(ROOT / "plugins"), AIRFLOW__CORE__LOAD_EXAMPLES="False",
+        AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION="False",
+        AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"http://127.0.0.1:{port}/execution/",
+        AIRFLOW__API__BASE_URL=f"http://127.0.0.1:{port}", AIRFLOW__API_AUTH__JWT_SECRET="e2e-secret",
+        AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS="admin:admin",
+        AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE=str(home / "passwords.json"),
+        AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL="5", AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC="2",
+        AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[1]"}',
+        AIRFLOW_CONN_AWS_DEFAULT=aws_connection(s3_endpoint), **deployment, **extra)
+    subprocess.run([str(BIN / "airflow"), "db", "migrate"], cwd=ROOT, env=env, check=True, capture_output=True)
+    subprocess.run([str(BIN / "python"), "-m", "cdc_airflow.pools"], cwd=ROOT, env=env, check=True, capture_output=True)
+    return env
 
 
 def test_the_scheduler_triggerer_and_assets_run_landing_to_gold_then_a_backfill_and_replays_from_the_api(
@@ -150,45 +182,20 @@ def test_the_scheduler_triggerer_and_assets_run_landing_to_gold_then_a_backfill_
     shutil.copy(ROOT / "include" / "gold" / "customers_by_state.sql", tmp_path / "include" / "gold")
     landing, lake = "s3://landing/cdc", tmp_path / "lake"
     (generated,) = generate(load_registry(str(config)).select(None), tmp_path / "sink", Options(rows=40, changes=40))
-    home, port = tmp_path / "airflow", free_port()
-    home.mkdir()
-    (home / "passwords.json").write_text(json.dumps({"admin": "admin"}))
+    home = tmp_path / "airflow"
     # the tasks submit their jobs to the pipeline service, the default way to run (README); they wait deferred
     deployment = {"CDC_CONFIG": str(config), "CDC_LANDING_URI": landing, "CDC_LAKE_URI": str(lake)}
     with postgres() as database, pipeline_service(subprocess_env(**deployment, **s3_environment(s3_endpoint)),
                                                   tmp_path / "service.log") as service, smtp_sink() as (smtp, mails):
-        env = subprocess_env(
-            **service_airflow_env(service),
-            AIRFLOW_HOME=str(home), AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=database,
-            AIRFLOW__CORE__EXECUTOR="LocalExecutor", AIRFLOW__CORE__DAGS_FOLDER=str(ROOT / "dags"),
-            AIRFLOW__CORE__PLUGINS_FOLDER=str(ROOT / "plugins"), AIRFLOW__CORE__LOAD_EXAMPLES="False",
-            AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION="False",
-            AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"http://127.0.0.1:{port}/execution/",
-            AIRFLOW__API__BASE_URL=f"http://127.0.0.1:{port}", AIRFLOW__API_AUTH__JWT_SECRET="e2e-secret",
-            AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS="admin:admin",
-            AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE=str(home / "passwords.json"),
-            AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL="5", AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC="2",
-            AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[1]"}',
-            AIRFLOW_CONN_AWS_DEFAULT=aws_connection(s3_endpoint),
-            CDC_CONFIG=str(config), CDC_LANDING_URI=landing, CDC_LAKE_URI=str(lake),
-            CDC_SENSOR_TIMEOUT="240", CDC_SENSOR_POKE_INTERVAL="2",
-            # alerts through the SMTP provider's notifier; a deadline the waiting bronze run is sure to pass
-            AIRFLOW_CONN_SMTP_ALERTS=smtp_connection(smtp), CDC_ALERT_SMTP_CONN_ID="smtp_alerts",
-            CDC_ALERT_TO="ops@example.com", CDC_RUN_DEADLINE="10")
-        subprocess.run([str(BIN / "airflow"), "db", "migrate"], cwd=ROOT, env=env, check=True, capture_output=True)
-        subprocess.run([str(BIN / "python"), "-m", "cdc_airflow.pools"], cwd=ROOT, env=env, check=True,
-                       capture_output=True)
+        env = airflow_env(home, database, service, s3_endpoint, deployment,
+                          CDC_SENSOR_TIMEOUT="240", CDC_SENSOR_POKE_INTERVAL="2",
+                          # alerts through the SMTP provider's notifier; a deadline the waiting bronze run is sure to pass
+                          AIRFLOW_CONN_SMTP_ALERTS=smtp_connection(smtp), CDC_ALERT_SMTP_CONN_ID="smtp_alerts",
+                          CDC_ALERT_TO="ops@example.com", CDC_RUN_DEADLINE="10")
         airflow = Airflow(env, home)
         with airflow.running():
             # the scheduled run's sensor finds nothing and waits deferred, in the triggerer
-            def deferred() -> str | None:
-                for run in airflow.runs("cdc_bronze"):
-                    state = airflow.task_instances("cdc_bronze", run["dag_run_id"]).get("landing_sense", {})
-                    if state.get("state") == "deferred":
-                        return run["dag_run_id"]
-                return None
-
-            scheduled = airflow.wait("the sensor to defer", deferred, 300)
+            scheduled = airflow.wait("the sensor to defer", airflow.deferred_sensor, 300)
             upload_landing(s3_endpoint, tmp_path / "sink", landing)  # files land: the trigger wakes the sensor
             assert airflow.finished("cdc_bronze", scheduled)["run_type"] == "scheduled"
             # it waited past its deadline: the triggerer mailed it through the SMTP connection
@@ -255,6 +262,55 @@ def test_the_scheduler_triggerer_and_assets_run_landing_to_gold_then_a_backfill_
                                     jobs[f"cdc_silver_customers/silver_merge_customers/{manual}"]))
             assert second[0] >= first[1], jobs
             assert silver_rows(tables) == generated.final_rows
+
+
+def test_a_file_landed_starts_bronze_through_the_bucket_notification_queue_without_a_poll(tmp_path, s3_endpoint):
+    """CDC_LANDING_QUEUE: the landing bucket notifies an SQS queue (the local endpoint's) of each object created; the
+    triggerer's watcher on it starts cdc_bronze, whose sensor takes the file at once. No sensor is waiting when the
+    file lands (the scheduled run's gave up after a second), and no scheduled run is due: the queue's run takes it."""
+    import boto3
+
+    config = tmp_path / "include" / "tables.yaml"
+    config.parent.mkdir()
+    config.write_text("tables:\n  customers:\n    topic: burst.burst_bank.customers\n    keys: [custkey]\n")
+    landing, lake = "s3://landing/cdc", tmp_path / "lake"
+    (generated,) = generate(load_registry(str(config)).select(None), tmp_path / "sink", Options(rows=20, changes=20))
+    # the bucket's notifications, as its owner sets them up (README, "Event-driven runs")
+    aws = {"endpoint_url": s3_endpoint, "aws_access_key_id": "test", "aws_secret_access_key": "test",
+           "region_name": "us-east-1"}
+    sqs = boto3.client("sqs", **aws)
+    queue = sqs.create_queue(QueueName="landing-created")["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    boto3.client("s3", **aws).put_bucket_notification_configuration(Bucket="landing", NotificationConfiguration={
+        "QueueConfigurations": [{"QueueArn": arn, "Events": ["s3:ObjectCreated:*"]}]})
+    deployment = {"CDC_CONFIG": str(config), "CDC_LANDING_URI": landing, "CDC_LAKE_URI": str(lake)}
+    with postgres() as database, pipeline_service(subprocess_env(**deployment, **s3_environment(s3_endpoint)),
+                                                  tmp_path / "service.log") as service:
+        env = airflow_env(tmp_path / "airflow", database, service, s3_endpoint, deployment, CDC_LANDING_QUEUE=queue,
+                          CDC_SENSOR_TIMEOUT="1", CDC_SENSOR_POKE_INTERVAL="1")
+        airflow = Airflow(env, tmp_path / "airflow")
+
+        def idle() -> bool:  # a run of cdc_bronze, and none running
+            runs = airflow.runs("cdc_bronze")
+            return bool(runs) and all(r["state"] in ("success", "failed") for r in runs)
+
+        with airflow.running():
+            airflow.wait("the scheduled run's sensor to give up", idle, 300)
+            due = 900 - time.time() % 900  # the next scheduled run (every 15 minutes) lists the landing: not yet
+            if due < 120:
+                time.sleep(due + 5)
+                airflow.wait("that scheduled run to end", idle, 300)
+            landed = time.monotonic()
+            upload_landing(s3_endpoint, tmp_path / "sink", landing)
+
+            def ingested() -> list[dict]:  # each notification may start a run: one of them ingests
+                return [r for r in airflow.runs("cdc_bronze") if airflow.task_instances("cdc_bronze", r["dag_run_id"])
+                        .get("bronze_ingest_customers", {}).get("state") == "success"]
+
+            runs = airflow.wait("bronze to ingest the landed files", ingested)
+            print(f"landed to bronze through the queue: {time.monotonic() - landed:.1f}s")
+            assert {r["run_type"] for r in runs} == {"asset_triggered"}
+            assert row_count(Lake(str(lake)).bronze("customers")) == generated.events
 
 
 def service_jobs(log: Path) -> dict[str, tuple[str, str]]:
