@@ -1,8 +1,9 @@
 """Run summaries: one JSON per table and layer under <lake>/reports/runs/<run id>/, a page per run
 (`runs/<run id>/index.html`: every table and layer with its counts, quarantine reasons, delete
-reconciliation and gate findings) and the history page (`reports/index.html`: runs newest first with
-their verdicts). Links are relative, so the pages work from the lake's folder and behind the Airflow
-plugin alike. Pure Python: the plugin renders with it without Spark."""
+reconciliation and gate findings), and from the event log (spark_jobs/event_log.py) the history page
+(`reports/index.html`: runs newest first with their verdicts) and each table's trend page
+(`reports/tables/<table>.html`). Links are relative, so the pages work from the lake's folder and behind
+the Airflow plugin alike. Pure Python and delta-rs: no Spark."""
 
 from __future__ import annotations
 
