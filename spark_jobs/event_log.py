@@ -161,6 +161,11 @@ def recent_steps(lake: Lake, newest_runs: int = 200) -> list[Step]:
         f"GROUP BY run_id ORDER BY min(published_at) DESC LIMIT {int(newest_runs)}) ORDER BY published_at, run_id"))]
 
 
+def logged_runs(lake: Lake) -> set[str]:
+    """The runs the log holds."""
+    return {r["run_id"] for r in _query(lake, "SELECT DISTINCT run_id FROM t")}
+
+
 def failed_checks(lake: Lake, run_ids: list[str]) -> dict[tuple[str, str, str], list[str]]:
     """The expectations that did not pass, by (run, table, layer), in the checks' order."""
     if not run_ids:

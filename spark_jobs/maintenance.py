@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from spark_jobs.lake import Lake
@@ -179,23 +180,31 @@ def expire_gx_results(lake: Lake, table: str, retention_s: int) -> int:
 
 def expire_reports(engine: Any, lake: Lake, registry: Registry) -> list[str]:
     """Removes run reports whose newest summary is older than the top-level report retention and the event log's
-    rows of steps as old, keeps the event log's Delta table compact, then renders the history page and every
-    table's trend page again. Returns the runs removed."""
+    rows of steps as old; records the run reports the log lacks (a lake from before the log, a run that could not
+    write it); keeps the log's Delta table compact; then renders the history page and every table's trend page
+    again. Returns the runs removed."""
     from spark_jobs import event_log, report
     from spark_jobs.state import writer_lock
 
     policy = registry.maintenance
     cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=policy.report_retention_s)
-    expired = [run_id for run_id, summaries in report.load_runs(lake, newest=None)
-               if max(str(s.get("published_at", "")) for s in summaries) < cutoff.isoformat()]
+    runs = report.load_runs(lake, newest=None)
+    expired = [run_id for run_id, summaries in runs if max(str(s.get("published_at", "")) for s in summaries)
+               < cutoff.isoformat()]
     for run_id in expired:
         lake.files.delete_tree(lake.run_reports(run_id))
     removed = event_log.expire(engine, lake, cutoff)
+    logged = event_log.logged_runs(lake)
+    unlogged = [(run_id, summaries) for run_id, summaries in runs if run_id not in logged and run_id not in expired]
+    for run_id, summaries in unlogged:
+        event_log.record_run(engine, lake, run_id, partial(list, summaries))  # the summaries read above
+    if unlogged:
+        print(f"maintain event_log: {len(unlogged)} run report(s) it lacked recorded", flush=True)
     with writer_lock(lake, event_log.LOCK, "maintenance"):
         upkeep = maintain_delta(engine, "event_log", lake.event_log, policy, ())
     if upkeep is not None:
         print(f"maintain event_log: {removed} row(s) of steps past the retention removed; {upkeep.line()}", flush=True)
-    if expired or removed:
+    if expired or removed or unlogged:
         steps = event_log.recent_steps(lake)
         report.render_index(lake, steps)
         failed = event_log.failed_checks(lake, [s.run_id for s in steps])

@@ -66,7 +66,8 @@ def test_each_table_has_a_trend_page_with_charts_over_its_runs_in_human_units(tm
     assert "<tr><th>lag_s</th><td>3.0 years</td></tr>" in run_page and "<td>850 ms</td>" in run_page
 
 
-def test_the_report_retention_removes_old_runs_from_the_event_log_too(tmp_path, monkeypatch):
+def test_the_report_retention_removes_old_runs_from_the_event_log_and_records_the_reports_it_lacks(tmp_path,
+                                                                                                   monkeypatch):
     import datetime as dt
 
     from spark_jobs import maintenance, report
@@ -80,9 +81,12 @@ def test_the_report_retention_removes_old_runs_from_the_event_log_too(tmp_path, 
         monkeypatch.setattr(report, "published_now", lambda age=age_days: now - dt.timedelta(days=age))
         publish(lake, run_id, {"table": "orders", "layer": "bronze", "gate": "passed", "events": 1, "checks": CHECKS})
         finish(lake, run_id, ["orders"])
+    # a run report the log lacks (written before the log, or by a run that could not write it)
+    monkeypatch.setattr(report, "published_now", lambda: now)
+    publish(lake, "run-unlogged", {"table": "orders", "layer": "silver", "gate": "passed", "lag_s": 5.0})
     assert {s.run_id for s in event_log.recent_steps(lake)} == {"run-old", "run-new"}
     assert maintenance.expire_reports(DeltaRsEngine(), lake, load_registry(str(config))) == ["run-old"]
-    assert [s.run_id for s in event_log.recent_steps(lake)] == ["run-new"]
+    assert [s.run_id for s in event_log.recent_steps(lake)] == ["run-new", "run-unlogged"]
     assert set(event_log.failed_checks(lake, ["run-old", "run-new"])) == {("run-new", "orders", "bronze")}
     history = (tmp_path / "lake" / "reports" / "index.html").read_text()
-    assert "run-new" in history and "run-old" not in history
+    assert "run-new" in history and "run-unlogged" in history and "run-old" not in history
