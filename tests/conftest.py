@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import free_port
+from tests.support import aws_connection, free_port, subprocess_env  # noqa: F401  (the tests import them from here)
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
@@ -64,15 +64,6 @@ def engine(spark):
     return DeltaRsEngine()
 
 
-def subprocess_env(**extra: str) -> dict[str, str]:
-    """Environment for child processes: the project on PYTHONPATH, the venv's tools on PATH."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_", "CDC_"))}
-    env.update(PYTHONPATH=str(ROOT), TZ="UTC", GX_ANALYTICS_ENABLED="false",
-               PATH=f"{Path(sys.executable).parent}:{env.get('PATH', '')}", CDC_SHUFFLE_PARTITIONS="1")
-    env.update(extra)
-    return env
-
-
 @pytest.fixture()
 def s3_endpoint(tmp_path_factory):
     """A local S3 endpoint: moto's server mode in a process of its own (as MinIO would be: nothing shared
@@ -122,11 +113,3 @@ def s3_environment(endpoint: str) -> dict[str, str]:
     """The AWS_* variables of the local endpoint, as a job reads them (spark_jobs/storage.py)."""
     return {"AWS_ENDPOINT_URL_S3": endpoint, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
             "AWS_DEFAULT_REGION": "us-east-1"}
-
-
-def aws_connection(endpoint: str) -> str:
-    """`aws_default` as Airflow reads it from the environment, pointing at the local endpoint."""
-    import json
-
-    return json.dumps({"conn_type": "aws", "login": "test", "password": "test",
-                       "extra": {"endpoint_url": endpoint, "region_name": "us-east-1"}})

@@ -154,3 +154,18 @@ def smtp_connection(port: int) -> str:
     return json.dumps({"conn_type": "smtp", "host": "127.0.0.1", "port": port,
                        "extra": {"disable_ssl": True, "disable_tls": True, "from_email": "cdc@example.com",
                                  "timeout": 10}})
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """Environment for child processes: the project on PYTHONPATH, the venv's tools on PATH."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_", "CDC_"))}
+    env.update(PYTHONPATH=str(ROOT), TZ="UTC", GX_ANALYTICS_ENABLED="false",
+               PATH=f"{Path(sys.executable).parent}:{env.get('PATH', '')}", CDC_SHUFFLE_PARTITIONS="1")
+    env.update(extra)
+    return env
+
+
+def aws_connection(endpoint: str) -> str:
+    """`aws_default` as Airflow reads it from the environment, pointing at the local endpoint."""
+    return json.dumps({"conn_type": "aws", "login": "test", "password": "test",
+                       "extra": {"endpoint_url": endpoint, "region_name": "us-east-1"}})

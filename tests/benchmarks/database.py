@@ -141,3 +141,49 @@ def database(bench: Bench) -> None:
         if figure.target:
             figure.met = figure.project <= float(figure.target.split()[1])
         bench.add(figure)
+
+
+SCHEDULER_TABLES, SCHEDULER_CHANGED = 500, 100
+
+
+def database_on_airflow(bench: Bench) -> None:
+    """DA: one cycle of the real scheduler (PostgreSQL, LocalExecutor, the tasks on the pipeline service) with
+    SCHEDULER_TABLES tables registered, SCHEDULER_CHANGED of them with a snapshot landed: from the landing to every
+    changed table's silver DAG run done (bronze's one sensor and branch, a bronze task per changed table, a silver
+    DAG run per bronze asset event). Every changed table's silver is checked equal to the generator's snapshot."""
+    import time
+
+    from tests.airflow.scheduler import Airflow, airflow_env, postgres
+    from tests.support import pipeline_service, subprocess_env
+
+    work = bench.workdir / "da"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    source, landing, lake = work / "source", work / "landing", work / "lake"
+    config = registry(work / "tables.yaml", SCHEDULER_TABLES)
+    tables = generate(source, SCHEDULER_CHANGED)
+    deployment = {"CDC_CONFIG": str(config), "CDC_LANDING_URI": str(landing), "CDC_LAKE_URI": str(lake),
+                  "CDC_DELTA_ENGINE": bench.engine}
+    with postgres() as database, pipeline_service(subprocess_env(**deployment), work / "service.log") as service:
+        env = airflow_env(work / "airflow", database, service, None, deployment,
+                          CDC_SENSOR_TIMEOUT="900", CDC_SENSOR_POKE_INTERVAL="2")
+        airflow = Airflow(env, work / "airflow")
+        with airflow.running():
+            airflow.wait("the scheduled run's sensor to defer", airflow.deferred_sensor, 600)
+            started = time.monotonic()
+            land(source, landing, [f for _, g in tables for f in g.batches[0]])
+            changed = [g.table for _, g in tables]
+
+            def silver_done() -> bool:
+                return all(any(r["state"] == "success" for r in airflow.runs(f"cdc_silver_{t}")) for t in changed)
+
+            airflow.wait(f"silver of the {len(changed)} changed tables", silver_done, 7200)
+            seconds = time.monotonic() - started
+            failed = [t for t in changed if any(r["state"] == "failed" for r in airflow.runs(f"cdc_silver_{t}"))]
+            if failed:
+                raise AssertionError(f"silver runs failed: {failed}")
+    for profile, generated in tables:
+        check_equal(lake / "silver" / generated.table, None, generated, snapshot=True, profile=profile)
+    bench.add(Figure("DA", f"one real-scheduler cycle (Airflow on PostgreSQL, LocalExecutor, tasks on the pipeline "
+                           f"service), {SCHEDULER_TABLES} tables registered, {SCHEDULER_CHANGED} with a snapshot landed: "
+                           "landing to every changed table's silver", seconds, target="completes (time reported)"))
