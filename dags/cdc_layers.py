@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from airflow.sdk import DAG, AssetAny, AssetOrTimeSchedule, DeltaDataIntervalTimetable, task
+from airflow.sdk import DAG, AssetAny, AssetOrTimeSchedule, DeltaDataIntervalTimetable, get_parsing_context, task
 
 from cdc_airflow.callbacks import run_deadline
 from cdc_airflow.operators import CdcSparkJob
@@ -28,45 +28,57 @@ from cdc_airflow.wiring import default_args, wiring, writer_pool
 W = wiring()
 START = datetime(2024, 1, 1, tzinfo=UTC)
 EVERY_15_MINUTES = DeltaDataIntervalTimetable(timedelta(minutes=15))  # data intervals: what a backfill run covers
+# A task's own process parses this file for its one DAG, which Airflow's parsing context names: only that DAG is
+# built, so a task start does not pay for every table's (3 s at 500 tables; far more on a loaded worker, past the
+# import timeout). The dag-processor (no DAG named) builds them all.
+PARSING = get_parsing_context().dag_id
 
-with DAG(
-    dag_id="cdc_bronze",
-    doc_md=__doc__,
-    # notified landings start a run at once; the schedule's runs stay, and catch what a lost notification missed
-    schedule=AssetOrTimeSchedule(timetable=EVERY_15_MINUTES, assets=W.landing_notified()) if W.landing_queue
-    else EVERY_15_MINUTES,
-    start_date=START,
-    catchup=False,
-    max_active_runs=4,  # backfill intervals may run side by side; each table's bronze task runs one at a time
-    params=window_params("taken by a manual run (a backfill run takes its data interval)"),
-    tags=["cdc", "bronze", "landing"],
-    deadline=run_deadline(),
-    default_args=default_args(),
-):
-    sense = LandingSensor(
-        task_id="landing_sense", tables={t.name: t.topic for t in W.registry.tables.values()}, landing=W.landing,
-        lake=W.lake, timeout=W.sensor_timeout_s, poke_interval=W.sensor_poke_s, retries=1,
-        doc_md="Waits (deferred, on the triggerer) for landing files bronze has not taken, of any table; returns "
-               "each such table's paths. A backfill run takes its data interval's files without waiting. Skips "
-               "the run when nothing arrives.")
 
-    @task.branch(task_id="changed_tables", retries=0,
-                 doc_md="Picks the bronze tasks of the tables the sensor found files for; the others are skipped "
-                        "without starting.")
-    def changed_tables(found: dict[str, list[str]]) -> list[str]:
-        return [f"bronze_ingest_{table}" for table in sorted(found)]
+def wanted(dag_id: str) -> bool:
+    return PARSING is None or PARSING == dag_id
 
-    changed = changed_tables(sense.output)  # type: ignore[arg-type]  # the sensor's XCom, resolved at run time
-    for table in W.registry.tables.values():
-        changed >> CdcSparkJob(
-            task_id=f"bronze_ingest_{table.name}", landing=W.landing, files_from=(sense.task_id, table.name),
-            cli_args=W.cli_args("--layers", "bronze", "--tables", table.name),
-            inlets=W.reads("bronze", table.name), outlets=[W.asset("bronze", table.name)],
-            pool=writer_pool(table.name),  # one writer per table: others wait queued (cdc_airflow.wiring)
-            doc_md="Ingests exactly the sensor's files of its table: bad lines to quarantine with a reason, the "
-                   "rest appended to bronze when the bronze gate passes.")
+
+if wanted("cdc_bronze"):
+    with DAG(
+        dag_id="cdc_bronze",
+        doc_md=__doc__,
+        # notified landings start a run at once; the schedule's runs stay, and catch what a lost notification missed
+        schedule=AssetOrTimeSchedule(timetable=EVERY_15_MINUTES, assets=W.landing_notified()) if W.landing_queue
+        else EVERY_15_MINUTES,
+        start_date=START,
+        catchup=False,
+        max_active_runs=4,  # backfill intervals may run side by side; each table's bronze task runs one at a time
+        params=window_params("taken by a manual run (a backfill run takes its data interval)"),
+        tags=["cdc", "bronze", "landing"],
+        deadline=run_deadline(),
+        default_args=default_args(),
+    ):
+        sense = LandingSensor(
+            task_id="landing_sense", tables={t.name: t.topic for t in W.registry.tables.values()}, landing=W.landing,
+            lake=W.lake, timeout=W.sensor_timeout_s, poke_interval=W.sensor_poke_s, retries=1,
+            doc_md="Waits (deferred, on the triggerer) for landing files bronze has not taken, of any table; returns "
+                   "each such table's paths. A backfill run takes its data interval's files without waiting. Skips "
+                   "the run when nothing arrives.")
+
+        @task.branch(task_id="changed_tables", retries=0,
+                     doc_md="Picks the bronze tasks of the tables the sensor found files for; the others are skipped "
+                            "without starting.")
+        def changed_tables(found: dict[str, list[str]]) -> list[str]:
+            return [f"bronze_ingest_{table}" for table in sorted(found)]
+
+        changed = changed_tables(sense.output)  # type: ignore[arg-type]  # the sensor's XCom, resolved at run time
+        for table in W.registry.tables.values():
+            changed >> CdcSparkJob(
+                task_id=f"bronze_ingest_{table.name}", landing=W.landing, files_from=(sense.task_id, table.name),
+                cli_args=W.cli_args("--layers", "bronze", "--tables", table.name),
+                inlets=W.reads("bronze", table.name), outlets=[W.asset("bronze", table.name)],
+                pool=writer_pool(table.name),  # one writer per table: others wait queued (cdc_airflow.wiring)
+                doc_md="Ingests exactly the sensor's files of its table: bad lines to quarantine with a reason, the "
+                       "rest appended to bronze when the bronze gate passes.")
 
 for table in W.registry.tables.values():
+    if not wanted(f"cdc_silver_{table.name}"):
+        continue
     with DAG(
         dag_id=f"cdc_silver_{table.name}",
         doc_md=f"Silver `{table.name}`: current state per key `{', '.join(table.keys)}` from the new bronze rows "
@@ -86,6 +98,8 @@ for table in W.registry.tables.values():
                     doc_md="Applies the bronze rows silver has not seen; the gate's report is in Browse > CDC data quality.")
 
 for model in W.registry.gold.values():
+    if not wanted(f"cdc_gold_{model.name}"):
+        continue
     with DAG(
         dag_id=f"cdc_gold_{model.name}",
         doc_md=f"Gold `{model.name}` (`include/gold/{model.name}.sql`) over silver {', '.join(model.sources)}: "

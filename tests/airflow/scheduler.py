@@ -103,7 +103,15 @@ class Airflow:
             return json.loads(r.read() or b"{}")
 
     def runs(self, dag_id: str) -> list[dict]:
-        return self.api("GET", f"/dags/{dag_id}/dagRuns?order_by=start_date&limit=100")["dag_runs"]
+        """The DAG's runs; none while the dag-processor has not parsed it yet (a 404)."""
+        from urllib.error import HTTPError
+
+        try:
+            return self.api("GET", f"/dags/{dag_id}/dagRuns?order_by=start_date&limit=100")["dag_runs"]
+        except HTTPError as error:
+            if error.code == 404:
+                return []
+            raise
 
     def task_instances(self, dag_id: str, run_id: str) -> dict[str, dict]:
         from urllib.parse import quote
@@ -126,6 +134,15 @@ class Airflow:
         assert run["state"] == "success", (run, self.task_instances(dag_id, run_id), self.logs())
         return run
 
+    def unpause(self, dag_id_pattern: str, count: int, timeout_s: float = 600) -> None:
+        """Unpauses the DAGs whose ids match the SQL LIKE pattern, once the dag-processor has parsed `count` of them."""
+        from urllib.parse import quote
+
+        query = f"/dags?dag_id_pattern={quote(dag_id_pattern)}"
+        self.wait(f"{count} DAGs like {dag_id_pattern}", lambda: self.api("GET", f"{query}&limit=1")["total_entries"]
+                  >= count, timeout_s)
+        self.api("PATCH", query, {"is_paused": False})
+
     def deferred_sensor(self) -> str | None:
         """The cdc_bronze run whose landing sensor waits deferred, if any."""
         for run in self.runs("cdc_bronze"):
@@ -145,7 +162,7 @@ def airflow_env(home: Path, database: str, service, s3_endpoint: str | None, dep
     home.mkdir()
     (home / "passwords.json").write_text(json.dumps({"admin": "admin"}))
     port = free_port()
-    env = subprocess_env(
+    settings = dict(
         **service_airflow_env(service),
         AIRFLOW_HOME=str(home), AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=database,
         AIRFLOW__CORE__EXECUTOR="LocalExecutor", AIRFLOW__CORE__DAGS_FOLDER=str(ROOT / "dags"),
@@ -157,7 +174,8 @@ def airflow_env(home: Path, database: str, service, s3_endpoint: str | None, dep
         AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE=str(home / "passwords.json"),
         AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL="5", AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC="2",
         AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[1]"}',
-        **({"AIRFLOW_CONN_AWS_DEFAULT": aws_connection(s3_endpoint)} if s3_endpoint else {}), **deployment, **extra)
+        **({"AIRFLOW_CONN_AWS_DEFAULT": aws_connection(s3_endpoint)} if s3_endpoint else {}), **deployment)
+    env = subprocess_env(**{**settings, **extra})
     subprocess.run([str(BIN / "airflow"), "db", "migrate"], cwd=ROOT, env=env, check=True, capture_output=True)
     subprocess.run([str(BIN / "python"), "-m", "cdc_airflow.pools"], cwd=ROOT, env=env, check=True, capture_output=True)
     return env

@@ -81,6 +81,12 @@ def test_dag_folder_parses_in_a_fresh_home_without_errors_or_heavy_imports(tmp_p
     notified = parse_dags(tmp_path / "notified", CDC_LANDING_QUEUE="https://sqs.us-east-1.amazonaws.com/1/landing",
                           CDC_LANDING_URI="s3://landing/cdc")["dags"]["cdc_bronze"]
     assert notified["schedule"] == ["cdc.landing.notified", "0:15:00"]
+    # a task's process parses for its own DAG (Airflow's parsing context): the layers' file builds only that one
+    (tmp_path / "task").mkdir()
+    for dag_id in ("cdc_silver_customers", "cdc_bronze", "cdc_gold_customers_by_state"):
+        own = parse_dags(tmp_path / "task", _AIRFLOW_PARSING_CONTEXT_DAG_ID=dag_id)["dags"]
+        assert sorted(own) == sorted([dag_id, "cdc_replay", "cdc_maintenance"]), dag_id
+        assert own[dag_id] == dags[dag_id]
 
     # each layer's DAG is scheduled by the asset it reads, and updates the one it writes
     silver = dags["cdc_silver_film"]
