@@ -120,9 +120,14 @@ class Airflow:
         return {t["task_id"]: t for t in found}
 
     def wait(self, what: str, condition, timeout_s: float = 600):  # noqa: ANN001
+        """`condition()`'s first true value; a REST call that times out (an API server on a loaded machine) is asked
+        again at the next poll, until `timeout_s`."""
         deadline = time.monotonic() + timeout_s
         while True:
-            found = condition()
+            try:
+                found = condition()
+            except TimeoutError:
+                found = None
             if found:
                 return found
             assert time.monotonic() < deadline, f"timed out waiting for {what}\n{self.logs()}"
