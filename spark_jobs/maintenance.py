@@ -205,9 +205,5 @@ def expire_reports(engine: Any, lake: Lake, registry: Registry) -> list[str]:
     if upkeep is not None:
         print(f"maintain event_log: {removed} row(s) of steps past the retention removed; {upkeep.line()}", flush=True)
     if expired or removed or unlogged:
-        steps = event_log.recent_steps(lake)
-        report.render_index(lake, steps)
-        failed = event_log.failed_checks(lake, [s.run_id for s in steps])
-        for name in [*registry.tables, *registry.gold]:
-            report.render_table(lake, name, steps, failed)
+        report.render_history(lake, [*registry.tables, *registry.gold])
     return expired

@@ -49,14 +49,19 @@ def publish(lake: Lake, run_id: str, summary: dict[str, Any]) -> str:
 
 def render_pages(lake: Lake, run_id: str, tables: list[str]) -> None:
     """The run's page, the index of runs and the trend pages of `tables`, the last two from the event log."""
+    render_run(lake, run_id)
+    render_history(lake, tables)
+
+
+def render_history(lake: Lake, names: list[str]) -> None:
+    """The index of runs and the trend pages of `names` (tables and gold models), from the event log's newest runs."""
     from spark_jobs import event_log
 
-    render_run(lake, run_id)
     steps = event_log.recent_steps(lake)
     render_index(lake, steps)
-    failed = event_log.failed_checks(lake, [s.run_id for s in steps if s.table in tables])
-    for table in dict.fromkeys(tables):
-        render_table(lake, table, steps, failed)
+    failed = event_log.failed_checks(lake, [s.run_id for s in steps if s.table in names])
+    for name in dict.fromkeys(names):
+        render_table(lake, name, steps, failed)
 
 
 def human_seconds(value: Any) -> str:
@@ -172,11 +177,8 @@ def _by_run(steps: list[Step]) -> list[tuple[str, list[Step]]]:
     return sorted(runs.items(), key=lambda r: (r[1][0].published_at, r[0]), reverse=True)
 
 
-def render_index(lake: Lake, steps: list[Step] | None = None) -> str:
+def render_index(lake: Lake, steps: list[Step]) -> str:
     """The history page, from the event log's steps of the newest runs."""
-    from spark_jobs import event_log
-
-    steps = event_log.recent_steps(lake) if steps is None else steps
     rows = []
     for run_id, mine in _by_run(steps):
         tables = ", ".join(f"{_e(s.layer)}/{_e(s.table)}: {_verdict(s.verdict)}" for s in mine)
