@@ -14,7 +14,7 @@ import os
 import re
 import zlib
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
@@ -30,6 +30,8 @@ class LandingFile:
     size: int
     modified_ms: int  # the landing time: when the sink wrote the file (S3 LastModified, local mtime)
     problem: str | None = None  # why the file cannot be opened (a dangling link, a link loop), found when listing
+    # the S3 sink's file of these records' Kafka keys (store.kafka.keys=true, JSON), when listed beside it
+    keys_file: str | None = field(default=None, compare=False)
 
     @property
     def kind(self) -> str:
@@ -178,14 +180,26 @@ def open_store(landing: str, s3_client: Any = None) -> Store:
     return LocalStore(landing.removeprefix("file://"))
 
 
+# The S3 sink's names: <topic>+<partition>+<start offset>, then the value file's extension, or `.keys` or `.headers`
+# and that file's own (store.kafka.keys / store.kafka.headers: each line the key or headers of the value's line)
+_SINK_NAME = re.compile(r"^(.*\+[0-9]+\+[0-9]+)(\.(keys|headers))?\.[^/]*$")
+KEY_EXTENSIONS = (".keys.json", ".keys.json.gz")
+
+
 def list_topic(landing: str, topic: str, s3_client: Any = None, marks: Mapping[str, str] | None = None) -> list[LandingFile]:
     """Every data file under <landing>/topics/<topic>/, both partitioner layouts, sorted by path; with `marks`
     (folder -> the last file of it bronze has taken with every file before it), only those after their
     folder's mark: the sink names files by offset, so listing costs what is new, not the topic's history.
-    Names starting with '.' or '_' are writer temp/marker files, not data."""
-    files = [LandingFile(path, size, modified, problem) for path, size, modified, problem in
-             open_store(landing, s3_client).walk(f"topics/{topic}", marks or {})
-             if not path.rsplit("/", 1)[-1].startswith((".", "_"))]
+    Names starting with '.' or '_' are writer temp/marker files, not data; the sink's key and header files are
+    not data either: a value file names its JSON key file (`keys_file`) when that is listed too."""
+    listed = [(path, size, modified, problem) for path, size, modified, problem in
+              open_store(landing, s3_client).walk(f"topics/{topic}", marks or {})
+              if not path.rsplit("/", 1)[-1].startswith((".", "_"))]
+    # (the file's sink name without extensions, whether it is a key or header file) for the sink's names
+    names = {path: (m.group(1), m.group(3)) for path, *_ in listed if (m := _SINK_NAME.match(path))}
+    keys = {stem: path for path, (stem, side) in names.items() if side == "keys" and path.endswith(KEY_EXTENSIONS)}
+    files = [LandingFile(path, size, modified, problem, keys.get(names[path][0]) if path in names else None)
+             for path, size, modified, problem in listed if path not in names or names[path][1] is None]
     return sorted(files, key=lambda f: f.path)
 
 

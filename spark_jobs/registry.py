@@ -23,7 +23,7 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Kafka's own rule for a topic's name; the landing folder is named after it, so nothing else may pass
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _TABLE_FIELDS = {"topic", "keys", "format", "sequence_by", "partition_by", "columns", "history", "tombstone_retention",
-                 "quality", "unavailable_value_placeholder", "expectations", "maintenance", "freshness"}
+                 "quality", "unavailable_value_placeholder", "expectations", "maintenance", "freshness", "record_keys"}
 # what Debezium's PostgreSQL connector sends for an unchanged TOASTed column (unavailable.value.placeholder)
 UNAVAILABLE_PLACEHOLDER = "__debezium_unavailable_value"
 # Spark SQL types a column override may name (checked here, without importing pyspark)
@@ -110,6 +110,9 @@ class TableConfig:
     expectations: tuple[UserExpectation, ...] = ()  # the user's own, on silver's typed rows or bronze's events
     maintenance: Maintenance = Maintenance()
     freshness_s: int | None = None  # silver's newest source change at most this old (cdc_freshness); None: unwatched
+    # the S3 sink stores each record's Kafka key beside it (store.kafka.keys=true, JSON key files): a landing file
+    # is taken with its key file, whose keys fill in a delete's missing key columns (a MongoDB delete has no image)
+    record_keys: bool = False
 
     def layer_expectations(self, layer: str) -> tuple[UserExpectation, ...]:
         return tuple(e for e in self.expectations if e.layer == layer)
@@ -237,6 +240,7 @@ def parse_table(name: str, spec: Any, defaults: Quality = Quality(), upkeep: Mai
     return TableConfig(
         columns=_column_types(spec.get("columns", {}), name),
         history=_flag(spec.get("history", False), name, "history"),
+        record_keys=_flag(spec.get("record_keys", False), name, "record_keys"),
         tombstone_retention_s=_retention(spec.get("tombstone_retention", "forever"), name),
         quality=parse_quality(spec.get("quality"), f"table {name!r}", ("bronze", "silver"), defaults),
         expectations=parse_expectations(spec.get("expectations"), f"table {name!r}", ("silver", "bronze")),

@@ -2,7 +2,8 @@
 
 Each entry turns an event's `source` block into a sortable text (`_seq`): fixed-width fields joined by
 '|', so comparing two texts compares the positions. `ts_ms` is never used: it ties and it is a wall
-clock (docs/architecture.md, "Ordering"). A connector not listed here needs `sequence_by` in tables.yaml.
+clock (docs/architecture.md, "Ordering"); MongoDB's
+source.ts_ms is the exception, its oplog position. A connector not listed here needs `sequence_by` in tables.yaml.
 
 Snapshot events share one position with the streaming events that may follow at it; each rule ranks
 them first: `{snapshot}` is '0' for a snapshot event and '1' for a streaming one.
@@ -54,6 +55,13 @@ CONNECTORS = (
         "CASE WHEN _src.commit_lsn IS NOT NULL THEN concat(_src.commit_lsn, '|', coalesce(_src.change_lsn, '')) END"),
     # LogMiner emits a transaction's changes at its commit: commit_scn orders transactions, then scn, the
     # redo record (rs_id) and SQL sequence (ssn) order the changes inside one. Snapshot events have only scn.
+    # MongoDB's oplog position is its cluster time: seconds (source.ts_ms, a multiple of 1000, from the oplog entry,
+    # not a wall clock) and an increment within the second (source.ord). A snapshot event carries the position the
+    # snapshot started at, where streaming resumes
+    Connector(
+        "mongodb", ("mongodb",), "_src.ord IS NOT NULL AND _src.ts_ms IS NOT NULL",
+        f"CASE WHEN _src.ts_ms IS NOT NULL AND (_src.ord IS NOT NULL OR {SNAPSHOT_RANK} = '0') THEN concat_ws('|', "
+        f"{_num('ts_ms')}, lpad(coalesce(_src.ord, '0'), 10, '0'), {SNAPSHOT_RANK}) END"),
     Connector(
         "oracle", ("oracle",), "_src.scn IS NOT NULL",
         f"CASE WHEN _src.scn IS NOT NULL THEN concat_ws('|', lpad(coalesce(_src.commit_scn, _src.scn), 20, '0'), "
@@ -62,7 +70,7 @@ CONNECTORS = (
 
 # every source field a rule reads, parsed once per event
 SOURCE_FIELDS = ("connector", "snapshot", "lsn", "file", "pos", "row", "commit_lsn", "change_lsn", "event_serial_no",
-                 "scn", "commit_scn", "rs_id", "ssn")
+                 "scn", "commit_scn", "rs_id", "ssn", "ord", "ts_ms")
 
 
 def sequence_sql() -> str:

@@ -6,6 +6,7 @@ lines or quarantine rows with a reason (`classify`); Kafka tombstones matched to
 from __future__ import annotations
 
 import base64
+import json
 import re
 from functools import reduce
 
@@ -159,13 +160,57 @@ def missing_keys(keys: tuple[str, ...]) -> Column:
     return F.concat_ws(",", *parts)
 
 
+MONGODB = "coalesce(lower(get_json_object(source, '$.connector')) = 'mongodb', false)"
+
+
+def extended_json_value(value: Column) -> Column:
+    """Is this JSON text one of MongoDB's extended JSON values, an object of one `$` field ({"$oid": ...})?"""
+    names = F.json_object_keys(value)
+    return F.coalesce((F.size(names) == 1) & names[0].startswith("$"), F.lit(False))
+
+
 def nested_keys(keys: tuple[str, ...]) -> Column:
     """Comma-separated key columns whose value is a JSON object or array ('' when none): such a key would
-    become its JSON text in silver, a key no source row has."""
+    become its JSON text in silver, a key no source row has. A MongoDB `_id` in extended JSON ({"$oid": ...})
+    is one value (types.py types it)."""
     image = F.expr("try_parse_json(CASE WHEN op = 'd' THEN before ELSE after END)")
     parts = [F.when(F.split(F.schema_of_variant(F.try_variant_get(image, f"$.{k}", "variant")), "<")[0]
-                    .isin("OBJECT", "ARRAY"), F.lit(k)) for k in keys]
+                    .isin("OBJECT", "ARRAY")
+                    & ~(F.expr(MONGODB) & extended_json_value(F.get_json_object(key_image(), f"$.{k}"))), F.lit(k))
+             for k in keys]
     return F.concat_ws(",", *parts)
+
+
+def keys_from_record_key(parsed: DataFrame, keys: tuple[str, ...]) -> DataFrame:
+    """Deletes whose row image lacks key columns take them from `_record_key`, the Kafka record key the S3 sink
+    stored beside the value (tables.yaml `record_keys`): its field of the same name, or for MongoDB's `_id`, its
+    `id`. A MongoDB delete carries no document at all; its connector's key holds the `_id` as extended JSON text,
+    and ExtractNewDocumentState's key holds the value itself. The key line may have the schema envelope."""
+    key = F.col("_record_key")
+    body = F.when(F.get_json_object(key, "$.schema").isNotNull() & F.get_json_object(key, "$.payload").isNotNull(),
+                  F.get_json_object(key, "$.payload")).otherwise(key)
+    flat = F.col("_flat_op").isNotNull() | F.col("_flat_deleted").isNotNull()
+    variant = F.expr("try_parse_json(_key_body)")
+
+    def as_json(name: str) -> Column:  # the key field's value as JSON text
+        return F.to_json(F.try_variant_get(variant, f"$['{name}']", "variant"))
+
+    pairs = []
+    for k in keys:
+        value = as_json(k)
+        if k == "_id":
+            value = F.coalesce(value, F.when(F.expr(MONGODB) & ~flat, F.get_json_object("_key_body", "$.id"))
+                               .otherwise(as_json("id")))
+        pairs.append(F.when(F.get_json_object("before", f"$.{k}").isNull() & value.isNotNull(),
+                            F.concat(F.lit(json.dumps(k) + ":"), value)))
+    added = F.concat_ws(",", *pairs)
+    empty = F.col("before").isNull() | F.col("before").rlike(r"^\s*\{\s*\}\s*$")
+    before = (F.when((F.col("op") != "d") | (added == ""), F.col("before"))
+              .when(empty, F.concat(F.lit("{"), added, F.lit("}")))
+              .when(F.ltrim("before").startswith("{"),
+                    F.concat(F.lit("{"), added, F.lit(","), F.expr("substring(ltrim(before), 2)")))
+              .otherwise(F.col("before")))
+    return parsed.withColumn("_key_body", body).withColumn("before", before).drop("_key_body")
 
 
 def missing_keys_typed(keys: tuple[str, ...]) -> Column:

@@ -26,6 +26,12 @@ TEXT_LOGICAL = ("io.debezium.data.Json", "io.debezium.data.Enum", "io.debezium.d
                 "io.debezium.data.Xml", "io.debezium.time.ZonedTime")
 OVERRIDE = "override"  # a type from tables.yaml `columns:`, parsed from the JSON text
 SPARK_TYPED = "spark"  # a type the file already carried (Parquet), round-tripped through JSON exactly
+# MongoDB's extended JSON (its connector writes each document as that text): a value wrapped in an object of
+# one `$` field is typed by the wrapper. Numbers may come wrapped (canonical mode) or plain (relaxed mode)
+OBJECT_ID, BSON_DATE, BSON_INT64, BSON_DOUBLE, BSON_DECIMAL = (
+    "bson.objectid", "bson.date", "bson.int64", "bson.double", "bson.decimal128")
+BSON_TYPES = {OBJECT_ID: "STRING", BSON_DATE: "TIMESTAMP", BSON_INT64: "BIGINT", BSON_DOUBLE: "DOUBLE",
+              BSON_DECIMAL: VARIABLE_DECIMAL_TYPE}
 # to_json/from_json options that keep timestamps to the microsecond (the default writes milliseconds)
 JSON_OPTIONS = {"timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX", "timestampNTZFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSS"}
 
@@ -55,6 +61,7 @@ class ImageField:
             VARIABLE_DECIMAL: VARIABLE_DECIMAL_TYPE,
             OVERRIDE: self.target,
             SPARK_TYPED: self.target,
+            **BSON_TYPES,
         }.get(self.logical or "", "STRING" if self.logical in TIME_OF_DAY or self.logical in TEXT_LOGICAL
               else self.parse_type)
 
@@ -78,7 +85,34 @@ class ImageField:
             return time_of_day(value, *TIME_OF_DAY[logical])
         if logical == OVERRIDE:
             return _exact_cast(value, self.target)
+        if logical in BSON_TYPES:
+            return _bson_value(value, logical)
         return value
+
+
+def _unwrap(value: Column, wrapper: str) -> Column:
+    """The text inside an extended JSON value ({"$numberLong": "5"} -> 5); null when `value` is not that wrapper."""
+    return F.from_json(value, f"struct<`{wrapper}`: string>")[wrapper]
+
+
+def _bson_value(value: Column, logical: str) -> Column:
+    """A field's JSON text (wrapped or plain) -> its value; null, a decode problem, when it is not of the type."""
+    numbers = [_unwrap(value, "$numberLong"), _unwrap(value, "$numberInt")]
+    if logical == OBJECT_ID:
+        return F.coalesce(_unwrap(value, "$oid"), value)
+    if logical == BSON_INT64:
+        return _exact_cast(F.coalesce(*numbers, value), "bigint")
+    if logical == BSON_DOUBLE:  # "NaN", "Infinity" and "-Infinity" are doubles too
+        return F.coalesce(_unwrap(value, "$numberDouble"), *numbers, value).try_cast("double")
+    if logical == BSON_DECIMAL:  # Decimal128 holds 34 digits: values beyond DECIMAL(38,18) are problems, not rounded
+        return _exact_cast(F.coalesce(_unwrap(value, "$numberDecimal"), _unwrap(value, "$numberDouble"), *numbers, value),
+                           VARIABLE_DECIMAL_TYPE.lower())
+    # $date: milliseconds since the epoch ({"$numberLong": ...} or, in the legacy form, a number), or ISO-8601 text
+    # (relaxed mode, for years 1970-9999)
+    date = _unwrap(value, "$date")
+    return (F.when(date.rlike("^-?[0-9]+$"), F.timestamp_millis(date.try_cast("bigint")))
+            .when(date.startswith("{"), F.timestamp_millis(_unwrap(date, "$numberLong").try_cast("bigint")))
+            .otherwise(date.try_cast("timestamp")))
 
 
 def decode_decimal(value: Column, precision: int, scale: int) -> Column:
@@ -141,6 +175,8 @@ def fields_from_envelope(schema_json: str) -> list[ImageField]:
     schema = json.loads(schema_json)
     images = {f.get("field"): f for f in schema.get("fields", [])}
     image = images.get("after") or images.get("before")
+    if image and image.get("type") == "string":  # MongoDB's document, extended JSON text: typed from the data
+        return []
     if not image:
         if "__op" not in images and "__deleted" not in images:
             raise ValueError("envelope schema has no before/after struct and no __op/__deleted field")
@@ -220,10 +256,47 @@ def fields_from_variant_schema(schema: str | None) -> list[ImageField]:
     return fields
 
 
-def infer_fields(images: DataFrame, column: str) -> list[ImageField]:
-    """Columns and JSON types of plain-JSON images, merged over every row of the batch."""
-    row = images.select(F.expr(f"schema_of_variant_agg(try_parse_json({column}))").alias("s")).first()
-    return fields_from_variant_schema(row["s"] if row else None)
+def infer_fields(images: DataFrame, column: str, bson: str | None = None) -> list[ImageField]:
+    """Columns and JSON types of plain-JSON images, merged over every row of the batch; rows flagged in the
+    boolean column `bson` are MongoDB documents in extended JSON (`infer_bson_fields`)."""
+    if bson is None:
+        row = images.select(F.expr(f"schema_of_variant_agg(try_parse_json({column}))").alias("s")).first()
+        return fields_from_variant_schema(row["s"] if row else None)
+    row = images.select(F.expr(f"schema_of_variant_agg(CASE WHEN NOT {bson} THEN try_parse_json({column}) END)").alias("s"),
+                        F.count(F.when(F.col(bson), 1)).alias("documents")).first()
+    plain = fields_from_variant_schema(row["s"] if row else None)
+    if not row or not row["documents"]:
+        return plain
+    return merge_fields([plain, infer_bson_fields(images.where(F.col(bson)), column)])
+
+
+def infer_bson_fields(images: DataFrame, column: str) -> list[ImageField]:
+    """Columns and types of MongoDB documents in extended JSON, merged over every row of the batch: a field whose
+    values are all one wrapper ($oid, $date, $numberLong ...), or plain numbers with numeric wrappers, gets that
+    type; anything else (text, nested documents and arrays, other BSON types, mixed types) is kept as its text."""
+    kinds = images.select(F.explode(F.from_json(column, "map<string,variant>")).alias("k", "v")).groupBy("k").agg(
+        F.collect_set(F.schema_of_variant("v")).alias("kinds")).collect()
+    return [_bson_field(r["k"], {_bson_kind(t) for t in r["kinds"]} - {"VOID"}) for r in sorted(kinds, key=lambda r: r["k"])]
+
+
+def _bson_kind(variant_type: str) -> str:
+    """`$oid` for OBJECT<`$oid`: STRING> (an extended JSON wrapper: one `$` field), else the JSON type kept."""
+    if variant_type.startswith("OBJECT<`$"):
+        parts = _split_top_level(variant_type[len("OBJECT<"):-1])
+        if len(parts) == 1:
+            return parts[0].split("`")[1]
+    return "VOID" if variant_type == "VOID" else _json_type(variant_type)
+
+
+def _bson_field(name: str, kinds: set[str]) -> ImageField:
+    integers = {"$numberLong", "$numberInt", "BIGINT"}
+    doubles = integers | {"$numberDouble", "DOUBLE"}
+    logical = (OBJECT_ID if kinds == {"$oid"} else BSON_DATE if kinds == {"$date"} else
+               BSON_INT64 if kinds and kinds <= integers else BSON_DOUBLE if kinds and kinds <= doubles else
+               BSON_DECIMAL if "$numberDecimal" in kinds and kinds <= doubles | {"$numberDecimal"} else None)
+    if logical is None:
+        return ImageField(name, "BOOLEAN" if kinds == {"BOOLEAN"} else "STRING")
+    return ImageField(name, "STRING", logical=logical)
 
 
 def merge_fields(field_lists: list[list[ImageField]]) -> list[ImageField]:

@@ -4,7 +4,7 @@ file taken, so a file is never appended twice, even after a crash between the tw
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -24,7 +24,7 @@ from spark_jobs.layers.common import (
     small_landing,
     write_quarantine,
 )
-from spark_jobs.layers.landing_reader import read_landing
+from spark_jobs.layers.landing_reader import read_landing, with_record_keys
 from spark_jobs.layers.summary import BronzeSummary, Counts
 from spark_jobs.layers.tombstones import TombstoneCounts, preceding_rows, tombstone_counts, track_pending_tombstones
 from spark_jobs.quality.audit import Audit, Figures, tally
@@ -57,6 +57,7 @@ class _Listing:
     listed: list[LandingFile]
     done: set[str]
     chosen: list[LandingFile]
+    waiting: list[LandingFile]  # files whose key file has not landed yet (record_keys): taken by a later run
 
     def advance(self, lake: Lake, table: str) -> None:
         """After the run's files are logged: the marks move over every file now taken."""
@@ -78,7 +79,10 @@ def _select(landing: str, lake: Lake, table: TableConfig, selection: Selection, 
                                 f"in {landing}: {', '.join(gone[:5])}")
         chosen = [f for f in listed if f.path in selection.files]
     skip = set() if selection.reprocess else done
-    return _Listing(marks, listed, done, [f for f in chosen if f in selection.window and f.path not in skip])
+    chosen = [f for f in chosen if f in selection.window and f.path not in skip]
+    # the sink commits a value file, then its key file: one listed alone is taken once its keys are there too
+    waiting = [f for f in chosen if table.record_keys and f.keys_file is None]
+    return _Listing(marks, listed, done, [f for f in chosen if f not in waiting], waiting)
 
 
 def bronze_ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, landing: str, lake: Lake,
@@ -89,7 +93,11 @@ def bronze_ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     listing = _select(landing, lake, table, selection, set(logged["file"]) | recovered)
     files = listing.chosen
     summary = BronzeSummary(table=table.name, batch_id=batch_id, files=len(files), recovered_files=len(recovered),
-                            mode="reprocess" if selection.reprocess else None)
+                            mode="reprocess" if selection.reprocess else None,
+                            waiting_for_keys=len(listing.waiting) if listing.waiting else None)
+    if listing.waiting:
+        print(f"bronze {table.name}: {len(listing.waiting)} file(s) wait for their key file (record_keys), e.g. "
+              f"{listing.waiting[0].path}", flush=True)
     if not files:
         summary.gate, summary.lines, summary.events, summary.tombstones = "skipped (no new files)", 0, 0, 0
         listing.advance(lake, table.name)  # files another run took (or recovered ones) move the marks too
@@ -109,7 +117,10 @@ def bronze_ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
         try:
             batch = _Batch(table, lake, batch_id, chunk,
                            _in_bronze(engine, lake, table.name, chunk) if selection.reprocess else [])
-            unreadable = _ingest(spark, engine, batch, spark_paths(landing, chunk, staging), part)
+            keys = {f.keys_file: f for f in chunk if f.keys_file and table.record_keys}
+            staged_keys = spark_paths(landing, [LandingFile(path, 0, 0) for path in keys], f"{staging}/keys")
+            unreadable = _ingest(spark, engine, batch, spark_paths(landing, chunk, staging),
+                                 {staged: keys[f.path] for staged, f in staged_keys.items()}, part)
         except Exception as exc:
             if ran_out_of_memory(exc):
                 largest = sorted(chunk, key=lambda f: -f.size)[:3]
@@ -139,6 +150,8 @@ def skip_files(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lan
     reason `skipped: <reason>`), so it is counted and found. It stays in landing: a reprocess over its
     landing time reads it again."""
     listing = _select(landing, lake, table, selection, ingested_files(lake, table.name))
+    # set aside unread, whether or not their key files have landed
+    listing = replace(listing, chosen=sorted(listing.chosen + listing.waiting, key=lambda f: f.path), waiting=[])
     files = listing.chosen
     summary = BronzeSummary(table=table.name, batch_id=batch_id, files=len(files), mode="skip",
                             gate="skipped (files set aside)")
@@ -171,14 +184,20 @@ class _Batch:
 
 
 def _ingest(spark: SparkSession, engine: DeltaEngine, batch: _Batch, staged: dict[str, LandingFile],
-            summary: BronzeSummary) -> int:
-    """Bronze for the batch's files, read where `staged` says (landing.spark_paths): read and
+            staged_keys: dict[str, LandingFile], summary: BronzeSummary) -> int:
+    """Bronze for the batch's files, read where `staged` says (landing.spark_paths), with their key files
+    (`staged_keys`: where Spark reads each -> the value file it serves; record_keys): read and
     classify, quarantine, audit, then append (or replace, for a reprocess) and log the files. Returns the
     number of files that could not be read."""
     table, lake = batch.table, batch.lake
     small = small_landing(batch.files)
     lines, unreadable = read_landing(spark, staged, batch.files, table.format, small)
+    if table.record_keys:
+        lines, keyless = with_record_keys(spark, lines, staged_keys, small)
+        unreadable |= keyless
     parsed = envelope.parse_envelope(lines, table.format)
+    if table.record_keys:
+        parsed = envelope.keys_from_record_key(parsed, table.keys)
     parsed = parsed.withColumn("_schema", F.coalesce("_typed_schema", "_schema")).drop("_typed_schema")
     to_quarantine = frozenset(n for n in row_checks("bronze") if table.quality.action(n) == QUARANTINE)
     classified = checkpoint(envelope.classify(parsed, table.keys, to_quarantine), small)

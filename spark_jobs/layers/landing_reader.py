@@ -91,6 +91,25 @@ def read_landing(spark: SparkSession, staged: dict[str, LandingFile], files: lis
     return reduce(DataFrame.unionByName, parts), unreadable
 
 
+def with_record_keys(spark: SparkSession, lines: DataFrame, staged_keys: dict[str, LandingFile],
+                     together: bool) -> tuple[DataFrame, dict[LandingFile, str]]:
+    """Adds `_record_key` to each line: the line at the same place in its value file's key file (the S3 sink's
+    store.kafka.keys: one key per record, in order). `staged_keys` maps where Spark reads each key file to the
+    value file it serves. A value file whose key file cannot be read is returned apart, to be quarantined whole."""
+    read, broken = _json_lines(spark, {path: LandingFile(f.keys_file or "", 0, 0) for path, f in staged_keys.items()},
+                               together) if staged_keys else (None, {})
+    by_key_file = {f.keys_file: f for f in staged_keys.values()}
+    unreadable = {by_key_file[k.path]: f"unreadable_file: {_name(by_key_file[k.path])}: its key file {_name(k)}: {reason}"
+                  for k, reason in broken.items()}
+    if read is None:
+        return lines.withColumn("_record_key", F.lit(None).cast("string")), unreadable
+    value_of = F.create_map(*[F.lit(x) for key_file, f in by_key_file.items() for x in (key_file, f.path)])
+    record_keys = read.select(value_of[F.col("_source_file")].alias("_source_file"), "_line",
+                              F.when(F.col("_line_problem").isNull(), F.col("_raw")).alias("_record_key"))
+    kept = lines.where(~F.col("_source_file").isin([f.path for f in unreadable])) if unreadable else lines
+    return kept.join(record_keys, ["_source_file", "_line"], "left"), unreadable
+
+
 def _typed_records(spark: SparkSession, files: dict[str, LandingFile], expected: dict[str, int | None],
                    lined: DataFrame, columns: list[str], typed: Column) -> tuple[DataFrame, dict[LandingFile, str]]:
     """Records of typed files (Parquet, Avro) as lines: each record's JSON text, numbered `_line` in its file.

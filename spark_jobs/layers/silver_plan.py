@@ -148,10 +148,13 @@ def image_fields(spark: SparkSession, table: TableConfig, events: DataFrame, has
     """Columns of the batch's row images: from the envelope schemas, else inferred from plain JSON (with
     the table's `columns:` overrides). `__` fields are flattened records' metadata, not columns."""
     envelope_schemas = [r["_schema"] for r in events.where("_schema IS NOT NULL").select("_schema").distinct().collect()]
-    lists = [types.fields_from_envelope(s) for s in sorted(envelope_schemas)]
-    if has_plain:
-        plain = events.where("_schema IS NULL").select(envelope.key_image().alias("_image"))
-        lists.insert(0, types.with_overrides(types.infer_fields(plain, "_image"), table.columns))
+    described = {s: types.fields_from_envelope(s) for s in envelope_schemas}
+    lists = [described[s] for s in sorted(described) if described[s]]
+    undescribed = sorted(s for s, fields in described.items() if not fields)  # MongoDB's: the document is JSON text
+    if has_plain or undescribed:
+        plain = events.where(F.col("_schema").isNull() | F.col("_schema").isin(undescribed)).select(
+            envelope.key_image().alias("_image"), F.expr(envelope.MONGODB).alias("_bson"))
+        lists.insert(0, types.with_overrides(types.infer_fields(plain, "_image", "_bson"), table.columns))
     return [f for f in types.merge_fields(lists) if not f.name.startswith("__")]
 
 

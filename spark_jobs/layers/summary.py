@@ -58,6 +58,7 @@ class BronzeSummary(LayerSummary):
     lag_s: float | None = None
     newest_change_ms: int | None = None  # the source time of the batch's newest change (lag_s is now less it)
     flagged: Counts | None = None  # events kept in the batch that fail a warn/fail expectation
+    waiting_for_keys: int | None = None  # files left for a later run: their key file has not landed (record_keys)
 
     AFTER_GATE = ("tombstones_matched_late",)
 

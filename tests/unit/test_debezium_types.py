@@ -72,6 +72,36 @@ def test_plain_json_keeps_json_types_over_the_whole_batch(spark):
         ("extra", "STRING"), ("id", "BIGINT"), ("name", "STRING"), ("ok", "BOOLEAN"), ("tags", "STRING"), ("w", "DOUBLE")]
 
 
+def test_mongodb_extended_json_is_typed_by_its_wrappers_in_every_mode(spark):
+    """Canonical ($numberLong, $numberInt, $numberDouble, $date of $numberLong), relaxed (plain numbers, $date as
+    ISO text) and legacy ($date as a number) forms; values that do not fit their type are named, not rounded."""
+    documents = [
+        '{"_id": {"$oid": "65a1f0c2e4b0a1b2c3d4e5f1"}, "n": {"$numberLong": "9007199254740993"}, "i": {"$numberInt": "7"},'
+        ' "x": {"$numberDouble": "NaN"}, "d": {"$date": {"$numberLong": "-1000"}}, "m": {"$numberDecimal": "1.5"},'
+        ' "bin": {"$binary": {"base64": "AQI=", "subType": "00"}}, "s": "text", "doc": {"a": 1}}',
+        '{"_id": {"$oid": "65a1f0c2e4b0a1b2c3d4e5f2"}, "n": 12, "i": 8, "x": 2.5, "d": {"$date": "2024-02-29T13:45:01.25Z"},'
+        ' "m": {"$numberDecimal": "1E+40"}, "s": null}',
+        '{"_id": {"$oid": "65a1f0c2e4b0a1b2c3d4e5f3"}, "n": {"$numberLong": "13"}, "x": {"$numberDouble": "-Infinity"},'
+        ' "d": {"$date": 1700000000123}, "m": {"$numberInt": "3"}}',
+    ]
+    df = spark.createDataFrame([(d, True) for d in documents], "img STRING, bson BOOLEAN")
+    fields = types.infer_fields(df, "img", "bson")
+    assert [(f.name, f.spark_type) for f in fields] == [
+        ("_id", "STRING"), ("bin", "STRING"), ("d", "TIMESTAMP"), ("doc", "STRING"), ("i", "BIGINT"), ("m", "DECIMAL(38,18)"),
+        ("n", "BIGINT"), ("s", "STRING"), ("x", "DOUBLE")]
+    rows = types.parse_image(df, F.col("img"), fields, "r").select("r.*", "_decode_problems").collect()
+    assert [r.asDict() for r in rows] == [
+        {"_id": "65a1f0c2e4b0a1b2c3d4e5f1", "bin": '{"$binary":{"base64":"AQI=","subType":"00"}}',
+         "d": dt.datetime(1969, 12, 31, 23, 59, 59), "doc": '{"a":1}', "i": 7, "m": Decimal("1.5"), "n": 9007199254740993,
+         "s": "text", "x": float("nan"), "_decode_problems": ""} | {"x": rows[0]["x"]},
+        {"_id": "65a1f0c2e4b0a1b2c3d4e5f2", "bin": None, "d": dt.datetime(2024, 2, 29, 13, 45, 1, 250000), "doc": None,
+         "i": 8, "m": None, "n": 12, "s": None, "x": 2.5, "_decode_problems": "m (not decimal(38,18))"},
+        {"_id": "65a1f0c2e4b0a1b2c3d4e5f3", "bin": None, "d": dt.datetime(2023, 11, 14, 22, 13, 20, 123000), "doc": None,
+         "i": None, "m": Decimal(3), "n": 13, "s": None, "x": float("-inf"), "_decode_problems": ""},
+    ]
+    assert rows[0]["x"] != rows[0]["x"]  # NaN
+
+
 def test_align_widens_safely_and_names_lossy_columns(spark):
     df = spark.createDataFrame([(1, 2.0, "a"), (2, 2.5, "b"), (3, None, "c")], "id BIGINT, w DOUBLE, s STRING")
     df = df.select(F.struct("id", "w", "s").alias("r"))

@@ -25,6 +25,21 @@ def test_lists_both_partitioner_layouts_and_skips_marker_files(tmp_path):
     assert list_topic(str(tmp_path), "db.s.none") == []
 
 
+def test_the_sinks_key_and_header_files_are_not_data_and_a_value_file_names_its_json_key_file(tmp_path):
+    topic = tmp_path / "topics" / "db.s.t" / "partition=0"
+    topic.mkdir(parents=True)
+    for name in ("db.s.t+0+0000000000.json", "db.s.t+0+0000000000.keys.json", "db.s.t+0+0000000000.headers.json",
+                 "db.s.t+0+0000000005.avro", "db.s.t+0+0000000005.keys.json.gz", "db.s.t+0+0000000009.json",
+                 "db.s.t+0+0000000012.parquet", "db.s.t+0+0000000012.keys.avro", "export.keys.json"):
+        (topic / name).write_text("x")
+    got = [(f.path.rsplit("/", 1)[1], f.keys_file and f.keys_file.rsplit("/", 1)[1]) for f in list_topic(str(tmp_path), "db.s.t")]
+    assert got == [("db.s.t+0+0000000000.json", "db.s.t+0+0000000000.keys.json"),
+                   ("db.s.t+0+0000000005.avro", "db.s.t+0+0000000005.keys.json.gz"),
+                   ("db.s.t+0+0000000009.json", None),  # its keys have not landed yet
+                   ("db.s.t+0+0000000012.parquet", None),  # Avro keys are not read: only JSON key files
+                   ("export.keys.json", None)]  # not the sink's name: data like any other file
+
+
 SINK = {  # a sink's folders: names ordered by start offset; a time-based layout nests
     "partition=0/db.s.t+0+0000000000.json": "a", "partition=0/db.s.t+0+0000000004.json": "b",
     "partition=0/db.s.t+0+0000000008.json": "c", "partition=1/db.s.t+1+0000000000.json": "d",
