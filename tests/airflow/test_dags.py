@@ -67,6 +67,8 @@ def test_dag_folder_parses_in_a_fresh_home_without_errors_or_heavy_imports(tmp_p
 
     bronze = dags["cdc_bronze"]
     assert bronze["schedule"] == "0:15:00" and bronze["tags"] == ["bronze", "cdc", "landing"]
+    # a run's sensor never starts while an earlier run's bronze tasks wait: it would hand them the same files
+    assert bronze["max_active_runs"] == 1
     # one sensor for every table; the branch starts the bronze tasks of the tables it found files for
     assert bronze["tasks"]["landing_sense"] == {
         "down": ["changed_tables"], "outlets": [], "doc": True, "retries": 1, "timeout": "1:00:00",

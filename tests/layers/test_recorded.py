@@ -35,18 +35,22 @@ RECORDED_FINAL = {
 }
 
 
+def land_newest_first(capsys, root: Path, files, landing: Path, lake: Path, table: str) -> None:
+    """Copies `files` (under `root`) to the landing newest first, with one run of the table after each."""
+    for f in sorted(files, reverse=True):
+        target = landing / f.relative_to(root)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(f, target)
+        code, _, err = run(capsys, FIXTURES / "tables.yaml", landing, lake, "--tables", table)
+        assert (code, err) == (0, "")
+
+
 @pytest.mark.parametrize("source, table", [("postgres", "pg_customers"), ("mysql", "mysql_customers")])
 def test_recorded_connector_output_landing_in_reverse_order_over_several_runs(spark, engine, tmp_path, capsys, source, table):
     """PostgreSQL events without the schema envelope and MySQL events with it: snapshot, inserts, updates,
     deletes with tombstones, a primary-key change, a re-insert, ts_ms going backwards, a binlog rotation."""
-    files = sorted((FIXTURES / source).rglob("*.json"), reverse=True)
     landing, lake = tmp_path / "landing", tmp_path / "lake"
-    for f in files:  # newest file first, one run per file
-        target = landing / f.relative_to(FIXTURES / source)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(f, target)
-        code, out, err = run(capsys, FIXTURES / "tables.yaml", landing, lake, "--tables", table)
-        assert (code, err) == (0, "")
+    land_newest_first(capsys, FIXTURES / source, (FIXTURES / source).rglob("*.json"), landing, lake, table)
     assert silver_rows(spark, engine, lake, table, ("id",)) == RECORDED_FINAL[table]
     # and the same files applied in one run, in landing order, give the same table
     one_run = tmp_path / "lake_one_run"
@@ -102,12 +106,8 @@ def test_mongodb_change_events_landing_in_reverse_order_over_several_runs(spark,
     tombstone, a re-insert of a deleted _id; newest file first, one run per file, ordered by the oplog position."""
     landing, lake = tmp_path / "landing", tmp_path / "lake"
     topic = "mongo1.inventory." + table.split("_", 1)[1]
-    for f in sorted((MONGO / "topics" / topic).rglob("*.json"), reverse=True):  # a key file lands before its values
-        target = landing / f.relative_to(MONGO)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(f, target)
-        code, out, err = run(capsys, FIXTURES / "tables.yaml", landing, lake, "--tables", table)
-        assert (code, err) == (0, "")
+    # a key file (`.keys.json`) sorts after its value file: newest first, it lands before its values
+    land_newest_first(capsys, MONGO, (MONGO / "topics" / topic).rglob("*.json"), landing, lake, table)
     assert silver_rows(spark, engine, lake, table, ("_id",)) == MONGO_FINAL[table]
     one_run = tmp_path / "lake_one_run"
     code, out, _ = run(capsys, FIXTURES / "tables.yaml", landing, one_run, "--tables", table)
