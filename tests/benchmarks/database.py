@@ -175,14 +175,14 @@ def database_on_airflow(bench: Bench) -> None:
             airflow.wait("the scheduled run's sensor to defer", airflow.deferred_sensor, 600)
             started = time.monotonic()
             land(source, landing, [f for _, g in tables for f in g.batches[0]])
-            changed = [g.table for _, g in tables]
+            silver_dags = [f"cdc_silver_{g.table}" for _, g in tables]
 
             def silver_done() -> bool:
-                return all(any(r["state"] == "success" for r in airflow.runs(f"cdc_silver_{t}")) for t in changed)
+                return airflow.dags_with_runs(silver_dags, ["success"]) == set(silver_dags)
 
-            airflow.wait(f"silver of the {len(changed)} changed tables", silver_done, 7200)
+            airflow.wait(f"silver of the {len(silver_dags)} changed tables", silver_done, 7200)
             seconds = time.monotonic() - started
-            failed = [t for t in changed if any(r["state"] == "failed" for r in airflow.runs(f"cdc_silver_{t}"))]
+            failed = sorted(airflow.dags_with_runs(silver_dags, ["failed"]))
             if failed:
                 raise AssertionError(f"silver runs failed: {failed}")
     for profile, generated in tables:
