@@ -31,7 +31,7 @@ class LandingFile:
     modified_ms: int  # the landing time: when the sink wrote the file (S3 LastModified, local mtime)
     problem: str | None = None  # why the file cannot be opened (a dangling link, a link loop), found when listing
     # the S3 sink's file of these records' Kafka keys (store.kafka.keys=true, JSON), when listed beside it
-    keys_file: str | None = field(default=None, compare=False)
+    keys_file: LandingFile | None = field(default=None, compare=False)
 
     @property
     def kind(self) -> str:
@@ -197,7 +197,8 @@ def list_topic(landing: str, topic: str, s3_client: Any = None, marks: Mapping[s
               if not path.rsplit("/", 1)[-1].startswith((".", "_"))]
     # (the file's sink name without extensions, whether it is a key or header file) for the sink's names
     names = {path: (m.group(1), m.group(3)) for path, *_ in listed if (m := _SINK_NAME.match(path))}
-    keys = {stem: path for path, (stem, side) in names.items() if side == "keys" and path.endswith(KEY_EXTENSIONS)}
+    keys = {names[path][0]: LandingFile(path, size, modified, problem) for path, size, modified, problem in listed
+            if path in names and names[path][1] == "keys" and path.endswith(KEY_EXTENSIONS)}
     files = [LandingFile(path, size, modified, problem, keys.get(names[path][0]) if path in names else None)
              for path, size, modified, problem in listed if path not in names or names[path][1] is None]
     return sorted(files, key=lambda f: f.path)

@@ -118,9 +118,9 @@ def bronze_ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
             batch = _Batch(table, lake, batch_id, chunk,
                            _in_bronze(engine, lake, table.name, chunk) if selection.reprocess else [])
             keys = {f.keys_file: f for f in chunk if f.keys_file and table.record_keys}
-            staged_keys = spark_paths(landing, [LandingFile(path, 0, 0) for path in keys], f"{staging}/keys")
+            staged_keys = spark_paths(landing, list(keys), f"{staging}/keys")
             unreadable = _ingest(spark, engine, batch, spark_paths(landing, chunk, staging),
-                                 {staged: keys[f.path] for staged, f in staged_keys.items()}, part)
+                                 {staged: keys[f] for staged, f in staged_keys.items()}, part)
         except Exception as exc:
             if ran_out_of_memory(exc):
                 largest = sorted(chunk, key=lambda f: -f.size)[:3]

@@ -96,14 +96,14 @@ def with_record_keys(spark: SparkSession, lines: DataFrame, staged_keys: dict[st
     """Adds `_record_key` to each line: the line at the same place in its value file's key file (the S3 sink's
     store.kafka.keys: one key per record, in order). `staged_keys` maps where Spark reads each key file to the
     value file it serves. A value file whose key file cannot be read is returned apart, to be quarantined whole."""
-    read, broken = _json_lines(spark, {path: LandingFile(f.keys_file or "", 0, 0) for path, f in staged_keys.items()},
-                               together) if staged_keys else (None, {})
-    by_key_file = {f.keys_file: f for f in staged_keys.values()}
-    unreadable = {by_key_file[k.path]: f"unreadable_file: {_name(by_key_file[k.path])}: its key file {_name(k)}: {reason}"
+    key_files = {path: f.keys_file for path, f in staged_keys.items() if f.keys_file}
+    read, broken = _json_lines(spark, key_files, together) if key_files else (None, {})
+    value_of_key = {f.keys_file.path: f for f in staged_keys.values() if f.keys_file}
+    unreadable = {value_of_key[k.path]: f"unreadable_file: {_name(value_of_key[k.path])}: its key file {_name(k)}: {reason}"
                   for k, reason in broken.items()}
     if read is None:
         return lines.withColumn("_record_key", F.lit(None).cast("string")), unreadable
-    value_of = F.create_map(*[F.lit(x) for key_file, f in by_key_file.items() for x in (key_file, f.path)])
+    value_of = F.create_map(*[F.lit(x) for key_path, f in value_of_key.items() for x in (key_path, f.path)])
     record_keys = read.select(value_of[F.col("_source_file")].alias("_source_file"), "_line",
                               F.when(F.col("_line_problem").isNull(), F.col("_raw")).alias("_record_key"))
     kept = lines.where(~F.col("_source_file").isin([f.path for f in unreadable])) if unreadable else lines

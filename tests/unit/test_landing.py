@@ -32,12 +32,15 @@ def test_the_sinks_key_and_header_files_are_not_data_and_a_value_file_names_its_
                  "db.s.t+0+0000000005.avro", "db.s.t+0+0000000005.keys.json.gz", "db.s.t+0+0000000009.json",
                  "db.s.t+0+0000000012.parquet", "db.s.t+0+0000000012.keys.avro", "export.keys.json"):
         (topic / name).write_text("x")
-    got = [(f.path.rsplit("/", 1)[1], f.keys_file and f.keys_file.rsplit("/", 1)[1]) for f in list_topic(str(tmp_path), "db.s.t")]
+    got = [(f.path.rsplit("/", 1)[1], f.keys_file and f.keys_file.path.rsplit("/", 1)[1])
+           for f in list_topic(str(tmp_path), "db.s.t")]
     assert got == [("db.s.t+0+0000000000.json", "db.s.t+0+0000000000.keys.json"),
                    ("db.s.t+0+0000000005.avro", "db.s.t+0+0000000005.keys.json.gz"),
                    ("db.s.t+0+0000000009.json", None),  # its keys have not landed yet
                    ("db.s.t+0+0000000012.parquet", None),  # Avro keys are not read: only JSON key files
                    ("export.keys.json", None)]  # not the sink's name: data like any other file
+    keys = list_topic(str(tmp_path), "db.s.t")[0].keys_file
+    assert keys is not None and keys.size == 1  # listed like a data file: its size bounds a gzip key file's read
 
 
 SINK = {  # a sink's folders: names ordered by start offset; a time-based layout nests
