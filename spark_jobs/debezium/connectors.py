@@ -2,8 +2,8 @@
 
 Each entry turns an event's `source` block into a sortable text (`_seq`): fixed-width fields joined by
 '|', so comparing two texts compares the positions. `ts_ms` is never used: it ties and it is a wall
-clock (docs/architecture.md, "Ordering"); MongoDB's
-source.ts_ms is the exception, its oplog position. A connector not listed here needs `sequence_by` in tables.yaml.
+clock (docs/architecture.md, "Ordering"); MongoDB's source.ts_ms is the exception: there it is the oplog
+position. A connector not listed here needs `sequence_by` in tables.yaml.
 
 Snapshot events share one position with the streaming events that may follow at it; each rule ranks
 them first: `{snapshot}` is '0' for a snapshot event and '1' for a streaming one.
@@ -53,8 +53,6 @@ CONNECTORS = (
     Connector(
         "db2", ("db2",), "false",  # its fields are SQL Server's: without source.connector, that rule orders it alike
         "CASE WHEN _src.commit_lsn IS NOT NULL THEN concat(_src.commit_lsn, '|', coalesce(_src.change_lsn, '')) END"),
-    # LogMiner emits a transaction's changes at its commit: commit_scn orders transactions, then scn, the
-    # redo record (rs_id) and SQL sequence (ssn) order the changes inside one. Snapshot events have only scn.
     # MongoDB's oplog position is its cluster time: seconds (source.ts_ms, a multiple of 1000, from the oplog entry,
     # not a wall clock) and an increment within the second (source.ord). A snapshot event carries the position the
     # snapshot started at, where streaming resumes
@@ -62,6 +60,8 @@ CONNECTORS = (
         "mongodb", ("mongodb",), "_src.ord IS NOT NULL AND _src.ts_ms IS NOT NULL",
         f"CASE WHEN _src.ts_ms IS NOT NULL AND (_src.ord IS NOT NULL OR {SNAPSHOT_RANK} = '0') THEN concat_ws('|', "
         f"{_num('ts_ms')}, lpad(coalesce(_src.ord, '0'), 10, '0'), {SNAPSHOT_RANK}) END"),
+    # LogMiner emits a transaction's changes at its commit: commit_scn orders transactions, then scn, the
+    # redo record (rs_id) and SQL sequence (ssn) order the changes inside one. Snapshot events have only scn.
     Connector(
         "oracle", ("oracle",), "_src.scn IS NOT NULL",
         f"CASE WHEN _src.scn IS NOT NULL THEN concat_ws('|', lpad(coalesce(_src.commit_scn, _src.scn), 20, '0'), "
