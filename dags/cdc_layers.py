@@ -6,7 +6,8 @@
   skips the bronze tasks of tables with none, which start no process. A backfill run takes the files whose
   landing time falls in its data interval. Each bronze task updates the asset `cdc.bronze.<table>`.
 - `cdc_silver_<table>`: scheduled by `cdc.bronze.<table>`; applies the new bronze rows to silver.
-- `cdc_gold_<model>`: scheduled by any of its sources' `cdc.silver.<table>`; refreshes the model.
+- `cdc_gold_<model>`: scheduled by any of its sources' `cdc.silver.<table>` (and every 15 minutes when its sources
+  publish their transactions: it takes the transaction topic's files); refreshes the model.
 
 Every layer job is `python -m spark_jobs run` through spark-submit, gated inside (a failed gate fails the
 task with one line naming table, layer and reason). Wiring only: Spark, Great Expectations and deltalake
@@ -107,7 +108,10 @@ for model in W.registry.gold.values():
         dag_id=f"cdc_gold_{model.name}",
         doc_md=f"Gold `{model.name}` (`include/gold/{model.name}.sql`) over silver {', '.join(model.sources)}: "
                "recomputed and gated when any source changes.",
-        schedule=AssetAny(*[W.asset("silver", source) for source in model.sources]),
+        # a model read at a transaction watermark also runs on the clock: a transaction's END event may land after
+        # every event it counts, and no silver run follows it (the refresh is skipped when nothing new landed)
+        schedule=AssetOrTimeSchedule(timetable=EVERY_15_MINUTES, assets=AssetAny(*[W.asset("silver", s) for s in model.sources]))
+        if model.transactions else AssetAny(*[W.asset("silver", source) for source in model.sources]),
         start_date=START,
         catchup=False,
         max_active_runs=1,

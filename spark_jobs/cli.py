@@ -104,7 +104,7 @@ def _run_steps(steps: Steps, args: argparse.Namespace, tables: list[TableConfig]
             if failed:  # its SQL would join a failed table's silver with the others' newer state
                 print(f"gold   {model.name:<22} skipped: source(s) {', '.join(failed)} failed in this run", flush=True)
                 continue
-            steps.run(model.name, "gold", f"gold.{model.name}", gold.gold_refresh, model, lake, batch_id)
+            steps.run(model.name, "gold", f"gold.{model.name}", gold.gold_refresh, model, lake, batch_id, landing)
     steps.raise_failures()
 
 

@@ -95,6 +95,10 @@ class Lake:
         """Per landing folder, the last file bronze has taken with every file before it (state.LandingMarks)."""
         return f"{self.root}/_state/landing_marks/{table}.json"
 
+    def transactions(self, topic: str) -> str:
+        """A connector's transactions, one row per END event of its transaction topic (layers/transactions.py)."""
+        return f"{self.root}/_state/transactions/{topic}"
+
     def progress(self, table: str) -> str:
         return f"{self.root}/_state/progress/{table}"
 

@@ -23,7 +23,8 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Kafka's own rule for a topic's name; the landing folder is named after it, so nothing else may pass
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _TABLE_FIELDS = {"topic", "keys", "format", "sequence_by", "partition_by", "columns", "history", "tombstone_retention",
-                 "quality", "unavailable_value_placeholder", "expectations", "maintenance", "freshness", "record_keys"}
+                 "quality", "unavailable_value_placeholder", "expectations", "maintenance", "freshness", "record_keys",
+                 "transactions", "data_collection"}
 # what Debezium's PostgreSQL connector sends for an unchanged TOASTed column (unavailable.value.placeholder)
 UNAVAILABLE_PLACEHOLDER = "__debezium_unavailable_value"
 # Spark SQL types a column override may name (checked here, without importing pyspark)
@@ -113,6 +114,19 @@ class TableConfig:
     # the S3 sink stores each record's Kafka key beside it (store.kafka.keys=true, JSON key files): a landing file
     # is taken with its key file, whose keys fill in a delete's missing key columns (a MongoDB delete has no image)
     record_keys: bool = False
+    # the connector's transaction topic (provide.transaction.metadata=true): gold models over several tables of it
+    # read them at one transaction watermark (layers/transactions.py); history is kept, which that reads
+    transactions: str | None = None
+    # how the transaction topic's END events name this table; None: a dotted tail of the topic (`<schema>.<table>`)
+    data_collection: str | None = None
+
+    def data_collections(self) -> tuple[str, ...]:
+        """The names the transaction topic's END events may give this table: `data_collection`, or the topic and its
+        dotted tails of two parts or more (`server.inventory.orders`: that, and `inventory.orders`)."""
+        if self.data_collection:
+            return (self.data_collection,)
+        parts = self.topic.split(".")
+        return tuple(".".join(parts[i:]) for i in range(max(len(parts) - 1, 1)))
 
     def layer_expectations(self, layer: str) -> tuple[UserExpectation, ...]:
         return tuple(e for e in self.expectations if e.layer == layer)
@@ -131,6 +145,10 @@ class GoldModel:
     references: tuple[Reference, ...] = ()
     expectations: tuple[UserExpectation, ...] = ()  # the user's own, on the model's rows
     maintenance: Maintenance = Maintenance()
+    # the transaction topic its sources share, and those sources: read at one transaction watermark
+    # (layers/transactions.py); the others as silver stands
+    transactions: str | None = None
+    at_watermark: tuple[TableConfig, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -237,9 +255,23 @@ def parse_table(name: str, spec: Any, defaults: Quality = Quality(), upkeep: Mai
         raise ConfigError(f"table {name!r}: field 'format' must be one of {', '.join(FORMATS)}, got {fmt!r}")
     seq = spec.get("sequence_by", "auto")
     sequence_by = None if seq == "auto" else _sequence_by(seq, name)
+    transactions, data_collection = spec.get("transactions"), spec.get("data_collection")
+    if transactions is not None and (not isinstance(transactions, str) or not _TOPIC.match(transactions)
+                                     or transactions in (".", "..")):
+        raise ConfigError(f"table {name!r}: field 'transactions' must be the connector's transaction topic (a Kafka "
+                          f"topic name), got {transactions!r}")
+    if data_collection is not None and (transactions is None or not isinstance(data_collection, str) or not data_collection):
+        raise ConfigError(f"table {name!r}: field 'data_collection' names the table as its transaction topic's END "
+                          f"events do, and takes 'transactions'; got {data_collection!r}")
+    history = _flag(spec.get("history", transactions is not None), name, "history")
+    if transactions is not None and not history:
+        raise ConfigError(f"table {name!r}: 'transactions' needs its history (gold reads the table as of a transaction "
+                          "from it); remove 'history: false'")
     return TableConfig(
         columns=_column_types(spec.get("columns", {}), name),
-        history=_flag(spec.get("history", False), name, "history"),
+        history=history,
+        transactions=transactions,
+        data_collection=data_collection,
         record_keys=_flag(spec.get("record_keys", False), name, "record_keys"),
         tombstone_retention_s=_retention(spec.get("tombstone_retention", "forever"), name),
         quality=parse_quality(spec.get("quality"), f"table {name!r}", ("bronze", "silver"), defaults),
@@ -274,7 +306,13 @@ def parse_gold_model(path: Path, tables: dict[str, TableConfig]) -> GoldModel:
     missing = [s for s in header["sources"] if s not in tables]
     if missing:
         raise ConfigError(f"gold model {name!r}: sources not in the registry: {', '.join(missing)}")
-    return GoldModel(name=name, sql=sql, keys=header["keys"], sources=header["sources"], path=path)
+    topics = sorted({t for t in (tables[s].transactions for s in header["sources"]) if t})
+    if len(topics) > 1:
+        raise ConfigError(f"gold model {name!r}: its sources publish transactions on different topics "
+                          f"({', '.join(topics)}); one watermark can only order one connector's transactions")
+    return GoldModel(name=name, sql=sql, keys=header["keys"], sources=header["sources"], path=path,
+                     transactions=topics[0] if topics else None,
+                     at_watermark=tuple(tables[s] for s in header["sources"] if tables[s].transactions))
 
 
 def load_registry(config_path: str | os.PathLike[str], gold_dir: str | os.PathLike[str] | None = None) -> Registry:

@@ -117,6 +117,12 @@ def parse_envelope(lines: DataFrame, fmt: str = "auto") -> DataFrame:
 ENVELOPE_FIELDS = ("before", "after", "source", "op", "ts_ms", "transaction")
 
 
+def transaction_id() -> Column:
+    """The id of the source transaction an event belongs to, from the envelope's `transaction` block (the connector's
+    provide.transaction.metadata), with or without the schema envelope; null outside a transaction (a snapshot read)."""
+    return F.coalesce(F.get_json_object("_raw", "$.payload.transaction.id"), F.get_json_object("_raw", "$.transaction.id"))
+
+
 def parquet_image_type(schema: StructType) -> StructType:
     """The row image's columns in a Parquet landing file: the `after` struct of a Debezium envelope, or a
     flattened record's own columns (without the `__` metadata ones)."""

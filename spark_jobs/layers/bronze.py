@@ -160,7 +160,7 @@ def skip_files(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lan
                                      "_source_file STRING, _line BIGINT, _raw STRING, reason STRING")
         summary.quarantined = write_quarantine(engine, lake, table.name, rows, "bronze", batch_id)
         # lines, events and tombstones unknown: the files were not read
-        _log_files(spark, engine, lake, table.name, {f.path: (f.size, f.modified_ms, None, 0, None, None)
+        log_files(spark, engine, lake, table.name, {f.path: (f.size, f.modified_ms, None, 0, None, None)
                                                      for f in files}, batch_id, None)
         listing.advance(lake, table.name)
     return summary
@@ -218,7 +218,7 @@ def _ingest(spark: SparkSession, engine: DeltaEngine, batch: _Batch, staged: dic
     committed = _commit(engine, classified.where("_kind = 'event'"), batch, summary)
     for f in unreadable:
         per_file[f.path] = (0, 0, 0, 1)
-    _log_files(spark, engine, lake, table.name, {f.path: (f.size, f.modified_ms, *per_file.get(f.path, (0, 0, 0, 0)))
+    log_files(spark, engine, lake, table.name, {f.path: (f.size, f.modified_ms, *per_file.get(f.path, (0, 0, 0, 0)))
                                                  for f in batch.files}, batch.batch_id, committed)
     return len(unreadable)
 
@@ -372,7 +372,7 @@ INGEST_LOG_SCHEMA = ("table STRING, file STRING, size BIGINT, modified_ms BIGINT
                      "tombstones BIGINT, quarantined BIGINT, _batch_id STRING, bronze_version BIGINT, ingested_at TIMESTAMP")
 
 
-def _log_files(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: str,
+def log_files(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: str,
                files: dict[str, tuple[Any, ...]], batch_id: str, bronze_version: int | None) -> None:
     """Record files as ingested: (size, modified_ms, lines, events, tombstones, quarantined) per path;
     `bronze_version` is the bronze commit that holds their rows (None when they had no events)."""
@@ -399,5 +399,5 @@ def _recover_unlogged_files(spark: SparkSession, engine: DeltaEngine, lake: Lake
     for version in sorted({r["_bronze_version"] for r in held}):
         # sizes, line and tombstone counts of those files were lost with the run: left null
         files = {r["_source_file"]: (None, None, None, r["events"], None, None) for r in held if r["_bronze_version"] == version}
-        _log_files(spark, engine, lake, table, files, batch_id, version)
+        log_files(spark, engine, lake, table, files, batch_id, version)
     return {r["_source_file"] for r in held}

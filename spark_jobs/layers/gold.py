@@ -15,6 +15,7 @@ from pyspark.sql import functions as F
 from spark_jobs.delta import DeltaEngine
 from spark_jobs.errors import PipelineError
 from spark_jobs.lake import Lake
+from spark_jobs.layers import transactions
 from spark_jobs.layers.common import gate, lag_seconds, one_row, share, write_quarantine
 from spark_jobs.layers.summary import GoldSummary
 from spark_jobs.quality.audit import Audit, Figures, tally
@@ -25,20 +26,33 @@ from spark_jobs.registry import GoldModel
 
 
 def gold_refresh(spark: SparkSession, engine: DeltaEngine, model: GoldModel, lake: Lake,
-                 batch_id: str) -> GoldSummary:
+                 batch_id: str, landing: str | None = None) -> GoldSummary:
     """Run the model's SQL over silver, gate the result, then overwrite the gold table: write-audit-publish,
     a failed gate leaves gold at its previous version. When nothing it reads has changed since the version
     it published (the same silver versions, model definition and gold version), it is not refreshed,
-    unless its result or verdict depends on the clock (see `depends_on_the_clock`)."""
+    unless its result or verdict depends on the clock (see `depends_on_the_clock`).
+
+    Sources whose connector publishes its transactions (`model.at_watermark`) are read as of one transaction
+    watermark (layers/transactions.py), after taking the transaction topic's new files from `landing`."""
+    ingested = transactions.ingest(spark, engine, lake, landing, model.transactions, batch_id) \
+        if model.transactions and landing is not None else None
     inputs = refresh_inputs(engine, lake, model)
     gold_version = engine.version(lake.gold(model.name))
-    if not depends_on_the_clock(model) and gold_version is not None and \
-            _published_inputs(lake, model) == {**inputs, "gold_version": gold_version}:
+    recorded = _published_inputs(lake, model) or {}
+    if not depends_on_the_clock(model) and gold_version is not None and recorded.get("gold_version") == gold_version \
+            and all(recorded.get(k) == v for k, v in inputs.items()):
         return GoldSummary(table=model.name, batch_id=batch_id, sources=list(model.sources), version=gold_version,
-                           gate="skipped (sources unchanged)")
+                           gate="skipped (sources unchanged)",
+                           transaction_watermark=recorded.get("transaction_watermark"))
+    mark, visible = (transactions.watermark(spark, engine, lake, model.transactions, list(model.at_watermark),
+                                            inputs["transaction_versions"]) if model.transactions else (None, None))
+    consistent = {t.name: t for t in model.at_watermark}
     newest = None
     for source in model.sources:
-        silver = engine.read(spark, lake.silver(source), version=inputs["silver_versions"][source])
+        if source in consistent:
+            silver = transactions.as_of(spark, engine, lake, consistent[source], visible, inputs["transaction_versions"])
+        else:
+            silver = engine.read(spark, lake.silver(source), version=inputs["silver_versions"][source])
         if silver is None:
             raise PipelineError(model.name, "gold", f"source silver table {source!r} does not exist yet")
         silver.createOrReplaceTempView(source)
@@ -48,6 +62,12 @@ def gold_refresh(spark: SparkSession, engine: DeltaEngine, model: GoldModel, lak
     rows = result.count()
     summary = GoldSummary(table=model.name, batch_id=batch_id, sources=list(model.sources), rows=rows,
                           lag_s=lag_seconds(newest), newest_change_ms=newest)
+    if ingested is not None:
+        summary.transaction_files, summary.transactions_ended = ingested.files, ingested.ends
+        summary.transactions_quarantined = sum(ingested.quarantined.values()) or None
+    if mark is not None:
+        summary.transaction_watermark, summary.transactions_waiting = mark.transaction or "none", mark.waiting
+        summary.waiting_for = mark.blocked_by
     check_columns(result, model.expectations, "the model's columns")
     published, quarantine = _quarantine_by_expectations(model, result, batch_id)
     audited = {"rows": result}
@@ -63,7 +83,9 @@ def gold_refresh(spark: SparkSession, engine: DeltaEngine, model: GoldModel, lak
          gold_checks(model), lake, summary, model.quality.actions)
     summary.version = engine.overwrite(published, lake.gold(model.name))
     # written after the publish: a run dying between the two refreshes again, which is harmless
-    lake.files.write(lake.gold_inputs(model.name), json.dumps({**inputs, "gold_version": summary.version}, sort_keys=True))
+    lake.files.write(lake.gold_inputs(model.name), json.dumps(
+        {**inputs, "gold_version": summary.version, "transaction_watermark": summary.transaction_watermark},
+        sort_keys=True))
     return summary
 
 
@@ -85,7 +107,14 @@ def refresh_inputs(engine: DeltaEngine, lake: Lake, model: GoldModel) -> dict[st
     definition = {f.name: getattr(model, f.name) for f in fields(model) if f.name not in ("path", "maintenance")}
     digest = hashlib.sha256(json.dumps(definition, sort_keys=True, default=repr).encode()).hexdigest()
     tables = sorted({*model.sources, *(ref.table for ref in model.references)})
-    return {"model": digest, "silver_versions": {t: engine.version(lake.silver(t)) for t in tables}}
+    inputs: dict[str, Any] = {"model": digest, "silver_versions": {t: engine.version(lake.silver(t)) for t in tables}}
+    if model.transactions:  # what the watermark and the sources read at it come from
+        names = sorted(t.name for t in model.at_watermark)
+        inputs["transaction_versions"] = {
+            "transactions": {model.transactions: engine.version(lake.transactions(model.transactions))},
+            "history": {t: engine.version(lake.history(t)) for t in names},
+            "truncates": {t: engine.version(lake.truncates(t)) for t in names}}
+    return inputs
 
 
 def _published_inputs(lake: Lake, model: GoldModel) -> dict[str, Any] | None:

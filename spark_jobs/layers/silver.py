@@ -202,8 +202,9 @@ def _publish(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake:
     target_path, ledger_path = lake.silver(table.name), lake.tombstones(table.name)
     new_truncates = 0  # truncates history has not seen: they close versions of every key
     if table.history and plan.truncate_count:
+        logged = ["_seq", *(["_transaction_id"] if table.transactions else [])]  # gold places a truncate by it
         new_truncates = engine.merge(plan.truncates.where("reason IS NULL").select(
-            "_seq", F.lit(batch_id).alias("_batch_id")).distinct(), lake.truncates(table.name), TRUNCATE_LOG_MERGE).inserted
+            *logged, F.lit(batch_id).alias("_batch_id")).distinct(), lake.truncates(table.name), TRUNCATE_LOG_MERGE).inserted
     deleted_by_truncate = 0
     if plan.new_truncate:
         predicate = f"_seq < {engine.literal(plan.new_truncate)}"

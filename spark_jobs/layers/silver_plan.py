@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import reduce
 
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -28,6 +28,20 @@ def missing_sequence(table: TableConfig) -> str:
     if table.sequence_by:
         return f"missing_sequence: sequence_by ({', '.join(table.sequence_by)}) is null or absent in this event"
     return NO_SEQUENCE
+
+
+MISSING_TRANSACTION = ("missing_transaction: a change without its transaction block, on a table with 'transactions' "
+                       "(is the connector's provide.transaction.metadata on?)")
+
+
+def outside_transactions(table: TableConfig) -> Column:
+    """A change (not a snapshot read) of a table whose connector publishes its transactions, without the
+    transaction it belongs to: no watermark could place it, so it is quarantined rather than shown at once."""
+    if not table.transactions:
+        return F.lit(False)
+    return (F.col("op") != "r") & F.col("_transaction_id").isNull()
+
+
 QUARANTINED = ("_source_file", "_line", "_raw", "reason")
 
 
@@ -69,7 +83,10 @@ class BatchPlan:
 def plan_batch(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake: Lake, batch: DataFrame,
                truncated_at: str | None) -> BatchPlan:
     """One pass over the batch; every later step (and each count) starts from these rows."""
-    ordered = ordering.order_key(batch, table.sequence_by).localCheckpoint()
+    ordered = ordering.order_key(batch, table.sequence_by)
+    if table.transactions:
+        ordered = ordered.withColumn("_transaction_id", envelope.transaction_id())
+    ordered = ordered.localCheckpoint()
     overview = one_row(ordered.agg(
         F.count(F.when((F.col("op") == "t") & F.col("_seq").isNotNull(), 1)).alias("truncates"),
         F.max(F.when(F.col("op") == "t", F.col("_seq"))).alias("truncated_at"),
@@ -79,7 +96,8 @@ def plan_batch(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lak
         F.count(F.lit(1)).alias("rows"),
         F.count(F.when(envelope.holds_placeholder(table.unavailable_value_placeholder), 1)).alias("unavailable")))
     # truncate (op=t): the table is empty as of its position; every older event is stale
-    truncates = ordered.where("op = 't'").withColumn("reason", F.when(F.col("_seq").isNull(), missing_sequence(table)))
+    truncates = ordered.where("op = 't'").withColumn("reason", F.when(F.col("_seq").isNull(), missing_sequence(table))
+                                                     .when(outside_transactions(table), MISSING_TRANSACTION))
     batch_truncate = overview["truncated_at"]
     new_truncate = batch_truncate if batch_truncate and batch_truncate > (truncated_at or "") else None
     plan = BatchPlan(truncates, overview["truncates"], new_truncate, new_truncate or truncated_at, overview["rows"],
@@ -183,7 +201,8 @@ def typed_changes(spark: SparkSession, table: TableConfig, changes: DataFrame, t
     reason = (F.when(F.col("_seq").isNull(), missing_sequence(table))
               .when(F.col("_decode_problems") != "", F.concat(F.lit("incompatible_type: "), F.col("_decode_problems")))
               .when(F.col("_type_problems") != "", F.concat(F.lit("incompatible_type: "), F.col("_type_problems")))
-              .when(missing != "", F.concat(F.lit("missing_key: "), missing)))
+              .when(missing != "", F.concat(F.lit("missing_key: "), missing))
+              .when(outside_transactions(table), MISSING_TRANSACTION))
     return typed.withColumn("reason", reason), fields
 
 
@@ -296,6 +315,8 @@ def silver_rows(effective: DataFrame, fields: list[types.ImageField], target: T.
     meta = {"_op": F.col("op"), "_seq": F.col("_seq"),
             "_source_ts_ms": F.get_json_object("source", "$.ts_ms").cast("long"),
             "_ingested_at": F.col("_ingested_at"), "_batch_id": F.col("_batch_id")}
+    if "_transaction_id" in effective.columns:  # a table with `transactions`: gold reads its history by transaction
+        meta["_transaction_id"] = F.col("_transaction_id")
     if target is not None:
         columns += [F.lit(None).cast(f.dataType).alias(f.name) for f in target.fields
                     if f.name not in present and f.name not in meta]

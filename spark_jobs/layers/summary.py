@@ -120,3 +120,10 @@ class GoldSummary(LayerSummary):
     quarantined_share: float | None = None
     lag_s: float | None = None
     newest_change_ms: int | None = None  # the source time of the batch's newest change (lag_s is now less it)
+    # sources read at a transaction watermark (layers/transactions.py)
+    transaction_files: int | None = None  # transaction-topic files taken by this refresh
+    transactions_ended: int | None = None  # END events new to the transaction log
+    transactions_quarantined: int | None = None
+    transaction_watermark: str | None = None  # the newest transaction shown ("none": snapshot rows only)
+    transactions_waiting: int | None = None  # ended transactions after it, not shown yet
+    waiting_for: str | None = None  # the first of them, and what its sources lack of it

@@ -1,0 +1,198 @@
+"""Source transactions (docs/architecture.md, "Transaction-consistent gold"): a connector's transaction topic taken
+into `_state/transactions/<topic>` (`ingest`), and silver tables read as of one transaction watermark (`watermark`,
+`as_of`): every transaction up to it in commit order is applied in every input, none after it is visible, so a gold
+model over them never shows part of a source transaction.
+
+No library does this: Debezium publishes the boundaries (its transaction topic, and a `transaction` block on each
+change event) and leaves their use to the consumer; Delta versions of separate tables never line up with them."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import reduce
+
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from spark_jobs.delta import DeltaEngine, MergeSpec
+from spark_jobs.errors import PipelineError
+from spark_jobs.lake import Lake
+from spark_jobs.landing import list_topic, spark_paths
+from spark_jobs.layers.bronze import log_files
+from spark_jobs.layers.common import one_row, small_landing, write_quarantine
+from spark_jobs.layers.landing_reader import read_landing
+from spark_jobs.layers.summary import Counts
+from spark_jobs.registry import TableConfig
+from spark_jobs.state import advance_marks, ingested_files, read_marks, writer_lock
+
+_EVENT = ("status STRING, id STRING, event_count BIGINT, "
+          "data_collections ARRAY<STRUCT<data_collection: STRING, event_count: BIGINT>>, ts_ms BIGINT")
+# the S3 sink's name: <topic>+<partition>+<start offset>.<extension>; a line's offset is the start plus its place
+_SINK_FILE = re.compile(r"\+(\d+)\+(\d+)\.[^/]+$")
+_ENDS = MergeSpec(keys=("id",), insert_when="true")  # a redelivered END keeps the place it was first taken at
+NOT_AN_EVENT = "transaction_metadata: not a BEGIN or END event of a Debezium transaction topic"
+BAD_END = "transaction_metadata: an END event without its id, event_count or data_collections, or whose counts differ"
+
+
+def state_name(topic: str) -> str:
+    """The name the topic's ingest log, landing marks, quarantine and writer lock go under (tables never have a dot)."""
+    return f"transactions.{topic}"
+
+
+@dataclass(frozen=True)
+class Ingested:
+    files: int = 0
+    ends: int = 0  # END events new to the table
+    quarantined: Counts = field(default_factory=dict)
+
+
+def ingest(spark: SparkSession, engine: DeltaEngine, lake: Lake, landing: str, topic: str, batch_id: str) -> Ingested:
+    """The transaction topic's new landing files: each END event one row of `_state/transactions/<topic>`, placed by its
+    Kafka offset (the topic's order is the commit order); BEGIN events carry nothing an END does not, and are
+    dropped; anything else is quarantined under `quarantine/transactions.<topic>` with its reason. Under the topic's
+    own writer lock: every gold model over its tables may call this."""
+    name = state_name(topic)
+    with writer_lock(lake, name, batch_id):
+        marks = read_marks(lake, name)
+        listed = list_topic(landing, topic, marks=marks)
+        partitions = {m.group(1) for path in [*marks.values(), *(f.path for f in listed)] if (m := _SINK_FILE.search(path))}
+        if len(partitions) > 1:
+            raise PipelineError(name, "gold", f"the transaction topic {topic} has partitions {', '.join(sorted(partitions))}: "
+                                "its order is the commit order only in one partition (create it with one)")
+        done = ingested_files(lake, name)
+        new = [f for f in listed if f.path not in done]
+        if not new:
+            advance_marks(lake, name, marks, listed, done)
+            return Ingested()
+        staging = f"{lake.staging_files}/{name}-{batch_id}"
+        try:
+            lines, unreadable = read_landing(spark, spark_paths(landing, new, staging), new, "json", small_landing(new))
+            unnamed = [f for f in new if not _SINK_FILE.search(f.path) and f not in unreadable]
+            unreadable |= {f: f"unsupported_file: {f.path.rsplit('/', 1)[-1]}: not named by the S3 sink "
+                              "(<topic>+<partition>+<offset>), so its transactions' commit order is unknown" for f in unnamed}
+            events = _events(lines.where(~F.col("_source_file").isin([f.path for f in unreadable]))).localCheckpoint()
+            ends = events.where("reason IS NULL AND status = 'END'")
+            first = Window.partitionBy("id").orderBy("_position")
+            ends = ends.withColumn("_n", F.row_number().over(first)).where("_n = 1").select(
+                "id", "_position", "event_count", "data_collections", "ts_ms", "_source_file", "_line",
+                F.lit(batch_id).alias("_batch_id"))
+            added = engine.merge(ends, lake.transactions(topic), _ENDS).inserted
+            refused = events.where("reason IS NOT NULL").select("_source_file", "_line", "_raw", "reason")
+            if unreadable:
+                refused = refused.unionByName(spark.createDataFrame(
+                    [(f.path, 0, "", reason) for f, reason in unreadable.items()],
+                    "_source_file STRING, _line BIGINT, _raw STRING, reason STRING"))
+            quarantined = write_quarantine(engine, lake, name, refused, "gold", batch_id)
+            per_file = {r["_source_file"]: (r["lines"], r["ends"], r["refused"]) for r in events.groupBy("_source_file").agg(
+                F.count(F.lit(1)).alias("lines"), F.count(F.when(F.expr("reason IS NULL AND status = 'END'"), 1)).alias("ends"),
+                F.count("reason").alias("refused")).collect()}
+        finally:
+            lake.files.delete_tree(staging)
+        version = engine.version(lake.transactions(topic))
+        log_files(spark, engine, lake, name, {f.path: (f.size, f.modified_ms, per_file.get(f.path, (0, 0, 0))[0],
+                                                       per_file.get(f.path, (0, 0, 0))[1], 0,
+                                                       1 if f in unreadable else per_file.get(f.path, (0, 0, 0))[2])
+                                              for f in new}, batch_id, version)
+        advance_marks(lake, name, marks, listed, done | {f.path for f in new})
+        return Ingested(files=len(new), ends=added, quarantined=quarantined)
+
+
+def _events(lines: DataFrame) -> DataFrame:
+    """Transaction-topic lines (with or without the schema envelope) parsed, each with its Kafka offset
+    (`_position`) and a quarantine `reason` when it is not a BEGIN or a consistent END event."""
+    enveloped = F.get_json_object("_raw", "$.schema").isNotNull() & F.get_json_object("_raw", "$.payload").isNotNull()
+    body = F.when(enveloped, F.get_json_object("_raw", "$.payload")).otherwise(F.col("_raw"))
+    parsed = lines.withColumn("_event", F.from_json(body, _EVENT)).select(
+        "_source_file", "_line", "_raw", "_line_problem", "_event.*",
+        (F.regexp_extract("_source_file", _SINK_FILE.pattern, 2).cast("long") + F.col("_line") - 1).alias("_position"))
+    counted = F.aggregate("data_collections", F.lit(0).cast("long"), lambda total, c: total + c["event_count"])
+    end_ok = (F.col("id").isNotNull() & F.col("event_count").isNotNull() & F.col("data_collections").isNotNull()
+              & (counted == F.col("event_count"))
+              & F.forall("data_collections", lambda c: c["data_collection"].isNotNull() & c["event_count"].isNotNull()))
+    reason = (F.when(F.col("_line_problem").isNotNull(), F.col("_line_problem"))
+              .when(F.expr("try_parse_json(_raw) IS NULL") | F.col("status").isNull() | ~F.col("status").isin("BEGIN", "END"),
+                    NOT_AN_EVENT)
+              .when((F.col("status") == "BEGIN") & F.col("id").isNull(), NOT_AN_EVENT)
+              .when((F.col("status") == "END") & ~F.coalesce(end_ok, F.lit(False)), BAD_END))
+    return parsed.withColumn("reason", reason)
+
+
+@dataclass(frozen=True)
+class Watermark:
+    """Where a gold model reads its transactional inputs: every transaction up to `position` (its END's offset in the
+    transaction topic) is applied in each of them; none after it is shown."""
+
+    transaction: str | None = None  # the newest visible transaction's id; None: none yet (snapshot rows only)
+    position: int | None = None
+    waiting: int = 0  # transactions ended after it, not shown yet
+    blocked_by: str | None = None  # the first of them, and what its inputs lack of it: `<id>(<table>:<applied>/<counted>,...)`
+
+
+def watermark(spark: SparkSession, engine: DeltaEngine, lake: Lake, topic: str, tables: list[TableConfig],
+              versions: dict[str, dict[str, int | None]]) -> tuple[Watermark, DataFrame | None]:
+    """The newest place in commit order up to which every transaction is complete in `tables` (the events each
+    END counts for a table are all in its history, or its truncate log), and the ids of the transactions up to it.
+    `versions` holds the versions to read (`transactions`, and per table `history` and `truncates`)."""
+    ends = engine.read(spark, lake.transactions(topic), version=versions["transactions"][topic])
+    if ends is None:
+        return Watermark(), None
+    names = F.create_map(*[F.lit(x) for t in tables for name in t.data_collections() for x in (name, t.name)])
+    expected = ends.select("id", "_position", F.explode("data_collections").alias("_c")).select(
+        "id", "_position", names[F.col("_c.data_collection")].alias("_table"), F.col("_c.event_count").alias("_expected")
+    ).where("_table IS NOT NULL")
+    applied = reduce(DataFrame.unionByName, [
+        frame.where("_transaction_id IS NOT NULL").select(F.col("_transaction_id").alias("id"), F.lit(t.name).alias("_table"))
+        for t in tables for frame in _logged(spark, engine, lake, t, versions)]).groupBy("id", "_table").agg(
+        F.count(F.lit(1)).alias("_applied"))
+    lacking = expected.join(applied, ["id", "_table"], "left").where(F.coalesce("_applied", F.lit(0)) < F.col("_expected"))
+    first = one_row(lacking.agg(F.min("_position").alias("p")))["p"]
+    blocked_by = None
+    if first is not None:
+        parts = lacking.where(F.col("_position") == first).orderBy("_table").collect()
+        # one word, for the CLI line: `801:3330(order_lines:1/2)`, events applied / counted by its END
+        blocked_by = f"{parts[0]['id']}(" + ",".join(
+            f"{r['_table']}:{r['_applied'] or 0}/{r['_expected']}" for r in parts) + ")"
+    shown = F.lit(True) if first is None else F.col("_position") < F.lit(first)
+    figures = one_row(ends.agg(F.max_by("id", F.when(shown, F.col("_position"))).alias("id"),
+                               F.max(F.when(shown, F.col("_position"))).alias("position"),
+                               F.count(F.when(~shown, 1)).alias("waiting")))
+    mark = Watermark(transaction=figures["id"] if figures["position"] is not None else None, position=figures["position"],
+                     waiting=figures["waiting"], blocked_by=blocked_by)
+    return mark, ends.where(shown).select("id")
+
+
+def _logged(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: TableConfig,
+            versions: dict[str, dict[str, int | None]]) -> list[DataFrame]:
+    """The table's applied events that count towards their transaction: its history rows and truncates."""
+    frames = [engine.read(spark, lake.history(table.name), version=versions["history"][table.name]),
+              engine.read(spark, lake.truncates(table.name), version=versions["truncates"][table.name])]
+    return [f for f in frames if f is not None and "_transaction_id" in f.columns]
+
+
+def as_of(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: TableConfig, visible: DataFrame | None,
+          versions: dict[str, dict[str, int | None]]) -> DataFrame | None:
+    """The table's rows as they stood at the watermark, from its history: per key, the newest version whose
+    transaction is visible (snapshot reads always are), unless that is a delete or a visible truncate came after
+    it. Silver's columns, in silver's order."""
+    history = engine.read(spark, lake.history(table.name), version=versions["history"][table.name])
+    if history is None:
+        return None
+    shown = _visible(history, visible)
+    truncates = engine.read(spark, lake.truncates(table.name), version=versions["truncates"][table.name])
+    if truncates is not None and "_transaction_id" in truncates.columns:
+        cut = one_row(_visible(truncates, visible).agg(F.max("_seq").alias("cut")))["cut"]
+        if cut is not None:
+            shown = shown.where(F.col("_seq") > F.lit(cut))
+    newest = Window.partitionBy(*table.keys).orderBy(F.col("_seq").desc())
+    columns = [c for c in history.columns if c not in ("_valid_to", "_is_current")]
+    return shown.withColumn("_n", F.row_number().over(newest)).where("_n = 1 AND _op <> 'd'").select(*columns)
+
+
+def _visible(rows: DataFrame, visible: DataFrame | None) -> DataFrame:
+    """Rows outside any transaction (snapshot reads), and those of the visible transactions."""
+    outside: Column = F.col("_transaction_id").isNull()
+    if visible is None:
+        return rows.where(outside)
+    shown = visible.select(F.col("id").alias("_transaction_id"), F.lit(True).alias("_shown"))
+    return rows.join(shown, "_transaction_id", "left").where(outside | F.col("_shown")).drop("_shown")
