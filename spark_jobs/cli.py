@@ -112,7 +112,7 @@ def maintain(args: argparse.Namespace) -> int:
     """Without --tables, --models or --reports: everything (every table, every model, the reports)."""
     from spark_jobs import maintenance
     from spark_jobs.lake import Lake
-    from spark_jobs.state import check_lock_timeout, new_batch_id
+    from spark_jobs.state import check_lock_timeout, new_batch_id, transactions_name
 
     registry = load_registry(args.config)
     everything = not (args.tables or args.models or args.reports)
@@ -146,6 +146,10 @@ def maintain(args: argparse.Namespace) -> int:
         for model in models:
             steps.run(model.name, "maintenance", f"gold.{model.name}", upkeep(maintenance.maintain_model), lake, model,
                       batch_id)
+        for topic in sorted({m.transactions for m in models if m.transactions}):
+            name = transactions_name(topic)
+            steps.run(name, "maintenance", name, upkeep(maintenance.maintain_transactions), lake, topic,
+                      registry.maintenance, batch_id)
         if args.reports or everything:
             expired = maintenance.expire_reports(engine, lake, registry)
             print(f"maintain reports: {len(expired)} run report(s) past "

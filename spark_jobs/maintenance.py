@@ -19,6 +19,7 @@ from typing import Any
 from spark_jobs.lake import Lake
 from spark_jobs.layers.summary import LayerSummary
 from spark_jobs.registry import GoldModel, Maintenance, Registry, TableConfig
+from spark_jobs.state import transactions_name
 from spark_jobs.storage import delta_storage_options
 
 # GX names a validation result's folder (and its Data Docs page's) after the run's time
@@ -110,6 +111,19 @@ def maintain_model(engine: Any, lake: Lake, model: GoldModel, batch_id: str) -> 
     if upkeep is not None:
         summary.add(upkeep)
     summary.results_removed = expire_gx_results(lake, model.name, model.maintenance.report_retention_s)
+    return summary
+
+
+def maintain_transactions(engine: Any, lake: Lake, topic: str, policy: Maintenance, batch_id: str) -> MaintenanceSummary:
+    """A transaction topic's log of END events, its ingest log and its quarantine (layers/transactions.py), under the
+    topic's own writer lock, which the gold refreshes taking its files hold."""
+    name = transactions_name(topic)
+    summary = MaintenanceSummary(table=name, batch_id=batch_id)
+    for kind, path in (("transactions", lake.transactions(topic)), ("ingest_log", lake.ingest_log(name)),
+                       ("quarantine", lake.quarantine(name))):
+        upkeep = maintain_delta(engine, kind, path, policy, ())
+        if upkeep is not None:
+            summary.add(upkeep)
     return summary
 
 

@@ -29,6 +29,12 @@ def new_batch_id() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ") + "-" + secrets.token_hex(2)
 
 
+def transactions_name(topic: str) -> str:
+    """The name a connector's transaction topic's ingest log, landing marks, quarantine and writer lock go under
+    (layers/transactions.py); a table's name never has a dot."""
+    return f"transactions.{topic}"
+
+
 def ingest_log(lake: Lake, table: str, columns: list[str], env: Mapping[str, str] = environ) -> dict[str, list[Any]]:
     """Columns of the ingest log (which landing files bronze took, in which bronze version), read without
     Spark: the sensor calls this. `env` holds an S3 lake's AWS_* settings (spark_jobs/storage.py)."""

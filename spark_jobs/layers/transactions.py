@@ -8,6 +8,7 @@ change event) and leaves their use to the consumer; Delta versions of separate t
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from functools import reduce
@@ -24,7 +25,7 @@ from spark_jobs.layers.common import one_row, small_landing, write_quarantine
 from spark_jobs.layers.landing_reader import read_landing
 from spark_jobs.layers.summary import Counts
 from spark_jobs.registry import TableConfig
-from spark_jobs.state import advance_marks, ingested_files, read_marks, writer_lock
+from spark_jobs.state import advance_marks, ingested_files, read_marks, transactions_name, writer_lock
 
 _EVENT = ("status STRING, id STRING, event_count BIGINT, "
           "data_collections ARRAY<STRUCT<data_collection: STRING, event_count: BIGINT>>, ts_ms BIGINT")
@@ -33,11 +34,6 @@ _SINK_FILE = re.compile(r"\+(\d+)\+(\d+)\.[^/]+$")
 _ENDS = MergeSpec(keys=("id",), insert_when="true")  # a redelivered END keeps the place it was first taken at
 NOT_AN_EVENT = "transaction_metadata: not a BEGIN or END event of a Debezium transaction topic"
 BAD_END = "transaction_metadata: an END event without its id, event_count or data_collections, or whose counts differ"
-
-
-def state_name(topic: str) -> str:
-    """The name the topic's ingest log, landing marks, quarantine and writer lock go under (tables never have a dot)."""
-    return f"transactions.{topic}"
 
 
 @dataclass(frozen=True)
@@ -52,7 +48,7 @@ def ingest(spark: SparkSession, engine: DeltaEngine, lake: Lake, landing: str, t
     Kafka offset (the topic's order is the commit order); BEGIN events carry nothing an END does not, and are
     dropped; anything else is quarantined under `quarantine/transactions.<topic>` with its reason. Under the topic's
     own writer lock: every gold model over its tables may call this."""
-    name = state_name(topic)
+    name = transactions_name(topic)
     with writer_lock(lake, name, batch_id):
         marks = read_marks(lake, name)
         listed = list_topic(landing, topic, marks=marks)
@@ -151,15 +147,21 @@ def watermark(spark: SparkSession, engine: DeltaEngine, lake: Lake, topic: str, 
     if first is not None:
         parts = lacking.where(F.col("_position") == first).orderBy("_table").collect()
         # one word, for the CLI line: `801:3330(order_lines:1/2)`, events applied / counted by its END
-        blocked_by = f"{parts[0]['id']}(" + ",".join(
+        blocked_by = f"{_word(parts[0]['id'])}(" + ",".join(
             f"{r['_table']}:{r['_applied'] or 0}/{r['_expected']}" for r in parts) + ")"
     shown = F.lit(True) if first is None else F.col("_position") < F.lit(first)
     figures = one_row(ends.agg(F.max_by("id", F.when(shown, F.col("_position"))).alias("id"),
                                F.max(F.when(shown, F.col("_position"))).alias("position"),
                                F.count(F.when(~shown, 1)).alias("waiting")))
-    mark = Watermark(transaction=figures["id"] if figures["position"] is not None else None, position=figures["position"],
+    mark = Watermark(transaction=_word(figures["id"]) if figures["position"] is not None else None, position=figures["position"],
                      waiting=figures["waiting"], blocked_by=blocked_by)
     return mark, ends.where(shown).select("id")
+
+
+def _word(source_id: str) -> str:
+    """A transaction id as one word of the CLI's summary line: the source's own text, or JSON-quoted when it holds
+    spaces or control characters (a line of its own could pass for another summary)."""
+    return source_id if source_id.isprintable() and " " not in source_id else json.dumps(source_id)
 
 
 def _logged(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: TableConfig,

@@ -139,6 +139,17 @@ def test_dags_follow_the_cdc_config_environment(tmp_path):
     assert sorted(parsed["dags"]["cdc_bronze"]["tasks"]) == ["bronze_ingest_orders", "changed_tables", "landing_sense"]
 
 
+def test_a_gold_model_read_at_a_transaction_watermark_also_runs_on_the_clock(tmp_path):
+    """Its transaction topic's END events may land after every event they count: no silver run follows them."""
+    config = tmp_path / "tables.yaml"
+    config.write_text("tables:\n  orders: {topic: shop.public.orders, keys: [id], transactions: shop.transaction}\n"
+                      "  lines: {topic: shop.public.lines, keys: [id], transactions: shop.transaction}\n")
+    (tmp_path / "gold").mkdir()
+    (tmp_path / "gold" / "totals.sql").write_text("-- keys: id\n-- sources: orders, lines\nSELECT 1 AS id\n")
+    dags = parse_dags(tmp_path, CDC_CONFIG=str(config))["dags"]
+    assert dags["cdc_gold_totals"]["schedule"] == ["cdc.silver.lines", "cdc.silver.orders", "0:15:00"]
+
+
 def test_a_broken_registry_is_an_import_error_naming_the_field(tmp_path):
     config = tmp_path / "tables.yaml"
     config.write_text("tables:\n  orders:\n    topic: t\n    keys: [id]\n    colour: red\n")

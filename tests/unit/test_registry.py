@@ -97,3 +97,31 @@ def test_a_column_named_twice_is_refused_at_load(field, value):
     spec = {"topic": "a.b", "keys": ["id"], field: value}
     with pytest.raises(ConfigError, match=re.escape(f"table 't': field '{field}' names {value[0]} more than once")):
         parse_table("t", spec)
+
+
+def test_a_table_publishing_its_transactions_keeps_history_and_is_named_as_its_end_events_name_it():
+    table = parse_table("t", {"topic": "shop.public.orders", "keys": ["id"], "transactions": "shop.transaction"})
+    assert (table.transactions, table.history) == ("shop.transaction", True)
+    assert table.data_collections() == ("shop.public.orders", "public.orders")
+    renamed = parse_table("t", {"topic": "orders", "keys": ["id"], "transactions": "shop.transaction",
+                                "data_collection": "public.orders"})
+    assert renamed.data_collections() == ("public.orders",)
+    with pytest.raises(ConfigError, match="'transactions' needs its history"):
+        parse_table("t", {"topic": "x", "keys": ["id"], "transactions": "shop.transaction", "history": False})
+    with pytest.raises(ConfigError, match="field 'transactions' must be the connector's transaction topic"):
+        parse_table("t", {"topic": "x", "keys": ["id"], "transactions": "../x"})
+    with pytest.raises(ConfigError, match="field 'data_collection' .* takes 'transactions'"):
+        parse_table("t", {"topic": "x", "keys": ["id"], "data_collection": "public.x"})
+
+
+def test_a_gold_model_reads_at_a_watermark_the_sources_of_one_transaction_topic(tmp_path):
+    config = write(tmp_path, "tables:\n  a: {topic: s.p.a, keys: [id], transactions: s.transaction}\n"
+                             "  b: {topic: s.p.b, keys: [id], transactions: s.transaction}\n"
+                             "  c: {topic: c, keys: [id]}\n  d: {topic: o.p.d, keys: [id], transactions: o.transaction}\n")
+    (tmp_path / "gold").mkdir()
+    (tmp_path / "gold" / "m.sql").write_text("-- keys: id\n-- sources: a, b, c\nSELECT 1")
+    model = load_registry(config).gold["m"]
+    assert (model.transactions, [t.name for t in model.at_watermark]) == ("s.transaction", ["a", "b"])
+    (tmp_path / "gold" / "m.sql").write_text("-- keys: id\n-- sources: a, d\nSELECT 1")
+    with pytest.raises(ConfigError, match="gold model 'm': its sources publish transactions on different topics"):
+        load_registry(config)
