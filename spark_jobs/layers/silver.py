@@ -13,6 +13,7 @@ from pyspark.sql import functions as F
 from spark_jobs.delta import DeltaEngine, MergeSpec, driver_rows
 from spark_jobs.errors import GateFailed, PipelineError
 from spark_jobs.lake import Lake, read_columns
+from spark_jobs.layers import transactions
 from spark_jobs.layers.common import Gate, lag_seconds, now, share, write_quarantine
 from spark_jobs.layers.common import gate as run_gate
 from spark_jobs.layers.history import TRUNCATE_LOG_MERGE, apply_history
@@ -82,6 +83,7 @@ def silver_merge(spark: SparkSession, engine: DeltaEngine, table: TableConfig, l
     bronze_version = engine.version(lake.bronze(table.name))
     if bronze_version is None or bronze_version <= progress.bronze_version:
         return SilverSummary(table=table.name, batch_id=batch_id, events=0, gate="skipped (no new bronze rows)")
+    transactions.check_transaction_ids(engine, [table], lake)
     bronze = engine.read(spark, lake.bronze(table.name), version=bronze_version)
     assert bronze is not None
     recovered = interrupted_work(engine, lake.silver(table.name), progress.silver_version)

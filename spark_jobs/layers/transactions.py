@@ -17,7 +17,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from spark_jobs.delta import DeltaEngine, MergeSpec
-from spark_jobs.errors import PipelineError
+from spark_jobs.errors import ConfigError, PipelineError
 from spark_jobs.lake import Lake
 from spark_jobs.landing import list_topic, spark_paths
 from spark_jobs.layers.bronze import log_files
@@ -130,6 +130,7 @@ def watermark(spark: SparkSession, engine: DeltaEngine, lake: Lake, topic: str, 
     """The newest place in commit order up to which every transaction is complete in `tables` (the events each
     END counts for a table are all in its history, or its truncate log), and the ids of the transactions up to it.
     `versions` holds the versions to read (`transactions`, and per table `history` and `truncates`)."""
+    check_transaction_ids(engine, tables, lake)
     ends = engine.read(spark, lake.transactions(topic), version=versions["transactions"][topic])
     if ends is None:
         return Watermark(), None
@@ -137,10 +138,11 @@ def watermark(spark: SparkSession, engine: DeltaEngine, lake: Lake, topic: str, 
     expected = ends.select("id", "_position", F.explode("data_collections").alias("_c")).select(
         "id", "_position", names[F.col("_c.data_collection")].alias("_table"), F.col("_c.event_count").alias("_expected")
     ).where("_table IS NOT NULL")
-    applied = reduce(DataFrame.unionByName, [
-        frame.where("_transaction_id IS NOT NULL").select(F.col("_transaction_id").alias("id"), F.lit(t.name).alias("_table"))
-        for t in tables for frame in _logged(spark, engine, lake, t, versions)]).groupBy("id", "_table").agg(
-        F.count(F.lit(1)).alias("_applied"))
+    logged = [frame.where("_transaction_id IS NOT NULL").select(F.col("_transaction_id").alias("id"),
+                                                                F.lit(t.name).alias("_table"))
+              for t in tables for frame in _logged(spark, engine, lake, t, versions)]
+    applied = reduce(DataFrame.unionByName, logged, spark.createDataFrame([], "id STRING, _table STRING")).groupBy(
+        "id", "_table").agg(F.count(F.lit(1)).alias("_applied"))
     lacking = expected.join(applied, ["id", "_table"], "left").where(F.coalesce("_applied", F.lit(0)) < F.col("_expected"))
     first = one_row(lacking.agg(F.min("_position").alias("p")))["p"]
     blocked_by = None
@@ -158,6 +160,18 @@ def watermark(spark: SparkSession, engine: DeltaEngine, lake: Lake, topic: str, 
     return mark, ends.where(shown).select("id")
 
 
+def check_transaction_ids(engine: DeltaEngine, tables: list[TableConfig], lake: Lake) -> None:
+    """Tables given `transactions:` after silver was written hold events without their transaction id, which the
+    watermark would never count: they are rebuilt first (from bronze, which keeps each event's line)."""
+    stale = [t.name for t in tables if t.transactions and any(
+        (schema := engine.schema(path)) is not None and "_transaction_id" not in schema.fieldNames()
+        for path in (lake.silver(t.name), lake.history(t.name), lake.truncates(t.name)))]
+    if stale:
+        raise ConfigError(f"table(s) {', '.join(stale)}: 'transactions' was set after their silver was written, whose "
+                          "rows lack their transaction; rebuild them first: run --mode rebuild --tables "
+                          f"{','.join(stale)} --layers silver")
+
+
 def _word(source_id: str) -> str:
     """A transaction id as one word of the CLI's summary line: the source's own text, or JSON-quoted when it holds
     spaces or control characters (a line of its own could pass for another summary)."""
@@ -169,7 +183,7 @@ def _logged(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: TableCo
     """The table's applied events that count towards their transaction: its history rows and truncates."""
     frames = [engine.read(spark, lake.history(table.name), version=versions["history"][table.name]),
               engine.read(spark, lake.truncates(table.name), version=versions["truncates"][table.name])]
-    return [f for f in frames if f is not None and "_transaction_id" in f.columns]
+    return [f for f in frames if f is not None]
 
 
 def as_of(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: TableConfig, visible: DataFrame | None,
@@ -182,7 +196,7 @@ def as_of(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: TableConf
         return None
     shown = _visible(history, visible)
     truncates = engine.read(spark, lake.truncates(table.name), version=versions["truncates"][table.name])
-    if truncates is not None and "_transaction_id" in truncates.columns:
+    if truncates is not None:
         cut = one_row(_visible(truncates, visible).agg(F.max("_seq").alias("cut")))["cut"]
         if cut is not None:
             shown = shown.where(F.col("_seq") > F.lit(cut))

@@ -181,3 +181,29 @@ def test_transaction_topic_lines_that_are_not_its_events_are_quarantined_and_end
     (folder.parent / "partition=1" / f"{TX}+1+0000000000.json").write_text(json.dumps(end) + "\n")
     with pytest.raises(PipelineError, match="has partitions 0, 1"):
         transactions.ingest(spark, engine, lake, str(landing), TX, "b3")
+
+
+def test_a_table_given_transactions_after_its_silver_was_written_is_rebuilt_first(spark, engine, tmp_path, capsys):
+    """Its history's rows lack their transaction, which the watermark would never count: silver and gold refuse to
+    go on (exit 2, naming the rebuild), and after the rebuild every transaction is placed from bronze's lines."""
+    config, landing, lake = _registry(tmp_path, with_metadata=False), tmp_path / "landing", Lake(str(tmp_path / "lake"))
+    for name in ("orders_snapshot", "lines_snapshot", "orders_t1_t2", "tx_t1_t2"):
+        _land(landing, name)
+    assert run(capsys, config, landing, lake.root)[0] == 0
+    config.write_text(config.read_text().replace("keys: [id]}", f"keys: [id], transactions: {TX}}}"))
+    _land(landing, "lines_t1_first")
+    code, _, err = run(capsys, config, landing, lake.root)  # order_lines' silver: its new file
+    assert code == 2 and "rebuild them first: run --mode rebuild --tables order_lines --layers silver" in err
+    _land(landing, "tx_t3")
+    code, _, err = run(capsys, config, landing, lake.root, "--tables", "orders")  # only gold has new input
+    assert code == 2 and "rebuild them first: run --mode rebuild --tables orders,order_lines --layers silver" in err
+    code, _, err = run(capsys, config, landing, lake.root, "--mode", "rebuild", "--layers", "silver")
+    assert (code, err) == (0, "")
+    assert _gold_versions(spark, engine, lake)[-1] not in STATES  # what gold showed before: T1's order, no lines
+    code, out, err = run(capsys, config, landing, lake.root)
+    assert (code, err) == (0, "")
+    assert summary_line(out, "gold", "order_totals")["waiting_for"] == f"{T1}(order_lines:1/2)"
+    assert _gold_versions(spark, engine, lake)[-1] == STATES[0]
+    _land(landing, "lines_t1_rest_t2")
+    assert run(capsys, config, landing, lake.root)[0] == 0
+    assert _gold_versions(spark, engine, lake)[-1] == STATES[2]
