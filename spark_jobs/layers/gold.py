@@ -83,9 +83,10 @@ def gold_refresh(spark: SparkSession, engine: DeltaEngine, model: GoldModel, lak
          gold_checks(model), lake, summary, model.quality.actions)
     summary.version = engine.overwrite(published, lake.gold(model.name))
     # written after the publish: a run dying between the two refreshes again, which is harmless
+    # with the watermark it was published at: the newest transaction shown, and its END's offset in the topic
     lake.files.write(lake.gold_inputs(model.name), json.dumps(
-        {**inputs, "gold_version": summary.version, "transaction_watermark": summary.transaction_watermark},
-        sort_keys=True))
+        {**inputs, "gold_version": summary.version, "transaction_watermark": summary.transaction_watermark,
+         "transaction_position": mark.position if mark is not None else None}, sort_keys=True))
     return summary
 
 

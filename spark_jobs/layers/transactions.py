@@ -85,11 +85,11 @@ def ingest(spark: SparkSession, engine: DeltaEngine, lake: Lake, landing: str, t
                 F.count("reason").alias("refused")).collect()}
         finally:
             lake.files.delete_tree(staging)
-        version = engine.version(lake.transactions(topic))
-        log_files(spark, engine, lake, name, {f.path: (f.size, f.modified_ms, per_file.get(f.path, (0, 0, 0))[0],
-                                                       per_file.get(f.path, (0, 0, 0))[1], 0,
-                                                       1 if f in unreadable else per_file.get(f.path, (0, 0, 0))[2])
-                                              for f in new}, batch_id, version)
+        logged = {}
+        for f in new:  # (size, modified_ms, lines, events, tombstones, quarantined), as bronze logs its files
+            lines_n, ends_n, refused_n = per_file.get(f.path, (0, 0, 0))
+            logged[f.path] = (f.size, f.modified_ms, lines_n, ends_n, 0, 1 if f in unreadable else refused_n)
+        log_files(spark, engine, lake, name, logged, batch_id, engine.version(lake.transactions(topic)))
         advance_marks(lake, name, marks, listed, done | {f.path for f in new})
         return Ingested(files=len(new), ends=added, quarantined=quarantined)
 
@@ -134,7 +134,13 @@ def watermark(spark: SparkSession, engine: DeltaEngine, lake: Lake, topic: str, 
     ends = engine.read(spark, lake.transactions(topic), version=versions["transactions"][topic])
     if ends is None:
         return Watermark(), None
-    names = F.create_map(*[F.lit(x) for t in tables for name in t.data_collections() for x in (name, t.name)])
+    owner: dict[str, str] = {}
+    for t in tables:
+        for name in t.data_collections():
+            if owner.setdefault(name, t.name) != t.name:
+                raise ConfigError(f"tables {owner[name]!r} and {t.name!r} may both be {name!r} in {topic}'s END events: "
+                                  "set 'data_collection' on them")
+    names = F.create_map(*[F.lit(x) for pair in owner.items() for x in pair])
     expected = ends.select("id", "_position", F.explode("data_collections").alias("_c")).select(
         "id", "_position", names[F.col("_c.data_collection")].alias("_table"), F.col("_c.event_count").alias("_expected")
     ).where("_table IS NOT NULL")
@@ -155,8 +161,8 @@ def watermark(spark: SparkSession, engine: DeltaEngine, lake: Lake, topic: str, 
     figures = one_row(ends.agg(F.max_by("id", F.when(shown, F.col("_position"))).alias("id"),
                                F.max(F.when(shown, F.col("_position"))).alias("position"),
                                F.count(F.when(~shown, 1)).alias("waiting")))
-    mark = Watermark(transaction=_word(figures["id"]) if figures["position"] is not None else None, position=figures["position"],
-                     waiting=figures["waiting"], blocked_by=blocked_by)
+    newest = _word(figures["id"]) if figures["position"] is not None else None
+    mark = Watermark(transaction=newest, position=figures["position"], waiting=figures["waiting"], blocked_by=blocked_by)
     return mark, ends.where(shown).select("id")
 
 

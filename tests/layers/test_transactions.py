@@ -132,6 +132,8 @@ def test_gold_never_shows_part_of_a_source_transaction_whatever_order_its_files_
     assert [w.get("transaction_watermark") for w in watermarks] == ["none"] * 6 + [T2, T3]
     assert watermarks[3]["waiting_for"] == f"{T1}(order_lines:1/2)"
     assert watermarks[5]["transactions_waiting"] == "3"
+    published = json.loads(Path(lake.gold_inputs("order_totals")).read_text())
+    assert (published["transaction_watermark"], published["transaction_position"]) == (T3, 5)  # tx_t3's END: offset 5
     # silver itself moves table by table: after the orders' T3 file, order 2 is gone from silver already
     assert summary_line(outs[5], "silver", "orders")["deleted"] == "1"
     # the same landing run again changes nothing
