@@ -104,14 +104,15 @@ for table in W.registry.tables.values():
 for model in W.registry.gold.values():
     if not wanted(f"cdc_gold_{model.name}"):
         continue
+    sources_changed = AssetAny(*[W.asset("silver", source) for source in model.sources])
     with DAG(
         dag_id=f"cdc_gold_{model.name}",
         doc_md=f"Gold `{model.name}` (`include/gold/{model.name}.sql`) over silver {', '.join(model.sources)}: "
                "recomputed and gated when any source changes.",
         # a model read at a transaction watermark also runs on the clock: a transaction's END event may land after
         # every event it counts, and no silver run follows it (the refresh is skipped when nothing new landed)
-        schedule=AssetOrTimeSchedule(timetable=EVERY_15_MINUTES, assets=AssetAny(*[W.asset("silver", s) for s in model.sources]))
-        if model.transactions else AssetAny(*[W.asset("silver", source) for source in model.sources]),
+        schedule=AssetOrTimeSchedule(timetable=EVERY_15_MINUTES, assets=sources_changed) if model.transactions
+        else sources_changed,
         start_date=START,
         catchup=False,
         max_active_runs=1,

@@ -161,7 +161,7 @@ def skip_files(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lan
         summary.quarantined = write_quarantine(engine, lake, table.name, rows, "bronze", batch_id)
         # lines, events and tombstones unknown: the files were not read
         log_files(spark, engine, lake, table.name, {f.path: (f.size, f.modified_ms, None, 0, None, None)
-                                                     for f in files}, batch_id, None)
+                                                    for f in files}, batch_id, None)
         listing.advance(lake, table.name)
     return summary
 
@@ -219,7 +219,7 @@ def _ingest(spark: SparkSession, engine: DeltaEngine, batch: _Batch, staged: dic
     for f in unreadable:
         per_file[f.path] = (0, 0, 0, 1)
     log_files(spark, engine, lake, table.name, {f.path: (f.size, f.modified_ms, *per_file.get(f.path, (0, 0, 0, 0)))
-                                                 for f in batch.files}, batch.batch_id, committed)
+                                                for f in batch.files}, batch.batch_id, committed)
     return len(unreadable)
 
 
@@ -373,7 +373,7 @@ INGEST_LOG_SCHEMA = ("table STRING, file STRING, size BIGINT, modified_ms BIGINT
 
 
 def log_files(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: str,
-               files: dict[str, tuple[Any, ...]], batch_id: str, bronze_version: int | None) -> None:
+              files: dict[str, tuple[Any, ...]], batch_id: str, bronze_version: int | None) -> None:
     """Record files as ingested: (size, modified_ms, lines, events, tombstones, quarantined) per path;
     `bronze_version` is the bronze commit that holds their rows (None when they had no events)."""
     logged_at = now()

@@ -44,13 +44,17 @@ def gold_refresh(spark: SparkSession, engine: DeltaEngine, model: GoldModel, lak
         return GoldSummary(table=model.name, batch_id=batch_id, sources=list(model.sources), version=gold_version,
                            gate="skipped (sources unchanged)",
                            transaction_watermark=recorded.get("transaction_watermark"))
-    mark, visible = (transactions.watermark(spark, engine, lake, model.transactions, list(model.at_watermark),
-                                            inputs["transaction_versions"]) if model.transactions else (None, None))
     consistent = {t.name: t for t in model.at_watermark}
+    mark, visible, logs = None, None, {}
+    if model.transactions:
+        versions = inputs["transaction_versions"]
+        logs = transactions.source_logs(spark, engine, lake, list(model.at_watermark), versions)
+        mark, visible = transactions.watermark(spark, engine, lake, model.transactions,
+                                               versions["transactions"][model.transactions], list(model.at_watermark), logs)
     newest = None
     for source in model.sources:
         if source in consistent:
-            silver = transactions.as_of(spark, engine, lake, consistent[source], visible, inputs["transaction_versions"])
+            silver = transactions.as_of(consistent[source], logs[source], visible)
         else:
             silver = engine.read(spark, lake.silver(source), version=inputs["silver_versions"][source])
         if silver is None:

@@ -9,13 +9,13 @@ change event) and leaves their use to the consumer; Delta versions of separate t
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from functools import reduce
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from spark_jobs.debezium import envelope
 from spark_jobs.delta import DeltaEngine, MergeSpec
 from spark_jobs.errors import ConfigError, PipelineError
 from spark_jobs.lake import Lake
@@ -29,8 +29,6 @@ from spark_jobs.state import advance_marks, ingested_files, read_marks, transact
 
 _EVENT = ("status STRING, id STRING, event_count BIGINT, "
           "data_collections ARRAY<STRUCT<data_collection: STRING, event_count: BIGINT>>, ts_ms BIGINT")
-# the S3 sink's name: <topic>+<partition>+<start offset>.<extension>; a line's offset is the start plus its place
-_SINK_FILE = re.compile(r"\+(\d+)\+(\d+)\.[^/]+$")
 _ENDS = MergeSpec(keys=("id",), insert_when="true")  # a redelivered END keeps the place it was first taken at
 NOT_AN_EVENT = "transaction_metadata: not a BEGIN or END event of a Debezium transaction topic"
 BAD_END = "transaction_metadata: an END event without its id, event_count or data_collections, or whose counts differ"
@@ -52,7 +50,9 @@ def ingest(spark: SparkSession, engine: DeltaEngine, lake: Lake, landing: str, t
     with writer_lock(lake, name, batch_id):
         marks = read_marks(lake, name)
         listed = list_topic(landing, topic, marks=marks)
-        partitions = {m.group(1) for path in [*marks.values(), *(f.path for f in listed)] if (m := _SINK_FILE.search(path))}
+        # the sink's names give each file's topic+partition (envelope.landing_offset)
+        partitions = {named[0].rsplit("+", 1)[1] for path in [*marks.values(), *(f.path for f in listed)]
+                      if (named := envelope.landing_offset(path))}
         if len(partitions) > 1:
             raise PipelineError(name, "gold", f"the transaction topic {topic} has partitions {', '.join(sorted(partitions))}: "
                                 "its order is the commit order only in one partition (create it with one)")
@@ -64,7 +64,7 @@ def ingest(spark: SparkSession, engine: DeltaEngine, lake: Lake, landing: str, t
         staging = f"{lake.staging_files}/{name}-{batch_id}"
         try:
             lines, unreadable = read_landing(spark, spark_paths(landing, new, staging), new, "json", small_landing(new))
-            unnamed = [f for f in new if not _SINK_FILE.search(f.path) and f not in unreadable]
+            unnamed = [f for f in new if envelope.landing_offset(f.path) is None and f not in unreadable]
             unreadable |= {f: f"unsupported_file: {f.path.rsplit('/', 1)[-1]}: not named by the S3 sink "
                               "(<topic>+<partition>+<offset>), so its transactions' commit order is unknown" for f in unnamed}
             events = _events(lines.where(~F.col("_source_file").isin([f.path for f in unreadable]))).localCheckpoint()
@@ -101,7 +101,7 @@ def _events(lines: DataFrame) -> DataFrame:
     body = F.when(enveloped, F.get_json_object("_raw", "$.payload")).otherwise(F.col("_raw"))
     parsed = lines.withColumn("_event", F.from_json(body, _EVENT)).select(
         "_source_file", "_line", "_raw", "_line_problem", "_event.*",
-        (F.regexp_extract("_source_file", _SINK_FILE.pattern, 2).cast("long") + F.col("_line") - 1).alias("_position"))
+        envelope.kafka_position(F.col("_source_file"), F.col("_line"))[1].alias("_position"))
     counted = F.aggregate("data_collections", F.lit(0).cast("long"), lambda total, c: total + c["event_count"])
     end_ok = (F.col("id").isNotNull() & F.col("event_count").isNotNull() & F.col("data_collections").isNotNull()
               & (counted == F.col("event_count"))
@@ -125,13 +125,30 @@ class Watermark:
     blocked_by: str | None = None  # the first of them, and what its inputs lack of it: `<id>(<table>:<applied>/<counted>,...)`
 
 
-def watermark(spark: SparkSession, engine: DeltaEngine, lake: Lake, topic: str, tables: list[TableConfig],
-              versions: dict[str, dict[str, int | None]]) -> tuple[Watermark, DataFrame | None]:
-    """The newest place in commit order up to which every transaction is complete in `tables` (the events each
-    END counts for a table are all in its history, or its truncate log), and the ids of the transactions up to it.
-    `versions` holds the versions to read (`transactions`, and per table `history` and `truncates`)."""
+@dataclass(frozen=True)
+class SourceLog:
+    """What a source read at the watermark is read from: its history and truncate log (None: not written yet)."""
+
+    history: DataFrame | None
+    truncates: DataFrame | None
+
+
+def source_logs(spark: SparkSession, engine: DeltaEngine, lake: Lake, tables: list[TableConfig],
+                versions: dict[str, dict[str, int | None]]) -> dict[str, SourceLog]:
+    """Each table's history and truncate log at the versions in `versions` (per table, `history` and `truncates`),
+    read once for the watermark and the rows at it; refused when rows were written before `transactions:`."""
     check_transaction_ids(engine, tables, lake)
-    ends = engine.read(spark, lake.transactions(topic), version=versions["transactions"][topic])
+    return {t.name: SourceLog(engine.read(spark, lake.history(t.name), version=versions["history"][t.name]),
+                              engine.read(spark, lake.truncates(t.name), version=versions["truncates"][t.name]))
+            for t in tables}
+
+
+def watermark(spark: SparkSession, engine: DeltaEngine, lake: Lake, topic: str, version: int | None,
+              tables: list[TableConfig], logs: dict[str, SourceLog]) -> tuple[Watermark, DataFrame | None]:
+    """The newest place in commit order up to which every transaction is complete in `tables` (the events each
+    END counts for a table are all in its history, or its truncate log: `logs`), and the ids of the transactions
+    up to it. `version`: the transaction log's version to read."""
+    ends = engine.read(spark, lake.transactions(topic), version=version)
     if ends is None:
         return Watermark(), None
     owner: dict[str, str] = {}
@@ -146,7 +163,7 @@ def watermark(spark: SparkSession, engine: DeltaEngine, lake: Lake, topic: str, 
     ).where("_table IS NOT NULL")
     logged = [frame.where("_transaction_id IS NOT NULL").select(F.col("_transaction_id").alias("id"),
                                                                 F.lit(t.name).alias("_table"))
-              for t in tables for frame in _logged(spark, engine, lake, t, versions)]
+              for t in tables for frame in (logs[t.name].history, logs[t.name].truncates) if frame is not None]
     applied = reduce(DataFrame.unionByName, logged, spark.createDataFrame([], "id STRING, _table STRING")).groupBy(
         "id", "_table").agg(F.count(F.lit(1)).alias("_applied"))
     lacking = expected.join(applied, ["id", "_table"], "left").where(F.coalesce("_applied", F.lit(0)) < F.col("_expected"))
@@ -184,26 +201,16 @@ def _word(source_id: str) -> str:
     return source_id if source_id.isprintable() and " " not in source_id else json.dumps(source_id)
 
 
-def _logged(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: TableConfig,
-            versions: dict[str, dict[str, int | None]]) -> list[DataFrame]:
-    """The table's applied events that count towards their transaction: its history rows and truncates."""
-    frames = [engine.read(spark, lake.history(table.name), version=versions["history"][table.name]),
-              engine.read(spark, lake.truncates(table.name), version=versions["truncates"][table.name])]
-    return [f for f in frames if f is not None]
-
-
-def as_of(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: TableConfig, visible: DataFrame | None,
-          versions: dict[str, dict[str, int | None]]) -> DataFrame | None:
+def as_of(table: TableConfig, log: SourceLog, visible: DataFrame | None) -> DataFrame | None:
     """The table's rows as they stood at the watermark, from its history: per key, the newest version whose
     transaction is visible (snapshot reads always are), unless that is a delete or a visible truncate came after
     it. Silver's columns, in silver's order."""
-    history = engine.read(spark, lake.history(table.name), version=versions["history"][table.name])
+    history = log.history
     if history is None:
         return None
     shown = _visible(history, visible)
-    truncates = engine.read(spark, lake.truncates(table.name), version=versions["truncates"][table.name])
-    if truncates is not None:
-        cut = one_row(_visible(truncates, visible).agg(F.max("_seq").alias("cut")))["cut"]
+    if log.truncates is not None:
+        cut = one_row(_visible(log.truncates, visible).agg(F.max("_seq").alias("cut")))["cut"]
         if cut is not None:
             shown = shown.where(F.col("_seq") > F.lit(cut))
     newest = Window.partitionBy(*table.keys).orderBy(F.col("_seq").desc())
