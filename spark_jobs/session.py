@@ -31,16 +31,26 @@ SESSION_CONF = {
 
 
 
+# Generated classes Spark keeps compiled, for every job of the JVM (a static setting: read when the JVM's first query
+# compiles). Spark's default, 100, is less than one small table's batch needs: a 50-event change cycle compiled about
+# 210 classes per table, 95 of them distinct, and compiling was 38% of the JVM's time. At 1000 a table's cycle
+# compiles each class once, and tables of one shape (shards, one schema per tenant) share them; the heap after a GC
+# did not grow measurably (tests/benchmarks/RESULTS.md, issue 32).
+CODEGEN_CACHE_ENTRIES = 1000
+
+
 def jvm_conf() -> dict[str, str]:
     """What a JVM must start with: the pinned jars (spark_jobs/jvm.py), Delta's SQL extension and catalog, and
     the driver's heap, and S3A's settings for s3:// and s3a:// paths (spark_jobs/storage.py).
     New Delta tables get deletion vectors, so delta-spark's merges and deletes mark rows instead of rewriting
-    whole files (readers of either engine honour them: spark_jobs/delta)."""
+    whole files (readers of either engine honour them: spark_jobs/delta). Compiled classes are kept for reuse
+    (CODEGEN_CACHE_ENTRIES)."""
     from spark_jobs.jvm import DELTA_CONF, jars
     from spark_jobs.storage import hadoop_s3a_conf
 
     return {"spark.jars": ",".join(jars()), **DELTA_CONF, "spark.driver.memory": settings().driver_memory,
             "spark.databricks.delta.properties.defaults.enableDeletionVectors": "true",
+            "spark.sql.codegen.cache.maxEntries": str(CODEGEN_CACHE_ENTRIES),
             **{f"spark.hadoop.{k}": v for k, v in hadoop_s3a_conf(with_keys=False).items()}}
 
 
