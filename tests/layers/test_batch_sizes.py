@@ -98,6 +98,6 @@ def test_a_tables_later_small_batches_reuse_the_classes_its_first_one_compiled(s
         assert run(capsys, config, landing, lake, "--layers", "bronze,silver")[0] == 0
         compiled.append(_compiled(spark) - before)
     assert silver_rows(spark, engine, lake, "customers", ("custkey",)) == g.final_rows
-    # the snapshot and the first change batch compile what a cycle needs; the second change batch reuses it (a
-    # literal Spark inlines, such as a timestamp, makes a few classes new each time)
-    assert compiled[1] > 50 and compiled[2] <= 25, compiled
+    # the snapshot and the first change batch compiled what a cycle needs (unless this JVM's earlier work had); the
+    # second change batch reuses it (a literal Spark inlines, such as a timestamp, makes a few classes new each time)
+    assert compiled[2] <= 25, compiled
