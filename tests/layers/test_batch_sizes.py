@@ -29,16 +29,10 @@ def test_a_batch_over_the_one_task_threshold_between_small_ones_applies_exactly(
     snapshot, changes = g.batches[0], g.batches[1]
     landing, lake = tmp_path / "landing", tmp_path / "lake"
 
-    def land(files: list[str]) -> None:
-        for path in files:
-            target = landing / Path(path).relative_to(tmp_path / "sink")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(path, target)
-
     # small first (one file: 5,000 events), then the rest of the snapshot in one batch (over ONE_TASK_ROWS events and
     # keys), then a small batch of changes again
     for phase, files in enumerate(([snapshot[0]], snapshot[1:], changes)):
-        land(files)
+        _land(tmp_path / "sink", landing, files)
         code, out, err = run(capsys, config, landing, lake, "--layers", "bronze,silver")
         assert (code, err) == (0, ""), (phase, out)
         assert summary_line(out, "bronze", "customers")["gate"] == summary_line(out, "silver", "customers")["gate"] == "passed"
@@ -46,6 +40,14 @@ def test_a_batch_over_the_one_task_threshold_between_small_ones_applies_exactly(
             assert int(summary_line(out, "bronze", "customers")["events"]) == 20_000 > ONE_TASK_ROWS
             assert silver_rows(spark, engine, lake, "customers", ("custkey",)) == g.snapshot_rows
     assert silver_rows(spark, engine, lake, "customers", ("custkey",)) == g.final_rows
+
+
+def _land(sink: Path, landing: Path, files: list[str]) -> None:
+    """Copies generated files into the landing area, as the sink uploads them."""
+    for path in files:
+        target = landing / Path(path).relative_to(sink)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, target)
 
 
 def _one_partition(df) -> bool:
@@ -90,10 +92,7 @@ def test_a_tables_later_small_batches_reuse_the_classes_its_first_one_compiled(s
     landing, lake = tmp_path / "landing", tmp_path / "lake"
     compiled = []
     for files in g.batches:
-        for path in files:
-            target = landing / Path(path).relative_to(tmp_path / "sink")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(path, target)
+        _land(tmp_path / "sink", landing, files)
         before = _compiled(spark)
         assert run(capsys, config, landing, lake, "--layers", "bronze,silver")[0] == 0
         compiled.append(_compiled(spark) - before)
