@@ -81,6 +81,16 @@ def _nullable(schema: pa.Schema) -> pa.Schema:
     return pa.schema([f.with_nullable(True) for f in schema])
 
 
+def _on_driver(df: Rows) -> pa.Table:
+    """A small batch's frame collected as Arrow, for delta-rs to write from the driver. A Spark write of it (a job,
+    the commit protocol's folders, each made with a forked `chmod` where Hadoop has no native library, then the files
+    listed and read back) cost about 120 ms more a write than collecting it (tests/benchmarks/RESULTS.md, issue 32)."""
+    if isinstance(df, pa.Table):
+        return df
+    collected = df.toArrow()
+    return collected.cast(_nullable(collected.schema))
+
+
 @dataclass
 class _Staged:
     """Parquet files Spark wrote into one folder (a table's, before they are committed; or scratch)."""
@@ -182,8 +192,10 @@ class DeltaRsEngine:
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
-    def append(self, df: Rows, path: str, partition_by: tuple[str, ...] = ()) -> int:
+    def append(self, df: Rows, path: str, partition_by: tuple[str, ...] = (), small: bool = False) -> int:
         self._writable(path)
+        if small:
+            df = _on_driver(df)
         if isinstance(df, DataFrame) and not partition_by:
             return self._commit(self._stage(df, path), path, "append")[0]
         with self._rows(df) as (rows, _):
@@ -255,12 +267,16 @@ class DeltaRsEngine:
                             partition_by=list(partition_by) or None, storage_options=self._options(path))
         return self._must(path).version()
 
-    def merge(self, df: Rows, path: str, spec: MergeSpec, partition_by: tuple[str, ...] = ()) -> MergeResult:
+    def merge(self, df: Rows, path: str, spec: MergeSpec, partition_by: tuple[str, ...] = (),
+              small: bool = False) -> MergeResult:
         self._writable(path)
         if isinstance(df, DataFrame) and not partition_by and spec.insert_when and self._table(path) is None:
             # an initial load: into no table, a merge inserts the rows its insert clause takes, and nothing else
+            # (one commit, whatever the size: Spark applies the clause, which is SQL)
             version, rows = self._commit(self._stage(df.alias("s").where(spec.insert_when), path), path, "append")
             return MergeResult(version=version, inserted=rows, updated=0, deleted=0)
+        if small:
+            df = _on_driver(df)
         with self._rows(df) as (rows, size):
             return self._merge(rows, size, path, spec, partition_by)
 

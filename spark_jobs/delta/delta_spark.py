@@ -47,8 +47,8 @@ class DeltaSparkEngine:
     def _frame(self, df: Rows) -> DataFrame:
         return self.spark.createDataFrame(df) if isinstance(df, pa.Table) else df
 
-    def append(self, df: Rows, path: str, partition_by: tuple[str, ...] = ()) -> int:
-        df = self._frame(df)
+    def append(self, df: Rows, path: str, partition_by: tuple[str, ...] = (), small: bool = False) -> int:
+        df = self._frame(df)  # Spark writes on every executor, whatever the batch's size
         df.write.format("delta").mode("append").option("mergeSchema", "true").partitionBy(*partition_by).save(path)
         return self.version(path) or 0
 
@@ -62,7 +62,8 @@ class DeltaSparkEngine:
          .partitionBy(*partition_by).save(path))
         return self.version(path) or 0
 
-    def merge(self, df: Rows, path: str, spec: MergeSpec, partition_by: tuple[str, ...] = ()) -> MergeResult:
+    def merge(self, df: Rows, path: str, spec: MergeSpec, partition_by: tuple[str, ...] = (),
+              small: bool = False) -> MergeResult:
         df = self._frame(df)
         if not self._exists(path) and spec.insert_when:
             # an initial load: into no table, a merge inserts the rows its insert clause takes, and nothing else

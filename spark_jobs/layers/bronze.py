@@ -345,7 +345,7 @@ def _commit(engine: DeltaEngine, events: DataFrame, batch: _Batch, summary: Bron
         # refuses rows its predicate does not cover
         committed = engine.replace(rows, path, _files_predicate(engine, [f.path for f in batch.files]))
     elif summary.events:
-        committed = engine.append(rows, path)
+        committed = engine.append(rows, path, small=small_landing(batch.files))
     if committed == version_before:  # a reprocess that removed and added nothing: delta-spark makes no commit
         committed = None
     if committed is not None and committed != bronze_version:

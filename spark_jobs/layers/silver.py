@@ -216,9 +216,10 @@ def _publish(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake:
             engine.delete(ledger_path, predicate)
     result = None
     if plan.rows is not None and plan.effective:
-        result = engine.merge(plan.rows, target_path, replace(SILVER_MERGE, keys=table.keys), table.partition_by)
+        result = engine.merge(plan.rows, target_path, replace(SILVER_MERGE, keys=table.keys), table.partition_by,
+                              small=plan.small)
     if plan.rows is not None and plan.state is not None:
-        _merge_ledger(engine, table, ledger_path, plan.rows, plan.state, plan.effective > 0)
+        _merge_ledger(engine, table, ledger_path, plan.rows, plan.state, plan.effective > 0, plan.small)
     if table.history and (plan.typed is not None or new_truncates):
         events = plan.typed.where("reason IS NULL") if plan.typed is not None else None
         summary.history_rows = apply_history(spark, engine, table, lake, events, plan.fields,
@@ -233,7 +234,7 @@ def _publish(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake:
 
 
 def _merge_ledger(engine: DeltaEngine, table: TableConfig, ledger_path: str, rows: DataFrame, state: DataFrame,
-                  merged: bool) -> None:
+                  merged: bool, small: bool) -> None:
     """Deletes the merge applied enter the tombstone ledger; newer upserts clear a key's entry."""
     ledger = rows.select(*table.keys, "_seq", "_op", F.coalesce(
         "_source_ts_ms", F.unix_millis(F.col("_ingested_at").cast("timestamp"))).alias("_deleted_at_ms"))
@@ -243,7 +244,7 @@ def _merge_ledger(engine: DeltaEngine, table: TableConfig, ledger_path: str, row
                                                   F.lit(None).cast("long").alias("_deleted_at_ms"))
     ledger = ledger.unionByName(behind.join(rows.select(*table.keys), list(table.keys), "left_anti"))
     if merged or behind.limit(1).count():
-        engine.merge(ledger, ledger_path, replace(LEDGER_MERGE, keys=table.keys))
+        engine.merge(ledger, ledger_path, replace(LEDGER_MERGE, keys=table.keys), small=small)
 
 
 def _restore(engine: DeltaEngine, published: dict[str, int | None]) -> None:

@@ -16,7 +16,7 @@ from spark_jobs.delta import DeltaEngine
 from spark_jobs.errors import ConfigError
 from spark_jobs.lake import Lake
 from spark_jobs.layers import changes
-from spark_jobs.layers.common import ONE_TASK_ROWS, checkpoint, join_side, one_row
+from spark_jobs.layers.common import ONE_TASK_BYTES, ONE_TASK_ROWS, checkpoint, join_side, one_row
 from spark_jobs.quality.user_expectations import check_columns, violations
 from spark_jobs.registry import TableConfig
 
@@ -54,6 +54,7 @@ class BatchPlan:
     new_truncate: str | None  # the batch's newest truncate position, when newer than the one in force
     truncated_at: str | None  # the truncate position in force after the batch
     rows_in: int  # bronze rows in the batch
+    bytes_in: int  # their change events' bytes as they landed
     newest_ts_ms: int | None
     quarantine: DataFrame  # (_source_file, _line, _raw, reason)
     target_schema: T.StructType | None  # silver's schema, None before its first commit
@@ -79,6 +80,12 @@ class BatchPlan:
         """A batch small enough to plan in one partition (common.checkpoint)."""
         return self.rows_in <= ONE_TASK_ROWS
 
+    @property
+    def small(self) -> bool:
+        """A batch whose rows fit in the driver's memory: written from there (DeltaEngine, `small`). Its events'
+        bytes bound the rows it writes, which are made of them."""
+        return self.one_task and self.bytes_in <= ONE_TASK_BYTES
+
 
 def plan_batch(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake: Lake, batch: DataFrame,
                truncated_at: str | None) -> BatchPlan:
@@ -93,7 +100,7 @@ def plan_batch(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lak
         F.count(F.when(F.col("op") != "t", 1)).alias("changes"),
         F.count(F.when((F.col("op") != "t") & F.col("_schema").isNull(), 1)).alias("plain"),
         F.max(F.get_json_object("source", "$.ts_ms").cast("long")).alias("newest_ts_ms"),
-        F.count(F.lit(1)).alias("rows"),
+        F.count(F.lit(1)).alias("rows"), F.sum(F.octet_length("_raw")).alias("bytes"),
         F.count(F.when(envelope.holds_placeholder(table.unavailable_value_placeholder), 1)).alias("unavailable")))
     # truncate (op=t): the table is empty as of its position; every older event is stale
     truncates = ordered.where("op = 't'").withColumn("reason", F.when(F.col("_seq").isNull(), missing_sequence(table))
@@ -101,7 +108,7 @@ def plan_batch(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lak
     batch_truncate = overview["truncated_at"]
     new_truncate = batch_truncate if batch_truncate and batch_truncate > (truncated_at or "") else None
     plan = BatchPlan(truncates, overview["truncates"], new_truncate, new_truncate or truncated_at, overview["rows"],
-                     overview["newest_ts_ms"], truncates.where("reason IS NOT NULL").select(*QUARANTINED),
+                     overview["bytes"] or 0, overview["newest_ts_ms"], truncates.where("reason IS NOT NULL").select(*QUARANTINED),
                      engine.schema(lake.silver(table.name)))
     if plan.one_task:  # materialised already: the planner is only told it is one partition (common.checkpoint)
         ordered = ordered.coalesce(1)

@@ -7,13 +7,14 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from pyspark.sql import functions as F
 
 from spark_jobs.generate import Options, generate
 from spark_jobs.lake import Lake
-from spark_jobs.layers import silver_plan
-from spark_jobs.layers.common import ONE_TASK_ROWS
+from spark_jobs.layers import common, silver_plan
+from spark_jobs.layers.common import ONE_TASK_BYTES, ONE_TASK_ROWS
 from spark_jobs.registry import load_registry
 from tests.support import run, silver_rows, summary_line
 
@@ -100,3 +101,34 @@ def test_a_tables_later_small_batches_reuse_the_classes_its_first_one_compiled(s
     # the snapshot and the first change batch compiled what a cycle needs (unless this JVM's earlier work had); the
     # second change batch reuses it (a literal Spark inlines, such as a timestamp, makes a few classes new each time)
     assert compiled[2] <= 25, compiled
+
+
+@pytest.mark.parametrize("one_task_bytes", [ONE_TASK_BYTES, 2_000])
+def test_a_small_batchs_rows_are_written_from_the_driver_and_a_bigger_ones_by_spark(spark, engine, tmp_path, capsys,
+                                                                                    monkeypatch, one_task_bytes):
+    """A batch within the one-task bounds (rows, and bytes as landed) reaches delta-rs as Arrow collected on the driver:
+    bronze's append and silver's merges make no Spark write. Over the bytes bound, Spark writes the rows (delta-rs
+    commits the files). Both apply exactly, one after the other on the same tables."""
+    from spark_jobs.delta.delta_rs import DeltaRsEngine
+
+    config = tmp_path / "tables.yaml"
+    config.write_text(CONFIG)
+    (g,) = generate(load_registry(str(config)).select(None), tmp_path / "sink",
+                    Options(rows=100, changes=50, records_per_file=100, batches=2, seed=17))
+    landing, lake = tmp_path / "landing", Lake(str(tmp_path / "lake"))
+    handed: list[tuple[str, bool]] = []  # (table written, whether a Spark frame reached the write)
+    stage, rows = DeltaRsEngine._stage, DeltaRsEngine._rows
+    monkeypatch.setattr(DeltaRsEngine, "_stage", lambda self, df, path: handed.append((path, True)) or stage(self, df, path))
+    monkeypatch.setattr(DeltaRsEngine, "_rows", lambda self, df: handed.append(("", not isinstance(df, pa.Table)))
+                        or rows(self, df))
+    for number, files in enumerate(g.batches):
+        if number == 2:
+            monkeypatch.setattr(common, "ONE_TASK_BYTES", one_task_bytes)
+            monkeypatch.setattr(silver_plan, "ONE_TASK_BYTES", one_task_bytes)
+        _land(tmp_path / "sink", landing, files)
+        handed.clear()
+        assert run(capsys, config, landing, lake.root, "--layers", "bronze,silver")[0] == 0
+    small = one_task_bytes == ONE_TASK_BYTES
+    # the last change batch: bronze's append and silver's merge and ledger merge, besides rows made on the driver
+    assert [spark_frame for _, spark_frame in handed].count(True) == (0 if small else 3), handed
+    assert silver_rows(spark, engine, lake.root, "customers", ("custkey",)) == g.final_rows

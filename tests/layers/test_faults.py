@@ -222,8 +222,8 @@ def test_the_retry_of_a_run_killed_before_its_progress_reports_what_the_killed_r
         "\n".join([event(1, 13, op="u", note="x"), event(2, 14, op="d"), event(4, 15)]) + "\n")
     merge = DeltaRsEngine.merge
 
-    def killed_after_silvers_merge(self, df, path, spec, *args):
-        result = merge(self, df, path, spec, *args)
+    def killed_after_silvers_merge(self, df, path, spec, *args, **kwargs):
+        result = merge(self, df, path, spec, *args, **kwargs)
         if path.endswith("/silver/orders"):
             raise Killed(path)
         return result

@@ -165,8 +165,8 @@ def test_a_merge_that_loses_deletes_fails_the_gate_and_silver_is_restored(spark,
     def losing_deletes(session):  # a broken engine: the silver merge forgets its delete clause
         real = make_engine(session)
         merge = real.merge
-        real.merge = lambda df, path, spec, *a: merge(df, path, replace(spec, delete_when=None) if "/silver/" in path
-                                                      else spec, *a)
+        real.merge = lambda df, path, spec, *a, **kw: merge(df, path, replace(spec, delete_when=None) if "/silver/" in path
+                                                            else spec, *a, **kw)
         return real
 
     monkeypatch.setattr(delta, "make_engine", losing_deletes)

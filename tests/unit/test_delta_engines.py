@@ -63,6 +63,38 @@ def test_rows_made_on_the_driver_append_and_merge_as_a_spark_frame_of_them_would
         (1, "b", "2", "u", naive), (2, None, "1", "c", None), (3, "c", "2", "c", naive)]
 
 
+def test_a_small_batchs_rows_commit_as_the_same_rows_written_by_spark_would(any_engine, spark, tmp_path):
+    """`small` (a batch that fits in the driver's memory) changes how the rows travel, never what is committed: the
+    same rows, schema, versions and merge counts, a column Spark marked NOT NULL (a literal) still taking nulls
+    later. delta-rs collects them and writes from the driver, where a Spark write leaves its files in a folder of
+    its own (`cdc-`)."""
+    from pyspark.sql import functions as F
+
+    at = dt.datetime(2024, 1, 2, 3, 4, 5, 6)
+    first = spark.createDataFrame([(1, "a", "1", at), (2, None, "1", None)], "k INT, v STRING, _seq STRING, at TIMESTAMP")
+    first = first.withColumn("_op", F.lit("c"))  # NOT NULL in Spark's schema
+    later = spark.createDataFrame([(1, "b", "2", "u", at), (3, "c", "2", None, at)],
+                                  "k INT, v STRING, _seq STRING, _op STRING, at TIMESTAMP")
+    spec, ledger = replace(SILVER_MERGE, keys=("k",)), replace(LEDGER_MERGE, keys=("k",))
+    outcome = {}
+    for small in (True, False):
+        path, deletes = str(tmp_path / f"small-{small}"), str(tmp_path / f"ledger-{small}")
+        appended = any_engine.append(first, path, small=small)
+        merged = any_engine.merge(later.where("_op IS NOT NULL"), path, spec, small=small)
+        nulls = any_engine.append(later.where("_op IS NULL"), path, small=small)
+        any_engine.merge(first.withColumn("_op", F.lit("d")), deletes, ledger)  # the ledger made by its first batch
+        cleared = any_engine.merge(later.where("_op IS NOT NULL"), deletes, ledger, small=small)
+        outcome[small] = (appended, merged, nulls, cleared, any_engine.schema(path), rows(any_engine, spark, path),
+                          rows(any_engine, spark, deletes))
+    assert outcome[True] == outcome[False]
+    assert outcome[True][5] == [(1, "b", "2", at, "u"), (2, None, "1", None, "c"), (3, "c", "2", at, None)]
+    assert outcome[True][6] == [(2, None, "1", None, "d")]  # the newer upsert of key 1 cleared its ledger entry
+    if any_engine.name == "delta-rs":
+        staged = {small: {a["path"].startswith("cdc-") for a in committed_files(str(tmp_path / f"small-{small}"))}
+                  for small in (True, False)}
+        assert staged[True] == {False} and True in staged[False]  # the merge's own rows delta-rs writes either way
+
+
 def test_empty_table_reads_as_empty_frame_with_schema(any_engine, spark, tmp_path):
     path = str(tmp_path / "t")
     any_engine.overwrite(spark.createDataFrame([], SCHEMA), path)
