@@ -269,7 +269,7 @@ def _quarantine(spark: SparkSession, engine: DeltaEngine, batch: _Batch, classif
     if batch.again and engine.version(path) is not None:
         engine.delete(path, f"layer = 'bronze' AND {_files_predicate(engine, batch.again)}")
     summary.quarantined = write_quarantine(engine, batch.lake, batch.table.name, quarantine, "bronze", batch.batch_id,
-                                           counts)
+                                           counts, small=small_landing(batch.files))
 
 
 @dataclass(frozen=True)

@@ -26,15 +26,16 @@ def now() -> dt.datetime:
 
 
 def write_quarantine(engine: DeltaEngine, lake: Lake, table: str, rows: DataFrame, layer: str, batch_id: str,
-                     counts: Counts | None = None) -> Counts:
+                     counts: Counts | None = None, small: bool = False) -> Counts:
     """Quarantine rows keep the raw record and a reason; keyed by (layer, file, line) so a re-run adds
-    nothing twice. Returns the counts by reason (`counts`, when the caller has them already)."""
+    nothing twice. Returns the counts by reason (`counts`, when the caller has them already). `small`: the rows
+    are a small batch's (DeltaEngine)."""
     counts = reasons(rows) if counts is None else counts
     if counts:
         rows = rows.select(
             "_source_file", "_line", "_raw", "reason", F.lit(layer).alias("layer"),
             F.lit(batch_id).alias("_batch_id"), F.lit(now()).cast("timestamp").alias("_ingested_at"))
-        engine.merge(rows, lake.quarantine(table), QUARANTINE_MERGE)
+        engine.merge(rows, lake.quarantine(table), QUARANTINE_MERGE, small=small)
     return counts
 
 

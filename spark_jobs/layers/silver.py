@@ -152,8 +152,8 @@ def apply_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     check = gate or partial(run_gate, actions=table.quality.actions)
     published = {path: engine.version(path) for path in lake.silver_tables(table.name).values()}
     plan = plan_batch(spark, engine, table, lake, batch, truncated_at)
-    summary = _counts(plan, write_quarantine(engine, lake, table.name, plan.quarantine, "silver", batch_id),
-                      table, batch_id)
+    summary = _counts(plan, write_quarantine(engine, lake, table.name, plan.quarantine, "silver", batch_id,
+                                             small=plan.small), table, batch_id)
     quarantined = sum((summary.quarantined or {}).values())
     audit = Audit(Figures(quarantined, summary.quarantined_share or 0.0))
     checks = silver_checks(table)

@@ -107,8 +107,8 @@ def test_a_tables_later_small_batches_reuse_the_classes_its_first_one_compiled(s
 def test_a_small_batchs_rows_are_written_from_the_driver_and_a_bigger_ones_by_spark(spark, engine, tmp_path, capsys,
                                                                                     monkeypatch, one_task_bytes):
     """A batch within the one-task bounds (rows, and bytes as landed) reaches delta-rs as Arrow collected on the driver:
-    bronze's append and silver's merges make no Spark write. Over the bytes bound, Spark writes the rows (delta-rs
-    commits the files). Both apply exactly, one after the other on the same tables."""
+    bronze's append and quarantine and silver's merges make no Spark write. Over the bytes bound, Spark writes the rows
+    (delta-rs commits the files). Both apply exactly, one after the other on the same tables."""
     from spark_jobs.delta.delta_rs import DeltaRsEngine
 
     config = tmp_path / "tables.yaml"
@@ -116,19 +116,25 @@ def test_a_small_batchs_rows_are_written_from_the_driver_and_a_bigger_ones_by_sp
     (g,) = generate(load_registry(str(config)).select(None), tmp_path / "sink",
                     Options(rows=100, changes=50, records_per_file=100, batches=2, seed=17))
     landing, lake = tmp_path / "landing", Lake(str(tmp_path / "lake"))
-    handed: list[tuple[str, bool]] = []  # (table written, whether a Spark frame reached the write)
+    handed: list[bool] = []  # for each write delta-rs made, whether a Spark frame reached it
     stage, rows = DeltaRsEngine._stage, DeltaRsEngine._rows
-    monkeypatch.setattr(DeltaRsEngine, "_stage", lambda self, df, path: handed.append((path, True)) or stage(self, df, path))
-    monkeypatch.setattr(DeltaRsEngine, "_rows", lambda self, df: handed.append(("", not isinstance(df, pa.Table)))
+    monkeypatch.setattr(DeltaRsEngine, "_stage", lambda self, df, path: handed.append(True) or stage(self, df, path))
+    monkeypatch.setattr(DeltaRsEngine, "_rows", lambda self, df: handed.append(not isinstance(df, pa.Table))
                         or rows(self, df))
     for number, files in enumerate(g.batches):
         if number == 2:
             monkeypatch.setattr(common, "ONE_TASK_BYTES", one_task_bytes)
             monkeypatch.setattr(silver_plan, "ONE_TASK_BYTES", one_task_bytes)
         _land(tmp_path / "sink", landing, files)
+        if number:  # a bad line in each change batch: the first makes the quarantine table, the second merges into it
+            landed = landing / Path(files[0]).relative_to(tmp_path / "sink")
+            landed.write_text(landed.read_text().rstrip("\n") + f"\nnot json {number}\n")
         handed.clear()
-        assert run(capsys, config, landing, lake.root, "--layers", "bronze,silver")[0] == 0
+        code, out, _ = run(capsys, config, landing, lake.root, "--layers", "bronze,silver")
+        assert code == 0, out
+    assert summary_line(out, "bronze", "customers")["quarantined"] == "malformed_json:1"
     small = one_task_bytes == ONE_TASK_BYTES
-    # the last change batch: bronze's append and silver's merge and ledger merge, besides rows made on the driver
-    assert [spark_frame for _, spark_frame in handed].count(True) == (0 if small else 3), handed
+    # the last change batch: bronze's append and quarantine, silver's merge and ledger merge, besides rows made on the
+    # driver
+    assert handed.count(True) == (0 if small else 4), handed
     assert silver_rows(spark, engine, lake.root, "customers", ("custkey",)) == g.final_rows
