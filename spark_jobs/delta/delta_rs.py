@@ -271,9 +271,14 @@ class DeltaRsEngine:
               small: bool = False) -> MergeResult:
         self._writable(path)
         if isinstance(df, DataFrame) and not partition_by and spec.insert_when and self._table(path) is None:
-            # an initial load: into no table, a merge inserts the rows its insert clause takes, and nothing else
-            # (one commit, whatever the size: Spark applies the clause, which is SQL)
-            version, rows = self._commit(self._stage(df.alias("s").where(spec.insert_when), path), path, "append")
+            # an initial load: into no table, a merge inserts the rows its insert clause takes (Spark applies it: it
+            # is SQL), and nothing else, in one commit
+            inserts = df.alias("s").where(spec.insert_when)
+            if small:
+                created = _on_driver(inserts)
+                write_deltalake(path, created, mode="append", storage_options=self._options(path))
+                return MergeResult(version=self._must(path).version(), inserted=created.num_rows, updated=0, deleted=0)
+            version, rows = self._commit(self._stage(inserts, path), path, "append")
             return MergeResult(version=version, inserted=rows, updated=0, deleted=0)
         if small:
             df = _on_driver(df)

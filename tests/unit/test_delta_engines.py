@@ -82,7 +82,7 @@ def test_a_small_batchs_rows_commit_as_the_same_rows_written_by_spark_would(any_
         appended = any_engine.append(first, path, small=small)
         merged = any_engine.merge(later.where("_op IS NOT NULL"), path, spec, small=small)
         nulls = any_engine.append(later.where("_op IS NULL"), path, small=small)
-        any_engine.merge(first.withColumn("_op", F.lit("d")), deletes, ledger)  # the ledger made by its first batch
+        any_engine.merge(first.withColumn("_op", F.lit("d")), deletes, ledger, small=small)  # made by its first batch
         cleared = any_engine.merge(later.where("_op IS NOT NULL"), deletes, ledger, small=small)
         outcome[small] = (appended, merged, nulls, cleared, any_engine.schema(path), rows(any_engine, spark, path),
                           rows(any_engine, spark, deletes))
@@ -90,8 +90,8 @@ def test_a_small_batchs_rows_commit_as_the_same_rows_written_by_spark_would(any_
     assert outcome[True][5] == [(1, "b", "2", at, "u"), (2, None, "1", None, "c"), (3, "c", "2", at, None)]
     assert outcome[True][6] == [(2, None, "1", None, "d")]  # the newer upsert of key 1 cleared its ledger entry
     if any_engine.name == "delta-rs":
-        staged = {small: {a["path"].startswith("cdc-") for a in committed_files(str(tmp_path / f"small-{small}"))}
-                  for small in (True, False)}
+        staged = {small: {a["path"].startswith("cdc-") for table in ("small", "ledger")
+                          for a in committed_files(str(tmp_path / f"{table}-{small}"))} for small in (True, False)}
         assert staged[True] == {False} and True in staged[False]  # the merge's own rows delta-rs writes either way
 
 
