@@ -276,8 +276,7 @@ class DeltaRsEngine:
             inserts = df.alias("s").where(spec.insert_when)
             if small:
                 created = _on_driver(inserts)
-                write_deltalake(path, created, mode="append", storage_options=self._options(path))
-                return MergeResult(version=self._must(path).version(), inserted=created.num_rows, updated=0, deleted=0)
+                return MergeResult(version=self.append(created, path), inserted=created.num_rows, updated=0, deleted=0)
             version, rows = self._commit(self._stage(inserts, path), path, "append")
             return MergeResult(version=version, inserted=rows, updated=0, deleted=0)
         if small:

@@ -182,6 +182,11 @@ class _Batch:
     files: list[LandingFile]
     again: list[str]
 
+    @property
+    def small(self) -> bool:
+        """Small landing files: planned in one partition (common.checkpoint), written from the driver (DeltaEngine)."""
+        return small_landing(self.files)
+
 
 def _ingest(spark: SparkSession, engine: DeltaEngine, batch: _Batch, staged: dict[str, LandingFile],
             staged_keys: dict[str, LandingFile], summary: BronzeSummary) -> int:
@@ -190,7 +195,7 @@ def _ingest(spark: SparkSession, engine: DeltaEngine, batch: _Batch, staged: dic
     classify, quarantine, audit, then append (or replace, for a reprocess) and log the files. Returns the
     number of files that could not be read."""
     table, lake = batch.table, batch.lake
-    small = small_landing(batch.files)
+    small = batch.small
     lines, unreadable = read_landing(spark, staged, batch.files, table.format, small)
     if table.record_keys:
         lines, keyless = with_record_keys(spark, lines, staged_keys, small)
@@ -269,7 +274,7 @@ def _quarantine(spark: SparkSession, engine: DeltaEngine, batch: _Batch, classif
     if batch.again and engine.version(path) is not None:
         engine.delete(path, f"layer = 'bronze' AND {_files_predicate(engine, batch.again)}")
     summary.quarantined = write_quarantine(engine, batch.lake, batch.table.name, quarantine, "bronze", batch.batch_id,
-                                           counts, small=small_landing(batch.files))
+                                           counts, small=batch.small)
 
 
 @dataclass(frozen=True)
@@ -345,7 +350,7 @@ def _commit(engine: DeltaEngine, events: DataFrame, batch: _Batch, summary: Bron
         # refuses rows its predicate does not cover
         committed = engine.replace(rows, path, _files_predicate(engine, [f.path for f in batch.files]))
     elif summary.events:
-        committed = engine.append(rows, path, small=small_landing(batch.files))
+        committed = engine.append(rows, path, small=batch.small)
     if committed == version_before:  # a reprocess that removed and added nothing: delta-spark makes no commit
         committed = None
     if committed is not None and committed != bronze_version:
