@@ -104,6 +104,41 @@ class _Routed:
         return getattr(self.own, name)
 
 
+# how often a running job's Spark jobs are read: Spark's status tracker keeps only the application's last
+# spark.ui.retainedJobs (1000) jobs, dropping the oldest tenth once past it, and far fewer than that end in this time
+SAMPLE_S = 2.0
+
+
+class _SparkJobIds:
+    """The ids of a job group's Spark jobs, gathered while it runs (a daemon thread reads them every SAMPLE_S): read
+    only at its end, a job of more than the tracker keeps would count what is left of them. Spark offers Python no
+    listener of its jobs, so the tracker is read."""
+
+    def __init__(self, tracker: Any, group: str):
+        self.tracker, self.group = tracker, group
+        self.ids: set[int] = set()
+        self.done = threading.Event()
+        self.sampler = threading.Thread(target=self._sample, daemon=True, name=f"cdc-jobs-{group}")
+        self.sampler.start()
+
+    def _read(self) -> None:
+        self.ids.update(self.tracker.getJobIdsForGroup(self.group))
+
+    def _sample(self) -> None:
+        while not self.done.wait(SAMPLE_S):
+            try:
+                self._read()
+            except Exception:  # the JVM is gone: the job's end reports it, and finish() fails to count
+                return
+
+    def finish(self) -> int:
+        """The count once the job has ended (raises when Spark cannot be asked)."""
+        self.done.set()
+        self.sampler.join()
+        self._read()
+        return len(self.ids)
+
+
 def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
 
@@ -168,8 +203,10 @@ class PipelineService:
         print(f"{_now()} job {job.id} started: {job.request.key or ''} {' '.join(job.argv[:2])} ...", flush=True)
         token = _current_job.set(job)
         spark = self._spark_context()
+        counted = None
         if spark is not None:  # the job's Spark jobs in a group of their own: counted, and named in the Spark UI
             spark.setJobGroup(job.id, job.request.key or job.argv[0])
+            counted = _SparkJobIds(spark.statusTracker(), job.id)
         variables = {Settings.variable(name): value for name, value in job.request.settings}
         try:
             with job_environment({**variables, Settings.variable("failure_file"): str(failure)}):
@@ -181,9 +218,9 @@ class PipelineService:
             code = 1
         finally:
             _current_job.reset(token)
-        if spark is not None:
+        if counted is not None:
             try:
-                job.spark_jobs = len(spark.statusTracker().getJobIdsForGroup(job.id))
+                job.spark_jobs = counted.finish()
             except Exception:  # the JVM died under the job (Spark 4.2 ends it on an OutOfMemoryError, local mode
                 pass  # too): the count stays unknown, and the death is dealt with below, the job reported first
         job.cause = failure.read_text().strip() if failure.exists() else None

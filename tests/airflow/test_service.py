@@ -124,6 +124,29 @@ def test_jobs_run_as_the_cli_would_each_with_its_own_log(deployment):
     assert silver("customers") == generated["customers"].final_rows
 
 
+def test_a_jobs_spark_jobs_are_all_counted_though_spark_keeps_only_its_last_ones(monkeypatch):
+    """Spark's status tracker keeps the application's last spark.ui.retainedJobs jobs: a job of more than that is
+    counted whole because its jobs are read while it runs. The tracker here keeps the last 3."""
+    from spark_jobs import service
+
+    class LastThree:
+        def __init__(self):
+            self.ended: list[int] = []
+
+        def getJobIdsForGroup(self, group):  # noqa: N802 (Spark's name)
+            assert group == "job-1"
+            return list(self.ended[-3:])
+
+    monkeypatch.setattr(service, "SAMPLE_S", 0.005)
+    tracker = LastThree()
+    counted = service._SparkJobIds(tracker, "job-1")
+    for job_id in range(40):
+        tracker.ended.append(job_id)
+        time.sleep(0.03)
+    assert counted.finish() == 40
+    assert not counted.sampler.is_alive()
+
+
 def test_failures_keep_the_processs_exit_codes_and_cause(deployment):
     service, _ = deployment
     unknown = wait(service, submit(service, run("--tables", "nope")))

@@ -132,8 +132,8 @@ def database(bench: Bench) -> None:
                           target="<= 3 s"))
     for what, jobs in (("initial load", load_jobs), ("change cycle", change_jobs), ("idle cycle", idle_jobs)):
         figures.append(Figure("D", f"Spark jobs of the {what}, {TABLES} tables", jobs,
-                              note="a count of Spark jobs, not seconds; Spark's status tracker keeps the application's "
-                                   "last 1000 jobs (spark.ui.retainedJobs), so 1000 means at least 1000"))
+                              note="a count of Spark jobs, not seconds (the service reads them while the job runs: "
+                                   "Spark's status tracker keeps only its last 1000)"))
     parse = Figure("D", f"DAG files parsed with {PARSE_TABLES} tables registered (Airflow DagBag)",
                    dag_parse_seconds(registry(work / "tables-d-parse.yaml", PARSE_TABLES), landing, lake),
                    target="<= 5 s")
