@@ -126,23 +126,32 @@ def test_jobs_run_as_the_cli_would_each_with_its_own_log(deployment):
 
 def test_a_jobs_spark_jobs_are_all_counted_though_spark_keeps_only_its_last_ones(monkeypatch):
     """Spark's status tracker keeps the application's last spark.ui.retainedJobs jobs: a job of more than that is
-    counted whole because its jobs are read while it runs. The tracker here keeps the last 3."""
+    counted whole because its jobs are read while it runs. The tracker here keeps the last 3; each Spark job ends
+    only once the running count has read the one before it, so no machine's timing decides the result."""
     from spark_jobs import service
 
     class LastThree:
         def __init__(self):
             self.ended: list[int] = []
+            self.newest_read = -1
+            self.read = threading.Condition()
 
         def getJobIdsForGroup(self, group):  # noqa: N802 (Spark's name)
             assert group == "job-1"
-            return list(self.ended[-3:])
+            ids = list(self.ended[-3:])
+            with self.read:
+                self.newest_read = max(ids, default=-1)
+                self.read.notify_all()
+            return ids
 
     monkeypatch.setattr(service, "SAMPLE_S", 0.005)
     tracker = LastThree()
     counted = service._SparkJobIds(tracker, "job-1")
     for job_id in range(40):
         tracker.ended.append(job_id)
-        time.sleep(0.03)
+        with tracker.read:
+            assert tracker.read.wait_for(lambda ended=job_id: tracker.newest_read >= ended, timeout=10), \
+                f"Spark job {job_id} was not read while the job ran"
     assert counted.finish() == 40
     assert not counted.sampler.is_alive()
 
