@@ -85,6 +85,8 @@ def _run_steps(steps: Steps, args: argparse.Namespace, tables: list[TableConfig]
                landing: str, lake: Any, batch_id: str, selection: Any) -> None:
     from spark_jobs.layers import bronze, gold, silver
 
+    reads: dict[str, Any] = {}
+
     def table_steps(table: TableConfig) -> None:  # a failed gate or bad input fails this table only (Steps)
         ok = True
         if args.mode == "skip":
@@ -92,12 +94,18 @@ def _run_steps(steps: Steps, args: argparse.Namespace, tables: list[TableConfig]
                            selection, args.reason)
         elif "bronze" in args.layers and args.mode != "rebuild":
             ok = steps.run(table.name, "bronze", table.name, bronze.bronze_ingest, table, landing, lake, batch_id,
-                           selection)
+                           selection, reads.pop(table.name, None))
         if "silver" in args.layers and ok:  # a table whose bronze failed this run goes no further in it
             layer_step = silver.silver_rebuild if args.mode == "rebuild" else silver.silver_merge
             steps.run(table.name, "silver", table.name, layer_step, table, lake, batch_id)
 
-    each_table(steps.spark, tables, table_steps, settings().table_workers)
+    if "bronze" in args.layers and args.mode == "incremental":
+        # many small tables' new files are read in shared passes, a round at a time; each table's step takes its own
+        for members, round_reads in bronze.read_rounds(steps.spark, steps.engine, tables, landing, lake, batch_id, selection):
+            reads.update(round_reads)
+            each_table(steps.spark, members, table_steps, settings().table_workers)
+    else:
+        each_table(steps.spark, tables, table_steps, settings().table_workers)
     if "gold" in args.layers:
         for model in models:
             failed = sorted(set(model.sources) & steps.failed_tables)

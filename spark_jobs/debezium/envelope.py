@@ -8,7 +8,9 @@ from __future__ import annotations
 import base64
 import json
 import re
+from collections.abc import Callable, Mapping
 from functools import reduce
+from typing import Any
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -247,6 +249,27 @@ def classify(parsed: DataFrame, keys: tuple[str, ...], quarantine: frozenset[str
     columns absent from the key image, comma-separated) and `_expectation`,
     the row-level expectation a kept event fails (reported, not quarantined: its action is not in
     `quarantine`). Lines that are no change event at all are always quarantined."""
+    return classify_tables(parsed, {"": (keys, quarantine)})
+
+
+# A table's key columns, and the row expectations whose failure quarantines an event of it
+TableRules = tuple[tuple[str, ...], frozenset[str]]
+
+
+def per_table(rules: Mapping[str, Any], column: Callable[[Any], Column]) -> Column:
+    """`column(rule)` of each row's table (`_table`), one CASE branch per distinct rule: the tables of a
+    database mostly share them. One rule for all needs no `_table` at all."""
+    tables_of: dict[Any, list[str]] = {}
+    for table, rule in rules.items():
+        tables_of.setdefault(rule, []).append(table)
+    if len(tables_of) == 1:
+        return column(next(iter(tables_of)))
+    branches = [(F.col("_table").isin(*names), column(rule)) for rule, names in tables_of.items()]
+    return reduce(lambda case, branch: case.when(*branch), branches[1:], F.when(*branches[0]))
+
+
+def classify_tables(parsed: DataFrame, rules: Mapping[str, TableRules]) -> DataFrame:
+    """`classify` over the lines of many tables at once (`_table` names each line's), by each table's rules."""
     trimmed = F.trim(F.col("_raw"))
     problem = F.col("_line_problem") if "_line_problem" in parsed.columns else F.lit(None).cast("string")
     unusable = (
@@ -264,12 +287,15 @@ def classify(parsed: DataFrame, keys: tuple[str, ...], quarantine: frozenset[str
     tombstone = problem.isNull() & ((trimmed == "null") | trimmed.rlike(
         r'^\{\s*"schema"\s*:\s*null\s*,\s*"payload"\s*:\s*null\s*\}$'))
     failed = F.when(~F.col("_tombstone") & F.col("_unusable").isNull(), row_expectation_failure())
-    quarantined = F.col("_unusable").isNotNull() | F.split("_failed", ":")[0].isin(*sorted(quarantine))
+    refusing = per_table({table: quarantine for table, (_, quarantine) in rules.items()},
+                         lambda quarantine: F.split("_failed", ":")[0].isin(*sorted(quarantine)))
+    quarantined = F.col("_unusable").isNotNull() | refusing
     kind = F.when(F.col("_tombstone"), "tombstone").when(quarantined, "quarantine").otherwise("event")
+    keys_of = {table: keys for table, (keys, _) in rules.items()}
     # each step refers to the one before by column name: Spark evaluates every expression once per line (passed
     # as Column objects, the parsing checks were copied into every later expression and ran up to nine times)
-    return (parsed.withColumn("_missing_key", missing_keys(keys))
-            .withColumn("_nested_key", nested_keys(keys))
+    return (parsed.withColumn("_missing_key", per_table(keys_of, missing_keys))
+            .withColumn("_nested_key", per_table(keys_of, nested_keys))
             .withColumn("_unusable", unusable)
             .withColumn("_tombstone", tombstone)
             .withColumn("_failed", failed)

@@ -86,6 +86,14 @@ def driver_rows(rows: list[tuple[Any, ...]], ddl: str) -> pa.Table:
     return pa.Table.from_pylist([dict(zip(schema.names, row, strict=True)) for row in rows], schema=schema)
 
 
+def all_nullable(schema: pa.Schema) -> pa.Schema:
+    """Spark marks columns NOT NULL from the plan (a literal, current_timestamp()); a Delta table created from
+    that would reject later batches that legitimately hold nulls there."""
+    import pyarrow as pa
+
+    return pa.schema([f.with_nullable(True) for f in schema])
+
+
 # Delta's default delta.logRetentionDuration: commits older than this go at a checkpoint, and with them time travel
 LOG_RETENTION_S = 30 * 86400
 

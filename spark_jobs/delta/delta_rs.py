@@ -42,7 +42,7 @@ from pyarrow import fs as pafs
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from spark_jobs.delta import MergeResult, MergeSpec, key_predicate, log_retention, retention_hours
+from spark_jobs.delta import MergeResult, MergeSpec, all_nullable, key_predicate, log_retention, retention_hours
 from spark_jobs.delta.features import unplain_features
 from spark_jobs.delta.file_stats import delta_stats
 from spark_jobs.errors import UnsupportedTable
@@ -75,12 +75,6 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _nullable(schema: pa.Schema) -> pa.Schema:
-    """Spark marks columns NOT NULL from the plan (a literal, current_timestamp()); a Delta table created from
-    that would reject later batches that legitimately hold nulls there."""
-    return pa.schema([f.with_nullable(True) for f in schema])
-
-
 def _on_driver(df: Rows) -> pa.Table:
     """A small batch's frame collected as Arrow, for delta-rs to write from the driver. A Spark write of it (a job,
     the commit protocol's folders, each made with a forked `chmod` where Hadoop has no native library, then the files
@@ -88,7 +82,7 @@ def _on_driver(df: Rows) -> pa.Table:
     if isinstance(df, pa.Table):
         return df
     collected = df.toArrow()
-    return collected.cast(_nullable(collected.schema))
+    return collected.cast(all_nullable(collected.schema))
 
 
 @dataclass
@@ -187,7 +181,7 @@ class DeltaRsEngine:
             df.write.mode("overwrite").parquet(str(folder))
             files = sorted(folder.glob("part-*.parquet"))
             schema = pq.read_schema(files[0]) if files else df.limit(0).toArrow().schema
-            scratch = _Staged(pafs.LocalFileSystem(), str(folder), [str(f) for f in files], schema=_nullable(schema))
+            scratch = _Staged(pafs.LocalFileSystem(), str(folder), [str(f) for f in files], schema=all_nullable(schema))
             yield scratch.reader(), sum(f.stat().st_size for f in files)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
@@ -238,7 +232,7 @@ class DeltaRsEngine:
         except BaseException:  # a failed write leaves no files behind
             staged.remove()
             raise
-        staged.schema = _nullable(staged.schema or df.limit(0).toArrow().schema)  # no file for no rows
+        staged.schema = all_nullable(staged.schema or df.limit(0).toArrow().schema)  # no file for no rows
         return staged
 
     def _commit(self, staged: _Staged, path: str, mode: str) -> tuple[int, int]:

@@ -4,9 +4,14 @@ file taken, so a file is never appended twice, even after a crash between the tw
 
 from __future__ import annotations
 
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -15,10 +20,23 @@ from spark_jobs.delta import DeltaEngine, driver_rows
 from spark_jobs.errors import ConcurrentWrite, OutOfMemory, PipelineError
 from spark_jobs.lake import Lake
 from spark_jobs.landing import LandingFile, LandingWindow, list_topic, spark_paths
+from spark_jobs.layers.bronze_pass import (
+    Candidate,
+    LineTally,
+    TableRead,
+    audited_lines,
+    bronze_rows,
+    fold_tally,
+    quarantining,
+    read_together,
+    tally_groups,
+)
 from spark_jobs.layers.common import (
+    ONE_TASK_BYTES,
     checkpoint,
     gate,
     lag_seconds,
+    landing_bytes,
     now,
     share,
     small_landing,
@@ -26,15 +44,24 @@ from spark_jobs.layers.common import (
 )
 from spark_jobs.layers.landing_reader import read_landing, with_record_keys
 from spark_jobs.layers.summary import BronzeSummary, Counts
-from spark_jobs.layers.tombstones import TombstoneCounts, preceding_rows, tombstone_counts, track_pending_tombstones
-from spark_jobs.quality.audit import Audit, Figures, tally
-from spark_jobs.quality.expectations import QUARANTINE, flagged, row_checks
+from spark_jobs.layers.tombstones import (
+    PENDING_TOMBSTONES,
+    TombstoneCounts,
+    preceding_rows,
+    tombstone_counts,
+    track_pending_tombstones,
+)
+from spark_jobs.quality.audit import Audit, Figures, Tally, tally
+from spark_jobs.quality.expectations import flagged
 from spark_jobs.quality.gates import bronze_checks
 from spark_jobs.quality.user_expectations import check_columns, violations
 from spark_jobs.registry import TableConfig
 from spark_jobs.session import ran_out_of_memory
 from spark_jobs.settings import settings
 from spark_jobs.state import advance_marks, ingest_log, ingested_files, read_marks
+
+if TYPE_CHECKING:
+    from spark_jobs.delta import Rows
 
 
 @dataclass(frozen=True)
@@ -86,7 +113,10 @@ def _select(landing: str, lake: Lake, table: TableConfig, selection: Selection, 
 
 
 def bronze_ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, landing: str, lake: Lake,
-                  batch_id: str, selection: Selection = Selection()) -> BronzeSummary:
+                  batch_id: str, selection: Selection = Selection(), read: TableRead | None = None) -> BronzeSummary:
+    """The table's new landing files into bronze. `read`: the batch a shared pass over many tables read
+    (read_many), taken when the files are still those and the table has no tombstones pending; otherwise the
+    table reads its own."""
     # the ingest log read once, for both: a cycle asks this of every table, most of which have nothing new
     logged = ingest_log(lake, table.name, ["file", "bronze_version"])
     recovered = _recover_unlogged_files(spark, engine, lake, table.name, batch_id, logged["bronze_version"])
@@ -101,6 +131,10 @@ def bronze_ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     if not files:
         summary.gate, summary.lines, summary.events, summary.tombstones = "skipped (no new files)", 0, 0, 0
         listing.advance(lake, table.name)  # files another run took (or recovered ones) move the marks too
+        return summary
+    if read is not None and read.holds(files, listing.done) and not _pending_tombstones(engine, lake, table.name):
+        _ingest_read(engine, _Batch(table, lake, batch_id, files, []), read, summary)
+        listing.advance(lake, table.name)
         return summary
     # names Spark cannot read where they are get copies in the lake, which a cluster's executors see as the
     # driver does; what a killed run staged goes first (one writer per table: no live run of it has any)
@@ -143,6 +177,117 @@ def bronze_ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     return summary
 
 
+def _pending_tombstones(engine: DeltaEngine, lake: Lake, table: str) -> bool:
+    """Does the table hold tombstones waiting for their previous record? Settling them reads the table's own lines."""
+    return engine.version(lake.pending_tombstones(table)) is not None
+
+
+# What shared passes read ahead of the tables' own steps at most (landing bytes, as small_landing counts them): the
+# reads wait on the driver, as Arrow, until each table commits its own
+READ_AHEAD_BYTES = 4 * ONE_TASK_BYTES
+
+
+def read_rounds(spark: SparkSession, engine: DeltaEngine, tables: list[TableConfig], landing: str, lake: Lake,
+                batch_id: str, selection: Selection) -> Iterator[tuple[list[TableConfig], dict[str, TableRead]]]:
+    """The tables in rounds, each with the new files of its small tables read in shared passes (bronze_pass), at
+    most READ_AHEAD_BYTES a round; the tables' own bronze steps then take their reads (bronze_ingest). Tables a
+    pass cannot take (`_candidate`, a reprocess, a topic two tables read) read their own files. A pass that fails
+    leaves its tables to read their own, which then fail or not each on its own input."""
+    if selection.reprocess or len(tables) < 2:
+        yield tables, {}
+        return
+    members: list[TableConfig] = []
+    candidates: list[Candidate] = []
+    for table in tables:
+        members.append(table)
+        candidate = _candidate(engine, table, landing, lake, selection)
+        if candidate is not None:
+            candidates.append(candidate)
+        if landing_bytes(f for c in candidates for f in c.files) >= READ_AHEAD_BYTES:
+            yield members, _read_shared(spark, engine, lake, landing, candidates, batch_id)
+            members, candidates = [], []
+    if members:
+        yield members, _read_shared(spark, engine, lake, landing, candidates, batch_id)
+
+
+def _candidate(engine: DeltaEngine, table: TableConfig, landing: str, lake: Lake,
+               selection: Selection) -> Candidate | None:
+    """The table's new files, when a shared pass can read them: small, JSON lines (a file of another kind is
+    quarantined as bronze does), no key files, no expectations on raw events, one batch."""
+    if table.record_keys or table.format not in ("auto", "json", "json-flat") or table.layer_expectations("bronze"):
+        return None
+    try:
+        # nothing after the marks: nothing for a pass (the table's own step still lists in full), and an idle
+        # table costs this listing only, not its ingest log read twice
+        if _pending_tombstones(engine, lake, table.name) or not list_topic(landing, table.topic,
+                                                                             marks=read_marks(lake, table.name)):
+            return None
+        done = ingested_files(lake, table.name)
+        files = _select(landing, lake, table, selection, done).chosen
+    except Exception:  # not swallowed: its own step lists again, and fails alone if it must
+        return None
+    if not files or len(files) > settings().bronze_batch_files or any(f.kind in ("parquet", "avro") for f in files) \
+            or not small_landing(files):
+        return None
+    return Candidate(table, files, frozenset(done))
+
+
+def _read_shared(spark: SparkSession, engine: DeltaEngine, lake: Lake, landing: str, candidates: list[Candidate],
+                 batch_id: str) -> dict[str, TableRead]:
+    """The candidates in passes of one small batch of lines each (one format each; a topic two tables read is left
+    to them)."""
+    topics = Counter(c.table.topic for c in candidates)
+    passes: list[list[Candidate]] = []
+    for fmt in sorted({c.table.format for c in candidates}):
+        batch: list[Candidate] = []
+        for c in (c for c in candidates if c.table.format == fmt and topics[c.table.topic] == 1):
+            if batch and not small_landing([f for b in [*batch, c] for f in b.files]):
+                passes.append(batch)
+                batch = []
+            batch.append(c)
+        passes.append(batch)
+    reads: dict[str, TableRead] = {}
+    for together in (p for p in passes if len(p) > 1):
+        started = time.monotonic()
+        try:
+            reads |= read_together(spark, engine, lake, landing, together, together[0].table.format, batch_id)
+        except Exception as exc:  # not swallowed: each table reads its own next, and fails on its own if it must
+            print(f"bronze: a shared pass over {len(together)} tables failed, each reads its own files: "
+                  f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}", file=sys.stderr, flush=True)
+            continue
+        print(f"bronze: {len(together)} tables' new files ({sum(len(c.files) for c in together)}) read in one pass "
+              f"in {time.monotonic() - started:.3f} s", flush=True)
+    return reads
+
+
+def _ingest_read(engine: DeltaEngine, batch: _Batch, read: TableRead, summary: BronzeSummary) -> None:
+    """A batch a shared pass read (read_many), taken as `_ingest` takes one it reads: quarantine, gate, pending
+    tombstones, commit and ingest log, from the driver."""
+    table, lake = batch.table, batch.lake
+    counts = dict(read.tally.quarantined)
+    for reason in read.unreadable.values():
+        counts[reason] = counts.get(reason, 0) + 1
+    quarantine = read.quarantine + [(f.path, 0, "", reason) for f, reason in read.unreadable.items()]
+    summary.quarantined = write_quarantine(engine, lake, table.name, quarantine, "bronze", batch.batch_id, counts)
+    _count(read.tally, read.tombstones, batch, len(read.unreadable), summary)
+    _gate(read.audit, None, batch, summary)
+    summary.tombstones_matched_late = 0  # none were pending (bronze_ingest)
+    if read.waiting is not None and read.waiting.num_rows:
+        engine.merge(read.waiting, lake.pending_tombstones(table.name), PENDING_TOMBSTONES, small=True)
+
+    def rows_at(version: int) -> pa.Table:  # the read's rows, committed as `version` now
+        rows, n = read.events, read.events.num_rows
+        for name, value in (("_bronze_version", version), ("_ingested_at", now())):
+            field = rows.schema.field(name)
+            rows = rows.set_column(rows.schema.get_field_index(name), field, pa.array([value] * n, field.type))
+        return rows
+
+    committed = _commit(engine, rows_at, batch, summary)
+    per_file = dict(read.tally.per_file) | {f.path: (0, 0, 0, 1) for f in read.unreadable}
+    log_files(engine, lake, table.name, {f.path: (f.size, f.modified_ms, *per_file.get(f.path, (0, 0, 0, 0)))
+                                               for f in batch.files}, batch.batch_id, committed)
+
+
 def skip_files(spark: SparkSession, engine: DeltaEngine, table: TableConfig, landing: str, lake: Lake, batch_id: str,
                selection: Selection, reason: str) -> BronzeSummary:
     """Set pending landing files aside unread (the way on after a bad file stops bronze, besides fixing it):
@@ -160,7 +305,7 @@ def skip_files(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lan
                                      "_source_file STRING, _line BIGINT, _raw STRING, reason STRING")
         summary.quarantined = write_quarantine(engine, lake, table.name, rows, "bronze", batch_id)
         # lines, events and tombstones unknown: the files were not read
-        log_files(spark, engine, lake, table.name, {f.path: (f.size, f.modified_ms, None, 0, None, None)
+        log_files(engine, lake, table.name, {f.path: (f.size, f.modified_ms, None, 0, None, None)
                                                     for f in files}, batch_id, None)
         listing.advance(lake, table.name)
     return summary
@@ -204,11 +349,10 @@ def _ingest(spark: SparkSession, engine: DeltaEngine, batch: _Batch, staged: dic
     if table.record_keys:
         parsed = envelope.keys_from_record_key(parsed, table.keys)
     parsed = parsed.withColumn("_schema", F.coalesce("_typed_schema", "_schema")).drop("_typed_schema")
-    to_quarantine = frozenset(n for n in row_checks("bronze") if table.quality.action(n) == QUARANTINE)
-    classified = checkpoint(envelope.classify(parsed, table.keys, to_quarantine), small)
+    classified = checkpoint(envelope.classify(parsed, table.keys, quarantining(table)), small)
     raw = _raw_events(classified, table)
     classified = _quarantine_by_expectations(classified, raw, table)
-    tally = _tally(classified)
+    tally = fold_tally(tally_groups(classified))
     _quarantine(spark, engine, batch, classified, tally.quarantined, unreadable, summary)
     per_file = dict(tally.per_file)  # unreadable files join it below
     # tombstone lines that open a file follow a record of an earlier batch: look in bronze for those only
@@ -220,10 +364,11 @@ def _ingest(spark: SparkSession, engine: DeltaEngine, batch: _Batch, staged: dic
     _audit(classified, matched, raw, batch, summary)
     summary.tombstones_matched_late = track_pending_tombstones(spark, engine, lake, table.name, classified, matched,
                                                                tombstones.waiting > 0)
-    committed = _commit(engine, classified.where("_kind = 'event'"), batch, summary)
+    events = classified.where("_kind = 'event'")
+    committed = _commit(engine, lambda version: bronze_rows(events, batch.batch_id, version), batch, summary)
     for f in unreadable:
         per_file[f.path] = (0, 0, 0, 1)
-    log_files(spark, engine, lake, table.name, {f.path: (f.size, f.modified_ms, *per_file.get(f.path, (0, 0, 0, 0)))
+    log_files(engine, lake, table.name, {f.path: (f.size, f.modified_ms, *per_file.get(f.path, (0, 0, 0, 0)))
                                                 for f in batch.files}, batch.batch_id, committed)
     return len(unreadable)
 
@@ -277,42 +422,7 @@ def _quarantine(spark: SparkSession, engine: DeltaEngine, batch: _Batch, classif
                                            counts, small=batch.small)
 
 
-@dataclass(frozen=True)
-class _Tally:
-    """What bronze counts of the classified lines, all from one Spark job."""
-
-    per_file: dict[str, tuple[int, int, int, int]]  # (lines, events, tombstones, quarantined) per landing file
-    quarantined: Counts  # lines by quarantine reason
-    flagged: Counts  # kept events by the (warn) expectation they fail
-    newest_ts_ms: int | None  # the newest event's source time
-    opening: list[str]  # files whose first line is a tombstone
-
-    @property
-    def tombstones(self) -> int:
-        return sum(stats[2] for stats in self.per_file.values())
-
-
-def _tally(classified: DataFrame) -> _Tally:
-    groups = classified.groupBy("_source_file", "_kind", "reason", "_expectation").agg(
-        F.count(F.lit(1)).alias("n"), F.max("ts_ms").alias("newest"),
-        F.max((F.col("_kind") == "tombstone") & (F.col("_line") == 1)).alias("opens")).collect()
-    per_file: dict[str, list[int]] = {}
-    quarantined: Counts = {}
-    flagged: Counts = {}
-    for g in groups:
-        stats = per_file.setdefault(g["_source_file"], [0, 0, 0, 0])
-        stats[0] += g["n"]
-        stats[1 + ("event", "tombstone", "quarantine").index(g["_kind"])] += g["n"]
-        if g["_kind"] == "quarantine":
-            quarantined[g["reason"]] = quarantined.get(g["reason"], 0) + g["n"]
-        elif g["_kind"] == "event" and g["_expectation"] is not None:
-            flagged[g["_expectation"]] = flagged.get(g["_expectation"], 0) + g["n"]
-    newest = [g["newest"] for g in groups if g["_kind"] == "event" and g["newest"] is not None]
-    return _Tally({f: (s[0], s[1], s[2], s[3]) for f, s in per_file.items()}, quarantined, flagged,
-                  max(newest) if newest else None, sorted({g["_source_file"] for g in groups if g["opens"]}))
-
-
-def _count(tally: _Tally, tombstones: TombstoneCounts, batch: _Batch, unreadable: int, summary: BronzeSummary) -> None:
+def _count(tally: LineTally, tombstones: TombstoneCounts, batch: _Batch, unreadable: int, summary: BronzeSummary) -> None:
     lines_in, events_in = (sum(stats[i] for stats in tally.per_file.values()) for i in range(2))
     summary.lines, summary.events, summary.tombstones = lines_in, events_in, tally.tombstones
     summary.tombstones_matched, summary.tombstones_unmatched = tombstones.matched, tally.tombstones - tombstones.matched
@@ -325,25 +435,24 @@ def _count(tally: _Tally, tombstones: TombstoneCounts, batch: _Batch, unreadable
 def _audit(classified: DataFrame, matched: DataFrame | None, raw: DataFrame | None, batch: _Batch,
            summary: BronzeSummary) -> None:
     """The bronze gate: its checks' tallies over the batch's change events and tombstone lines, and its figures."""
+    _gate(tally({"events": audited_lines(classified, matched)}, flagged("bronze")), raw, batch, summary)
+
+
+def _gate(tallies: dict[str, Tally], raw: DataFrame | None, batch: _Batch, summary: BronzeSummary) -> None:
     table = batch.table
-    change_events = classified.where(f"_kind <> 'tombstone' AND _json_ok AND op IN {envelope.OPS}")
-    lines = (change_events.withColumn("_follows_delete", F.lit(None).cast("boolean")) if matched is None else
-             change_events.unionByName(matched.select("_follows_delete"), allowMissingColumns=True))
     figures = Figures(sum((summary.quarantined or {}).values()), summary.quarantined_share or 0.0)
-    gate(Audit(figures, tally({"events": lines}, flagged("bronze"))), {"raw": raw} if raw is not None else {},
-         table.name, "bronze", bronze_checks(table), batch.lake, summary, table.quality.actions)
+    gate(Audit(figures, tallies), {"raw": raw} if raw is not None else {}, table.name, "bronze", bronze_checks(table),
+         batch.lake, summary, table.quality.actions)
 
 
-def _commit(engine: DeltaEngine, events: DataFrame, batch: _Batch, summary: BronzeSummary) -> int | None:
-    """Append the events in one commit (a reprocess replaces the files' earlier rows in one commit: bronze
-    never holds a line twice). Returns the commit's version, None when nothing was written."""
+def _commit(engine: DeltaEngine, rows_at: Callable[[int], Rows], batch: _Batch, summary: BronzeSummary) -> int | None:
+    """Append the events (`rows_at(version)`: as bronze rows of that version) in one commit (a reprocess replaces
+    the files' earlier rows in one commit: bronze never holds a line twice). Returns the commit's version, None
+    when nothing was written."""
     path = batch.lake.bronze(batch.table.name)
     version_before = engine.version(path)
     bronze_version = 0 if version_before is None else version_before + 1
-    rows = events.select(
-        "_source_file", "_line", "_raw", "op", "ts_ms", "source", "before", "after", "_schema",
-        F.lit(batch.batch_id).alias("_batch_id"), F.lit(bronze_version).cast("long").alias("_bronze_version"),
-        F.lit(now()).cast("timestamp").alias("_ingested_at"))
+    rows = rows_at(bronze_version)
     committed = None
     if batch.again:
         # every file read is in the predicate: files landed since the last run are read too, and a replace
@@ -377,7 +486,7 @@ INGEST_LOG_SCHEMA = ("table STRING, file STRING, size BIGINT, modified_ms BIGINT
                      "tombstones BIGINT, quarantined BIGINT, _batch_id STRING, bronze_version BIGINT, ingested_at TIMESTAMP")
 
 
-def log_files(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: str,
+def log_files(engine: DeltaEngine, lake: Lake, table: str,
               files: dict[str, tuple[Any, ...]], batch_id: str, bronze_version: int | None) -> None:
     """Record files as ingested: (size, modified_ms, lines, events, tombstones, quarantined) per path;
     `bronze_version` is the bronze commit that holds their rows (None when they had no events)."""
@@ -404,5 +513,5 @@ def _recover_unlogged_files(spark: SparkSession, engine: DeltaEngine, lake: Lake
     for version in sorted({r["_bronze_version"] for r in held}):
         # sizes, line and tombstone counts of those files were lost with the run: left null
         files = {r["_source_file"]: (None, None, None, r["events"], None, None) for r in held if r["_bronze_version"] == version}
-        log_files(spark, engine, lake, table, files, batch_id, version)
+        log_files(engine, lake, table, files, batch_id, version)
     return {r["_source_file"] for r in held}

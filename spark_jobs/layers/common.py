@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 
-from spark_jobs.delta import DeltaEngine, MergeSpec
+from spark_jobs.delta import DeltaEngine, MergeSpec, driver_rows
 from spark_jobs.errors import GateFailed
 from spark_jobs.lake import Lake
 from spark_jobs.landing import LandingFile
@@ -25,11 +26,22 @@ def now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-def write_quarantine(engine: DeltaEngine, lake: Lake, table: str, rows: DataFrame, layer: str, batch_id: str,
-                     counts: Counts | None = None, small: bool = False) -> Counts:
+QUARANTINE_SCHEMA = ("_source_file STRING, _line BIGINT, _raw STRING, reason STRING, layer STRING, _batch_id STRING, "
+                     "_ingested_at TIMESTAMP")
+
+
+def write_quarantine(engine: DeltaEngine, lake: Lake, table: str, rows: DataFrame | list[tuple[str, int, str, str]],
+                     layer: str, batch_id: str, counts: Counts | None = None, small: bool = False) -> Counts:
     """Quarantine rows keep the raw record and a reason; keyed by (layer, file, line) so a re-run adds
     nothing twice. Returns the counts by reason (`counts`, when the caller has them already). `small`: the rows
-    are a small batch's (DeltaEngine)."""
+    are a small batch's (DeltaEngine). `rows` made on the driver are (_source_file, _line, _raw, reason)."""
+    if isinstance(rows, list):
+        counts = counts if counts is not None else dict(Counter(row[3] for row in rows))
+        if rows:
+            at = now()
+            engine.merge(driver_rows([(*row, layer, batch_id, at) for row in rows], QUARANTINE_SCHEMA),
+                         lake.quarantine(table), QUARANTINE_MERGE, small=True)
+        return counts
     counts = reasons(rows) if counts is None else counts
     if counts:
         rows = rows.select(
@@ -45,9 +57,14 @@ ONE_TASK_ROWS = 10_000
 ONE_TASK_BYTES = 8 << 20
 
 
+def landing_bytes(files: Iterable[LandingFile]) -> int:
+    """About how many bytes of lines the landing files hold."""
+    return sum(f.size * (10 if f.path.endswith(".gz") else 1) for f in files)
+
+
 def small_landing(files: Iterable[LandingFile]) -> bool:
     """Do the landing files hold at most ONE_TASK_BYTES of lines (a small bronze batch, planned in one partition)?"""
-    return sum(f.size * (10 if f.path.endswith(".gz") else 1) for f in files) <= ONE_TASK_BYTES
+    return landing_bytes(files) <= ONE_TASK_BYTES
 
 
 def checkpoint(df: DataFrame, together: bool) -> DataFrame:

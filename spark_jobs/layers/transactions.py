@@ -89,7 +89,7 @@ def ingest(spark: SparkSession, engine: DeltaEngine, lake: Lake, landing: str, t
         for f in new:  # (size, modified_ms, lines, events, tombstones, quarantined), as bronze logs its files
             lines_n, ends_n, refused_n = per_file.get(f.path, (0, 0, 0))
             logged[f.path] = (f.size, f.modified_ms, lines_n, ends_n, 0, 1 if f in unreadable else refused_n)
-        log_files(spark, engine, lake, name, logged, batch_id, engine.version(lake.transactions(topic)))
+        log_files(engine, lake, name, logged, batch_id, engine.version(lake.transactions(topic)))
         advance_marks(lake, name, marks, listed, done | {f.path for f in new})
         return Ingested(files=len(new), ends=added, quarantined=quarantined)
 

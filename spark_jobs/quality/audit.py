@@ -59,17 +59,29 @@ def tally(frames: dict[str, DataFrame], checks: list[Expectation], keys: tuple[s
     """Each check's tally over its rows (`frames` by the name the records give them), in one Spark action: each
     frame's flags are evaluated in place, the frames' flag columns stacked and counted in one aggregate (one Spark
     job when the frames are one partition each; a shuffle the frames' own plans need adds its stage)."""
+    return _tallies(frames, checks, keys, None).get("", {e.name: Tally(0, 0) for e in checks if e.rows in frames})
+
+
+def tally_by(frames: dict[str, DataFrame], checks: list[Expectation], by: str) -> dict[str, dict[str, Tally]]:
+    """`tally` of each value of the column `by` (every frame has it), in the same one aggregate: many tables'
+    batches audited at once. A value with no rows is absent (its tallies are all zero)."""
+    return _tallies(frames, checks, (), by)
+
+
+def _tallies(frames: dict[str, DataFrame], checks: list[Expectation], keys: tuple[str, ...],
+             by: str | None) -> dict[str, dict[str, Tally]]:
     counted = [e for e in checks if e.rows in frames]
     if not counted:
         return {}
+    group = [by] if by else []
     parts = []
     for name, df in frames.items():
         own = [(n, e) for n, e in enumerate(counted) if e.rows == name]
         if own:
             df = _keyed(df, keys, any("_key_rows" in (e.flag or "") for _, e in own))
-            parts.append(df.select(*[F.expr(e.flag or "").cast("boolean").alias(f"_c{n}") for n, e in own]))
+            parts.append(df.select(*group, *[F.expr(e.flag or "").cast("boolean").alias(f"_c{n}") for n, e in own]))
     stacked = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), parts)
-    row = stacked.agg(*[agg for n in range(len(counted)) for agg in (
-        F.count(f"_c{n}").alias(f"a{n}"), F.count(F.when(~F.col(f"_c{n}"), 1)).alias(f"f{n}"))]).first()
-    assert row is not None
-    return {e.name: Tally(row[f"a{n}"], row[f"f{n}"]) for n, e in enumerate(counted)}
+    rows = stacked.groupBy(*group).agg(*[agg for n in range(len(counted)) for agg in (
+        F.count(f"_c{n}").alias(f"a{n}"), F.count(F.when(~F.col(f"_c{n}"), 1)).alias(f"f{n}"))]).collect()
+    return {(row[by] if by else ""): {e.name: Tally(row[f"a{n}"], row[f"f{n}"]) for n, e in enumerate(counted)}
+            for row in rows}

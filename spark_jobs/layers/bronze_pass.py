@@ -1,0 +1,198 @@
+"""Bronze's Spark work over many small tables' new landing files in one pass: one scan, parse and classification of
+every table's JSON lines, one tally, one audit aggregate and one Arrow collect of the rows, split by table on the
+driver. A cycle over a whole database then costs a few Spark jobs, not a few dozen a table (tests/benchmarks/RESULTS.md,
+workload D). Each table still gates, quarantines, commits and logs its own batch under its own writer lock
+(bronze.bronze_ingest), which first checks that its files are still the ones read here."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import reduce
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import Column, DataFrame, Row, SparkSession
+from pyspark.sql import functions as F
+
+from spark_jobs.debezium import envelope
+from spark_jobs.delta import DeltaEngine, all_nullable
+from spark_jobs.lake import Lake
+from spark_jobs.landing import LandingFile, spark_paths
+from spark_jobs.layers.common import checkpoint, now
+from spark_jobs.layers.landing_reader import read_landing
+from spark_jobs.layers.summary import Counts
+from spark_jobs.layers.tombstones import TombstoneCounts, preceding_rows
+from spark_jobs.quality.audit import Tally, tally_by
+from spark_jobs.quality.expectations import QUARANTINE, flagged, row_checks
+from spark_jobs.registry import TableConfig
+
+# a change event's columns in bronze, before the batch's own (_batch_id, _bronze_version, _ingested_at)
+EVENT_COLUMNS = ("_source_file", "_line", "_raw", "op", "ts_ms", "source", "before", "after", "_schema")
+
+
+def bronze_rows(events: DataFrame, batch_id: str, version: int, *carried: str) -> DataFrame:
+    """A batch's change events as bronze rows (after the `carried` columns): committed as `version`, ingested now."""
+    return events.select(*carried, *EVENT_COLUMNS, F.lit(batch_id).alias("_batch_id"),
+                         F.lit(version).cast("long").alias("_bronze_version"),
+                         F.lit(now()).cast("timestamp").alias("_ingested_at"))
+
+
+def quarantining(table: TableConfig) -> frozenset[str]:
+    """The row expectations whose failure quarantines one of the table's events (the rest warn or fail)."""
+    return frozenset(n for n in row_checks("bronze") if table.quality.action(n) == QUARANTINE)
+
+
+@dataclass(frozen=True)
+class LineTally:
+    """What bronze counts of a batch's classified lines, all from one Spark job."""
+
+    per_file: dict[str, tuple[int, int, int, int]]  # (lines, events, tombstones, quarantined) per landing file
+    quarantined: Counts  # lines by quarantine reason
+    flagged: Counts  # kept events by the (warn) expectation they fail
+    newest_ts_ms: int | None  # the newest event's source time
+    opening: list[str]  # files whose first line is a tombstone
+
+    @property
+    def tombstones(self) -> int:
+        return sum(stats[2] for stats in self.per_file.values())
+
+
+def tally_groups(classified: DataFrame, *by: str) -> list[Row]:
+    """The classified lines counted by (`by`,) file, kind, reason and expectation: what LineTally folds."""
+    return classified.groupBy(*by, "_source_file", "_kind", "reason", "_expectation").agg(
+        F.count(F.lit(1)).alias("n"), F.max("ts_ms").alias("newest"),
+        F.max((F.col("_kind") == "tombstone") & (F.col("_line") == 1)).alias("opens")).collect()
+
+
+def fold_tally(groups: Iterable[Row]) -> LineTally:
+    groups = list(groups)
+    per_file: dict[str, list[int]] = {}
+    quarantined: Counts = {}
+    flags: Counts = {}
+    for g in groups:
+        stats = per_file.setdefault(g["_source_file"], [0, 0, 0, 0])
+        stats[0] += g["n"]
+        stats[1 + ("event", "tombstone", "quarantine").index(g["_kind"])] += g["n"]
+        if g["_kind"] == "quarantine":
+            quarantined[g["reason"]] = quarantined.get(g["reason"], 0) + g["n"]
+        elif g["_kind"] == "event" and g["_expectation"] is not None:
+            flags[g["_expectation"]] = flags.get(g["_expectation"], 0) + g["n"]
+    newest = [g["newest"] for g in groups if g["_kind"] == "event" and g["newest"] is not None]
+    return LineTally({f: (s[0], s[1], s[2], s[3]) for f, s in per_file.items()}, quarantined, flags,
+                     max(newest) if newest else None, sorted({g["_source_file"] for g in groups if g["opens"]}))
+
+
+def audited_lines(classified: DataFrame, matched: DataFrame | None, *by: str) -> DataFrame:
+    """The lines bronze's gate audits: the change events, and the tombstone lines with whether each follows a delete."""
+    change_events = classified.where(f"_kind <> 'tombstone' AND _json_ok AND op IN {envelope.OPS}")
+    if matched is None:
+        return change_events.withColumn("_follows_delete", F.lit(None).cast("boolean"))
+    return change_events.unionByName(matched.select(*by, "_follows_delete"), allowMissingColumns=True)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A table's new files for a shared pass, and the files its ingest log held when they were chosen."""
+
+    table: TableConfig
+    files: list[LandingFile]
+    done: frozenset[str]
+
+
+@dataclass(frozen=True)
+class TableRead:
+    """One table's batch as a shared pass read it: everything its bronze step needs, on the driver."""
+
+    files: tuple[tuple[str, int, int], ...]  # (path, size, modified_ms) of each file read
+    done: frozenset[str]
+    tally: LineTally
+    unreadable: dict[LandingFile, str]
+    tombstones: TombstoneCounts
+    audit: dict[str, Tally]
+    events: pa.Table  # EVENT_COLUMNS and the batch's own, _bronze_version to be set as the table commits
+    quarantine: list[tuple[str, int, str, str]]  # (_source_file, _line, _raw, reason) of each quarantined line
+    waiting: pa.Table | None  # tombstones whose previous record has not landed (_source_file, _line, _part, _offset)
+
+    def holds(self, files: list[LandingFile], done: set[str]) -> bool:
+        """Are these the files read, unchanged, and is the ingest log as it was? (Another run of the table may have
+        taken files since: then the table reads its own.)"""
+        return self.files == _identity(files) and self.done == frozenset(done)
+
+
+def _identity(files: list[LandingFile]) -> tuple[tuple[str, int, int], ...]:
+    return tuple((f.path, f.size, f.modified_ms) for f in files)
+
+
+def read_together(spark: SparkSession, engine: DeltaEngine, lake: Lake, landing: str, candidates: list[Candidate],
+                  fmt: str, batch_id: str) -> dict[str, TableRead]:
+    """The candidates' new files (JSON lines of `fmt`, together one small batch, each topic one table's) read,
+    classified, tallied and audited in one pass; their rows collected to the driver, by table."""
+    table_of = {f.path: c.table.name for c in candidates for f in c.files}
+    files = [f for c in candidates for f in c.files]
+    staging = f"{lake.staging_files}/_together-{batch_id}"
+    try:
+        lines, unreadable = read_landing(spark, spark_paths(landing, files, staging), files, fmt, together=True)
+        lines = lines.withColumn("_table", _lookup(table_of, "_source_file"))
+        parsed = envelope.parse_envelope(lines, fmt)
+        parsed = parsed.withColumn("_schema", F.coalesce("_typed_schema", "_schema")).drop("_typed_schema")
+        rules = {c.table.name: (c.table.keys, quarantining(c.table)) for c in candidates}
+        classified = checkpoint(envelope.classify_tables(parsed, rules), True)
+        groups = tally_groups(classified, "_table")
+        tallies = {c.table.name: fold_tally(g for g in groups if g["_table"] == c.table.name) for c in candidates}
+        matched, tombstones = _match_tombstones(spark, engine, lake, classified, tallies, table_of)
+        audits = tally_by({"events": audited_lines(classified, matched, "_table")}, flagged("bronze"), "_table")
+        events_by = _split(bronze_rows(classified.where("_kind = 'event'"), batch_id, 0, "_table").toArrow())
+        quarantined = any(t.quarantined for t in tallies.values())
+        quarantine = classified.where("_kind = 'quarantine'").select("_table", "_source_file", "_line", "_raw",
+                                                                     "reason").collect() if quarantined else []
+        waiting = (_split(matched.where("_previous_unseen AND _part <> _source_file").select(
+            "_table", "_source_file", "_line", "_part", "_offset").toArrow())
+            if matched is not None and any(t.waiting for t in tombstones.values()) else {})
+    finally:
+        lake.files.delete_tree(staging)
+    no_events = next(iter(events_by.values())).slice(0, 0)
+    no_audit = {e.name: Tally(0, 0) for e in flagged("bronze", "events")}
+    reads = {}
+    for c in candidates:
+        name = c.table.name
+        reads[name] = TableRead(
+            _identity(c.files), c.done, tallies[name], {f: r for f, r in unreadable.items() if table_of[f.path] == name},
+            tombstones.get(name, TombstoneCounts(0, 0)), audits.get(name, no_audit),
+            events_by.get(name, no_events),
+            [(r["_source_file"], r["_line"], r["_raw"], r["reason"]) for r in quarantine if r["_table"] == name],
+            waiting.get(name))
+    return reads
+
+
+def _lookup(values: dict[str, str], column: str) -> Column:
+    """`values[column]` as a literal map: no join, no Spark job (a few hundred files)."""
+    return F.create_map(*[F.lit(x) for item in values.items() for x in item])[F.col(column)]
+
+
+def _match_tombstones(spark: SparkSession, engine: DeltaEngine, lake: Lake, classified: DataFrame,
+                      tallies: dict[str, LineTally], table_of: dict[str, str]
+                      ) -> tuple[DataFrame | None, dict[str, TombstoneCounts]]:
+    """Every table's tombstone lines matched to the records before them (bronze's rows too, for those opening a
+    file: their tables' earlier batches), counted by table. Topics are each one table's, so places never mix."""
+    if not any(t.tombstones for t in tallies.values()):
+        return None, {}
+    earlier_parts = [rows.select("_source_file", "_line", "op") for name, t in tallies.items() if t.opening
+                     if (rows := preceding_rows(spark, engine, lake, name, t.opening)) is not None]
+    earlier = reduce(DataFrame.unionByName, earlier_parts) if earlier_parts else None
+    matched = checkpoint(envelope.match_tombstones(classified, earlier), True).withColumn(
+        "_table", _lookup(table_of, "_source_file"))
+    counts = matched.groupBy("_table").agg(
+        F.count(F.when(F.col("_follows_delete"), 1)).alias("matched"),
+        F.count(F.when(F.col("_previous_unseen") & (F.col("_part") != F.col("_source_file")), 1)).alias("waiting")).collect()
+    return matched, {r["_table"]: TombstoneCounts(r["matched"], r["waiting"]) for r in counts}
+
+
+def _split(rows: pa.Table) -> dict[str, pa.Table]:
+    """Arrow rows by their `_table`, without it; "" holds the empty schema when there are none."""
+    rows = rows.cast(all_nullable(rows.schema))
+    if rows.num_rows == 0:
+        return {"": rows.drop_columns(["_table"])}
+    names = rows.column("_table")
+    return {name: rows.filter(pc.equal(names, name)).drop_columns(["_table"])
+            for name in pc.unique(names).to_pylist()}

@@ -1,0 +1,183 @@
+"""Bronze over many small tables in shared passes (spark_jobs/layers/bronze_pass.py): every table's bronze, quarantine,
+ingest log, pending tombstones, summary and silver come out exactly as when the table runs alone, whatever the
+tables' keys, connectors and bad lines; a table whose gate fails in a shared pass fails alone; a failed pass and
+files that changed since the pass leave the tables to read their own."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import yaml
+
+from spark_jobs.generate import Options, generate
+from spark_jobs.lake import Lake, row_count
+from spark_jobs.layers import bronze
+from spark_jobs.registry import load_registry
+from tests.layers.test_pipeline import expected_rows
+from tests.support import run, silver_rows, summary_line
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO_CONFIG = ROOT / "include" / "tables.yaml"
+GENERATED = ["customers", "products", "film_actor"]  # keys id / id / (actor_id, film_id); PostgreSQL and MySQL
+SOURCE = '"source":{"connector":"postgresql","lsn":%d,"snapshot":"false","ts_ms":1}'
+
+
+def _event(op: str, lsn: int, key: int, qty: int | None = None) -> str:
+    image = {"id": key, "qty": qty} if qty is not None else {"id": key}
+    before, after = (json.dumps(image), "null") if op == "d" else ("null", json.dumps(image))
+    return f'{{"before":{before},"after":{after},{SOURCE % lsn},"op":"{op}","ts_ms":{lsn}}}'
+
+
+# per cycle: hand-made tables' files (topic, name, lines). `orders` takes bad lines (any share allowed); `strict`
+# refuses its batch (the default 5% quarantined at most); the second cycle's `orders` file opens with the tombstone
+# of the first cycle's last delete, which only bronze's earlier rows can match
+CYCLES = [
+    {("orders", "+0+0000000000.json"): [_event("c", 10, 1, 2), _event("c", 11, 2, 5), "null",
+                                         '{"before":null,"after":{"id":3, "qty":', '{"id":9,"qty":1}',
+                                         _event("m", 14, 4, 1), _event("d", 15, 1)],
+     ("orders", "+1+0000000000.json"): [],
+     ("orders", "+1+0000000001.txt"): ["hello"],
+     ("strict", "+0+0000000000.json"): [_event("c", 10, 1, 1), "not json", _event("c", 12, 2, 1), "{bad"]},
+    {("orders", "+0+0000000007.json"): ["null", _event("u", 16, 2, 6), _event("d", 17, 2), "null"],
+     ("strict", "+0+0000000004.json"): [_event("u", 13, 1, 3)]},
+]
+HAND_MADE = {"orders": {"topic": "shop.public.orders", "keys": ["id"], "quality": {"max_quarantined": "100%"}},
+             "strict": {"topic": "shop.public.strict", "keys": ["id"]}}
+
+
+def _config(tmp_path: Path, names: list[str], hand_made: dict | None = None) -> Path:
+    """A registry of the demo's tables `names` (as include/tables.yaml declares them) and `hand_made` ones."""
+    demo = yaml.safe_load(DEMO_CONFIG.read_text())["tables"]
+    config = tmp_path / "tables.yaml"
+    config.write_text(yaml.safe_dump({"tables": {**{n: demo[n] for n in names}, **(hand_made or {})}}))
+    return config
+
+
+def _land_cycle(landing: Path, source: Path, generated: list, cycle: int) -> None:
+    for g in generated:
+        for f in g.batches[cycle]:
+            dest = landing / Path(f).relative_to(source)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(f, dest)
+    for (table, name), lines in CYCLES[cycle].items():
+        topic = f"shop.public.{table}"
+        folder = landing / "topics" / topic / f"partition={name.split('+')[1]}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{topic}{name}").write_text("".join(line + "\n" for line in lines))
+
+
+def _lake_state(spark, engine, root: Path, table: str) -> dict:
+    """A table's bronze, quarantine, ingest log and pending tombstones, without what names the run or its time, and
+    with landing paths relative to the landing area."""
+    paths = Lake(str(root / "lake"))
+
+    def rows(path: str, drop: tuple[str, ...]) -> list:
+        df = engine.read(spark, path)
+        if df is None:
+            return []
+        return sorted(tuple(v.replace(str(root / "landing"), "") if isinstance(v, str) else v for v in r)
+                      for r in df.drop(*drop).collect())
+
+    return {"bronze": rows(paths.bronze(table), ("_batch_id", "_ingested_at")),
+            "quarantine": rows(paths.quarantine(table), ("_batch_id", "_ingested_at")),
+            "ingest_log": rows(paths.ingest_log(table), ("_batch_id", "ingested_at", "modified_ms")),
+            "pending": rows(paths.pending_tombstones(table), ())}
+
+
+def _summary(out: str, layer: str, table: str) -> dict:
+    line = summary_line(out, layer, table)
+    return {k: v for k, v in line.items() if k not in ("seconds", "lag_s")}
+
+
+def test_tables_read_together_come_out_as_each_alone(spark, engine, tmp_path, capsys):
+    config = _config(tmp_path, GENERATED, HAND_MADE)
+    tables = [*GENERATED, *HAND_MADE]
+    source = tmp_path / "source"
+    generated = generate(load_registry(str(config)).select(GENERATED), source,
+                         Options(rows=30, changes=60, records_per_file=25, batches=1, shuffle=True, seed=3))
+    together, alone = tmp_path / "together", tmp_path / "alone"
+    for cycle in range(2):
+        for where in (together, alone):
+            _land_cycle(where / "landing", source, generated, cycle)
+        args = ("--layers", "bronze,silver", "--tables", ",".join(tables))
+        code, out, err = run(capsys, config, together / "landing", together / "lake", *args)
+        assert code == 1 and "table=strict layer=bronze" in err, out + err  # strict: its gate refuses its batch
+        assert f"bronze: {len(tables)} tables' new files" in out  # one shared pass read them all
+        for table in tables:
+            code_alone, out_alone, _ = run(capsys, config, alone / "landing", alone / "lake", "--layers",
+                                           "bronze,silver", "--tables", table)
+            assert code_alone == (1 if table == "strict" else 0)
+            assert "read in one pass" not in out_alone
+            assert _lake_state(spark, engine, together, table) == _lake_state(spark, engine, alone, table), (cycle, table)
+            assert _summary(out, "bronze", table) == _summary(out_alone, "bronze", table), (cycle, table)
+            if table != "strict":
+                assert _summary(out, "silver", table) == _summary(out_alone, "silver", table), (cycle, table)
+    # what the shared pass gave is right, not only alike: the generated tables equal their source's state ...
+    _silver_as_generated(spark, engine, config, together / "lake", generated)
+    # ... orders took every line once, its opening tombstone matched to the delete in bronze, the bad lines quarantined
+    lake = Lake(str(together / "lake"))
+    assert silver_rows(spark, engine, together / "lake", "orders", ("id",)) == {}
+    quarantine = engine.read(spark, lake.quarantine("orders"))
+    assert sorted((r["_source_file"].rsplit("+", 1)[1], r["_line"], r["reason"]) for r in quarantine.collect()) == [
+        ("0000000000.json", 4, "malformed_json"), ("0000000000.json", 5, "not_debezium: no op field"),
+        ("0000000000.json", 6, "unknown_op: m"), ("0000000001.txt", 0, "unsupported_file: shop.public.orders+1+0000000001.txt")]
+    code, out, _ = run(capsys, config, together / "landing", together / "lake", "--layers", "bronze", "--tables",
+                       "orders")
+    assert summary_line(out, "bronze", "orders")["files"] == "0"
+    assert engine.version(lake.bronze("strict")) is None  # refused twice: nothing of it in bronze
+
+
+def _two_tables(tmp_path: Path) -> tuple[Path, Path, Path, list]:
+    config = _config(tmp_path, ["customers", "products"])
+    generated = generate(load_registry(str(config)).select(["customers", "products"]), tmp_path / "landing",
+                         Options(rows=20, changes=30, records_per_file=20, seed=5))
+    return config, tmp_path / "landing", tmp_path / "lake", generated
+
+
+def _silver_as_generated(spark, engine, config: Path, lake: Path, generated: list) -> None:
+    registry = load_registry(str(config))
+    for g in generated:
+        assert silver_rows(spark, engine, lake, g.table, registry.tables[g.table].keys) == \
+            expected_rows(g.topic, g.final_rows)
+        assert row_count(Lake(str(lake)).bronze(g.table)) == g.events
+
+
+def test_a_failed_shared_pass_leaves_each_table_to_read_its_own(spark, engine, tmp_path, capsys, monkeypatch):
+    config, landing, lake, generated = _two_tables(tmp_path)
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("the shared pass broke")
+
+    monkeypatch.setattr(bronze, "read_together", failing)
+    code, out, err = run(capsys, config, landing, lake, "--layers", "bronze,silver", "--tables", "customers,products")
+    assert code == 0
+    assert "a shared pass over 2 tables failed, each reads its own files: RuntimeError: the shared pass broke" in err
+    assert "read in one pass" not in out
+    _silver_as_generated(spark, engine, config, lake, generated)
+
+
+def test_files_landed_after_the_shared_pass_are_read_by_their_table(spark, engine, tmp_path, capsys, monkeypatch):
+    """The table's step lists again under its writer lock: files that are not those the pass read (one landed
+    since) make it read its own, so nothing the pass missed is left behind or logged unread."""
+    config, landing, lake, generated = _two_tables(tmp_path)
+    late_source = tmp_path / "late"
+    late = generate(load_registry(str(config)).select(["customers"]), late_source,
+                    Options(rows=20, changes=30, records_per_file=20, seed=5, start_offset=10_000))[0]
+    real = bronze.read_together
+
+    def then_land(*args, **kwargs):
+        reads = real(*args, **kwargs)
+        for f in late.files[:1]:
+            dest = landing / Path(f).relative_to(late_source)
+            shutil.copyfile(f, dest)
+        return reads
+
+    monkeypatch.setattr(bronze, "read_together", then_land)
+    code, out, _ = run(capsys, config, landing, lake, "--layers", "bronze", "--tables", "customers,products")
+    assert code == 0 and "bronze: 2 tables' new files" in out
+    customers = next(g for g in generated if g.table == "customers")
+    assert summary_line(out, "bronze", "customers")["files"] == str(len(customers.files) + 1)
+    logged = {r["file"] for r in engine.read(spark, Lake(str(lake)).ingest_log("customers")).collect()}
+    assert any(Path(f).name == Path(late.files[0]).name for f in logged)
