@@ -91,6 +91,10 @@ class Lake:
         """Landing files staged for a bronze run (links or S3 downloads under Spark-safe names)."""
         return f"{self.root}/_state/staging"
 
+    def staged_files(self, table: str, batch_id: str) -> str:
+        """Where a bronze run stages the table's files (its next run clears what a killed one left there)."""
+        return f"{self.staging_files}/{table}-{batch_id}"
+
     def landing_marks(self, table: str) -> str:
         """Per landing folder, the last file bronze has taken with every file before it (state.LandingMarks)."""
         return f"{self.root}/_state/landing_marks/{table}.json"

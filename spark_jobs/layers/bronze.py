@@ -115,7 +115,7 @@ def _select(landing: str, lake: Lake, table: TableConfig, selection: Selection, 
 def bronze_ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, landing: str, lake: Lake,
                   batch_id: str, selection: Selection = Selection(), read: TableRead | None = None) -> BronzeSummary:
     """The table's new landing files into bronze. `read`: the batch a shared pass over many tables read
-    (read_many), taken when the files are still those and the table has no tombstones pending; otherwise the
+    (read_rounds), taken when the files are still those and the table has no tombstones pending; otherwise the
     table reads its own."""
     # the ingest log read once, for both: a cycle asks this of every table, most of which have nothing new
     logged = ingest_log(lake, table.name, ["file", "bronze_version"])
@@ -147,7 +147,7 @@ def bronze_ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     for number, chunk in enumerate(chunks, 1):
         part = summary if len(chunks) == 1 else BronzeSummary(table=table.name, batch_id=batch_id, files=len(chunk),
                                                                mode=summary.mode)
-        staging = f"{lake.staging_files}/{table.name}-{batch_id}"
+        staging = lake.staged_files(table.name, batch_id)
         try:
             batch = _Batch(table, lake, batch_id, chunk,
                            _in_bronze(engine, lake, table.name, chunk) if selection.reprocess else [])
@@ -261,7 +261,7 @@ def _read_shared(spark: SparkSession, engine: DeltaEngine, lake: Lake, landing: 
 
 
 def _ingest_read(engine: DeltaEngine, batch: _Batch, read: TableRead, summary: BronzeSummary) -> None:
-    """A batch a shared pass read (read_many), taken as `_ingest` takes one it reads: quarantine, gate, pending
+    """A batch a shared pass read (read_rounds), taken as `_ingest` takes one it reads: quarantine, gate, pending
     tombstones, commit and ingest log, from the driver."""
     table, lake = batch.table, batch.lake
     counts = dict(read.tally.quarantined)
@@ -285,7 +285,7 @@ def _ingest_read(engine: DeltaEngine, batch: _Batch, read: TableRead, summary: B
     committed = _commit(engine, rows_at, batch, summary)
     per_file = dict(read.tally.per_file) | {f.path: (0, 0, 0, 1) for f in read.unreadable}
     log_files(engine, lake, table.name, {f.path: (f.size, f.modified_ms, *per_file.get(f.path, (0, 0, 0, 0)))
-                                               for f in batch.files}, batch.batch_id, committed)
+                                         for f in batch.files}, batch.batch_id, committed)
 
 
 def skip_files(spark: SparkSession, engine: DeltaEngine, table: TableConfig, landing: str, lake: Lake, batch_id: str,
@@ -306,13 +306,13 @@ def skip_files(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lan
         summary.quarantined = write_quarantine(engine, lake, table.name, rows, "bronze", batch_id)
         # lines, events and tombstones unknown: the files were not read
         log_files(engine, lake, table.name, {f.path: (f.size, f.modified_ms, None, 0, None, None)
-                                                    for f in files}, batch_id, None)
+                                             for f in files}, batch_id, None)
         listing.advance(lake, table.name)
     return summary
 
 
 def _clear_staging(lake: Lake, table: str) -> None:
-    mine = f"{lake.staging_files}/{table}-"
+    mine = lake.staged_files(table, "")
     for folder in {p.rsplit("/", 1)[0] for p in lake.files.list(lake.staging_files) if p.startswith(mine)}:
         lake.files.delete_tree(folder)
 
@@ -369,7 +369,7 @@ def _ingest(spark: SparkSession, engine: DeltaEngine, batch: _Batch, staged: dic
     for f in unreadable:
         per_file[f.path] = (0, 0, 0, 1)
     log_files(engine, lake, table.name, {f.path: (f.size, f.modified_ms, *per_file.get(f.path, (0, 0, 0, 0)))
-                                                for f in batch.files}, batch.batch_id, committed)
+                                         for f in batch.files}, batch.batch_id, committed)
     return len(unreadable)
 
 

@@ -130,9 +130,12 @@ def read_together(spark: SparkSession, engine: DeltaEngine, lake: Lake, landing:
     classified, tallied and audited in one pass; their rows collected to the driver, by table."""
     table_of = {f.path: c.table.name for c in candidates for f in c.files}
     files = [f for c in candidates for f in c.files]
-    staging = f"{lake.staging_files}/_together-{batch_id}"
+    # each table's files staged where its own runs stage them: a killed pass leaves nothing its tables do not clear
+    staged_at = [lake.staged_files(c.table.name, batch_id) for c in candidates]
     try:
-        lines, unreadable = read_landing(spark, spark_paths(landing, files, staging), files, fmt, together=True)
+        staged = {path: f for c, folder in zip(candidates, staged_at, strict=True)
+                  for path, f in spark_paths(landing, c.files, folder).items()}
+        lines, unreadable = read_landing(spark, staged, files, fmt, together=True)
         lines = lines.withColumn("_table", _lookup(table_of, "_source_file"))
         parsed = envelope.parse_envelope(lines, fmt)
         parsed = parsed.withColumn("_schema", F.coalesce("_typed_schema", "_schema")).drop("_typed_schema")
@@ -150,7 +153,8 @@ def read_together(spark: SparkSession, engine: DeltaEngine, lake: Lake, landing:
             "_table", "_source_file", "_line", "_part", "_offset").toArrow())
             if matched is not None and any(t.waiting for t in tombstones.values()) else {})
     finally:
-        lake.files.delete_tree(staging)
+        for folder in staged_at:
+            lake.files.delete_tree(folder)
     no_events = next(iter(events_by.values())).slice(0, 0)
     no_audit = {e.name: Tally(0, 0) for e in flagged("bronze", "events")}
     reads = {}

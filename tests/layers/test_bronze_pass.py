@@ -21,6 +21,8 @@ from tests.support import run, silver_rows, summary_line
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_CONFIG = ROOT / "include" / "tables.yaml"
 GENERATED = ["customers", "products", "film_actor"]  # keys id / id / (actor_id, film_id); PostgreSQL and MySQL
+# a landing path Spark would take as a glob: every file is read from a staged copy, by the pass as by a table alone
+LANDING = "landing [1]"
 SOURCE = '"source":{"connector":"postgresql","lsn":%d,"snapshot":"false","ts_ms":1}'
 
 
@@ -77,7 +79,7 @@ def _lake_state(spark, engine, root: Path, table: str) -> dict:
         df = engine.read(spark, path)
         if df is None:
             return []
-        return sorted(tuple(v.replace(str(root / "landing"), "") if isinstance(v, str) else v for v in r)
+        return sorted(tuple(v.replace(str(root / LANDING), "") if isinstance(v, str) else v for v in r)
                       for r in df.drop(*drop).collect())
 
     return {"bronze": rows(paths.bronze(table), ("_batch_id", "_ingested_at")),
@@ -100,13 +102,13 @@ def test_tables_read_together_come_out_as_each_alone(spark, engine, tmp_path, ca
     together, alone = tmp_path / "together", tmp_path / "alone"
     for cycle in range(2):
         for where in (together, alone):
-            _land_cycle(where / "landing", source, generated, cycle)
+            _land_cycle(where / LANDING, source, generated, cycle)
         args = ("--layers", "bronze,silver", "--tables", ",".join(tables))
-        code, out, err = run(capsys, config, together / "landing", together / "lake", *args)
+        code, out, err = run(capsys, config, together / LANDING, together / "lake", *args)
         assert code == 1 and "table=strict layer=bronze" in err, out + err  # strict: its gate refuses its batch
         assert f"bronze: {len(tables)} tables' new files" in out  # one shared pass read them all
         for table in tables:
-            code_alone, out_alone, _ = run(capsys, config, alone / "landing", alone / "lake", "--layers",
+            code_alone, out_alone, _ = run(capsys, config, alone / LANDING, alone / "lake", "--layers",
                                            "bronze,silver", "--tables", table)
             assert code_alone == (1 if table == "strict" else 0)
             assert "read in one pass" not in out_alone
@@ -123,10 +125,11 @@ def test_tables_read_together_come_out_as_each_alone(spark, engine, tmp_path, ca
     assert sorted((r["_source_file"].rsplit("+", 1)[1], r["_line"], r["reason"]) for r in quarantine.collect()) == [
         ("0000000000.json", 4, "malformed_json"), ("0000000000.json", 5, "not_debezium: no op field"),
         ("0000000000.json", 6, "unknown_op: m"), ("0000000001.txt", 0, "unsupported_file: shop.public.orders+1+0000000001.txt")]
-    code, out, _ = run(capsys, config, together / "landing", together / "lake", "--layers", "bronze", "--tables",
+    code, out, _ = run(capsys, config, together / LANDING, together / "lake", "--layers", "bronze", "--tables",
                        "orders")
     assert summary_line(out, "bronze", "orders")["files"] == "0"
     assert engine.version(lake.bronze("strict")) is None  # refused twice: nothing of it in bronze
+    assert not list((together / "lake" / "_state" / "staging").glob("*/*"))  # the passes' staged copies are gone
 
 
 def _two_tables(tmp_path: Path) -> tuple[Path, Path, Path, list]:
