@@ -198,14 +198,16 @@ def read_rounds(spark: SparkSession, engine: DeltaEngine, tables: list[TableConf
         return
     members: list[TableConfig] = []
     candidates: list[Candidate] = []
+    read_ahead = 0
     for table in tables:
         members.append(table)
         candidate = _candidate(engine, table, landing, lake, selection)
         if candidate is not None:
             candidates.append(candidate)
-        if landing_bytes(f for c in candidates for f in c.files) >= READ_AHEAD_BYTES:
+            read_ahead += landing_bytes(candidate.files)
+        if read_ahead >= READ_AHEAD_BYTES:
             yield members, _read_shared(spark, engine, lake, landing, candidates, batch_id)
-            members, candidates = [], []
+            members, candidates, read_ahead = [], [], 0
     if members:
         yield members, _read_shared(spark, engine, lake, landing, candidates, batch_id)
 
@@ -264,11 +266,9 @@ def _ingest_read(engine: DeltaEngine, batch: _Batch, read: TableRead, summary: B
     """A batch a shared pass read (read_rounds), taken as `_ingest` takes one it reads: quarantine, gate, pending
     tombstones, commit and ingest log, from the driver."""
     table, lake = batch.table, batch.lake
-    counts = dict(read.tally.quarantined)
-    for reason in read.unreadable.values():
-        counts[reason] = counts.get(reason, 0) + 1
     quarantine = read.quarantine + [(f.path, 0, "", reason) for f, reason in read.unreadable.items()]
-    summary.quarantined = write_quarantine(engine, lake, table.name, quarantine, "bronze", batch.batch_id, counts)
+    summary.quarantined = write_quarantine(engine, lake, table.name, quarantine, "bronze", batch.batch_id,
+                                           _with_unreadable(read.tally.quarantined, read.unreadable))
     _count(read.tally, read.tombstones, batch, len(read.unreadable), summary)
     _gate(read.audit, None, batch, summary)
     summary.tombstones_matched_late = 0  # none were pending (bronze_ingest)
@@ -282,10 +282,7 @@ def _ingest_read(engine: DeltaEngine, batch: _Batch, read: TableRead, summary: B
             rows = rows.set_column(rows.schema.get_field_index(name), field, pa.array([value] * n, field.type))
         return rows
 
-    committed = _commit(engine, rows_at, batch, summary)
-    per_file = dict(read.tally.per_file) | {f.path: (0, 0, 0, 1) for f in read.unreadable}
-    log_files(engine, lake, table.name, {f.path: (f.size, f.modified_ms, *per_file.get(f.path, (0, 0, 0, 0)))
-                                         for f in batch.files}, batch.batch_id, committed)
+    _log_batch(engine, batch, read.tally, read.unreadable, _commit(engine, rows_at, batch, summary))
 
 
 def skip_files(spark: SparkSession, engine: DeltaEngine, table: TableConfig, landing: str, lake: Lake, batch_id: str,
@@ -354,7 +351,6 @@ def _ingest(spark: SparkSession, engine: DeltaEngine, batch: _Batch, staged: dic
     classified = _quarantine_by_expectations(classified, raw, table)
     tally = fold_tally(tally_groups(classified))
     _quarantine(spark, engine, batch, classified, tally.quarantined, unreadable, summary)
-    per_file = dict(tally.per_file)  # unreadable files join it below
     # tombstone lines that open a file follow a record of an earlier batch: look in bronze for those only
     earlier = preceding_rows(spark, engine, lake, table.name, tally.opening) if tally.opening else None
     # a batch without tombstone lines (an initial snapshot, most batches) matches none: no pass over its records
@@ -365,12 +361,25 @@ def _ingest(spark: SparkSession, engine: DeltaEngine, batch: _Batch, staged: dic
     summary.tombstones_matched_late = track_pending_tombstones(spark, engine, lake, table.name, classified, matched,
                                                                tombstones.waiting > 0)
     events = classified.where("_kind = 'event'")
-    committed = _commit(engine, lambda version: bronze_rows(events, batch.batch_id, version), batch, summary)
-    for f in unreadable:
-        per_file[f.path] = (0, 0, 0, 1)
-    log_files(engine, lake, table.name, {f.path: (f.size, f.modified_ms, *per_file.get(f.path, (0, 0, 0, 0)))
-                                         for f in batch.files}, batch.batch_id, committed)
+    _log_batch(engine, batch, tally, unreadable,
+               _commit(engine, lambda version: bronze_rows(events, batch.batch_id, version), batch, summary))
     return len(unreadable)
+
+
+def _with_unreadable(counts: Counts, unreadable: dict[LandingFile, str]) -> Counts:
+    """Quarantine counts by reason with the unreadable files, each one quarantined row."""
+    merged = dict(counts)
+    for reason in unreadable.values():
+        merged[reason] = merged.get(reason, 0) + 1
+    return merged
+
+
+def _log_batch(engine: DeltaEngine, batch: _Batch, tally: LineTally, unreadable: dict[LandingFile, str],
+               committed: int | None) -> None:
+    """The batch's files into the ingest log, with their counts (an unreadable file: one quarantined row)."""
+    per_file = dict(tally.per_file) | {f.path: (0, 0, 0, 1) for f in unreadable}
+    log_files(engine, batch.lake, batch.table.name, {f.path: (f.size, f.modified_ms, *per_file.get(f.path, (0, 0, 0, 0)))
+                                                     for f in batch.files}, batch.batch_id, committed)
 
 
 def _raw_events(classified: DataFrame, table: TableConfig) -> DataFrame | None:
@@ -408,13 +417,11 @@ def _quarantine(spark: SparkSession, engine: DeltaEngine, batch: _Batch, classif
     """Bad lines (`counts` of them by reason), and unreadable files whole (line 0), to quarantine; a
     reprocess replaces what the files' earlier reading quarantined."""
     quarantine = classified.where("_kind = 'quarantine'").select("_source_file", "_line", "_raw", "reason")
-    counts = dict(counts)
     if unreadable:
         quarantine = quarantine.unionByName(spark.createDataFrame(
             [(f.path, 0, "", reason) for f, reason in unreadable.items()],
             "_source_file STRING, _line BIGINT, _raw STRING, reason STRING"))
-        for reason in unreadable.values():
-            counts[reason] = counts.get(reason, 0) + 1
+    counts = _with_unreadable(counts, unreadable)
     path = batch.lake.quarantine(batch.table.name)
     if batch.again and engine.version(path) is not None:
         engine.delete(path, f"layer = 'bronze' AND {_files_predicate(engine, batch.again)}")

@@ -141,8 +141,10 @@ def read_together(spark: SparkSession, engine: DeltaEngine, lake: Lake, landing:
         parsed = parsed.withColumn("_schema", F.coalesce("_typed_schema", "_schema")).drop("_typed_schema")
         rules = {c.table.name: (c.table.keys, quarantining(c.table)) for c in candidates}
         classified = checkpoint(envelope.classify_tables(parsed, rules), True)
-        groups = tally_groups(classified, "_table")
-        tallies = {c.table.name: fold_tally(g for g in groups if g["_table"] == c.table.name) for c in candidates}
+        groups: dict[str, list[Row]] = {c.table.name: [] for c in candidates}
+        for group in tally_groups(classified, "_table"):
+            groups[group["_table"]].append(group)
+        tallies = {name: fold_tally(table_groups) for name, table_groups in groups.items()}
         matched, tombstones = _match_tombstones(spark, engine, lake, classified, tallies, table_of)
         audits = tally_by({"events": audited_lines(classified, matched, "_table")}, flagged("bronze"), "_table")
         events_by = _split(bronze_rows(classified.where("_kind = 'event'"), batch_id, 0, "_table").toArrow())
@@ -157,16 +159,17 @@ def read_together(spark: SparkSession, engine: DeltaEngine, lake: Lake, landing:
             lake.files.delete_tree(folder)
     no_events = next(iter(events_by.values())).slice(0, 0)
     no_audit = {e.name: Tally(0, 0) for e in flagged("bronze", "events")}
-    reads = {}
-    for c in candidates:
-        name = c.table.name
-        reads[name] = TableRead(
-            _identity(c.files), c.done, tallies[name], {f: r for f, r in unreadable.items() if table_of[f.path] == name},
-            tombstones.get(name, TombstoneCounts(0, 0)), audits.get(name, no_audit),
-            events_by.get(name, no_events),
-            [(r["_source_file"], r["_line"], r["_raw"], r["reason"]) for r in quarantine if r["_table"] == name],
-            waiting.get(name))
-    return reads
+    unreadable_by: dict[str, dict[LandingFile, str]] = {c.table.name: {} for c in candidates}
+    for f, reason in unreadable.items():
+        unreadable_by[table_of[f.path]][f] = reason
+    quarantine_by: dict[str, list[tuple[str, int, str, str]]] = {c.table.name: [] for c in candidates}
+    for r in quarantine:
+        quarantine_by[r["_table"]].append((r["_source_file"], r["_line"], r["_raw"], r["reason"]))
+    return {c.table.name: TableRead(
+        _identity(c.files), c.done, tallies[c.table.name], unreadable_by[c.table.name],
+        tombstones.get(c.table.name, TombstoneCounts(0, 0)), audits.get(c.table.name, no_audit),
+        events_by.get(c.table.name, no_events), quarantine_by[c.table.name], waiting.get(c.table.name))
+        for c in candidates}
 
 
 def _lookup(values: dict[str, str], column: str) -> Column:
