@@ -31,11 +31,10 @@ with DAG(
     doc_md=__doc__,
     schedule=None,
     max_active_runs=1,
-    params=replay_params(TABLES),
     tags=["cdc", "replay", "bronze", "silver", "gold"],
     deadline=run_deadline(),
     default_args=default_args(),
-):
+) as dag:
 
     @task.branch(task_id="replay_plan", retries=0,
                  doc_md="Checks the params (window order, a window only with reprocess) and picks the tasks to run.")
@@ -48,8 +47,7 @@ with DAG(
     replayed = {}
     window = ["--since", "{{ params.since or '' }}", "--until", "{{ params.until or '' }}"]
     limit = ["--max-quarantined", "{{ params.max_quarantined or '' }}"]
-    # one task per table (a rebuild skips bronze): at hundreds of tables, each task copies the DAG's params (the
-    # list of tables) as it is made, so the file's parse time grows with tasks x tables
+    # one task per table (a rebuild skips bronze)
     for name in TABLES:
         replayed[name] = CdcSparkJob(
             task_id=f"replay_{name}", landing=W.landing, pool=writer_pool(name),
@@ -66,3 +64,8 @@ with DAG(
             cli_args=W.cli_args("--layers", "gold", "--models", model.name),
             inlets=W.reads("gold", model.name), outlets=[W.asset("gold", model.name)],
             doc_md="Refreshes the model from the replayed silver tables.")
+
+# Set once the tasks are made: a task made under a DAG with params deep-copies them (the list of tables, twice), which
+# at hundreds of tables was most of this file's parse time (tasks x tables). A task's params at run time are the DAG's
+# merged with its own, so the tasks' templates and the run's validation read these as before.
+dag.params = replay_params(TABLES)

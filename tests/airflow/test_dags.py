@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PARSE = """
 import json, sys
 from airflow.dag_processing.dagbag import DagBag
+from airflow.sdk.definitions.param import process_params
 bag = DagBag(dag_folder=sys.argv[1])  # examples: AIRFLOW__CORE__LOAD_EXAMPLES=False (subprocess_env)
 
 def names(condition):  # an asset's name, or those of every asset under an AssetAll / AssetAny
@@ -40,7 +41,9 @@ print(json.dumps({
         "tasks": {t.task_id: {"down": sorted(t.downstream_task_ids), "outlets": [o.name for o in t.outlets],
                               "inlets": [i.name for i in t.inlets],
                               "doc": bool(t.doc_md), "retries": t.retries, "timeout": str(t.execution_timeout),
-                              "on_failure": bool(t.on_failure_callback), "type": type(t).__name__, "pool": t.pool}
+                              "on_failure": bool(t.on_failure_callback), "type": type(t).__name__, "pool": t.pool,
+                              # the params its templates read at run time (the DAG's, merged with the task's own)
+                              "params": sorted(process_params(dag, t, None, suppress_exception=True))}
                   for t in dag.tasks}} for dag_id, dag in bag.dags.items()},
     "heavy": sorted({m.split(".")[0] for m in sys.modules} & {"pyspark", "great_expectations", "deltalake"}),
 }))
@@ -72,11 +75,13 @@ def test_dag_folder_parses_in_a_fresh_home_without_errors_or_heavy_imports(tmp_p
     # one sensor for every table; the branch starts the bronze tasks of the tables it found files for
     assert bronze["tasks"]["landing_sense"] == {
         "down": ["changed_tables"], "outlets": [], "doc": True, "retries": 1, "timeout": "1:00:00",
-        "on_failure": True, "type": "LandingSensor", "pool": "default_pool", "inlets": []}
+        "on_failure": True, "type": "LandingSensor", "pool": "default_pool", "inlets": [],
+        "params": ["since", "until"]}
     assert bronze["tasks"]["changed_tables"]["down"] == sorted(f"bronze_ingest_{t}" for t in tables)
     assert bronze["tasks"]["bronze_ingest_customers"] == {
         "down": [], "outlets": ["cdc.bronze.customers"], "doc": True, "retries": 3, "timeout": "1:00:00",
-        "on_failure": True, "type": "CdcSparkJob", "pool": "cdc_table_customers", "inlets": ["cdc.landing.customers"]}
+        "on_failure": True, "type": "CdcSparkJob", "pool": "cdc_table_customers", "inlets": ["cdc.landing.customers"],
+        "params": ["since", "until"]}
     assert len(bronze["tasks"]) == len(tables) + 2
     # with the landing bucket's notifications on a queue, a notified landing starts it too
     (tmp_path / "notified").mkdir()
@@ -108,6 +113,8 @@ def test_dag_folder_parses_in_a_fresh_home_without_errors_or_heavy_imports(tmp_p
     assert replay["tasks"]["replay_customers"]["down"] == ["gold_refresh_customers_by_state"]
     # a replay updates the assets of what it rewrote, as the scheduled DAGs do
     assert replay["tasks"]["replay_customers"]["outlets"] == ["cdc.bronze.customers", "cdc.silver.customers"]
+    # set on the DAG after its tasks are made (none of them copies them), its params are still what each task reads
+    assert {t["params"] == ["max_quarantined", "mode", "since", "tables", "until"] for t in replay["tasks"].values()} == {True}
     assert all(t["doc"] and t["on_failure"] for d in dags.values() for t in d["tasks"].values())
     assert all(d["doc"] for d in dags.values())
 
