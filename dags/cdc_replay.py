@@ -16,7 +16,7 @@ guards writers outside Airflow), so it is safe to trigger at any time.
 
 from __future__ import annotations
 
-from airflow.sdk import DAG, TriggerRule, get_current_context, task
+from airflow.sdk import DAG, ParamsDict, TriggerRule, get_current_context, task
 
 from cdc_airflow.callbacks import run_deadline
 from cdc_airflow.operators import CdcSparkJob
@@ -68,4 +68,4 @@ with DAG(
 # Set once the tasks are made: a task made under a DAG with params deep-copies them (the list of tables, twice), which
 # at hundreds of tables was most of this file's parse time (tasks x tables). A task's params at run time are the DAG's
 # merged with its own, so the tasks' templates and the run's validation read these as before.
-dag.params = replay_params(TABLES)
+dag.params = ParamsDict(replay_params(TABLES))
