@@ -12,6 +12,8 @@ import hashlib
 import html
 import json
 import os
+from functools import cache
+from pathlib import Path
 from typing import Any
 
 from great_expectations.data_context.store.tuple_store_backend import TupleFilesystemStoreBackend, TupleStoreBackend
@@ -139,8 +141,12 @@ class DataDocsStoreBackend(LakeStoreBackend):
     vendored styles and scripts beside the sites, copied there when a lake's first page is written."""
 
     _assets_present = False
+    _static_present = False
 
     def _set(self, key: Any, value: Any, **kwargs: Any) -> str:  # type: ignore[override]  # as GX's own
+        if isinstance(key, tuple) and key[:1] == ("static",):  # GX's own fonts, images and styles
+            self._ensure_static()
+            return self._path(key)
         relative = self._convert_key_to_filepath(key if isinstance(key, tuple) else key.to_tuple())
         if relative.endswith(".html") and isinstance(value, str):
             self._ensure_assets()
@@ -163,3 +169,32 @@ class DataDocsStoreBackend(LakeStoreBackend):
             self._files.write(f"{folder}/{HANDLERS_FILE}", HANDLERS.encode())
             self._files.write(f"{folder}/.complete", pinned)  # last: a copy cut short is made again
         self._assets_present = True
+
+    def _ensure_static(self) -> None:
+        """GX copies its static files (4 MB of fonts, images and styles) into the site on every Data Docs build,
+        so every gate wrote them again: on S3, 20 PUTs and 4 MB a gate. They change only with GX: the site's copy
+        is made when its marker names other contents (a new GX, a copy cut short, a deleted site), else kept."""
+        if self._static_present:  # a build sets them one by one: the first checks for all
+            return
+        files, digest = gx_static_files()
+        marker = self._path(("static", ".complete"))
+        if self._files.read(marker) != digest:
+            for key, source in files.items():
+                self._files.write(self._path(key), source.read_bytes())
+            self._files.write(marker, digest)  # last: a copy cut short is made again
+        self._static_present = True
+
+
+@cache
+def gx_static_files() -> tuple[dict[tuple[str, ...], Path], bytes]:
+    """GX's static files by the key its Data Docs build stores each under (its path from `static/` on, as GX's
+    HtmlSiteStore.copy_static_assets makes it), and a digest of their names and contents."""
+    import great_expectations
+
+    root = Path(great_expectations.__file__).parent / "render" / "view" / "static"
+    files = {p.relative_to(root.parent).parts: p for p in sorted(root.rglob("*"))
+             if p.is_file() and p.name != ".DS_Store"}
+    digest = hashlib.sha256()
+    for key, source in files.items():
+        digest.update("/".join(key).encode() + b"\0" + hashlib.sha256(source.read_bytes()).digest())
+    return files, digest.hexdigest().encode()

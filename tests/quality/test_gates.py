@@ -195,6 +195,37 @@ def test_gx_objects_the_lake_lost_under_a_running_process_are_made_again(spark, 
     assert (tmp_path / "lake" / "reports" / "data_docs" / "orders" / "index.html").exists()
 
 
+def test_gx_static_files_are_copied_into_a_site_once_not_by_every_gate(spark, tmp_path, monkeypatch):
+    """GX copies its fonts, images and styles (4 MB) into the site on every Data Docs build: the site keeps its
+    copy while it is whole, and a site that lost it gets it again."""
+    import shutil
+
+    from spark_jobs import storage
+    from spark_jobs.quality.gx_store import gx_static_files
+
+    written = []
+    write = storage.LocalFiles.write
+    monkeypatch.setattr(storage.LocalFiles, "write", lambda self, path, data: written.append(path) or write(self, path, data))
+    lake = Lake(str(tmp_path))
+    static = Path(lake.data_docs("orders")) / "static"
+    good = spark.createDataFrame([(1, "x"), (2, "y")], "id INT, v STRING")
+    files, _ = gx_static_files()
+
+    def copied() -> dict[str, bytes]:
+        return {str(p.relative_to(static.parent)): p.read_bytes() for p in static.rglob("*")
+                if p.is_file() and p.name != ".complete"}
+
+    assert _rows_gate(good, TABLE, lake).success
+    expected = {"/".join(key): source.read_bytes() for key, source in files.items()}
+    assert len(expected) >= 20 and copied() == expected
+    written.clear()
+    assert _rows_gate(good, TABLE, lake).success
+    assert written and not [p for p in written if "/static/" in p]  # the gate's pages, not GX's files
+    shutil.rmtree(static)
+    assert _rows_gate(good, TABLE, lake).success
+    assert copied() == expected
+
+
 def test_every_check_on_rows_declares_its_rows_and_flag_and_none_is_named_like_a_figure():
     on_rows = [e for e in EXPECTATIONS.values() if e.flag is not None]
     assert all(e.rows and e.figure is None for e in on_rows)
