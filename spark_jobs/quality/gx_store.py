@@ -12,6 +12,7 @@ import hashlib
 import html
 import json
 import os
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -163,11 +164,9 @@ class DataDocsStoreBackend(LakeStoreBackend):
         folder = f"{self.full_base_directory.rsplit('/', 1)[0]}/{VENDOR}"
         pinned = "\n".join([*(f"{p.name}@{p.version} {p.integrity}" for p in PACKAGES),
                             hashlib.sha256(HANDLERS.encode()).hexdigest()]).encode()
-        if self._files.read(f"{folder}/.complete") != pinned:
-            for inside, source in site_files().items():
-                self._files.write(f"{folder}/{inside}", source.read_bytes())
-            self._files.write(f"{folder}/{HANDLERS_FILE}", HANDLERS.encode())
-            self._files.write(f"{folder}/.complete", pinned)  # last: a copy cut short is made again
+        self._copy_unless_marked(f"{folder}/.complete", pinned, lambda: [
+            *((f"{folder}/{inside}", source.read_bytes()) for inside, source in site_files().items()),
+            (f"{folder}/{HANDLERS_FILE}", HANDLERS.encode())])
         self._assets_present = True
 
     def _ensure_static(self) -> None:
@@ -177,12 +176,17 @@ class DataDocsStoreBackend(LakeStoreBackend):
         if self._static_present:  # a build sets them one by one: the first checks for all
             return
         files, digest = gx_static_files()
-        marker = self._path(("static", ".complete"))
-        if self._files.read(marker) != digest:
-            for key, source in files.items():
-                self._files.write(self._path(key), source.read_bytes())
-            self._files.write(marker, digest)  # last: a copy cut short is made again
+        self._copy_unless_marked(self._path(("static", ".complete")), digest,
+                                 lambda: [(self._path(key), source.read_bytes()) for key, source in files.items()])
         self._static_present = True
+
+    def _copy_unless_marked(self, marker: str, stamp: bytes, contents: Callable[[], list[tuple[str, bytes]]]) -> None:
+        """Files that change only with their source, (path, bytes) from `contents`: written unless `marker` holds
+        `stamp`, the marker last, so a copy cut short is made again."""
+        if self._files.read(marker) != stamp:
+            for path, data in contents():
+                self._files.write(path, data)
+            self._files.write(marker, stamp)
 
 
 @cache
