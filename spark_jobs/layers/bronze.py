@@ -33,6 +33,7 @@ from spark_jobs.layers.bronze_pass import (
 )
 from spark_jobs.layers.common import (
     ONE_TASK_BYTES,
+    QUARANTINED,
     checkpoint,
     gate,
     lag_seconds,
@@ -40,6 +41,7 @@ from spark_jobs.layers.common import (
     now,
     share,
     small_landing,
+    whole_file_rows,
     write_quarantine,
 )
 from spark_jobs.layers.landing_reader import read_landing, with_record_keys
@@ -266,7 +268,7 @@ def _ingest_read(engine: DeltaEngine, batch: _Batch, read: TableRead, summary: B
     """A batch a shared pass read (read_rounds), taken as `_ingest` takes one it reads: quarantine, gate, pending
     tombstones, commit and ingest log, from the driver."""
     table, lake = batch.table, batch.lake
-    quarantine = read.quarantine + [(f.path, 0, "", reason) for f, reason in read.unreadable.items()]
+    quarantine = read.quarantine + whole_file_rows(read.unreadable)
     summary.quarantined = write_quarantine(engine, lake, table.name, quarantine, "bronze", batch.batch_id,
                                            _with_unreadable(read.tally.quarantined, read.unreadable))
     _count(read.tally, read.tombstones, batch, len(read.unreadable), summary)
@@ -298,8 +300,7 @@ def skip_files(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lan
     summary = BronzeSummary(table=table.name, batch_id=batch_id, files=len(files), mode="skip",
                             gate="skipped (files set aside)")
     if files:
-        rows = spark.createDataFrame([(f.path, 0, "", f"skipped: {reason}") for f in files],
-                                     "_source_file STRING, _line BIGINT, _raw STRING, reason STRING")
+        rows = spark.createDataFrame(whole_file_rows({f: f"skipped: {reason}" for f in files}), QUARANTINED)
         summary.quarantined = write_quarantine(engine, lake, table.name, rows, "bronze", batch_id)
         # lines, events and tombstones unknown: the files were not read
         log_files(engine, lake, table.name, {f.path: (f.size, f.modified_ms, None, 0, None, None)
@@ -418,9 +419,7 @@ def _quarantine(spark: SparkSession, engine: DeltaEngine, batch: _Batch, classif
     reprocess replaces what the files' earlier reading quarantined."""
     quarantine = classified.where("_kind = 'quarantine'").select("_source_file", "_line", "_raw", "reason")
     if unreadable:
-        quarantine = quarantine.unionByName(spark.createDataFrame(
-            [(f.path, 0, "", reason) for f, reason in unreadable.items()],
-            "_source_file STRING, _line BIGINT, _raw STRING, reason STRING"))
+        quarantine = quarantine.unionByName(spark.createDataFrame(whole_file_rows(unreadable), QUARANTINED))
     counts = _with_unreadable(counts, unreadable)
     path = batch.lake.quarantine(batch.table.name)
     if batch.again and engine.version(path) is not None:

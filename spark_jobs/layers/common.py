@@ -26,8 +26,13 @@ def now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-QUARANTINE_SCHEMA = ("_source_file STRING, _line BIGINT, _raw STRING, reason STRING, layer STRING, _batch_id STRING, "
-                     "_ingested_at TIMESTAMP")
+QUARANTINED = "_source_file STRING, _line BIGINT, _raw STRING, reason STRING"  # what a step quarantines, as rows
+QUARANTINE_SCHEMA = f"{QUARANTINED}, layer STRING, _batch_id STRING, _ingested_at TIMESTAMP"
+
+
+def whole_file_rows(files: dict[LandingFile, str]) -> list[tuple[str, int, str, str]]:
+    """The quarantine rows of landing files quarantined whole (unreadable, or set aside unread): line 0, no raw text."""
+    return [(f.path, 0, "", reason) for f, reason in files.items()]
 
 
 def write_quarantine(engine: DeltaEngine, lake: Lake, table: str, rows: DataFrame | list[tuple[str, int, str, str]],

@@ -21,7 +21,7 @@ from spark_jobs.errors import ConfigError, PipelineError
 from spark_jobs.lake import Lake
 from spark_jobs.landing import list_topic, spark_paths
 from spark_jobs.layers.bronze import log_files
-from spark_jobs.layers.common import one_row, small_landing, write_quarantine
+from spark_jobs.layers.common import QUARANTINED, one_row, small_landing, whole_file_rows, write_quarantine
 from spark_jobs.layers.landing_reader import read_landing
 from spark_jobs.layers.summary import Counts
 from spark_jobs.registry import TableConfig
@@ -76,9 +76,7 @@ def ingest(spark: SparkSession, engine: DeltaEngine, lake: Lake, landing: str, t
             added = engine.merge(ends, lake.transactions(topic), _ENDS).inserted
             refused = events.where("reason IS NOT NULL").select("_source_file", "_line", "_raw", "reason")
             if unreadable:
-                refused = refused.unionByName(spark.createDataFrame(
-                    [(f.path, 0, "", reason) for f, reason in unreadable.items()],
-                    "_source_file STRING, _line BIGINT, _raw STRING, reason STRING"))
+                refused = refused.unionByName(spark.createDataFrame(whole_file_rows(unreadable), QUARANTINED))
             quarantined = write_quarantine(engine, lake, name, refused, "gold", batch_id)
             per_file = {r["_source_file"]: (r["lines"], r["ends"], r["refused"]) for r in events.groupBy("_source_file").agg(
                 F.count(F.lit(1)).alias("lines"), F.count(F.when(F.expr("reason IS NULL AND status = 'END'"), 1)).alias("ends"),
