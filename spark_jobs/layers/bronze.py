@@ -34,6 +34,7 @@ from spark_jobs.layers.bronze_pass import (
 from spark_jobs.layers.common import (
     ONE_TASK_BYTES,
     QUARANTINED,
+    QUARANTINED_COLUMNS,
     checkpoint,
     gate,
     lag_seconds,
@@ -417,7 +418,7 @@ def _quarantine(spark: SparkSession, engine: DeltaEngine, batch: _Batch, classif
                 unreadable: dict[LandingFile, str], summary: BronzeSummary) -> None:
     """Bad lines (`counts` of them by reason), and unreadable files whole (line 0), to quarantine; a
     reprocess replaces what the files' earlier reading quarantined."""
-    quarantine = classified.where("_kind = 'quarantine'").select("_source_file", "_line", "_raw", "reason")
+    quarantine = classified.where("_kind = 'quarantine'").select(*QUARANTINED_COLUMNS)
     if unreadable:
         quarantine = quarantine.unionByName(spark.createDataFrame(whole_file_rows(unreadable), QUARANTINED))
     counts = _with_unreadable(counts, unreadable)

@@ -26,7 +26,10 @@ def now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-QUARANTINED = "_source_file STRING, _line BIGINT, _raw STRING, reason STRING"  # what a step quarantines, as rows
+# what a step quarantines, as rows: their columns, and as DDL
+_QUARANTINED_TYPES = {"_source_file": "STRING", "_line": "BIGINT", "_raw": "STRING", "reason": "STRING"}
+QUARANTINED_COLUMNS = tuple(_QUARANTINED_TYPES)
+QUARANTINED = ", ".join(f"{name} {kind}" for name, kind in _QUARANTINED_TYPES.items())
 QUARANTINE_SCHEMA = f"{QUARANTINED}, layer STRING, _batch_id STRING, _ingested_at TIMESTAMP"
 
 
@@ -50,7 +53,7 @@ def write_quarantine(engine: DeltaEngine, lake: Lake, table: str, rows: DataFram
     counts = reasons(rows) if counts is None else counts
     if counts:
         rows = rows.select(
-            "_source_file", "_line", "_raw", "reason", F.lit(layer).alias("layer"),
+            *QUARANTINED_COLUMNS, F.lit(layer).alias("layer"),
             F.lit(batch_id).alias("_batch_id"), F.lit(now()).cast("timestamp").alias("_ingested_at"))
         engine.merge(rows, lake.quarantine(table), QUARANTINE_MERGE, small=small)
     return counts

@@ -16,7 +16,7 @@ from spark_jobs.delta import DeltaEngine
 from spark_jobs.errors import ConfigError
 from spark_jobs.lake import Lake
 from spark_jobs.layers import changes
-from spark_jobs.layers.common import ONE_TASK_BYTES, ONE_TASK_ROWS, checkpoint, join_side, one_row
+from spark_jobs.layers.common import ONE_TASK_BYTES, ONE_TASK_ROWS, QUARANTINED_COLUMNS, checkpoint, join_side, one_row
 from spark_jobs.quality.user_expectations import check_columns, violations
 from spark_jobs.registry import TableConfig
 
@@ -42,7 +42,6 @@ def outside_transactions(table: TableConfig) -> Column:
     return (F.col("op") != "r") & F.col("_transaction_id").isNull()
 
 
-QUARANTINED = ("_source_file", "_line", "_raw", "reason")
 
 
 @dataclass
@@ -108,8 +107,8 @@ def plan_batch(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lak
     batch_truncate = overview["truncated_at"]
     new_truncate = batch_truncate if batch_truncate and batch_truncate > (truncated_at or "") else None
     plan = BatchPlan(truncates, overview["truncates"], new_truncate, new_truncate or truncated_at, overview["rows"],
-                     overview["bytes"] or 0, overview["newest_ts_ms"], truncates.where("reason IS NOT NULL").select(*QUARANTINED),
-                     engine.schema(lake.silver(table.name)))
+                     overview["bytes"] or 0, overview["newest_ts_ms"],
+                     truncates.where("reason IS NOT NULL").select(*QUARANTINED_COLUMNS), engine.schema(lake.silver(table.name)))
     if plan.one_task:  # materialised already: the planner is only told it is one partition (common.checkpoint)
         ordered = ordered.coalesce(1)
     if overview["changes"]:
@@ -126,7 +125,7 @@ def _plan_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
         typed = fill_unavailable(spark, engine, lake, table, checkpoint(typed, plan.one_task))
     plan.typed = typed = _quarantine_by_expectations(table, checkpoint(typed.withColumn(
         EVENT_ID, F.monotonically_increasing_id()), plan.one_task), plan)
-    plan.quarantine = plan.quarantine.unionByName(typed.where("reason IS NOT NULL").select(*QUARANTINED))
+    plan.quarantine = plan.quarantine.unionByName(typed.where("reason IS NOT NULL").select(*QUARANTINED_COLUMNS))
     events = typed.where("reason IS NULL")
     plan.audited["events"] = event_audit(typed, table.keys)
     after_truncate = F.col("_seq") > F.lit(plan.truncated_at) if plan.truncated_at else F.lit(True)

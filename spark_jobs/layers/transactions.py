@@ -21,7 +21,7 @@ from spark_jobs.errors import ConfigError, PipelineError
 from spark_jobs.lake import Lake
 from spark_jobs.landing import list_topic, spark_paths
 from spark_jobs.layers.bronze import log_files
-from spark_jobs.layers.common import QUARANTINED, one_row, small_landing, whole_file_rows, write_quarantine
+from spark_jobs.layers.common import QUARANTINED, QUARANTINED_COLUMNS, one_row, small_landing, whole_file_rows, write_quarantine
 from spark_jobs.layers.landing_reader import read_landing
 from spark_jobs.layers.summary import Counts
 from spark_jobs.registry import TableConfig
@@ -74,7 +74,7 @@ def ingest(spark: SparkSession, engine: DeltaEngine, lake: Lake, landing: str, t
                 "id", "_position", "event_count", "data_collections", "ts_ms", "_source_file", "_line",
                 F.lit(batch_id).alias("_batch_id"))
             added = engine.merge(ends, lake.transactions(topic), _ENDS).inserted
-            refused = events.where("reason IS NOT NULL").select("_source_file", "_line", "_raw", "reason")
+            refused = events.where("reason IS NOT NULL").select(*QUARANTINED_COLUMNS)
             if unreadable:
                 refused = refused.unionByName(spark.createDataFrame(whole_file_rows(unreadable), QUARANTINED))
             quarantined = write_quarantine(engine, lake, name, refused, "gold", batch_id)
