@@ -308,20 +308,38 @@ def merge_fields(field_lists: list[list[ImageField]]) -> list[ImageField]:
     return list(merged.values())
 
 
+def parsed_image(image: Column, fields: list[ImageField]) -> Column:
+    """The image's JSON parsed to its fields' physical types (what `decoded_fields` reads)."""
+    return F.from_json(image, ", ".join(f"`{f.name}` {f.parse_type}" for f in fields), JSON_OPTIONS)
+
+
+def image_text(image: Column) -> Column:
+    """The image's fields as their JSON text (what `decode_problems` reads: was a value there at all?)."""
+    return F.from_json(image, "map<string,string>")
+
+
+def decoded_fields(parsed: Column, fields: list[ImageField]) -> dict[str, Column]:
+    """Each field of a `parsed_image` decoded to its Spark type; null where the value does not fit it."""
+    return {f.name: f.decode(parsed[f.name]).try_cast(f.spark_type) for f in fields}
+
+
+def decode_problems(text: Column, decoded: dict[str, Column], fields: list[ImageField]) -> Column:
+    """The fields whose value is present (`image_text`) but did not decode to the declared type ('' when none)."""
+    return F.concat_ws(", ", *[F.when(text[f.name].isNotNull() & decoded[f.name].isNull(),
+                                      F.lit(f"{f.name} (not {f.spark_type.lower()})")) for f in fields])
+
+
 def parse_image(df: DataFrame, image: Column, fields: list[ImageField], alias: str) -> DataFrame:
     """Adds struct column `alias` with every field decoded to its Spark type, and `_decode_problems`
     naming the fields whose value is present but does not fit the declared type ('' when none)."""
-    ddl = ", ".join(f"`{f.name}` {f.parse_type}" for f in fields)
     # the image is parsed once into a column each way and the fields read from those columns: as Column objects
     # the parses were copied into every field's expression, two per field (a check inside a CASE is not shared)
-    raw, as_text = F.col("_image_parsed"), F.col("_image_text")
-    decoded = {f.name: f.decode(raw[f.name]).try_cast(f.spark_type) for f in fields}
-    problems = [F.when(as_text[f.name].isNotNull() & F.col(alias)[f.name].isNull(),
-                       F.lit(f"{f.name} (not {f.spark_type.lower()})")) for f in fields]
-    return (df.withColumn("_image_parsed", F.from_json(image, ddl, JSON_OPTIONS))
-            .withColumn("_image_text", F.from_json(image, "map<string,string>"))
+    decoded = decoded_fields(F.col("_image_parsed"), fields)
+    typed = {f.name: F.col(alias)[f.name] for f in fields}
+    return (df.withColumn("_image_parsed", parsed_image(image, fields))
+            .withColumn("_image_text", image_text(image))
             .withColumn(alias, F.struct(*[c.alias(n) for n, c in decoded.items()]))
-            .withColumn("_decode_problems", F.concat_ws(", ", *problems))
+            .withColumn("_decode_problems", decode_problems(F.col("_image_text"), typed, fields))
             .drop("_image_parsed", "_image_text"))
 
 
@@ -339,12 +357,20 @@ def align(df: DataFrame, struct_col: str, target: T.StructType | None) -> DataFr
     are quarantined, never silently cast (docs/architecture.md, "Types and schema")."""
     if target is None:
         return df.withColumn("_type_problems", F.lit(""))
-    existing = {f.name: f.dataType for f in target.fields}
     image_type = df.schema[struct_col].dataType
     assert isinstance(image_type, T.StructType)
+    row, problems = aligned_row(F.col(struct_col), image_type, target)
+    # the check must read the uncast image, so it is materialised before the struct is replaced
+    return df.withColumn("_type_problems", problems).withColumn(struct_col, row)
+
+
+def aligned_row(row: Column, row_type: T.StructType, target: T.StructType) -> tuple[Column, Column]:
+    """`align` as columns: the row (of `row_type`) with its fields cast to the target's types, and the fields
+    whose values would not fit ('' when all fit)."""
+    existing = {f.name: f.dataType for f in target.fields}
     parts, problems = [], []
-    for f in image_type.fields:
-        value = F.col(struct_col)[f.name]
+    for f in row_type.fields:
+        value = row[f.name]
         target_type = existing.get(f.name)
         if target_type is None or target_type == f.dataType:
             parts.append(value.alias(f.name))
@@ -352,6 +378,4 @@ def align(df: DataFrame, struct_col: str, target: T.StructType | None) -> DataFr
         cast, lost = lossless_cast_check(value, f.dataType, target_type)
         parts.append(cast.alias(f.name))
         problems.append(F.when(lost, F.lit(f"{f.name} ({f.dataType.simpleString()} -> {target_type.simpleString()})")))
-    bad = F.concat_ws(", ", *problems) if problems else F.lit("")
-    # the check must read the uncast image, so it is materialised before the struct is replaced
-    return df.withColumn("_type_problems", bad).withColumn(struct_col, F.struct(*parts))
+    return F.struct(*parts), F.concat_ws(", ", *problems) if problems else F.lit("")
