@@ -28,8 +28,17 @@ def connector_sequence(events: DataFrame) -> DataFrame:
     """Adds `_seq`, a sortable string from the connector's log position (spark_jobs.connectors); null
     when the connector has none we know. Without `source.connector` (flattened records) the connector is
     told by the fields present."""
-    return (events.withColumn("_src", F.from_json("source", _SOURCE_POSITION))
-            .withColumn("_seq", F.expr(connectors.sequence_sql())).drop("_src"))
+    return events.withColumn("_src", source_position()).withColumn("_seq", sequence(None)).drop("_src")
+
+
+def source_position() -> Column:
+    """The source block's position fields, which `sequence` reads from the column `_src`."""
+    return F.from_json("source", _SOURCE_POSITION)
+
+
+def sequence(sequence_by: tuple[str, ...] | None) -> Column:
+    """An event's `_seq`: by `sequence_by`, else by its connector's rules (reading `_src`, `source_position`)."""
+    return configured_sequence(sequence_by) if sequence_by else F.expr(connectors.sequence_sql())
 
 
 def configured_sequence(columns: tuple[str, ...]) -> Column:

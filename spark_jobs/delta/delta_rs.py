@@ -113,6 +113,15 @@ class _Staged:
             self.fs.delete_dir(self.root)
 
 
+@dataclass(frozen=True)
+class NewFiles:
+    """A table's files added since a version: what a reader of only its new rows opens."""
+
+    version: int
+    files: tuple[str, ...]
+    schema: str  # the table's schema, as JSON
+
+
 class DeltaRsEngine:
     name = "delta-rs"
 
@@ -138,6 +147,16 @@ class DeltaRsEngine:
         if table is None:
             return None
         return T.StructType.fromJson(json.loads(table.schema().to_json()))
+
+    def new_files(self, path: str, after: int) -> NewFiles | None:
+        """The files of the table's current version that were not there at version `after` (-1: none was), from its
+        log; None when it has nothing newer, or features a plain Parquet read would get wrong."""
+        table = self._table(path)
+        if table is None or table.version() <= after or unplain_features(table):
+            return None
+        before = self._table(path, after) if after >= 0 else None
+        known = set(before.file_uris()) if before is not None else set()
+        return NewFiles(table.version(), tuple(f for f in table.file_uris() if f not in known), table.schema().to_json())
 
     def read(self, spark: SparkSession, path: str, version: int | None = None) -> DataFrame | None:
         table = self._table(path, version)

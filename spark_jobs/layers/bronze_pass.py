@@ -12,14 +12,14 @@ from functools import reduce
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import Column, DataFrame, Row, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from spark_jobs.debezium import envelope
 from spark_jobs.delta import DeltaEngine, all_nullable
 from spark_jobs.lake import Lake
 from spark_jobs.landing import LandingFile, spark_paths
-from spark_jobs.layers.common import checkpoint, now
+from spark_jobs.layers.common import checkpoint, lookup, now
 from spark_jobs.layers.landing_reader import read_landing
 from spark_jobs.layers.summary import Counts
 from spark_jobs.layers.tombstones import TombstoneCounts, preceding_rows
@@ -136,7 +136,7 @@ def read_together(spark: SparkSession, engine: DeltaEngine, lake: Lake, landing:
         staged = {path: f for c, folder in zip(candidates, staged_at, strict=True)
                   for path, f in spark_paths(landing, c.files, folder).items()}
         lines, unreadable = read_landing(spark, staged, files, fmt, together=True)
-        lines = lines.withColumn("_table", _lookup(table_of, "_source_file"))
+        lines = lines.withColumn("_table", lookup(table_of, F.col("_source_file")))
         parsed = envelope.parse_envelope(lines, fmt)
         parsed = parsed.withColumn("_schema", F.coalesce("_typed_schema", "_schema")).drop("_typed_schema")
         rules = {c.table.name: (c.table.keys, quarantining(c.table)) for c in candidates}
@@ -172,11 +172,6 @@ def read_together(spark: SparkSession, engine: DeltaEngine, lake: Lake, landing:
         for c in candidates}
 
 
-def _lookup(values: dict[str, str], column: str) -> Column:
-    """`values[column]` as a literal map: no join, no Spark job (a few hundred files)."""
-    return F.create_map(*[F.lit(x) for item in values.items() for x in item])[F.col(column)]
-
-
 def _match_tombstones(spark: SparkSession, engine: DeltaEngine, lake: Lake, classified: DataFrame,
                       tallies: dict[str, LineTally], table_of: dict[str, str]
                       ) -> tuple[DataFrame | None, dict[str, TombstoneCounts]]:
@@ -188,7 +183,7 @@ def _match_tombstones(spark: SparkSession, engine: DeltaEngine, lake: Lake, clas
                      if (rows := preceding_rows(spark, engine, lake, name, t.opening)) is not None]
     earlier = reduce(DataFrame.unionByName, earlier_parts) if earlier_parts else None
     matched = checkpoint(envelope.match_tombstones(classified, earlier), True).withColumn(
-        "_table", _lookup(table_of, "_source_file"))
+        "_table", lookup(table_of, F.col("_source_file")))
     counts = matched.groupBy("_table").agg(
         F.count(F.when(F.col("_follows_delete"), 1)).alias("matched"),
         F.count(F.when(F.col("_previous_unseen") & (F.col("_part") != F.col("_source_file")), 1)).alias("waiting")).collect()

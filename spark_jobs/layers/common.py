@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from pyspark.sql import DataFrame, Row
+from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
 
 from spark_jobs.delta import DeltaEngine, MergeSpec, driver_rows
@@ -96,6 +96,11 @@ def one_row(df: DataFrame) -> Row:
     row = df.first()
     assert row is not None
     return row
+
+
+def lookup(values: dict[str, Any], key: Column) -> Column:
+    """`values[key]` as a literal map: no join, no Spark job (a few hundred entries)."""
+    return F.create_map(*[F.lit(x) for item in values.items() for x in item])[key]
 
 
 def reasons(rows: DataFrame) -> Counts:

@@ -11,12 +11,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from functools import cache, reduce
+from typing import Any
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from spark_jobs.debezium import envelope, types
+from spark_jobs.debezium import envelope, ordering, types
+from spark_jobs.delta.delta_rs import NewFiles
+from spark_jobs.layers import silver_plan
+from spark_jobs.layers.common import lookup
 from spark_jobs.layers.silver_plan import MISSING_TRANSACTION, missing_sequence, outside_transactions
 from spark_jobs.registry import TableConfig
 
@@ -82,7 +86,71 @@ def branch(typing: TableTyping) -> Branch:
 
 def typed_events(events: DataFrame, typings: list[TableTyping]) -> DataFrame:
     """The row events of many tables (`_table`, `_seq`, op <> 't') with `_row` (VARIANT), `_key` and `reason`."""
-    def case(part: str) -> Column:
-        whens = [(F.col("_table") == t.table.name, getattr(branch(t), part)) for t in typings]
-        return reduce(lambda acc, w: acc.when(*w), whens[1:], F.when(*whens[0]))
-    return events.withColumns({"_row": case("row"), "_key": case("key"), "reason": case("reason")})
+    branches = {t.table.name: branch(t) for t in typings}
+    return events.withColumns({part: _case({name: getattr(b, attribute) for name, b in branches.items()})
+                               for part, attribute in (("_row", "row"), ("_key", "key"), ("reason", "reason"))})
+
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A table's new bronze rows for the pass: the files that hold them, and bronze's schema there."""
+
+    table: TableConfig
+    applied: int  # the bronze version silver has applied (its progress); -1 when none
+    files: NewFiles
+
+
+def scan(spark: SparkSession, candidates: list[Candidate]) -> DataFrame:
+    """Every candidate's new bronze rows in one read (they share bronze's schema), with `_table` and `_seq`."""
+    schemas = {c.files.schema for c in candidates}
+    assert len(schemas) == 1, "tables read together share bronze's schema"
+    # Spark names a file by its URI, the Delta log by its path: the file's own name (a UUID) identifies it
+    table_of = {f.rsplit("/", 1)[-1]: c.table.name for c in candidates for f in c.files.files}
+    applied = {c.table.name: c.applied for c in candidates}
+    files = [f for c in candidates for f in c.files.files]
+    rows = (spark.read.schema(T.StructType.fromJson(json.loads(schemas.pop()))).parquet(*files)
+            .withColumn("_table", lookup(table_of, F.regexp_extract(F.col("_metadata.file_path"), r"[^/]+$", 0))))
+    # a compaction since `applied` rewrote older rows into new files: only later versions are new
+    rows = rows.where(F.col("_bronze_version") > lookup(applied, F.col("_table")))
+    sequences = {c.table.name: ordering.sequence(c.table.sequence_by) for c in candidates}
+    return rows.withColumn("_src", ordering.source_position()).withColumn("_seq", _case(sequences)).drop("_src")
+
+
+@dataclass(frozen=True)
+class Overview:
+    """A table's batch as the pass's one overview job counted it: plan_batch's overview, and what its images'
+    fields are made from."""
+
+    figures: dict[str, Any]  # silver_plan.overview_columns
+    schemas: tuple[str, ...]  # the row events' envelope schemas
+    inferred: str | None  # schema_of_variant_agg over its plain images
+    documents: int  # MongoDB documents among them: typed by their own plan (types.infer_bson_fields)
+
+    def fields(self, table: TableConfig) -> list[types.ImageField] | None:
+        """The batch's columns as `silver_plan.image_fields` finds them; None when the pass does not type them
+        (MongoDB documents, undescribed envelopes)."""
+        if self.documents or silver_plan.undescribed_schemas(list(self.schemas)):
+            return None
+        inferred = types.fields_from_variant_schema(self.inferred) if self.figures["plain"] else None
+        return silver_plan.combined_fields(table, list(self.schemas), inferred)
+
+
+def overviews(events: DataFrame, tables: list[TableConfig]) -> dict[str, Overview]:
+    """Every table's overview, in one Spark job (`events`: `scan`'s rows)."""
+    placeholders = {t.name: envelope.holds_placeholder(t.unavailable_value_placeholder) for t in tables}
+    change, bson = F.col("op") != "t", F.expr(envelope.MONGODB)
+    plain = change & F.col("_schema").isNull()
+    rows = events.groupBy("_table").agg(
+        *silver_plan.overview_columns(_case(placeholders)),
+        F.collect_set(F.when(change, F.col("_schema"))).alias("_schemas"),
+        F.schema_of_variant_agg(F.when(plain & ~bson, F.try_parse_json(envelope.key_image()))).alias("_inferred"),
+        F.count(F.when(plain & bson, 1)).alias("_documents")).collect()
+    return {r["_table"]: Overview({k: v for k, v in r.asDict().items() if not k.startswith("_")},
+                                  tuple(sorted(r["_schemas"])), r["_inferred"], r["_documents"]) for r in rows}
+
+
+def _case(values: dict[str, Column]) -> Column:
+    """`values[_table]`: one CASE over the tables of the pass."""
+    whens = [(F.col("_table") == name, value) for name, value in values.items()]
+    return reduce(lambda acc, w: acc.when(*w), whens[1:], F.when(*whens[0]))

@@ -93,14 +93,7 @@ def plan_batch(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lak
     if table.transactions:
         ordered = ordered.withColumn("_transaction_id", envelope.transaction_id())
     ordered = ordered.localCheckpoint()
-    overview = one_row(ordered.agg(
-        F.count(F.when((F.col("op") == "t") & F.col("_seq").isNotNull(), 1)).alias("truncates"),
-        F.max(F.when(F.col("op") == "t", F.col("_seq"))).alias("truncated_at"),
-        F.count(F.when(F.col("op") != "t", 1)).alias("changes"),
-        F.count(F.when((F.col("op") != "t") & F.col("_schema").isNull(), 1)).alias("plain"),
-        F.max(F.get_json_object("source", "$.ts_ms").cast("long")).alias("newest_ts_ms"),
-        F.count(F.lit(1)).alias("rows"), F.sum(F.octet_length("_raw")).alias("bytes"),
-        F.count(F.when(envelope.holds_placeholder(table.unavailable_value_placeholder), 1)).alias("unavailable")))
+    overview = one_row(ordered.agg(*overview_columns(envelope.holds_placeholder(table.unavailable_value_placeholder))))
     # truncate (op=t): the table is empty as of its position; every older event is stale
     truncates = ordered.where("op = 't'").withColumn("reason", F.when(F.col("_seq").isNull(), missing_sequence(table))
                                                      .when(outside_transactions(table), MISSING_TRANSACTION))
@@ -115,6 +108,17 @@ def plan_batch(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lak
         _plan_changes(spark, engine, table, lake, ordered.where("op <> 't'"), overview["plain"] > 0,
                       overview["unavailable"] > 0, plan)
     return plan
+
+
+def overview_columns(holds_placeholder: Column) -> list[Column]:
+    """A batch's overview, as aggregates of its ordered bronze rows: what the rest of its plan depends on."""
+    return [F.count(F.when((F.col("op") == "t") & F.col("_seq").isNotNull(), 1)).alias("truncates"),
+            F.max(F.when(F.col("op") == "t", F.col("_seq"))).alias("truncated_at"),
+            F.count(F.when(F.col("op") != "t", 1)).alias("changes"),
+            F.count(F.when((F.col("op") != "t") & F.col("_schema").isNull(), 1)).alias("plain"),
+            F.max(F.get_json_object("source", "$.ts_ms").cast("long")).alias("newest_ts_ms"),
+            F.count(F.lit(1)).alias("rows"), F.sum(F.octet_length("_raw")).alias("bytes"),
+            F.count(F.when(holds_placeholder, 1)).alias("unavailable")]
 
 
 def _plan_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake: Lake, changes_in: DataFrame,
@@ -172,13 +176,28 @@ def image_fields(spark: SparkSession, table: TableConfig, events: DataFrame, has
     """Columns of the batch's row images: from the envelope schemas, else inferred from plain JSON (with
     the table's `columns:` overrides). `__` fields are flattened records' metadata, not columns."""
     envelope_schemas = [r["_schema"] for r in events.where("_schema IS NOT NULL").select("_schema").distinct().collect()]
-    described = {s: types.fields_from_envelope(s) for s in envelope_schemas}
-    lists = [described[s] for s in sorted(described) if described[s]]
-    undescribed = sorted(s for s, fields in described.items() if not fields)  # MongoDB's: the document is JSON text
+    undescribed = undescribed_schemas(envelope_schemas)
+    inferred = None
     if has_plain or undescribed:
         plain = events.where(F.col("_schema").isNull() | F.col("_schema").isin(undescribed)).select(
             envelope.key_image().alias("_image"), F.expr(envelope.MONGODB).alias("_bson"))
-        lists.insert(0, types.with_overrides(types.infer_fields(plain, "_image", "_bson"), table.columns))
+        inferred = types.infer_fields(plain, "_image", "_bson")
+    return combined_fields(table, envelope_schemas, inferred)
+
+
+def undescribed_schemas(envelope_schemas: list[str]) -> list[str]:
+    """Envelope schemas that do not describe the image's columns (MongoDB's: the document is JSON text)."""
+    return sorted(s for s in envelope_schemas if not types.fields_from_envelope(s))
+
+
+def combined_fields(table: TableConfig, envelope_schemas: list[str], inferred: list[types.ImageField] | None
+                    ) -> list[types.ImageField]:
+    """The batch's columns from its envelope schemas and the fields `inferred` from its plain images (None: it has
+    none), with the table's `columns:` overrides."""
+    described = {s: types.fields_from_envelope(s) for s in envelope_schemas}
+    lists = [described[s] for s in sorted(described) if described[s]]
+    if inferred is not None:
+        lists.insert(0, types.with_overrides(inferred, table.columns))
     return [f for f in types.merge_fields(lists) if not f.name.startswith("__")]
 
 

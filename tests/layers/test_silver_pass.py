@@ -1,24 +1,25 @@
-"""The silver pass (spark_jobs/layers/silver_pass.py, work in progress): many tables' events typed in one plan come
-out exactly as each table's own plan types them (silver_plan.typed_changes): the same typed row, key and
-quarantine reason for every event, over envelopes of every logical type the demo's connectors write, plain JSON,
-values that do not fit silver's columns, missing keys and missing positions."""
+"""The silver pass (spark_jobs/layers/silver_pass.py, work in progress): many tables' new bronze rows read in one
+scan, overviewed in one job and typed in one plan come out exactly as each table's own plan finds them
+(silver_plan): the same overview and fields, and the same typed row and quarantine reason for every event, over
+envelopes of every logical type the demo's connectors write, plain JSON, values that do not fit silver's columns,
+missing keys and missing positions."""
 
 from __future__ import annotations
 
 import json
 import shutil
-from functools import reduce
 from pathlib import Path
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from spark_jobs.debezium import ordering
+from spark_jobs.debezium import envelope, ordering
 from spark_jobs.generate import Options, generate
 from spark_jobs.lake import Lake
 from spark_jobs.layers import silver_pass
+from spark_jobs.layers.common import one_row
 from spark_jobs.layers.silver import silver_progress
-from spark_jobs.layers.silver_plan import image_fields, typed_changes
+from spark_jobs.layers.silver_plan import image_fields, overview_columns, typed_changes
 from spark_jobs.registry import load_registry
 from tests.layers.test_bronze_pass import _config
 from tests.support import run
@@ -68,10 +69,10 @@ def _land_generated(landing: Path, source: Path, generated: list, cycle: int) ->
 
 
 def _new_events(spark, engine, lake: Lake, table) -> DataFrame:
-    """The table's bronze rows silver has not applied, ordered, without truncates (what silver types)."""
+    """The table's bronze rows silver has not applied, ordered (what its own plan reads)."""
     bronze = engine.read(spark, lake.bronze(table.name))
     applied = silver_progress(lake, table.name).bronze_version
-    return ordering.order_key(bronze.where(F.col("_bronze_version") > applied), table.sequence_by).where("op <> 't'")
+    return ordering.order_key(bronze.where(F.col("_bronze_version") > applied), table.sequence_by)
 
 
 def test_events_typed_together_come_out_as_each_alone(spark, engine, tmp_path, capsys):
@@ -92,20 +93,27 @@ def test_events_typed_together_come_out_as_each_alone(spark, engine, tmp_path, c
     assert code == 0, out + err
 
     lake = Lake(str(lake_root))
-    alone, typings, parts = {}, [], []
-    for name in [*GENERATED, *HAND_MADE]:
+    names = [*GENERATED, *HAND_MADE]
+    candidates = [silver_pass.Candidate(registry.tables[n], silver_progress(lake, n).bronze_version,
+                                        engine.new_files(lake.bronze(n), silver_progress(lake, n).bronze_version))
+                  for n in names]
+    events = silver_pass.scan(spark, candidates)
+    overviews = silver_pass.overviews(events, [c.table for c in candidates])
+    alone, typings = {}, []
+    for name in names:
         table = registry.tables[name]
-        events = _new_events(spark, engine, lake, table)
-        has_plain = events.where("_schema IS NULL").count() > 0
+        own = _new_events(spark, engine, lake, table)
+        assert overviews[name].figures == one_row(own.agg(*overview_columns(
+            envelope.holds_placeholder(table.unavailable_value_placeholder)))).asDict(), name
+        changes = own.where("op <> 't'")
+        has_plain = overviews[name].figures["plain"] > 0
         target = engine.schema(lake.silver(name))
-        typed, fields = typed_changes(spark, table, events, target, has_plain, False)
-        assert fields == image_fields(spark, table, events, has_plain)
+        typed, fields = typed_changes(spark, table, changes, target, has_plain, False)
+        assert overviews[name].fields(table) == fields == image_fields(spark, table, changes, has_plain), name
         alone[name] = {(r["_source_file"], r["_line"]): (r["_row"], r["reason"]) for r in typed.collect()}
-        typing = silver_pass.TableTyping(table, tuple(fields), None if target is None else target.json())
-        typings.append(typing)
-        parts.append(events.withColumn("_table", F.lit(name)))
+        typings.append(silver_pass.TableTyping(table, tuple(fields), None if target is None else target.json()))
 
-    together = silver_pass.typed_events(reduce(DataFrame.unionByName, parts), typings)
+    together = silver_pass.typed_events(events.where("op <> 't'"), typings)
     for typing in typings:
         name = typing.table.name
         rows = together.where(F.col("_table") == name).select(
