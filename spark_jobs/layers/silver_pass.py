@@ -54,43 +54,52 @@ class TableTyping:
 
 @dataclass(frozen=True)
 class Branch:
-    """One table's typing, as columns over the shared scan's events."""
+    """One table's typing, as columns over the shared scan's events, in three steps. Each step reads what the one
+    before it made, as VARIANT, by a cast: a step's columns never copy the whole decoding into themselves, which
+    made a CASE over 100 tables too big to compile (and a plan of minutes)."""
 
-    row: Column  # the typed, aligned image as VARIANT
-    key: Column  # the typed key as JSON text: one text per key value, whatever its events' encodings
-    reason: Column  # why the event is quarantined, else null
+    decoded: Column  # 1. the image decoded to its fields' types, as VARIANT
+    decode_problems: Column  # 2. (from `_decoded`, `_text`) the fields present that did not decode
+    row: Column  # 2. the decoded row aligned to silver's columns, as VARIANT
+    type_problems: Column  # 2. the fields whose values silver's columns cannot hold
+    key: Column  # 3. (from `_row`) the typed key as JSON text: one text per key value, whatever its encodings
+    reason: Column  # 3. why the event is quarantined, else null
 
 
 @cache
 def branch(typing: TableTyping) -> Branch:
     """The table's typing as `types.parse_image`, `types.align` and `silver_plan.typed_changes` do it, in columns."""
     table, fields = typing.table, list(typing.fields)
-    image = envelope.key_image()
-    decoded = types.decoded_fields(types.parsed_image(image, fields), fields)
-    decode_problems = types.decode_problems(types.image_text(image), decoded, fields)
-    row = F.struct(*[c.alias(n) for n, c in decoded.items()])
+    decoded_fields = types.decoded_fields(types.parsed_image(envelope.key_image(), fields), fields)
+    decoded = F.col("_decoded").cast(typing.decoded_type)
+    decode_problems = types.decode_problems(F.col("_text"), {f.name: decoded[f.name] for f in fields}, fields)
     target = typing.target_schema
-    type_problems: Column = F.lit("")
-    if target is not None:
-        row, type_problems = types.aligned_row(row, typing.decoded_type, target)
-    key = [row[k] for k in table.keys]
-    missing = F.concat_ws(",", *[F.when(value.isNull(), F.lit(k)) for k, value in zip(table.keys, key, strict=True)])
+    row, type_problems = (types.aligned_row(decoded, typing.decoded_type, target) if target is not None
+                          else (decoded, F.lit("")))
+    typed = F.col("_row").cast(typing.row_type)
+    missing = F.concat_ws(",", *[F.when(typed[k].isNull(), F.lit(k)) for k in table.keys])
     reason = (F.when(F.col("_seq").isNull(), missing_sequence(table))
-              .when(decode_problems != "", F.concat(F.lit("incompatible_type: "), decode_problems))
-              .when(type_problems != "", F.concat(F.lit("incompatible_type: "), type_problems))
+              .when(F.col("_decode_problems") != "", F.concat(F.lit("incompatible_type: "), F.col("_decode_problems")))
+              .when(F.col("_type_problems") != "", F.concat(F.lit("incompatible_type: "), F.col("_type_problems")))
               .when(missing != "", F.concat(F.lit("missing_key: "), missing))
               .when(outside_transactions(table), MISSING_TRANSACTION))
-    return Branch(F.to_variant_object(row), F.to_json(F.struct(*[v.alias(k) for k, v in zip(table.keys, key, strict=True)])),
+    return Branch(F.to_variant_object(F.struct(*[c.alias(n) for n, c in decoded_fields.items()])), decode_problems,
+                  F.to_variant_object(row), type_problems, F.to_json(F.struct(*[typed[k].alias(k) for k in table.keys])),
                   reason)
 
 
 def typed_events(events: DataFrame, typings: list[TableTyping]) -> DataFrame:
     """The row events of many tables (`_table`, `_seq`, op <> 't') with `_row` (VARIANT), `_key` and `reason`."""
     branches = {t.table.name: branch(t) for t in typings}
-    return events.withColumns({part: _case({name: getattr(b, attribute) for name, b in branches.items()})
-                               for part, attribute in (("_row", "row"), ("_key", "key"), ("reason", "reason"))})
 
+    def case(part: str) -> Column:
+        return _case({name: getattr(b, part) for name, b in branches.items()})
 
+    return (events.withColumns({"_decoded": case("decoded"), "_text": types.image_text(envelope.key_image())})
+            .withColumns({"_decode_problems": case("decode_problems"), "_row": case("row"),
+                          "_type_problems": case("type_problems")})
+            .withColumns({"_key": case("key"), "reason": case("reason")})
+            .drop("_decoded", "_text", "_decode_problems", "_type_problems"))
 
 @dataclass(frozen=True)
 class Candidate:
@@ -113,8 +122,14 @@ def scan(spark: SparkSession, candidates: list[Candidate]) -> DataFrame:
             .withColumn("_table", lookup(table_of, F.regexp_extract(F.col("_metadata.file_path"), r"[^/]+$", 0))))
     # a compaction since `applied` rewrote older rows into new files: only later versions are new
     rows = rows.where(F.col("_bronze_version") > lookup(applied, F.col("_table")))
-    sequences = {c.table.name: ordering.sequence(c.table.sequence_by) for c in candidates}
-    return rows.withColumn("_src", ordering.source_position()).withColumn("_seq", _case(sequences)).drop("_src")
+    by_sequence: dict[tuple[str, ...] | None, list[str]] = {}
+    for c in candidates:
+        by_sequence.setdefault(c.table.sequence_by or None, []).append(c.table.name)
+    # one branch per way of sequencing (most tables: their connector's), not per table
+    groups = [(ordering.sequence(by), F.col("_table").isin(names)) for by, names in by_sequence.items()]
+    sequence = groups[0][0] if len(groups) == 1 else reduce(
+        lambda acc, group: acc.when(group[1], group[0]), groups[1:], F.when(groups[0][1], groups[0][0]))
+    return rows.withColumn("_src", ordering.source_position()).withColumn("_seq", sequence).drop("_src")
 
 
 @dataclass(frozen=True)
