@@ -57,12 +57,17 @@ def _config(tmp_path: Path, names: list[str], hand_made: dict | None = None) -> 
     return config
 
 
-def _land_cycle(landing: Path, source: Path, generated: list, cycle: int) -> None:
+def land_generated(landing: Path, source: Path, generated: list, cycle: int) -> None:
+    """The generated tables' files of batch `cycle`, copied from `source` to the landing area."""
     for g in generated:
         for f in g.batches[cycle]:
             dest = landing / Path(f).relative_to(source)
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(f, dest)
+
+
+def _land_cycle(landing: Path, source: Path, generated: list, cycle: int) -> None:
+    land_generated(landing, source, generated, cycle)
     for (table, name), lines in CYCLES[cycle].items():
         topic = f"shop.public.{table}"
         folder = landing / "topics" / topic / f"partition={name.split('+')[1]}"

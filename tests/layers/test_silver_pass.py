@@ -7,7 +7,6 @@ missing keys and missing positions."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 from pyspark.sql import DataFrame
@@ -21,7 +20,7 @@ from spark_jobs.layers.common import one_row
 from spark_jobs.layers.silver import silver_progress
 from spark_jobs.layers.silver_plan import image_fields, overview_columns, typed_changes
 from spark_jobs.registry import load_registry
-from tests.layers.test_bronze_pass import _config
+from tests.layers.test_bronze_pass import _config, land_generated
 from tests.support import run
 
 GENERATED = ["customers", "products", "inventory_customers", "film", "actor", "film_actor"]
@@ -60,14 +59,6 @@ def _land(landing: Path, topic: str, name: str, lines: list[str]) -> None:
     (folder / f"{topic}+0+{name}.json").write_text("".join(line + "\n" for line in lines))
 
 
-def _land_generated(landing: Path, source: Path, generated: list, cycle: int) -> None:
-    for g in generated:
-        for f in g.batches[cycle]:
-            dest = landing / Path(f).relative_to(source)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(f, dest)
-
-
 def _new_events(spark, engine, lake: Lake, table) -> DataFrame:
     """The table's bronze rows silver has not applied, ordered (what its own plan reads)."""
     bronze = engine.read(spark, lake.bronze(table.name))
@@ -82,11 +73,11 @@ def test_events_typed_together_come_out_as_each_alone(spark, engine, tmp_path, c
     generated = generate(registry.select(GENERATED), source,
                          Options(rows=20, changes=40, records_per_file=25, batches=1, shuffle=True, seed=11))
     landing, lake_root = tmp_path / LANDING, tmp_path / "lake"
-    _land_generated(landing, source, generated, 0)
+    land_generated(landing, source, generated, 0)
     _land(landing, "shop.public.orders", "0000000000", FIRST)
     code, out, err = run(capsys, config, landing, lake_root, "--layers", "bronze,silver")
     assert code == 0, out + err
-    _land_generated(landing, source, generated, 1)
+    land_generated(landing, source, generated, 1)
     _land(landing, "shop.public.orders", "0000000002", SECOND)
     _land(landing, "shop.public.typed", "0000000000", TYPED)
     code, out, err = run(capsys, config, landing, lake_root, "--layers", "bronze")  # silver has these to apply
