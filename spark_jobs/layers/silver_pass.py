@@ -19,8 +19,8 @@ from pyspark.sql import types as T
 
 from spark_jobs.debezium import envelope, ordering, types
 from spark_jobs.delta.delta_rs import NewFiles
-from spark_jobs.layers import silver_plan
-from spark_jobs.layers.common import lookup
+from spark_jobs.layers import changes, silver_plan
+from spark_jobs.layers.common import checkpoint, lookup
 from spark_jobs.layers.silver_plan import MISSING_TRANSACTION, missing_sequence, outside_transactions
 from spark_jobs.registry import TableConfig
 
@@ -62,7 +62,7 @@ class Branch:
     decode_problems: Column  # 2. (from `_decoded`, `_text`) the fields present that did not decode
     row: Column  # 2. the decoded row aligned to silver's columns, as VARIANT
     type_problems: Column  # 2. the fields whose values silver's columns cannot hold
-    key: Column  # 3. (from `_row`) the typed key as JSON text: one text per key value, whatever its encodings
+    key: Column  # 3. (from `_row`) the typed key as JSON text, one per key value whatever its encoding; null if a part is
     reason: Column  # 3. why the event is quarantined, else null
 
 
@@ -83,23 +83,27 @@ def branch(typing: TableTyping) -> Branch:
               .when(F.col("_type_problems") != "", F.concat(F.lit("incompatible_type: "), F.col("_type_problems")))
               .when(missing != "", F.concat(F.lit("missing_key: "), missing))
               .when(outside_transactions(table), MISSING_TRANSACTION))
+    key = F.when(missing == "", F.to_json(F.struct(*[typed[k].alias(k) for k in table.keys])))
     return Branch(F.to_variant_object(F.struct(*[c.alias(n) for n, c in decoded_fields.items()])), decode_problems,
-                  F.to_variant_object(row), type_problems, F.to_json(F.struct(*[typed[k].alias(k) for k in table.keys])),
-                  reason)
+                  F.to_variant_object(row), type_problems, key, reason)
 
 
 def typed_events(events: DataFrame, typings: list[TableTyping]) -> DataFrame:
-    """The row events of many tables (`_table`, `_seq`, op <> 't') with `_row` (VARIANT), `_key` and `reason`."""
+    """The row events of many tables (`_table`, `_seq`, op <> 't'; together a small batch) with `_row` (VARIANT),
+    `_key` and `reason`, materialised."""
     branches = {t.table.name: branch(t) for t in typings}
 
     def case(part: str) -> Column:
         return _case({name: getattr(b, part) for name, b in branches.items()})
 
-    return (events.withColumns({"_decoded": case("decoded"), "_text": types.image_text(envelope.key_image())})
-            .withColumns({"_decode_problems": case("decode_problems"), "_row": case("row"),
-                          "_type_problems": case("type_problems")})
-            .withColumns({"_key": case("key"), "reason": case("reason")})
-            .drop("_decoded", "_text", "_decode_problems", "_type_problems"))
+    # each step materialised: left as projections, the optimizer inlines one into the next, and an aggregate over
+    # the result (the newest event per key) copies every table's branches into each of its columns (out of memory)
+    decoded = checkpoint(events.withColumns({"_decoded": case("decoded"),
+                                             "_text": types.image_text(envelope.key_image())}), True)
+    aligned = checkpoint(decoded.withColumns({"_decode_problems": case("decode_problems"), "_row": case("row"),
+                                              "_type_problems": case("type_problems")}).drop("_decoded", "_text"), True)
+    return checkpoint(aligned.withColumns({"_key": case("key"), "reason": case("reason")}), True).drop(
+        "_decode_problems", "_type_problems")
 
 @dataclass(frozen=True)
 class Candidate:
@@ -169,3 +173,37 @@ def _case(values: dict[str, Column]) -> Column:
     """`values[_table]`: one CASE over the tables of the pass."""
     whens = [(F.col("_table") == name, value) for name, value in values.items()]
     return reduce(lambda acc, w: acc.when(*w), whens[1:], F.when(*whens[0]))
+
+
+def newest_per_key(typed: DataFrame, truncated_at: dict[str, str | None]) -> DataFrame:
+    """Every table's newest event per key after the truncate in force (`truncated_at`, by table), among the events
+    typing did not quarantine: `changes.latest_per_key` by (`_table`, `_key`)."""
+    return changes.latest_per_key(typed.where("reason IS NULL").where(_after_truncate(truncated_at)), ("_table", "_key"))
+
+
+@dataclass(frozen=True)
+class Figures:
+    """A table's counts of its typed batch, as silver_plan's BatchPlan holds them."""
+
+    events: int  # row events without a quarantine reason
+    positions: int  # distinct (key, position) among them
+    positions_after_truncate: int
+    keys: int  # keys with an event after the truncate in force
+    ties: int
+
+
+def figures(typed: DataFrame, newest: DataFrame, truncated_at: dict[str, str | None]) -> dict[str, Figures]:
+    """Every table's `Figures`, in one collect."""
+    events, position = typed.where("reason IS NULL"), F.struct("_key", "_seq")
+    counted = events.groupBy("_table").agg(
+        F.count(F.lit(1)).alias("events"), F.countDistinct(position).alias("positions"),
+        F.countDistinct(F.when(_after_truncate(truncated_at), position)).alias("positions_after_truncate"))
+    kept = newest.groupBy("_table").agg(F.count(F.lit(1)).alias("keys"), F.sum(F.col("_tie").cast("int")).alias("ties"))
+    rows = counted.join(kept, "_table", "left").collect()
+    return {r["_table"]: Figures(r["events"], r["positions"], r["positions_after_truncate"], r["keys"] or 0,
+                                 int(r["ties"] or 0)) for r in rows}
+
+
+def _after_truncate(truncated_at: dict[str, str | None]) -> Column:
+    """Is the event after its table's truncate in force?"""
+    return _case({name: F.col("_seq") > F.lit(at) if at else F.lit(True) for name, at in truncated_at.items()})

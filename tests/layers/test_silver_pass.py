@@ -18,7 +18,7 @@ from spark_jobs.lake import Lake
 from spark_jobs.layers import silver_pass
 from spark_jobs.layers.common import one_row
 from spark_jobs.layers.silver import silver_progress
-from spark_jobs.layers.silver_plan import image_fields, overview_columns, typed_changes
+from spark_jobs.layers.silver_plan import image_fields, overview_columns, plan_batch, typed_changes
 from spark_jobs.registry import load_registry
 from tests.layers.test_bronze_pass import _config, land_generated
 from tests.support import run
@@ -110,6 +110,23 @@ def test_events_typed_together_come_out_as_each_alone(spark, engine, tmp_path, c
         rows = together.where(F.col("_table") == name).select(
             "_source_file", "_line", F.col("_row").cast(typing.row_type).alias("_row"), "reason").collect()
         assert {(r["_source_file"], r["_line"]): (r["_row"], r["reason"]) for r in rows} == alone[name], name
+    # the newest event per key, and the plan's counts, as each table's own plan (silver_plan.plan_batch) finds them
+    truncated_at = {n: silver_progress(lake, n).truncated_at for n in names}
+    newest = silver_pass.newest_per_key(together, truncated_at)
+    counted = silver_pass.figures(together, newest, truncated_at)
+    for typing in typings:
+        table = typing.table
+        progress = silver_progress(lake, table.name)
+        bronze = engine.read(spark, lake.bronze(table.name)).where(F.col("_bronze_version") > progress.bronze_version)
+        plan = plan_batch(spark, engine, table, lake, bronze, progress.truncated_at)
+        own = {tuple(r["_row"][k] for k in table.keys): (r["_seq"], r["op"], r["_row"], r["_events"], r["_tie"])
+               for r in plan.latest.collect()}
+        shared = {tuple(r["_row"][k] for k in table.keys): (r["_seq"], r["op"], r["_row"], r["_events"], r["_tie"])
+                  for r in newest.where(F.col("_table") == table.name).select(
+                      "_seq", "op", F.col("_row").cast(typing.row_type).alias("_row"), "_events", "_tie").collect()}
+        assert shared == own, table.name
+        assert counted[table.name] == silver_pass.Figures(plan.events, plan.positions, plan.positions_after_truncate,
+                                                          plan.keys, plan.ties), table.name
     # the hand-made events were judged as intended, not only alike (a keyless one never left bronze)
     assert {line: reason for (_, line), (_, reason) in alone["orders"].items()} == {
         1: "incompatible_type: qty (string -> bigint)", 2: "incompatible_type: qty (string -> bigint)",
