@@ -22,6 +22,8 @@ from spark_jobs.delta.delta_rs import NewFiles
 from spark_jobs.layers import changes, silver_plan
 from spark_jobs.layers.common import checkpoint, lookup
 from spark_jobs.layers.silver_plan import MISSING_TRANSACTION, missing_sequence, outside_transactions
+from spark_jobs.quality.audit import Tally, tally_by
+from spark_jobs.quality.expectations import flagged
 from spark_jobs.registry import TableConfig
 
 
@@ -207,3 +209,15 @@ def figures(typed: DataFrame, newest: DataFrame, truncated_at: dict[str, str | N
 def _after_truncate(truncated_at: dict[str, str | None]) -> Column:
     """Is the event after its table's truncate in force?"""
     return _case({name: F.col("_seq") > F.lit(at) if at else F.lit(True) for name, at in truncated_at.items()})
+
+
+def event_audits(typed: DataFrame) -> dict[str, dict[str, Tally]]:
+    """Every table's tallies of silver's checks on its row events (`silver_plan.event_audit` by (`_table`, `_key`)),
+    in one aggregate."""
+    audit = silver_plan.event_audit(typed, ("_table", "_key"), "_table")
+    return tally_by({"events": audit}, flagged("silver", "events"), "_table")
+
+
+def deletes(typed: DataFrame) -> DataFrame:
+    """(`_table`, `_key`, `_seq`) of each delete the tables' batches received, once per key and position."""
+    return typed.where("reason IS NULL AND op = 'd'").select("_table", "_key", "_seq").distinct()

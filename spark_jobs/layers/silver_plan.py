@@ -259,12 +259,12 @@ def fill_unavailable(spark: SparkSession, engine: DeltaEngine, lake: Lake, table
     return typed.withColumn("reason", reason).drop("_unavailable", *(["_live"] if in_silver else []))
 
 
-def event_audit(typed: DataFrame, keys: tuple[str, ...]) -> DataFrame:
-    """Per row event: `op`, `_seq` and `_variants`, the distinct contents among the events sharing its key and
-    position (null where the event has no key or position)."""
+def event_audit(typed: DataFrame, keys: tuple[str, ...], *carried: str) -> DataFrame:
+    """Per row event: (the `carried` columns,) `op`, `_seq` and `_variants`, the distinct contents among the events
+    sharing its key and position (null where the event has no key or position)."""
     variants = F.size(F.collect_set(changes.event_content()).over(Window.partitionBy(*keys, "_seq")))
     usable = F.col("_seq").isNotNull() & reduce(lambda a, b: a & b, [F.col(k).isNotNull() for k in keys])
-    return typed.select("op", "_seq", F.when(usable, variants).alias("_variants"))
+    return typed.select(*carried, "op", "_seq", F.when(usable, variants).alias("_variants"))
 
 
 def classify_deletes(deletes: DataFrame, latest: DataFrame, state: DataFrame, keys: tuple[str, ...],

@@ -19,6 +19,8 @@ from spark_jobs.layers import silver_pass
 from spark_jobs.layers.common import one_row
 from spark_jobs.layers.silver import silver_progress
 from spark_jobs.layers.silver_plan import image_fields, overview_columns, plan_batch, typed_changes
+from spark_jobs.quality.audit import Tally, tally
+from spark_jobs.quality.expectations import flagged
 from spark_jobs.registry import load_registry
 from tests.layers.test_bronze_pass import _config, land_generated
 from tests.support import run
@@ -114,6 +116,7 @@ def test_events_typed_together_come_out_as_each_alone(spark, engine, tmp_path, c
     truncated_at = {n: silver_progress(lake, n).truncated_at for n in names}
     newest = silver_pass.newest_per_key(together, truncated_at)
     counted = silver_pass.figures(together, newest, truncated_at)
+    audits, deletes = silver_pass.event_audits(together), silver_pass.deletes(together)
     for typing in typings:
         table = typing.table
         progress = silver_progress(lake, table.name)
@@ -127,6 +130,10 @@ def test_events_typed_together_come_out_as_each_alone(spark, engine, tmp_path, c
         assert shared == own, table.name
         assert counted[table.name] == silver_pass.Figures(plan.events, plan.positions, plan.positions_after_truncate,
                                                           plan.keys, plan.ties), table.name
+        own_audit = tally({"events": plan.audited["events"]}, flagged("silver"), table.keys)
+        assert audits.get(table.name, dict.fromkeys(own_audit, Tally(0, 0))) == own_audit, table.name
+        assert sorted(r["_seq"] for r in deletes.where(F.col("_table") == table.name).collect()) == sorted(
+            r["_seq"] for r in plan.deletes.collect()), table.name
     # the hand-made events were judged as intended, not only alike (a keyless one never left bronze)
     assert {line: reason for (_, line), (_, reason) in alone["orders"].items()} == {
         1: "incompatible_type: qty (string -> bigint)", 2: "incompatible_type: qty (string -> bigint)",
