@@ -6,10 +6,13 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spark_jobs.settings import environ
 from spark_jobs.storage import LocalFiles, S3Files, arrow_path, arrow_s3, delta_storage_options, is_s3, lake_files
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 # A run id names a folder of the reports: a strict name, never a path (Airflow's run ids, `manual__2026-11-25T08:00:00+00:00`,
 # and the pipeline's own batch ids fit it; Airflow's default pattern for run ids given by hand is the same set of characters)
@@ -165,10 +168,17 @@ def row_count(path: str) -> int | None:
 
 def read_columns(path: str, columns: list[str] | None = None,
                  env: Mapping[str, str] = environ) -> dict[str, list[Any]] | None:
-    """A Delta table's columns (all when None), read without Spark (the sensor, status) and without delta-rs'
-    dataset readers: pyarrow.parquet over the snapshot's files, or delta-rs' DataFusion provider where
-    deletion vectors make a plain Parquet read wrong. None when the table is absent. `env` holds an S3
-    lake's AWS_* settings (spark_jobs/storage.py)."""
+    """A Delta table's columns (all when None) as Python values (`read_arrow`); None when the table is absent."""
+    table = read_arrow(path, columns, env)
+    return None if table is None else table.to_pydict()
+
+
+def read_arrow(path: str, columns: list[str] | None = None, env: Mapping[str, str] = environ) -> pa.Table | None:
+    """A Delta table's columns (all when None), read without Spark (the sensor, status, the silver pass) and without
+    delta-rs' dataset readers: pyarrow.parquet over the snapshot's files, or delta-rs' DataFusion provider where
+    deletion vectors make a plain Parquet read wrong. None when the table is absent. `env` holds an S3 lake's AWS_*
+    settings (spark_jobs/storage.py). A partitioned table's partition columns are not in its files: read others."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
@@ -180,9 +190,10 @@ def read_columns(path: str, columns: list[str] | None = None,
     except TableNotFoundError:
         return None
     if unplain_features(table):
-        return query(table, f"SELECT {', '.join(columns) if columns else '*'} FROM t")
+        return pa.table(query(table, f"SELECT {', '.join(columns) if columns else '*'} FROM t"))
     files = table.file_uris()
     if not files:
-        return {c: [] for c in columns or [f.name for f in table.schema().fields]}
+        schema = pa.schema(table.schema().to_arrow())
+        return schema.empty_table().select(columns) if columns else schema.empty_table()
     filesystem = arrow_s3(env) if is_s3(path) else None
-    return pq.read_table([arrow_path(f) for f in files], columns=columns, filesystem=filesystem).to_pydict()
+    return pq.read_table([arrow_path(f) for f in files], columns=columns, filesystem=filesystem)

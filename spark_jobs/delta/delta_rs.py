@@ -120,6 +120,7 @@ class NewFiles:
     version: int
     files: tuple[str, ...]
     schema: str  # the table's schema, as JSON
+    size: int  # the files' bytes
 
 
 class DeltaRsEngine:
@@ -156,7 +157,11 @@ class DeltaRsEngine:
             return None
         before = self._table(path, after) if after >= 0 else None
         known = set(before.file_uris()) if before is not None else set()
-        return NewFiles(table.version(), tuple(f for f in table.file_uris() if f not in known), table.schema().to_json())
+        actions = table.get_add_actions(flatten=True)  # a file's name (a UUID's) is unique in its table
+        sizes = dict(zip((p.rsplit("/", 1)[-1] for p in actions.column("path").to_pylist()),
+                         actions.column("size_bytes").to_pylist(), strict=True))
+        new = tuple(f for f in table.file_uris() if f not in known)
+        return NewFiles(table.version(), new, table.schema().to_json(), sum(sizes[f.rsplit("/", 1)[-1]] for f in new))
 
     def read(self, spark: SparkSession, path: str, version: int | None = None) -> DataFrame | None:
         table = self._table(path, version)
