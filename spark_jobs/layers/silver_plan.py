@@ -44,6 +44,21 @@ def outside_transactions(table: TableConfig) -> Column:
 
 
 
+@dataclass(frozen=True)
+class PlanCounts:
+    """A batch's counts before anything is written: what its summary reports (silver._counts)."""
+
+    rows_in: int  # bronze rows in the batch
+    newest_ts_ms: int | None
+    truncates: int
+    events: int  # row events without a quarantine reason
+    positions: int  # distinct (key, position) among them
+    positions_after_truncate: int
+    keys: int  # keys with an event after the truncate in force
+    ties: int
+    effective: int  # rows the merge writes
+
+
 @dataclass
 class BatchPlan:
     """What one batch will change, and the rows the gate audits before anything is written."""
@@ -73,6 +88,11 @@ class BatchPlan:
     deletes: DataFrame | None = None  # (key, _seq) of each delete received
     delete_counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("received", "before_truncate", "superseded", "stale", "absent"), 0))
+
+    @property
+    def counts(self) -> PlanCounts:
+        return PlanCounts(self.rows_in, self.newest_ts_ms, self.truncate_count, self.events, self.positions,
+                          self.positions_after_truncate, self.keys, self.ties, self.effective)
 
     @property
     def one_task(self) -> bool:
@@ -211,13 +231,9 @@ def typed_changes(spark: SparkSession, table: TableConfig, changes: DataFrame, t
     fields = image_fields(spark, table, changes, has_plain)
     names = {f.name for f in fields}
     # a field of tables.yaml naming a column the events do not have: the configuration is wrong, not the batch
-    row_columns = (("keys", table.keys), ("partition_by", table.partition_by),
-                   ("sequence_by", tuple(c for c in table.sequence_by or () if not c.startswith("source."))))
-    for field_name, columns in row_columns:
-        absent = [c for c in columns if c not in names]
-        if absent:
-            raise ConfigError(f"table {table.name!r}: field {field_name!r} names {', '.join(absent)}, not a column of "
-                              f"the change events ({', '.join(sorted(names))})")
+    for field_name, absent in absent_row_columns(table, names):
+        raise ConfigError(f"table {table.name!r}: field {field_name!r} names {', '.join(absent)}, not a column of "
+                          f"the change events ({', '.join(sorted(names))})")
     typed = types.parse_image(changes, envelope.key_image(), fields, "_row")
     typed = types.align(typed, "_row", target)
     for k in table.keys:
@@ -229,6 +245,14 @@ def typed_changes(spark: SparkSession, table: TableConfig, changes: DataFrame, t
               .when(missing != "", F.concat(F.lit("missing_key: "), missing))
               .when(outside_transactions(table), MISSING_TRANSACTION))
     return typed.withColumn("reason", reason), fields
+
+
+def absent_row_columns(table: TableConfig, names: set[str]) -> list[tuple[str, list[str]]]:
+    """The fields of tables.yaml that name columns (`names`: the batch's) the events do not have, with those columns."""
+    row_columns = (("keys", table.keys), ("partition_by", table.partition_by),
+                   ("sequence_by", tuple(c for c in table.sequence_by or () if not c.startswith("source."))))
+    return [(field_name, absent) for field_name, columns in row_columns
+            if (absent := [c for c in columns if c not in names])]
 
 
 def fill_unavailable(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: TableConfig,
@@ -332,14 +356,22 @@ def current_state(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: T
         *table.keys, "_seq", "_live", (F.col("_both") & F.col("_live")).alias("_ledger_behind"))
 
 
+# the pipeline's `_` columns of a silver row (besides a table with `transactions`' _transaction_id)
+SILVER_META = ("_op", "_seq", "_source_ts_ms", "_ingested_at", "_batch_id")
+
+
+def meta_columns() -> list[Column]:
+    """SILVER_META's values, from the row's event."""
+    return [F.col("op"), F.col("_seq"), F.get_json_object("source", "$.ts_ms").cast("long"), F.col("_ingested_at"),
+            F.col("_batch_id")]
+
+
 def silver_rows(effective: DataFrame, fields: list[types.ImageField], target: T.StructType | None) -> DataFrame:
     """Source columns under their own names, then the pipeline's `_` columns; columns the table has but
     the batch lacks are null (README, "Lake layout"; docs/architecture.md, "Types and schema")."""
     columns = [F.col("_row")[f.name].alias(f.name) for f in fields]
     present = {f.name for f in fields}
-    meta = {"_op": F.col("op"), "_seq": F.col("_seq"),
-            "_source_ts_ms": F.get_json_object("source", "$.ts_ms").cast("long"),
-            "_ingested_at": F.col("_ingested_at"), "_batch_id": F.col("_batch_id")}
+    meta = dict(zip(SILVER_META, meta_columns(), strict=True))
     if "_transaction_id" in effective.columns:  # a table with `transactions`: gold reads its history by transaction
         meta["_transaction_id"] = F.col("_transaction_id")
     if target is not None:
