@@ -85,9 +85,12 @@ def _run_steps(steps: Steps, args: argparse.Namespace, tables: list[TableConfig]
                landing: str, lake: Any, batch_id: str, selection: Any) -> None:
     from spark_jobs.layers import bronze, gold, silver
 
-    reads: dict[str, Any] = {}
+    reads: dict[str, Any] = {}  # bronze's shared passes' reads, by table
+    planned: dict[str, Any] = {}  # silver's
+    passes = args.mode == "incremental" and len(tables) > 1
+    bronze_done: set[str] = set()
 
-    def table_steps(table: TableConfig) -> None:  # a failed gate or bad input fails this table only (Steps)
+    def bronze_step(table: TableConfig) -> None:  # a failed gate or bad input fails this table only (Steps)
         ok = True
         if args.mode == "skip":
             ok = steps.run(table.name, "bronze", table.name, bronze.skip_files, table, landing, lake, batch_id,
@@ -95,15 +98,36 @@ def _run_steps(steps: Steps, args: argparse.Namespace, tables: list[TableConfig]
         elif "bronze" in args.layers and args.mode != "rebuild":
             ok = steps.run(table.name, "bronze", table.name, bronze.bronze_ingest, table, landing, lake, batch_id,
                            selection, reads.pop(table.name, None))
-        if "silver" in args.layers and ok:  # a table whose bronze failed this run goes no further in it
-            layer_step = silver.silver_rebuild if args.mode == "rebuild" else silver.silver_merge
-            steps.run(table.name, "silver", table.name, layer_step, table, lake, batch_id)
+        if ok:  # a table whose bronze failed this run goes no further in it
+            bronze_done.add(table.name)
 
-    if "bronze" in args.layers and args.mode == "incremental":
+    def silver_step(table: TableConfig) -> None:
+        if args.mode == "rebuild":
+            steps.run(table.name, "silver", table.name, silver.silver_rebuild, table, lake, batch_id)
+        else:
+            steps.run(table.name, "silver", table.name, silver.silver_merge, table, lake, batch_id,
+                      planned.pop(table.name, None))
+
+    def table_steps(table: TableConfig) -> None:
+        bronze_step(table)
+        if "silver" in args.layers and table.name in bronze_done:
+            silver_step(table)
+
+    def round_steps(members: list[TableConfig]) -> None:
+        """Bronze for every table of the round, then silver's shared pass over those it left to apply, then silver."""
+        each_table(steps.spark, members, bronze_step, settings().table_workers)
+        if "silver" in args.layers:
+            ready = [t for t in members if t.name in bronze_done]
+            planned.update(silver.read_pass(steps.spark, steps.engine, ready, lake))
+            each_table(steps.spark, ready, silver_step, settings().table_workers)
+
+    if "bronze" in args.layers and passes:
         # many small tables' new files are read in shared passes, a round at a time; each table's step takes its own
         for members, round_reads in bronze.read_rounds(steps.spark, steps.engine, tables, landing, lake, batch_id, selection):
             reads.update(round_reads)
-            each_table(steps.spark, members, table_steps, settings().table_workers)
+            round_steps(members)
+    elif passes:
+        round_steps(tables)
     else:
         each_table(steps.spark, tables, table_steps, settings().table_workers)
     if "gold" in args.layers:

@@ -4,20 +4,24 @@ ledger, history, the truncate log) and audited again: a failed gate leaves every
 
 from __future__ import annotations
 
+import sys
+import time
 from dataclasses import dataclass, replace
 from functools import partial
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark_jobs.delta import DeltaEngine, MergeSpec, driver_rows
 from spark_jobs.errors import GateFailed, PipelineError
 from spark_jobs.lake import Lake, read_columns
-from spark_jobs.layers import transactions
-from spark_jobs.layers.common import Gate, lag_seconds, now, share, write_quarantine
+from spark_jobs.layers import silver_arrow, silver_pass, transactions
+from spark_jobs.layers.common import ONE_TASK_BYTES, Gate, lag_seconds, now, share, write_quarantine
 from spark_jobs.layers.common import gate as run_gate
 from spark_jobs.layers.history import TRUNCATE_LOG_MERGE, apply_history
-from spark_jobs.layers.silver_plan import BatchPlan, merged_audit, plan_batch
+from spark_jobs.layers.silver_pass import TableBatch
+from spark_jobs.layers.silver_plan import BatchPlan, PlanCounts, merged_audit, plan_batch
 from spark_jobs.layers.summary import SilverSummary
 from spark_jobs.quality.audit import Audit, Figures, tally
 from spark_jobs.quality.expectations import flagged
@@ -54,6 +58,39 @@ def silver_progress(lake: Lake, table: str) -> SilverProgress:
     return SilverProgress(int(row["bronze_version"]), row["truncated_at"], row.get("silver_version"))
 
 
+def read_pass(spark: SparkSession, engine: DeltaEngine, tables: list[TableConfig], lake: Lake) -> dict[str, TableBatch]:
+    """Many small tables' new bronze rows planned together (layers/silver_pass.py), for their own steps to take
+    (silver_merge). Only delta-rs lists a table's new files without Spark. A pass that fails leaves each table to plan
+    its own batch, which then fails or not on its own input."""
+    new_files = getattr(engine, "new_files", None)
+    if new_files is None:
+        return {}
+    groups: dict[str, list[silver_pass.Candidate]] = {}  # by bronze's schema: a scan reads one
+    for table in (t for t in tables if silver_pass.may_join(t)):
+        progress = silver_progress(lake, table.name)
+        files = new_files(lake.bronze(table.name), progress.bronze_version)
+        version = engine.version(lake.silver(table.name))
+        if files is None or files.size > ONE_TASK_BYTES or (
+                progress.silver_version is not None and version != progress.silver_version):
+            continue  # nothing new; more than a small batch; or an interrupted run's commits, its own step recovers
+        schema = engine.schema(lake.silver(table.name))
+        groups.setdefault(files.schema, []).append(silver_pass.Candidate(
+            table, progress.bronze_version, files, progress.truncated_at, version, schema.json() if schema else None))
+    reads: dict[str, TableBatch] = {}
+    for candidates in (g for g in groups.values() if len(g) > 1):
+        started = time.monotonic()
+        try:
+            planned = silver_pass.read_together(spark, candidates)
+        except Exception as exc:  # not swallowed: each table plans its own next, and fails on its own if it must
+            print(f"silver: a shared pass over {len(candidates)} tables failed, each plans its own batch: "
+                  f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}", file=sys.stderr, flush=True)
+            continue
+        reads |= planned
+        print(f"silver: {len(planned)} of {len(candidates)} tables' new bronze rows planned in one pass in "
+              f"{time.monotonic() - started:.3f} s", flush=True)
+    return reads
+
+
 # operation metrics as delta-rs and delta-spark name them
 _METRICS = {"inserted": ("num_target_rows_inserted", "numTargetRowsInserted"),
             "updated": ("num_target_rows_updated", "numTargetRowsUpdated"),
@@ -77,20 +114,33 @@ def interrupted_work(engine: DeltaEngine, path: str, since_version: int | None) 
     return totals
 
 
-def silver_merge(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake: Lake, batch_id: str) -> SilverSummary:
-    """Apply the bronze rows silver has not seen (gated inside), then record the progress."""
+def silver_merge(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake: Lake, batch_id: str,
+                 read: TableBatch | None = None) -> SilverSummary:
+    """Apply the bronze rows silver has not seen (gated inside), then record the progress. `read`: the batch as a
+    silver pass planned it (read_pass), taken when silver and bronze are still as the pass found them."""
     progress = silver_progress(lake, table.name)
     bronze_version = engine.version(lake.bronze(table.name))
     if bronze_version is None or bronze_version <= progress.bronze_version:
         return SilverSummary(table=table.name, batch_id=batch_id, events=0, gate="skipped (no new bronze rows)")
     transactions.check_transaction_ids(engine, [table], lake)
-    bronze = engine.read(spark, lake.bronze(table.name), version=bronze_version)
-    assert bronze is not None
     recovered = interrupted_work(engine, lake.silver(table.name), progress.silver_version)
+    planned = None
+    if read is not None and read.holds(progress.bronze_version, progress.truncated_at,
+                                       engine.version(lake.silver(table.name)), bronze_version):
+        try:
+            planned = silver_arrow.plan(lake, table, read)
+        except pa.ArrowException as exc:  # not swallowed: nothing is written yet, and the table's own plan takes it
+            print(f"silver: {table.name}'s batch from the shared pass could not be planned on the driver, it plans "
+                  f"its own: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}", file=sys.stderr, flush=True)
     try:
-        summary, truncated_at = apply_changes(spark, engine, table, lake,
-                                              bronze.where(F.col("_bronze_version") > progress.bronze_version),
-                                              progress.truncated_at, batch_id)
+        if read is not None and planned is not None:
+            summary, truncated_at = apply_planned(spark, engine, table, lake, read, planned, batch_id), read.truncated_at
+        else:
+            bronze = engine.read(spark, lake.bronze(table.name), version=bronze_version)
+            assert bronze is not None
+            summary, truncated_at = apply_changes(spark, engine, table, lake,
+                                                  bronze.where(F.col("_bronze_version") > progress.bronze_version),
+                                                  progress.truncated_at, batch_id)
     except GateFailed as failure:
         if isinstance(failure.summary, SilverSummary):
             failure.summary.bronze_version = bronze_version
@@ -152,7 +202,7 @@ def apply_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     check = gate or partial(run_gate, actions=table.quality.actions)
     published = {path: engine.version(path) for path in lake.silver_tables(table.name).values()}
     plan = plan_batch(spark, engine, table, lake, batch, truncated_at)
-    summary = _counts(plan, write_quarantine(engine, lake, table.name, plan.quarantine, "silver", batch_id,
+    summary = _counts(plan.counts, write_quarantine(engine, lake, table.name, plan.quarantine, "silver", batch_id,
                                              small=plan.small), table, batch_id)
     quarantined = sum((summary.quarantined or {}).values())
     audit = Audit(Figures(quarantined, summary.quarantined_share or 0.0))
@@ -185,14 +235,57 @@ def apply_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     return summary, plan.truncated_at
 
 
-def _counts(plan: BatchPlan, quarantined: dict[str, int], table: TableConfig, batch_id: str) -> SilverSummary:
+def apply_planned(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake: Lake, read: TableBatch,
+                  plan: silver_arrow.ArrowPlan, batch_id: str, gate: Gate | None = None) -> SilverSummary:
+    """`apply_changes` for a batch the silver pass read (`read`), the rest of its plan made on the driver (`plan`,
+    layers/silver_arrow.py): the same gates, publishing and restore, written from there."""
+    check = gate or partial(run_gate, actions=table.quality.actions)
+    published = {path: engine.version(path) for path in lake.silver_tables(table.name).values()}
+    summary = _counts(plan.counts, write_quarantine(engine, lake, table.name, read.quarantine, "silver", batch_id),
+                      table, batch_id)
+    quarantined = sum((summary.quarantined or {}).values())
+    audit = Audit(Figures(quarantined, summary.quarantined_share or 0.0)).with_tallies(read.audit)
+    checks = silver_checks(table)
+    trips = table.quality.breaker_trips(quarantined, summary.quarantined_share or 0)
+    if trips or refuses(audit, checks):
+        check(audit, {}, table.name, "silver", checks, lake, summary)
+    def source(rows: pa.Table, path: str) -> DataFrame | pa.Table:  # into no table a merge is an initial load, its insert clause
+        # applied by Spark (DeltaEngine.merge): one commit, as the table's own plan makes
+        return rows if engine.version(path) is not None else spark.createDataFrame(rows)
+
+    target_path, ledger_path = lake.silver(table.name), lake.tombstones(table.name)
+    result = engine.merge(source(plan.rows, target_path), target_path, replace(SILVER_MERGE, keys=table.keys),
+                          small=True) if plan.rows.num_rows else None
+    if plan.ledger is not None:
+        engine.merge(source(plan.ledger, ledger_path), ledger_path, replace(LEDGER_MERGE, keys=table.keys), small=True)
+    removed = result.deleted if result else 0
+    summary.inserted, summary.updated = (result.inserted, result.updated) if result else (0, 0)
+    summary.deleted = removed
+    summary.tombstones_expired = _expire_tombstones(engine, lake, table)
+    summary.deletes = {**plan.delete_counts, "removed": removed}
+
+    audit.figures.deletes_received = received = plan.delete_counts["received"]
+    audit.figures.deletes_unaccounted = received - removed - sum(v for k, v in plan.delete_counts.items()
+                                                                 if k != "received")
+    rows, deletes = silver_arrow.merged_audit(lake, table, read, batch_id)
+    audit = audit.with_tallies(tally({"rows": spark.createDataFrame(rows), "deletes": spark.createDataFrame(deletes)},
+                                     flagged("silver"), table.keys))
+    try:
+        check(audit, {}, table.name, "silver", checks, lake, summary)
+    except GateFailed:
+        _restore(engine, published)
+        raise
+    return summary
+
+
+def _counts(plan: PlanCounts, quarantined: dict[str, int], table: TableConfig, batch_id: str) -> SilverSummary:
     """The batch's figures before anything is published."""
     quarantined_n = sum(quarantined.values())
     return SilverSummary(
-        table=table.name, batch_id=batch_id, events=plan.events + plan.truncate_count + quarantined_n,
+        table=table.name, batch_id=batch_id, events=plan.events + plan.truncates + quarantined_n,
         duplicates_dropped=plan.events - plan.positions, superseded_in_batch=plan.positions_after_truncate - plan.keys,
         stale_ignored=(plan.positions - plan.positions_after_truncate) + (plan.keys - plan.effective),
-        ties=plan.ties, truncates=plan.truncate_count, quarantined=quarantined,
+        ties=plan.ties, truncates=plan.truncates, quarantined=quarantined,
         quarantined_share=share(quarantined_n, plan.rows_in), lag_s=lag_seconds(plan.newest_ts_ms),
         newest_change_ms=plan.newest_ts_ms)
 

@@ -1,6 +1,7 @@
-"""Silver's Spark work over many small tables' new bronze rows in one pass (work in progress, not wired in): one
-plan types every table's events, each by its own fields, where a plan per table costs a small table most of its
-silver step (tests/benchmarks/RESULTS.md, workload D).
+"""Silver's Spark work over many small tables' new bronze rows in one pass: one scan, one overview, one plan that types
+every table's events, each by its own fields, the newest event per key and the counts of all of them, and one Arrow
+collect, split by table on the driver (layers/silver_arrow.py finishes each table's plan there). A plan per table
+costs a small table most of its silver step (tests/benchmarks/RESULTS.md, workload D).
 
 Each table's typing is one branch of a CASE over `_table`, its typed row carried as a VARIANT so that every table's
 rows share one column. A branch is built once per table shape and kept: building its columns over py4j costs more
@@ -13,14 +14,17 @@ from dataclasses import dataclass
 from functools import cache, reduce
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from spark_jobs.debezium import envelope, ordering, types
+from spark_jobs.delta import all_nullable
 from spark_jobs.delta.delta_rs import NewFiles
 from spark_jobs.layers import changes, silver_plan
-from spark_jobs.layers.common import checkpoint, lookup
+from spark_jobs.layers.common import ONE_TASK_BYTES, ONE_TASK_ROWS, QUARANTINED_COLUMNS, checkpoint, lookup
 from spark_jobs.layers.silver_plan import MISSING_TRANSACTION, missing_sequence, outside_transactions
 from spark_jobs.quality.audit import Tally, tally_by
 from spark_jobs.quality.expectations import flagged
@@ -52,6 +56,14 @@ class TableTyping:
     @property
     def target_schema(self) -> T.StructType | None:
         return None if self.target is None else T.StructType.fromJson(json.loads(self.target))
+
+    @property
+    def silver_type(self) -> T.StructType:
+        """Silver's source columns for the batch (silver_plan.silver_rows): the typed image's, then the columns silver
+        has and the batch lacks (null)."""
+        row, target = self.row_type, self.target_schema
+        present = {f.name for f in row.fields} | set(silver_plan.SILVER_META)
+        return T.StructType([*row.fields, *[f for f in (target.fields if target else []) if f.name not in present]])
 
 
 @dataclass(frozen=True)
@@ -109,11 +121,15 @@ def typed_events(events: DataFrame, typings: list[TableTyping]) -> DataFrame:
 
 @dataclass(frozen=True)
 class Candidate:
-    """A table's new bronze rows for the pass: the files that hold them, and bronze's schema there."""
+    """A table's new bronze rows for the pass: the files that hold them, and bronze's schema there; and silver as the
+    pass found it."""
 
     table: TableConfig
     applied: int  # the bronze version silver has applied (its progress); -1 when none
     files: NewFiles
+    truncated_at: str | None = None  # the truncate in force (its progress)
+    silver_version: int | None = None
+    target: str | None = None  # silver's schema as JSON; None before its first commit
 
 
 def scan(spark: SparkSession, candidates: list[Candidate]) -> DataFrame:
@@ -218,6 +234,118 @@ def event_audits(typed: DataFrame) -> dict[str, dict[str, Tally]]:
     return tally_by({"events": audit}, flagged("silver", "events"), "_table")
 
 
-def deletes(typed: DataFrame) -> DataFrame:
-    """(`_table`, `_key`, `_seq`) of each delete the tables' batches received, once per key and position."""
-    return typed.where("reason IS NULL AND op = 'd'").select("_table", "_key", "_seq").distinct()
+
+
+def may_join(table: TableConfig) -> bool:
+    """Can the pass take the table's batches? Tables with history, transactions, expectations on silver's rows or a
+    partitioned silver keep their own plan: each reads more of the lake than the pass collects."""
+    return not (table.history or table.transactions or table.layer_expectations("silver") or table.partition_by)
+
+
+# key types whose equality Arrow's joins on the driver and Spark's agree on (floats' NaN and -0.0 they may not)
+_KEY_TYPES = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.StringType, T.BinaryType, T.BooleanType,
+              T.DateType, T.TimestampType, T.TimestampNTZType, T.DecimalType)
+
+
+def _typing(candidate: Candidate, overview: Overview) -> TableTyping | None:
+    """How the pass types the table's batch; None when its own plan must (layers/silver_plan.py): a batch with a
+    truncate, unavailable values, more than one task's rows, decimals decoded in Python, or columns its settings
+    name and its events lack (its own plan says so)."""
+    figures, table = overview.figures, candidate.table
+    if (figures["rows"] != figures["changes"] or figures["unavailable"] or not figures["changes"]
+            or figures["rows"] > ONE_TASK_ROWS or (figures["bytes"] or 0) > ONE_TASK_BYTES):
+        return None
+    fields = overview.fields(table)
+    if fields is None or silver_plan.absent_row_columns(table, {f.name for f in fields}) or any(
+            f.logical == types.VARIABLE_DECIMAL or (f.logical == types.DECIMAL_LOGICAL and f.precision > 18)
+            for f in fields):
+        return None
+    typing = TableTyping(table, tuple(fields), candidate.target)
+    row = typing.row_type
+    if not all(isinstance(row[k].dataType, _KEY_TYPES) for k in table.keys):
+        return None
+    return typing
+
+
+@dataclass(frozen=True)
+class TableBatch:
+    """One table's batch as the pass planned it, on the driver: all its silver step takes (layers/silver_arrow.py)."""
+
+    applied: int  # the bronze version silver had applied, the truncate in force and silver's version: as read
+    truncated_at: str | None
+    silver_version: int | None
+    bronze_version: int  # the bronze version the batch ends at
+    typing: TableTyping
+    overview: dict[str, Any]  # silver_plan.overview_columns
+    figures: Figures
+    audit: dict[str, Tally]  # silver's checks on the row events
+    quarantine: list[tuple[str, int, str, str]]  # (_source_file, _line, _raw, reason)
+    # the newest event per key: `_key`, `_seq`, `op`, `_events`, `_tie`, the rest of silver_plan.SILVER_META, and `_row`,
+    # silver's source columns (TableTyping.silver_type)
+    latest: pa.Table
+    deletes: pa.Table  # each delete received, once per key and position: `_key`, `_seq`, `_row`
+
+    def holds(self, applied: int, truncated_at: str | None, silver_version: int | None, bronze_version: int) -> bool:
+        """Is silver as the pass found it, and bronze where it read to? (Another run of the table may have applied
+        or added rows since: then the table plans its own batch.)"""
+        return (self.applied, self.truncated_at, self.silver_version, self.bronze_version) == (
+            applied, truncated_at, silver_version, bronze_version)
+
+
+def read_together(spark: SparkSession, candidates: list[Candidate]) -> dict[str, TableBatch]:
+    """The candidates' new bronze rows scanned, overviewed, typed, reduced to the newest event per key, counted and
+    audited in one pass, and collected to the driver by table. A table the pass cannot type (`_typing`) is left out."""
+    events = scan(spark, candidates)
+    found = overviews(events, [c.table for c in candidates])
+    by_name = {c.table.name: c for c in candidates}
+    typings = {name: typing for name, overview in found.items() if (typing := _typing(by_name[name], overview))}
+    if not typings:
+        return {}
+    typed = typed_events(events.where(F.col("_table").isin(list(typings))), list(typings.values()))
+    truncated_at = {name: by_name[name].truncated_at for name in typings}
+    newest = checkpoint(newest_per_key(typed, truncated_at), True)
+    counted, audits = figures(typed, newest, truncated_at), event_audits(typed)
+    quarantine: dict[str, list[tuple[str, int, str, str]]] = {name: [] for name in typings}
+    for r in typed.where("reason IS NOT NULL").select("_table", *QUARANTINED_COLUMNS).collect():
+        quarantine[r["_table"]].append((r["_source_file"], r["_line"], r["_raw"], r["reason"]))
+    latest, received = _collect(typed, newest, typings)
+    no_audit = {e.name: Tally(0, 0) for e in flagged("silver", "events")}
+    return {name: TableBatch(
+        by_name[name].applied, by_name[name].truncated_at, by_name[name].silver_version, by_name[name].files.version,
+        typing, found[name].figures, counted.get(name, Figures(0, 0, 0, 0, 0)), audits.get(name, no_audit),
+        quarantine[name], latest[name], received[name]) for name, typing in typings.items()}
+
+
+def _collect(typed: DataFrame, newest: DataFrame, typings: dict[str, TableTyping]
+             ) -> tuple[dict[str, pa.Table], dict[str, pa.Table]]:
+    """Every table's newest events and deletes, typed as silver's columns, in one Arrow collect: one column per
+    shape of silver row (null in other tables' rows), split by table on the driver."""
+    shapes: dict[str, list[str]] = {}
+    for name, typing in typings.items():
+        shapes.setdefault(typing.silver_type.json(), []).append(name)
+    rows = {f"_r{i}": F.when(F.col("_table").isin(names), F.col("_row").cast(T.StructType.fromJson(json.loads(shape))))
+            for i, (shape, names) in enumerate(shapes.items())}
+    meta = dict(zip(silver_plan.SILVER_META, silver_plan.meta_columns(), strict=True))
+    latest = newest.select("_table", F.lit(True).alias("_latest"), "_key", "_seq", "op", "_events", "_tie",
+                           *[meta[c].alias(c) for c in silver_plan.SILVER_META if c not in ("_op", "_seq")],
+                           *[c.alias(n) for n, c in rows.items()])
+    deletes = deletes_received(typed).select("_table", F.lit(False).alias("_latest"), "_key", "_seq",
+                                             *[c.alias(n) for n, c in rows.items()])
+    collected = latest.unionByName(deletes, allowMissingColumns=True).toArrow()
+    collected = collected.cast(all_nullable(collected.schema))
+    carried = {True: [c for c in latest.columns if c not in rows and c not in ("_table", "_latest")],
+               False: ["_key", "_seq"]}
+    split: dict[bool, dict[str, pa.Table]] = {True: {}, False: {}}
+    for i, names in enumerate(shapes.values()):
+        for name in names:
+            own = collected.filter(pc.equal(collected.column("_table"), name))
+            for kind, out in split.items():
+                part = own.filter(pc.equal(own.column("_latest"), kind))
+                out[name] = part.select([*carried[kind], f"_r{i}"]).rename_columns([*carried[kind], "_row"])
+    return split[True], split[False]
+
+
+def deletes_received(typed: DataFrame) -> DataFrame:
+    """(`_table`, `_key`, `_seq`, `_row`) of each delete the tables' batches received, once per key and position."""
+    return typed.where("reason IS NULL AND op = 'd'").groupBy("_table", "_key", "_seq").agg(
+        F.any_value("_row").alias("_row"))
