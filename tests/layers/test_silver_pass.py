@@ -22,8 +22,8 @@ from spark_jobs.layers.silver_plan import image_fields, overview_columns, plan_b
 from spark_jobs.quality.audit import Tally, tally
 from spark_jobs.quality.expectations import flagged
 from spark_jobs.registry import load_registry
-from tests.layers.test_bronze_pass import _config, land_generated
-from tests.support import run
+from tests.layers.test_bronze_pass import _config, _silver_as_generated, _summary, land_generated
+from tests.support import run, silver_rows
 
 GENERATED = ["customers", "products", "inventory_customers", "film", "actor", "film_actor"]
 LANDING = "landing"
@@ -116,7 +116,7 @@ def test_events_typed_together_come_out_as_each_alone(spark, engine, tmp_path, c
     truncated_at = {n: silver_progress(lake, n).truncated_at for n in names}
     newest = silver_pass.newest_per_key(together, truncated_at)
     counted = silver_pass.figures(together, newest, truncated_at)
-    audits, deletes = silver_pass.event_audits(together), silver_pass.deletes(together)
+    audits, deletes = silver_pass.event_audits(together), silver_pass.deletes_received(together)
     for typing in typings:
         table = typing.table
         progress = silver_progress(lake, table.name)
@@ -140,3 +140,82 @@ def test_events_typed_together_come_out_as_each_alone(spark, engine, tmp_path, c
         4: "missing_sequence: no log position for this connector; set sequence_by", 5: None, 6: None}
     assert {line: (row.asDict(), reason) for (_, line), (row, reason) in alone["typed"].items()} == {
         1: ({"id": 1, "n": 5}, None), 2: ({"id": 2, "n": None}, "incompatible_type: n (not int)")}
+
+
+# hand-made batches for the whole silver step through the pass: every way an event can go, each cycle's lines
+EDGES = [
+    {"edges": [_event("c", {"id": 1, "qty": 1}, 10), _event("c", {"id": 2, "qty": 1}, 11),
+               _event("c", {"id": 3, "qty": 1}, 12), _event("d", {"id": 4}, 13)],  # 4: a delete of a key never seen
+     "refused": [_event("c", {"id": 1, "qty": 1}, 10), _event("c", {"id": 2, "qty": 1}, 11)]},
+    {"edges": [_event("u", {"id": 1, "qty": 2}, 20), _event("u", {"id": 1, "qty": 2}, 20),  # the same event twice
+               _event("d", {"id": 2}, 21),  # a live key deleted
+               _event("u", {"id": 3, "qty": 9}, 5),  # older than silver's row: stale
+               _event("c", {"id": 4, "qty": 9}, 9),  # older than the ledger's delete: never brought back
+               _event("c", {"id": 5, "qty": 1}, 30), _event("c", {"id": 5, "qty": 2}, 30),  # a tie
+               _event("u", {"id": 6, "qty": "x"}, 31),  # not silver's BIGINT: quarantined
+               _event("d", {"id": 7}, 40), _event("c", {"id": 7, "qty": 7}, 41),  # a delete superseded in the batch
+               _event("c", {"id": 8, "qty": 8}, 42), _event("d", {"id": 8}, 43)],  # created and deleted: absent
+     # most of its batch not silver's type: the quarantine breaker fails its gate, in the pass as alone
+     "refused": [_event("u", {"id": 1, "qty": "x"}, 20), _event("u", {"id": 2, "qty": "y"}, 21),
+                 _event("c", {"id": 3, "qty": 3}, 22)]},
+]
+EDGE_TABLES = {"edges": {"topic": "shop.public.edges", "keys": ["id"], "quality": {"max_quarantined": "100%"}},
+               "refused": {"topic": "shop.public.refused", "keys": ["id"]}}
+PASSED = ["products", "film_actor", "actor"]  # generated; customers, film and inventory_customers keep history
+
+
+def _silver_state(spark, engine, lake_root: Path, table: str) -> dict:
+    """A table's silver, ledger and silver quarantine rows, without what names the run or its time."""
+    lake = Lake(str(lake_root))
+
+    def rows(path: str, drop: tuple[str, ...]) -> list:
+        df = engine.read(spark, path)
+        return [] if df is None else sorted(tuple(r) for r in df.drop(*drop).collect())
+
+    quarantine = engine.read(spark, lake.quarantine(table))
+    return {"silver": rows(lake.silver(table), ("_ingested_at", "_batch_id")),
+            "ledger": rows(lake.tombstones(table), ("_deleted_at_ms",)),
+            "quarantine": [] if quarantine is None else sorted(
+                (r["_source_file"].rsplit("/", 1)[1], r["_line"], r["reason"])
+                for r in quarantine.where("layer = 'silver'").collect()),
+            "version": engine.version(lake.silver(table))}
+
+
+def test_tables_planned_together_publish_as_each_alone(spark, engine, tmp_path, capsys):
+    """The silver step through the pass (silver_pass.read_together, then silver_arrow on the driver) leaves every
+    table's silver, tombstone ledger, quarantine and summary as its own plan does, over generated changes and every
+    way an event can go; one table's failing gate fails that table only, in the same cycle as the others publish."""
+    config = _config(tmp_path, PASSED, EDGE_TABLES)
+    registry = load_registry(str(config))
+    source = tmp_path / "source"
+    generated = generate(registry.select(PASSED), source,
+                         Options(rows=20, changes=40, records_per_file=25, batches=1, shuffle=True, seed=5))
+    together, alone = tmp_path / "together", tmp_path / "alone"
+    names = [*PASSED, *EDGE_TABLES]
+    for cycle, edges in enumerate(EDGES):
+        for where in (together, alone):
+            land_generated(where / LANDING, source, generated, cycle)
+            for table, lines in edges.items():
+                _land(where / LANDING, f"shop.public.{table}", f"000000000{cycle}", lines)
+        code, out, err = run(capsys, config, together / LANDING, together / "lake", "--layers", "bronze,silver")
+        assert f"silver: {len(names)} of {len(names)} tables' new bronze rows planned in one pass" in out, out + err
+        failed = [word for line in err.splitlines() for word in line.split() if word.startswith("table=")]
+        assert (code, failed) == ((1, ["table=refused"]) if cycle else (0, [])), out + err
+        for table in names:
+            code_alone, out_alone, _ = run(capsys, config, alone / LANDING, alone / "lake", "--layers",
+                                           "bronze,silver", "--tables", table)
+            assert code_alone == (1 if (table, cycle) == ("refused", 1) else 0), out_alone
+            assert "planned in one pass" not in out_alone
+            assert _silver_state(spark, engine, together / "lake", table) == _silver_state(
+                spark, engine, alone / "lake", table), (cycle, table)
+            assert _summary(out, "silver", table) == _summary(out_alone, "silver", table), (cycle, table)
+    # right, not only alike: the generated tables equal their source's state, the edges as each event says
+    _silver_as_generated(spark, engine, config, together / "lake", generated)
+    assert silver_rows(spark, engine, together / "lake", "edges", ("id",)) == {
+        (1,): {"id": 1, "qty": 2}, (3,): {"id": 3, "qty": 1}, (5,): {"id": 5, "qty": 2}, (7,): {"id": 7, "qty": 7}}
+    edges = _summary(out, "silver", "edges")
+    assert {k: edges[k] for k in ("duplicates_dropped", "ties", "quarantined", "inserted", "updated", "deleted")} == {
+        "duplicates_dropped": "2", "ties": "1", "quarantined": "incompatible_type:1", "inserted": "2", "updated": "1",
+        "deleted": "1"}
+    assert silver_rows(spark, engine, together / "lake", "refused", ("id",)) == {
+        (1,): {"id": 1, "qty": 1}, (2,): {"id": 2, "qty": 1}}  # its failed batch left silver as it was
