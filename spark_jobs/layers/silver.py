@@ -249,8 +249,10 @@ def apply_planned(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     trips = table.quality.breaker_trips(quarantined, summary.quarantined_share or 0)
     if trips or refuses(audit, checks):
         check(audit, {}, table.name, "silver", checks, lake, summary)
-    def source(rows: pa.Table, path: str) -> DataFrame | pa.Table:  # into no table a merge is an initial load, its insert clause
-        # applied by Spark (DeltaEngine.merge): one commit, as the table's own plan makes
+
+    def source(rows: pa.Table, path: str) -> DataFrame | pa.Table:
+        # into no table, a merge is an initial load whose insert clause Spark applies (DeltaEngine.merge): one commit,
+        # as the table's own plan makes
         return rows if engine.version(path) is not None else spark.createDataFrame(rows)
 
     target_path, ledger_path = lake.silver(table.name), lake.tombstones(table.name)
