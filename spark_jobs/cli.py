@@ -89,6 +89,13 @@ def _run_steps(steps: Steps, args: argparse.Namespace, tables: list[TableConfig]
     planned: dict[str, Any] = {}  # silver's
     passes = args.mode == "incremental" and len(tables) > 1
     bronze_done: set[str] = set()
+    took_files: set[str] = set()  # tables whose bronze took files this run: what silver's pass looks at
+
+    def ingest(spark: Any, engine: Any, table: TableConfig, *rest: Any) -> Any:
+        summary = bronze.bronze_ingest(spark, engine, table, *rest)
+        if summary.files or summary.recovered_files:
+            took_files.add(table.name)
+        return summary
 
     def bronze_step(table: TableConfig) -> None:  # a failed gate or bad input fails this table only (Steps)
         ok = True
@@ -96,8 +103,8 @@ def _run_steps(steps: Steps, args: argparse.Namespace, tables: list[TableConfig]
             ok = steps.run(table.name, "bronze", table.name, bronze.skip_files, table, landing, lake, batch_id,
                            selection, args.reason)
         elif "bronze" in args.layers and args.mode != "rebuild":
-            ok = steps.run(table.name, "bronze", table.name, bronze.bronze_ingest, table, landing, lake, batch_id,
-                           selection, reads.pop(table.name, None))
+            ok = steps.run(table.name, "bronze", table.name, ingest, table, landing, lake, batch_id, selection,
+                           reads.pop(table.name, None))
         if ok:  # a table whose bronze failed this run goes no further in it
             bronze_done.add(table.name)
 
@@ -118,7 +125,9 @@ def _run_steps(steps: Steps, args: argparse.Namespace, tables: list[TableConfig]
         each_table(steps.spark, members, bronze_step, settings().table_workers)
         if "silver" in args.layers:
             ready = [t for t in members if t.name in bronze_done]
-            planned.update(silver.read_pass(steps.spark, steps.engine, ready, lake))
+            # an idle table costs no more than its own step's reads: after bronze, only tables it gave rows are looked at
+            changed = [t for t in ready if t.name in took_files or "bronze" not in args.layers]
+            planned.update(silver.read_pass(steps.spark, steps.engine, changed, lake))
             each_table(steps.spark, ready, silver_step, settings().table_workers)
 
     if "bronze" in args.layers and passes:

@@ -69,10 +69,11 @@ def read_pass(spark: SparkSession, engine: DeltaEngine, tables: list[TableConfig
     for table in (t for t in tables if silver_pass.may_join(t)):
         progress = silver_progress(lake, table.name)
         files = new_files(lake.bronze(table.name), progress.bronze_version)
+        if files is None or files.size > ONE_TASK_BYTES:
+            continue  # nothing new, or more than a small batch
         version = engine.version(lake.silver(table.name))
-        if files is None or files.size > ONE_TASK_BYTES or (
-                progress.silver_version is not None and version != progress.silver_version):
-            continue  # nothing new; more than a small batch; or an interrupted run's commits, its own step recovers
+        if progress.silver_version is not None and version != progress.silver_version:
+            continue  # an interrupted run's commits: its own step recovers them
         schema = engine.schema(lake.silver(table.name))
         groups.setdefault(files.schema, []).append(silver_pass.Candidate(
             table, progress.bronze_version, files, progress.truncated_at, version, schema.json() if schema else None))

@@ -209,6 +209,9 @@ def test_tables_planned_together_publish_as_each_alone(spark, engine, tmp_path, 
             assert _silver_state(spark, engine, together / "lake", table) == _silver_state(
                 spark, engine, alone / "lake", table), (cycle, table)
             assert _summary(out, "silver", table) == _summary(out_alone, "silver", table), (cycle, table)
+        if cycle == 0:  # as a run killed between its two merges leaves it: a ledger entry older than key 3's live row
+            for where in (together, alone):
+                _ledger_entry_behind(spark, engine, Lake(str(where / "lake")), "edges", 3)
     # right, not only alike: the generated tables equal their source's state, the edges as each event says
     _silver_as_generated(spark, engine, config, together / "lake", generated)
     assert silver_rows(spark, engine, together / "lake", "edges", ("id",)) == {
@@ -217,5 +220,17 @@ def test_tables_planned_together_publish_as_each_alone(spark, engine, tmp_path, 
     assert {k: edges[k] for k in ("duplicates_dropped", "ties", "quarantined", "inserted", "updated", "deleted")} == {
         "duplicates_dropped": "2", "ties": "1", "quarantined": "incompatible_type:1", "inserted": "2", "updated": "1",
         "deleted": "1"}
+    ledger = engine.read(spark, Lake(str(together / "lake")).tombstones("edges"))
+    assert sorted(r["id"] for r in ledger.collect()) == [2, 4, 8]  # key 3's stale entry cleared, 7 re-created
     assert silver_rows(spark, engine, together / "lake", "refused", ("id",)) == {
         (1,): {"id": 1, "qty": 1}, (2,): {"id": 2, "qty": 1}}  # its failed batch left silver as it was
+
+
+def _ledger_entry_behind(spark, engine, lake: Lake, table: str, key: int) -> None:
+    """A tombstone-ledger entry for `key` at a position before its live row's (key 1's row's, which is older)."""
+    older = engine.read(spark, lake.silver(table)).where("id = 1").select("_seq").first()["_seq"]
+    live = engine.read(spark, lake.silver(table)).where(F.col("id") == key).first()
+    assert live is not None and older < live["_seq"]
+    ledger = engine.read(spark, lake.tombstones(table))
+    engine.append(ledger.limit(1).withColumn("id", F.lit(key).cast(ledger.schema["id"].dataType))
+                  .withColumn("_seq", F.lit(older)), lake.tombstones(table))
