@@ -145,7 +145,8 @@ def test_events_typed_together_come_out_as_each_alone(spark, engine, tmp_path, c
 # hand-made batches for the whole silver step through the pass: every way an event can go, each cycle's lines
 EDGES = [
     {"edges": [_event("c", {"id": 1, "qty": 1}, 10), _event("c", {"id": 2, "qty": 1}, 11),
-               _event("c", {"id": 3, "qty": 1}, 12), _event("d", {"id": 4}, 13)],  # 4: a delete of a key never seen
+               _event("c", {"id": 3, "qty": 1}, 12), _event("d", {"id": 4}, 13),  # 4: a delete of a key never seen
+               _event("c", {"id": 9, "qty": 1}, 14)],
      "refused": [_event("c", {"id": 1, "qty": 1}, 10), _event("c", {"id": 2, "qty": 1}, 11)]},
     {"edges": [_event("u", {"id": 1, "qty": 2}, 20), _event("u", {"id": 1, "qty": 2}, 20),  # the same event twice
                _event("d", {"id": 2}, 21),  # a live key deleted
@@ -154,7 +155,8 @@ EDGES = [
                _event("c", {"id": 5, "qty": 1}, 30), _event("c", {"id": 5, "qty": 2}, 30),  # a tie
                _event("u", {"id": 6, "qty": "x"}, 31),  # not silver's BIGINT: quarantined
                _event("d", {"id": 7}, 40), _event("c", {"id": 7, "qty": 7}, 41),  # a delete superseded in the batch
-               _event("c", {"id": 8, "qty": 8}, 42), _event("d", {"id": 8}, 43)],  # created and deleted: absent
+               _event("c", {"id": 8, "qty": 8}, 42), _event("d", {"id": 8}, 43),  # created and deleted: absent
+               _event("c", {"id": 9, "qty": 1}, 14)],  # delivered again (at least once): silver has it already
      # most of its batch not silver's type: the quarantine breaker fails its gate, in the pass as alone
      "refused": [_event("u", {"id": 1, "qty": "x"}, 20), _event("u", {"id": 2, "qty": "y"}, 21),
                  _event("c", {"id": 3, "qty": 3}, 22)]},
@@ -215,11 +217,13 @@ def test_tables_planned_together_publish_as_each_alone(spark, engine, tmp_path, 
     # right, not only alike: the generated tables equal their source's state, the edges as each event says
     _silver_as_generated(spark, engine, config, together / "lake", generated)
     assert silver_rows(spark, engine, together / "lake", "edges", ("id",)) == {
-        (1,): {"id": 1, "qty": 2}, (3,): {"id": 3, "qty": 1}, (5,): {"id": 5, "qty": 2}, (7,): {"id": 7, "qty": 7}}
+        (1,): {"id": 1, "qty": 2}, (3,): {"id": 3, "qty": 1}, (5,): {"id": 5, "qty": 2}, (7,): {"id": 7, "qty": 7},
+        (9,): {"id": 9, "qty": 1}}
     edges = _summary(out, "silver", "edges")
-    assert {k: edges[k] for k in ("duplicates_dropped", "ties", "quarantined", "inserted", "updated", "deleted")} == {
-        "duplicates_dropped": "2", "ties": "1", "quarantined": "incompatible_type:1", "inserted": "2", "updated": "1",
-        "deleted": "1"}
+    assert {k: edges[k] for k in ("duplicates_dropped", "ties", "stale_ignored", "quarantined", "inserted", "updated",
+                                  "deleted")} == {
+        "duplicates_dropped": "2", "ties": "1", "stale_ignored": "3", "quarantined": "incompatible_type:1",
+        "inserted": "2", "updated": "1", "deleted": "1"}
     ledger = engine.read(spark, Lake(str(together / "lake")).tombstones("edges"))
     assert sorted(r["id"] for r in ledger.collect()) == [2, 4, 8]  # key 3's stale entry cleared, 7 re-created
     assert silver_rows(spark, engine, together / "lake", "refused", ("id",)) == {
