@@ -48,7 +48,7 @@ def plan(lake: Lake, table: TableConfig, batch: TableBatch) -> ArrowPlan:
                      _delete_counts(batch, latest, state), counts)
 
 
-def key_columns(rows: pa.Table, keys: tuple[str, ...]) -> pa.Table:
+def _key_columns(rows: pa.Table, keys: tuple[str, ...]) -> pa.Table:
     """The key columns of rows holding `_row` (silver's source columns)."""
     return pa.table({k: pc.struct_field(rows.column("_row"), k) for k in keys})
 
@@ -57,7 +57,7 @@ def _aligned_state(lake: Lake, table: TableConfig, latest: pa.Table) -> pa.Table
     """silver_plan.current_state of each of `latest`'s keys, in its order: `_state_seq` and `_live` (null: the key has
     no state), `_ledger_behind` (false then)."""
     keys = list(table.keys)
-    wanted = key_columns(latest, table.keys).append_column("_at", pa.array(range(latest.num_rows), pa.int64()))
+    wanted = _key_columns(latest, table.keys).append_column("_at", pa.array(range(latest.num_rows), pa.int64()))
     entries = []
     for path, live in ((lake.silver(table.name), True), (lake.tombstones(table.name), False)):
         current = read_arrow(path, [*keys, "_seq"])
@@ -91,11 +91,11 @@ def _ledger_rows(table: TableConfig, effective: pa.Table, behind: pa.Table, behi
     """silver._merge_ledger's source: the merged events (deletes enter, newer upserts clear), and a live key's ledger
     entry older than its row (a run killed between the two merges), cleared at the row's position."""
     ingested_ms = pc.divide(effective.column("_ingested_at").cast(pa.timestamp("us", "UTC")).cast(pa.int64()), 1000)
-    merged = key_columns(effective, table.keys)
+    merged = _key_columns(effective, table.keys)
     for name, values in (("_seq", effective.column("_seq")), ("_op", effective.column("op")),
                          ("_deleted_at_ms", pc.coalesce(effective.column("_source_ts_ms"), ingested_ms))):
         merged = merged.append_column(name, values)
-    cleared = key_columns(behind, table.keys)
+    cleared = _key_columns(behind, table.keys)
     n = cleared.num_rows
     for name, values in (("_seq", behind_state.column("_state_seq")),
                          ("_op", pa.array(["u"] * n, merged.schema.field("_op").type)),
@@ -131,8 +131,8 @@ def merged_audit(lake: Lake, table: TableConfig, batch: TableBatch, batch_id: st
     """silver_plan.merged_audit, read back from the merged silver table: its rows of the batch's keys and those this
     batch wrote (key, `_seq`), and each delete received (`_seq`) with `_live_seq`, its key's live position now."""
     keys = list(table.keys)
-    touched = key_columns(batch.latest, table.keys)
-    received = key_columns(batch.deletes, table.keys).append_column("_seq", batch.deletes.column("_seq"))
+    touched = _key_columns(batch.latest, table.keys)
+    received = _key_columns(batch.deletes, table.keys).append_column("_seq", batch.deletes.column("_seq"))
     silver = read_arrow(lake.silver(table.name), [*keys, "_seq", "_batch_id"])
     if silver is None:
         rows = touched.slice(0, 0).append_column("_seq", batch.latest.column("_seq").slice(0, 0))

@@ -275,7 +275,6 @@ class TableBatch:
     truncated_at: str | None
     silver_version: int | None
     bronze_version: int  # the bronze version the batch ends at
-    typing: TableTyping
     overview: dict[str, Any]  # silver_plan.overview_columns
     figures: Figures
     audit: dict[str, Tally]  # silver's checks on the row events
@@ -312,8 +311,8 @@ def read_together(spark: SparkSession, candidates: list[Candidate]) -> dict[str,
     no_audit = {e.name: Tally(0, 0) for e in flagged("silver", "events")}
     return {name: TableBatch(
         by_name[name].applied, by_name[name].truncated_at, by_name[name].silver_version, by_name[name].files.version,
-        typing, found[name].figures, counted.get(name, Figures(0, 0, 0, 0, 0)), audits.get(name, no_audit),
-        quarantine[name], latest[name], received[name]) for name, typing in typings.items()}
+        found[name].figures, counted.get(name, Figures(0, 0, 0, 0, 0)), audits.get(name, no_audit),
+        quarantine[name], latest[name], received[name]) for name in typings}
 
 
 def _collect(typed: DataFrame, newest: DataFrame, typings: dict[str, TableTyping]
