@@ -121,6 +121,7 @@ class NewFiles:
     files: tuple[str, ...]
     schema: str  # the table's schema, as JSON
     size: int  # the files' bytes
+    rows: int | None  # the files' rows, from their statistics; None when a file has none
 
 
 class DeltaRsEngine:
@@ -149,6 +150,11 @@ class DeltaRsEngine:
             return None
         return T.StructType.fromJson(json.loads(table.schema().to_json()))
 
+    def current(self, path: str) -> tuple[int, str] | None:
+        """The table's version and schema (as JSON), from one read of its log; None when there is no table."""
+        table = self._table(path)
+        return None if table is None else (table.version(), table.schema().to_json())
+
     def new_files(self, path: str, after: int) -> NewFiles | None:
         """The files of the table's current version that were not there at version `after` (-1: none was), from its
         log; None when it has nothing newer, or features a plain Parquet read would get wrong."""
@@ -158,10 +164,13 @@ class DeltaRsEngine:
         before = self._table(path, after) if after >= 0 else None
         known = set(before.file_uris()) if before is not None else set()
         actions = table.get_add_actions(flatten=True)  # a file's name (a UUID's) is unique in its table
-        sizes = dict(zip((p.rsplit("/", 1)[-1] for p in actions.column("path").to_pylist()),
-                         actions.column("size_bytes").to_pylist(), strict=True))
+        names = [p.rsplit("/", 1)[-1] for p in actions.column("path").to_pylist()]
+        stats = dict(zip(names, zip(actions.column("size_bytes").to_pylist(), actions.column("num_records").to_pylist(),
+                                    strict=True), strict=True))
         new = tuple(f for f in table.file_uris() if f not in known)
-        return NewFiles(table.version(), new, table.schema().to_json(), sum(sizes[f.rsplit("/", 1)[-1]] for f in new))
+        sizes, rows = zip(*(stats[f.rsplit("/", 1)[-1]] for f in new), strict=True) if new else ((), ())
+        return NewFiles(table.version(), new, table.schema().to_json(), sum(sizes),
+                        None if None in rows else sum(rows))
 
     def read(self, spark: SparkSession, path: str, version: int | None = None) -> DataFrame | None:
         table = self._table(path, version)

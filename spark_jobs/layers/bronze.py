@@ -4,8 +4,6 @@ file taken, so a file is never appended twice, even after a crash between the tw
 
 from __future__ import annotations
 
-import sys
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -37,9 +35,11 @@ from spark_jobs.layers.common import (
     QUARANTINED_COLUMNS,
     checkpoint,
     gate,
+    in_passes,
     lag_seconds,
     landing_bytes,
     now,
+    read_shared,
     share,
     small_landing,
     whole_file_rows,
@@ -242,27 +242,13 @@ def _read_shared(spark: SparkSession, engine: DeltaEngine, lake: Lake, landing: 
     """The candidates in passes of one small batch of lines each (one format each; a topic two tables read is left
     to them)."""
     topics = Counter(c.table.topic for c in candidates)
-    passes: list[list[Candidate]] = []
-    for fmt in sorted({c.table.format for c in candidates}):
-        batch: list[Candidate] = []
-        for c in (c for c in candidates if c.table.format == fmt and topics[c.table.topic] == 1):
-            if batch and not small_landing([f for b in [*batch, c] for f in b.files]):
-                passes.append(batch)
-                batch = []
-            batch.append(c)
-        passes.append(batch)
-    reads: dict[str, TableRead] = {}
-    for together in (p for p in passes if len(p) > 1):
-        started = time.monotonic()
-        try:
-            reads |= read_together(spark, engine, lake, landing, together, together[0].table.format, batch_id)
-        except Exception as exc:  # not swallowed: each table reads its own next, and fails on its own if it must
-            print(f"bronze: a shared pass over {len(together)} tables failed, each reads its own files: "
-                  f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}", file=sys.stderr, flush=True)
-            continue
-        print(f"bronze: {len(together)} tables' new files ({sum(len(c.files) for c in together)}) read in one pass "
-              f"in {time.monotonic() - started:.3f} s", flush=True)
-    return reads
+    passes = [together for fmt in sorted({c.table.format for c in candidates}) for together in in_passes(
+        (c for c in candidates if c.table.format == fmt and topics[c.table.topic] == 1),
+        lambda p: small_landing(f for c in p for f in c.files))]
+    return read_shared(
+        "bronze", "reads its own files", passes,
+        lambda together: read_together(spark, engine, lake, landing, together, together[0].table.format, batch_id),
+        lambda together, _: f"{len(together)} tables' new files ({sum(len(c.files) for c in together)}) read")
 
 
 def _ingest_read(engine: DeltaEngine, batch: _Batch, read: TableRead, summary: BronzeSummary) -> None:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
+import sys
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
@@ -73,6 +75,39 @@ def landing_bytes(files: Iterable[LandingFile]) -> int:
 def small_landing(files: Iterable[LandingFile]) -> bool:
     """Do the landing files hold at most ONE_TASK_BYTES of lines (a small bronze batch, planned in one partition)?"""
     return landing_bytes(files) <= ONE_TASK_BYTES
+
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def in_passes(items: Iterable[T], fits: Callable[[list[T]], bool]) -> list[list[T]]:
+    """`items` in order, in passes as large as `fits` allows (an item that fits with no other is a pass alone)."""
+    passes: list[list[T]] = []
+    for item in items:
+        if passes and fits([*passes[-1], item]):
+            passes[-1].append(item)
+        else:
+            passes.append([item])
+    return passes
+
+
+def read_shared(layer: str, alone: str, passes: Iterable[list[T]], read: Callable[[list[T]], dict[str, R]],
+                done: Callable[[list[T], dict[str, R]], str]) -> dict[str, R]:
+    """Each pass of more than one table read together (`read`), the results by table, each pass's line saying what it
+    `done`. A pass that fails is reported and leaves its tables to their own steps (which then do as `alone` says)."""
+    reads: dict[str, R] = {}
+    for together in (p for p in passes if len(p) > 1):
+        started = time.monotonic()
+        try:
+            got = read(together)
+        except Exception as exc:  # not swallowed: each table's own step runs next, and fails on its own if it must
+            print(f"{layer}: a shared pass over {len(together)} tables failed, each {alone}: "
+                  f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}", file=sys.stderr, flush=True)
+            continue
+        reads |= got
+        print(f"{layer}: {done(together, got)} in one pass in {time.monotonic() - started:.3f} s", flush=True)
+    return reads
 
 
 def checkpoint(df: DataFrame, together: bool) -> DataFrame:

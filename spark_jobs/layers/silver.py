@@ -5,7 +5,6 @@ ledger, history, the truncate log) and audited again: a failed gate leaves every
 from __future__ import annotations
 
 import sys
-import time
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -14,10 +13,21 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark_jobs.delta import DeltaEngine, MergeSpec, driver_rows
+from spark_jobs.delta.delta_rs import DeltaRsEngine, NewFiles
 from spark_jobs.errors import GateFailed, PipelineError
 from spark_jobs.lake import Lake, read_columns
 from spark_jobs.layers import silver_arrow, silver_pass, transactions
-from spark_jobs.layers.common import ONE_TASK_BYTES, Gate, lag_seconds, now, share, write_quarantine
+from spark_jobs.layers.common import (
+    ONE_TASK_BYTES,
+    ONE_TASK_ROWS,
+    Gate,
+    in_passes,
+    lag_seconds,
+    now,
+    read_shared,
+    share,
+    write_quarantine,
+)
 from spark_jobs.layers.common import gate as run_gate
 from spark_jobs.layers.history import TRUNCATE_LOG_MERGE, apply_history
 from spark_jobs.layers.silver_pass import TableBatch
@@ -25,7 +35,7 @@ from spark_jobs.layers.silver_plan import BatchPlan, PlanCounts, merged_audit, p
 from spark_jobs.layers.summary import SilverSummary
 from spark_jobs.quality.audit import Audit, Figures, tally
 from spark_jobs.quality.expectations import flagged
-from spark_jobs.quality.gates import may_refuse, refuses, silver_checks
+from spark_jobs.quality.gates import Check, may_refuse, refuses, silver_checks
 from spark_jobs.registry import TableConfig
 
 # Silver: apply the newest event per key when it is newer than the row (docs/architecture.md, "Silver").
@@ -60,36 +70,31 @@ def silver_progress(lake: Lake, table: str) -> SilverProgress:
 
 def read_pass(spark: SparkSession, engine: DeltaEngine, tables: list[TableConfig], lake: Lake) -> dict[str, TableBatch]:
     """Many small tables' new bronze rows planned together (layers/silver_pass.py), for their own steps to take
-    (silver_merge). Only delta-rs lists a table's new files without Spark. A pass that fails leaves each table to plan
-    its own batch, which then fails or not on its own input."""
-    new_files = getattr(engine, "new_files", None)
-    if new_files is None:
+    (silver_merge), in passes of at most one task's rows and bytes. Only delta-rs lists a table's new files without
+    Spark. A pass that fails leaves each table to plan its own batch, which then fails or not on its own input."""
+    if not isinstance(engine, DeltaRsEngine):
         return {}
     groups: dict[str, list[silver_pass.Candidate]] = {}  # by bronze's schema: a scan reads one
     for table in (t for t in tables if silver_pass.may_join(t)):
         progress = silver_progress(lake, table.name)
-        files = new_files(lake.bronze(table.name), progress.bronze_version)
-        if files is None or files.size > ONE_TASK_BYTES:
+        files = engine.new_files(lake.bronze(table.name), progress.bronze_version)
+        if files is None or not _one_task([files]):
             continue  # nothing new, or more than a small batch
-        version = engine.version(lake.silver(table.name))
+        version, target = engine.current(lake.silver(table.name)) or (None, None)
         if progress.silver_version is not None and version != progress.silver_version:
             continue  # an interrupted run's commits: its own step recovers them
-        schema = engine.schema(lake.silver(table.name))
         groups.setdefault(files.schema, []).append(silver_pass.Candidate(
-            table, progress.bronze_version, files, progress.truncated_at, version, schema.json() if schema else None))
-    reads: dict[str, TableBatch] = {}
-    for candidates in (g for g in groups.values() if len(g) > 1):
-        started = time.monotonic()
-        try:
-            planned = silver_pass.read_together(spark, candidates)
-        except Exception as exc:  # not swallowed: each table plans its own next, and fails on its own if it must
-            print(f"silver: a shared pass over {len(candidates)} tables failed, each plans its own batch: "
-                  f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}", file=sys.stderr, flush=True)
-            continue
-        reads |= planned
-        print(f"silver: {len(planned)} of {len(candidates)} tables' new bronze rows planned in one pass in "
-              f"{time.monotonic() - started:.3f} s", flush=True)
-    return reads
+            table, progress.bronze_version, files, progress.truncated_at, version, target))
+    passes = [p for group in groups.values() for p in in_passes(group, lambda p: _one_task([c.files for c in p]))]
+    return read_shared("silver", "plans its own batch", passes, partial(silver_pass.read_together, spark),
+                       lambda together, planned: f"{len(planned)} of {len(together)} tables' new bronze rows planned")
+
+
+def _one_task(files: list[NewFiles]) -> bool:
+    """Do the new files hold at most one task's rows and bytes (what a pass plans in one partition and collects)? Rows
+    not counted in a file's statistics count as too many."""
+    return (sum(f.size for f in files) <= ONE_TASK_BYTES
+            and sum(ONE_TASK_ROWS + 1 if f.rows is None else f.rows for f in files) <= ONE_TASK_ROWS)
 
 
 # operation metrics as delta-rs and delta-spark name them
@@ -98,10 +103,11 @@ _METRICS = {"inserted": ("num_target_rows_inserted", "numTargetRowsInserted"),
             "deleted": ("num_target_rows_deleted", "numTargetRowsDeleted", "num_deleted_rows", "numDeletedRows")}
 
 
-def interrupted_work(engine: DeltaEngine, path: str, since_version: int | None) -> dict[str, int]:
-    """What silver commits after `since_version` (the last recorded progress) applied: a run killed before
-    recording its progress. Its retry finds those events already applied and would report nothing of them."""
-    current = engine.version(path)
+def interrupted_work(engine: DeltaEngine, path: str, since_version: int | None, current: int | None
+                     ) -> dict[str, int]:
+    """What silver commits after `since_version` (the last recorded progress) up to `current` (its version now)
+    applied: a run killed before recording its progress. Its retry finds those events already applied and would
+    report nothing of them."""
     if since_version is None or current is None or current <= since_version:
         return {}
     totals = {"recovered_commits": 0, "inserted": 0, "updated": 0, "deleted": 0}
@@ -124,10 +130,10 @@ def silver_merge(spark: SparkSession, engine: DeltaEngine, table: TableConfig, l
     if bronze_version is None or bronze_version <= progress.bronze_version:
         return SilverSummary(table=table.name, batch_id=batch_id, events=0, gate="skipped (no new bronze rows)")
     transactions.check_transaction_ids(engine, [table], lake)
-    recovered = interrupted_work(engine, lake.silver(table.name), progress.silver_version)
+    silver_version = engine.version(lake.silver(table.name))
+    recovered = interrupted_work(engine, lake.silver(table.name), progress.silver_version, silver_version)
     planned = None
-    if read is not None and read.holds(progress.bronze_version, progress.truncated_at,
-                                       engine.version(lake.silver(table.name)), bronze_version):
+    if read is not None and read.holds(progress.bronze_version, progress.truncated_at, silver_version, bronze_version):
         try:
             planned = silver_arrow.plan(lake, table, read)
         except pa.ArrowException as exc:  # not swallowed: nothing is written yet, and the table's own plan takes it
@@ -214,25 +220,15 @@ def apply_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     before = trips or may_refuse(checks, set(plan.audited))
     if before:
         audit = audit.with_tallies(tally(plan.audited, flagged("silver"), table.keys))
-    if trips or refuses(audit, checks):
-        check(audit, plan.frames, table.name, "silver", checks, lake, summary)
+    gates = _Gates(check, plan.frames, table, lake, summary, checks)
+    gates.before(audit, trips)
     _publish(spark, engine, table, lake, plan, batch_id, summary)
 
-    # audit the published result; on failure, put every table back to its version before the batch
-    removed = (summary.deletes or {}).get("removed", 0)
-    audit.figures.deletes_received = received = plan.delete_counts["received"]
-    audit.figures.deletes_unaccounted = received - removed - sum(v for k, v in plan.delete_counts.items()
-                                                                 if k != "received")
     pending = {} if before else dict(plan.audited)
     if plan.latest is not None and plan.deletes is not None:
         pending["rows"], pending["deletes"] = merged_audit(spark, engine, lake.silver(table.name), plan.latest,
                                                            plan.deletes, table.keys, batch_id)
-    audit = audit.with_tallies(tally(pending, flagged("silver"), table.keys))
-    try:
-        check(audit, plan.frames, table.name, "silver", checks, lake, summary)
-    except GateFailed:
-        _restore(engine, published)
-        raise
+    gates.after(audit.with_tallies(tally(pending, flagged("silver"), table.keys)), engine, published)
     return summary, plan.truncated_at
 
 
@@ -247,9 +243,8 @@ def apply_planned(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     quarantined = sum((summary.quarantined or {}).values())
     audit = Audit(Figures(quarantined, summary.quarantined_share or 0.0)).with_tallies(read.audit)
     checks = silver_checks(table)
-    trips = table.quality.breaker_trips(quarantined, summary.quarantined_share or 0)
-    if trips or refuses(audit, checks):
-        check(audit, {}, table.name, "silver", checks, lake, summary)
+    gates = _Gates(check, {}, table, lake, summary, checks)
+    gates.before(audit, table.quality.breaker_trips(quarantined, summary.quarantined_share or 0))
 
     def source(rows: pa.Table, path: str) -> DataFrame | pa.Table:
         # into no table, a merge is an initial load whose insert clause Spark applies (DeltaEngine.merge): one commit,
@@ -267,18 +262,43 @@ def apply_planned(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     summary.tombstones_expired = _expire_tombstones(engine, lake, table)
     summary.deletes = {**plan.delete_counts, "removed": removed}
 
-    audit.figures.deletes_received = received = plan.delete_counts["received"]
-    audit.figures.deletes_unaccounted = received - removed - sum(v for k, v in plan.delete_counts.items()
-                                                                 if k != "received")
     rows, deletes = silver_arrow.merged_audit(lake, table, read, batch_id)
-    audit = audit.with_tallies(tally({"rows": spark.createDataFrame(rows), "deletes": spark.createDataFrame(deletes)},
-                                     flagged("silver"), table.keys))
-    try:
-        check(audit, {}, table.name, "silver", checks, lake, summary)
-    except GateFailed:
-        _restore(engine, published)
-        raise
+    gates.after(audit.with_tallies(tally({"rows": spark.createDataFrame(rows), "deletes": spark.createDataFrame(deletes)},
+                                         flagged("silver"), table.keys)), engine, published)
     return summary
+
+
+@dataclass(frozen=True)
+class _Gates:
+    """A batch's two silver gates: before publishing, and on the published result."""
+
+    check: Gate
+    frames: dict[str, DataFrame]  # what a user's expectations read
+    table: TableConfig
+    lake: Lake
+    summary: SilverSummary  # records the findings
+    checks: list[Check]
+
+    def run(self, audit: Audit) -> None:
+        self.check(audit, self.frames, self.table.name, "silver", self.checks, self.lake, self.summary)
+
+    def before(self, audit: Audit, trips: bool) -> None:
+        """The quarantine breaker tripped, or a `fail` check on the events failed: the batch is refused, nothing but
+        its quarantine written."""
+        if trips or refuses(audit, self.checks):
+            self.run(audit)
+
+    def after(self, audit: Audit, engine: DeltaEngine, published: dict[str, int | None]) -> None:
+        """The published result's audit, with the deletes received accounted for; on failure every table is put back
+        to its version before the batch (`published`)."""
+        counts = self.summary.deletes or {}
+        audit.figures.deletes_received = received = counts.get("received", 0)
+        audit.figures.deletes_unaccounted = received - sum(v for k, v in counts.items() if k != "received")
+        try:
+            self.run(audit)
+        except GateFailed:
+            _restore(engine, published)
+            raise
 
 
 def _counts(plan: PlanCounts, quarantined: dict[str, int], table: TableConfig, batch_id: str) -> SilverSummary:

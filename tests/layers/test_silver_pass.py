@@ -15,7 +15,7 @@ from pyspark.sql import functions as F
 from spark_jobs.debezium import envelope, ordering
 from spark_jobs.generate import Options, generate
 from spark_jobs.lake import Lake
-from spark_jobs.layers import silver_pass
+from spark_jobs.layers import silver, silver_pass
 from spark_jobs.layers.common import one_row
 from spark_jobs.layers.silver import silver_progress
 from spark_jobs.layers.silver_plan import image_fields, overview_columns, plan_batch, typed_changes
@@ -238,3 +238,32 @@ def _ledger_entry_behind(spark, engine, lake: Lake, table: str, key: int) -> Non
     ledger = engine.read(spark, lake.tombstones(table))
     engine.append(ledger.limit(1).withColumn("id", F.lit(key).cast(ledger.schema["id"].dataType))
                   .withColumn("_seq", F.lit(older)), lake.tombstones(table))
+
+
+def test_a_pass_holds_at_most_one_tasks_rows(spark, engine, tmp_path, capsys, monkeypatch):
+    """More new rows than one task's go in several passes, each within the bound (a `--layers silver` run over many
+    tables would otherwise plan all of them in one partition and collect them at once); each table still publishes
+    its own rows."""
+    names = ["one", "two", "three"]
+    config = _config(tmp_path, [], {n: {"topic": f"shop.public.{n}", "keys": ["id"]} for n in names})
+    landing, lake = tmp_path / LANDING, tmp_path / "lake"
+    for n, name in enumerate(names):
+        _land(landing, f"shop.public.{name}", "0000000000",
+              [_event("c", {"id": 1, "qty": n}, 10), _event("c", {"id": 2, "qty": n}, 11), _event("d", {"id": 1}, 12)])
+    code, out, err = run(capsys, config, landing, lake, "--layers", "bronze")
+    assert code == 0, out + err
+    assert {n: engine.new_files(Lake(str(lake)).bronze(n), -1).rows for n in names} == dict.fromkeys(names, 3)
+    monkeypatch.setattr(silver, "ONE_TASK_ROWS", 6)  # two tables' new rows fit in a pass, not three
+    passes, real = [], silver_pass.read_together
+
+    def recorded(spark, candidates):
+        passes.append([c.table.name for c in candidates])
+        return real(spark, candidates)
+
+    monkeypatch.setattr(silver_pass, "read_together", recorded)
+    code, out, err = run(capsys, config, landing, lake, "--layers", "silver")
+    assert code == 0, out + err
+    assert [len(p) for p in passes] == [2], passes  # the third table plans its own
+    assert "silver: 2 of 2 tables' new bronze rows planned in one pass" in out, out
+    for n, name in enumerate(names):
+        assert silver_rows(spark, engine, lake, name, ("id",)) == {(2,): {"id": 2, "qty": n}}, name
