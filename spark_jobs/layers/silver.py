@@ -262,9 +262,11 @@ def apply_planned(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     summary.tombstones_expired = _expire_tombstones(engine, lake, table)
     summary.deletes = {**plan.delete_counts, "removed": removed}
 
-    rows, deletes = silver_arrow.merged_audit(lake, table, read, batch_id)
-    gates.after(audit.with_tallies(tally({"rows": spark.createDataFrame(rows), "deletes": spark.createDataFrame(deletes)},
-                                         flagged("silver"), table.keys)), engine, published)
+    # each frame in one partition, which the planner then knows: key_unique's count per key and the tally run in place,
+    # in one Spark job (three when Spark spreads the rows and shuffles them back: about 0.1 s more a table)
+    merged = dict(zip(("rows", "deletes"), (spark.createDataFrame(t).coalesce(1)
+                                            for t in silver_arrow.merged_audit(lake, table, read, batch_id)), strict=True))
+    gates.after(audit.with_tallies(tally(merged, flagged("silver"), table.keys)), engine, published)
     return summary
 
 

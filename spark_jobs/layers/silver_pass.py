@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from functools import cache, reduce
+from functools import cache, cached_property, reduce
 from typing import Any
 
 import pyarrow as pa
@@ -39,12 +39,13 @@ class TableTyping:
     fields: tuple[types.ImageField, ...]
     target: str | None  # silver's schema as JSON (hashable); None before its first commit
 
-    @property
+    # each type made once: a field's type is parsed by the JVM, and a table's branch reads them many times
+    @cached_property
     def decoded_type(self) -> T.StructType:
         """The image's type as decoded, before alignment."""
-        return T.StructType([T.StructField(f.name, T.DataType.fromDDL(f.spark_type)) for f in self.fields])
+        return T.StructType([T.StructField(f.name, _parsed(f.spark_type)) for f in self.fields])
 
-    @property
+    @cached_property
     def row_type(self) -> T.StructType:
         """The typed image's type, aligned (what `_row` holds once cast back from VARIANT)."""
         target = self.target_schema
@@ -57,13 +58,19 @@ class TableTyping:
     def target_schema(self) -> T.StructType | None:
         return None if self.target is None else T.StructType.fromJson(json.loads(self.target))
 
-    @property
+    @cached_property
     def silver_type(self) -> T.StructType:
         """Silver's source columns for the batch (silver_plan.silver_rows): the typed image's, then the columns silver
         has and the batch lacks (null)."""
         row, target = self.row_type, self.target_schema
         present = {f.name for f in row.fields} | set(silver_plan.SILVER_META)
         return T.StructType([*row.fields, *[f for f in (target.fields if target else []) if f.name not in present]])
+
+
+@cache
+def _parsed(ddl: str) -> T.DataType:
+    """A Spark type from its DDL (parsed by the JVM, one call over py4j: a few types recur in every table)."""
+    return T.DataType.fromDDL(ddl)
 
 
 @dataclass(frozen=True)
