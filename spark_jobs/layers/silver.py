@@ -78,8 +78,8 @@ def read_pass(spark: SparkSession, engine: DeltaEngine, tables: list[TableConfig
     for table in (t for t in tables if silver_pass.may_join(t)):
         progress = silver_progress(lake, table.name)
         files = engine.new_files(lake.bronze(table.name), progress.bronze_version)
-        if files is None or not _one_task([files]):
-            continue  # nothing new, or more than a small batch
+        if files is None or not files.files or not _one_task([files]):
+            continue  # no new rows (a commit that added no file: its own step finds none), or more than a small batch
         version, target = engine.current(lake.silver(table.name)) or (None, None)
         if progress.silver_version is not None and version != progress.silver_version:
             continue  # an interrupted run's commits: its own step recovers them

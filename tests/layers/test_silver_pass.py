@@ -267,3 +267,25 @@ def test_a_pass_holds_at_most_one_tasks_rows(spark, engine, tmp_path, capsys, mo
     assert "silver: 2 of 2 tables' new bronze rows planned in one pass" in out, out
     for n, name in enumerate(names):
         assert silver_rows(spark, engine, lake, name, ("id",)) == {(2,): {"id": 2, "qty": n}}, name
+
+
+def test_tables_whose_bronze_added_no_files_are_left_to_their_own_step(spark, engine, tmp_path, capsys):
+    """A bronze commit that adds no file (a table property set, as maintenance may) gives silver nothing to read: no
+    shared pass is tried over such tables (a scan of no files fails), and each one's own step finds nothing new."""
+    import deltalake
+
+    names = ["one", "two"]
+    config = _config(tmp_path, [], {n: {"topic": f"shop.public.{n}", "keys": ["id"]} for n in names})
+    landing, lake = tmp_path / LANDING, tmp_path / "lake"
+    for name in names:
+        _land(landing, f"shop.public.{name}", "0000000000", [_event("c", {"id": 1, "qty": 1}, 10)])
+    code, out, err = run(capsys, config, landing, lake, "--layers", "bronze,silver")
+    assert code == 0 and "2 of 2 tables' new bronze rows planned in one pass" in out, out + err
+    for name in names:
+        deltalake.DeltaTable(Lake(str(lake)).bronze(name)).alter.set_table_properties(
+            {"delta.logRetentionDuration": "interval 30 days"})
+    code, out, err = run(capsys, config, landing, lake, "--layers", "silver")
+    assert code == 0, out + err
+    assert "shared pass" not in err and "one pass" not in out, out + err
+    for name in names:
+        assert silver_rows(spark, engine, lake, name, ("id",)) == {(1,): {"id": 1, "qty": 1}}, name
