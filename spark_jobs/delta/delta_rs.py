@@ -168,8 +168,9 @@ class DeltaRsEngine:
         stats = dict(zip(names, zip(actions.column("size_bytes").to_pylist(), actions.column("num_records").to_pylist(),
                                     strict=True), strict=True))
         new = tuple(f for f in table.file_uris() if f not in known)
-        sizes, rows = zip(*(stats[f.rsplit("/", 1)[-1]] for f in new), strict=True) if new else ((), ())
-        return NewFiles(table.version(), new, table.schema().to_json(), sum(sizes),
+        added = [stats[f.rsplit("/", 1)[-1]] for f in new]
+        rows = [r for _, r in added]
+        return NewFiles(table.version(), new, table.schema().to_json(), sum(size for size, _ in added),
                         None if None in rows else sum(rows))
 
     def read(self, spark: SparkSession, path: str, version: int | None = None) -> DataFrame | None:

@@ -293,8 +293,9 @@ class _Gates:
     def after(self, audit: Audit, engine: DeltaEngine, published: dict[str, int | None]) -> None:
         """The published result's audit, with the deletes received accounted for; on failure every table is put back
         to its version before the batch (`published`)."""
-        counts = self.summary.deletes or {}
-        audit.figures.deletes_received = received = counts.get("received", 0)
+        counts = self.summary.deletes
+        assert counts is not None, "a published batch has counted its deletes"
+        audit.figures.deletes_received = received = counts["received"]
         audit.figures.deletes_unaccounted = received - sum(v for k, v in counts.items() if k != "received")
         try:
             self.run(audit)
