@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -21,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import aws_connection, s3_environment, subprocess_env, upload_landing
-from tests.support import free_port, pipeline_service, service_airflow_env
+from tests.support import airflow_home, free_port, pipeline_service, service_airflow_env
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -154,12 +155,22 @@ class Airflow:
         return done
 
     def dag_test(self, dag_id: str, *args: str) -> str:
-        out = self.sh(str(BIN / "airflow"), "dags", "test", dag_id, *args)
-        log = out.stdout + out.stderr
+        return self.dag_runs((dag_id, *args))[0]
+
+    def dag_runs(self, *runs: tuple[str, ...], last_fails: bool = False) -> list[str]:
+        """`airflow dags test` runs in turn in one Airflow process (cdc_airflow.dag_runs, as `make demo` runs the
+        layer DAGs): each run's log. Each must succeed; with `last_fails`, the last must fail and end the process."""
+        done = subprocess.run([str(BIN / "python"), "-m", "cdc_airflow.dag_runs", *(shlex.join(run) for run in runs)],
+                              cwd=ROOT, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              timeout=900)
         with self.log.open("a") as saved:
-            saved.write(log)
-        assert "state=success" in log, log[-4000:]
-        return log
+            saved.write(done.stdout)
+        assert done.returncode == (1 if last_fails else 0), done.stdout[-4000:]
+        logs = re.split(r"^airflow dags test .*$", done.stdout, flags=re.MULTILINE)[1:]
+        assert len(logs) == len(runs), done.stdout[-4000:]
+        for log in logs[:-1] if last_fails else logs:
+            assert "state=success" in log, log[-4000:]
+        return logs
 
 
 @pytest.mark.slow
@@ -252,7 +263,7 @@ def test_airflow_runs_the_pipeline_from_s3_and_replays_leave_it_unchanged(tmp_pa
                                                         "append": True}),
             AIRFLOW__OPENLINEAGE__NAMESPACE="cdc-test")
         airflow = Airflow(env, tmp_path / "dags-test.log")
-        airflow.sh(str(BIN / "airflow"), "db", "migrate")
+        airflow_home(tmp_path / "airflow")  # `airflow db migrate`'s database
         pools = airflow.sh(str(BIN / "python"), "-m", "cdc_airflow.pools")  # the writer pools, as the README sets them up
         assert "2 writer pools of one slot: cdc_table_customers, cdc_gold_customers_by_state" in pools.stdout
         silver = first_run_reaches_gold(airflow, config, lake, generated[0].final_rows)
@@ -268,8 +279,7 @@ def test_airflow_runs_the_pipeline_from_s3_and_replays_leave_it_unchanged(tmp_pa
         assert "silver/customers: passed" in text and "bronze/customers: passed" in text
 
         replays_leave_silver_unchanged(airflow, lake, silver)
-        maintenance_keeps_the_rows(airflow, lake, silver)
-        backfills_and_bad_params(airflow, env)
+        backfills_plan_a_run_per_interval(airflow)
 
 
 def first_run_reaches_gold(airflow: Airflow, config: Path, lake_root: Path | str, final: dict) -> list[dict]:
@@ -277,11 +287,9 @@ def first_run_reaches_gold(airflow: Airflow, config: Path, lake_root: Path | str
     from spark_jobs.lake import Lake
 
     lake = Lake(str(lake_root))
-    bronze_log = airflow.dag_test("cdc_bronze")
+    bronze_log, _, _ = airflow.dag_runs(("cdc_bronze",), ("cdc_silver_customers",), ("cdc_gold_customers_by_state",))
     assert "table=customers: 2 landing file(s) for bronze" in bronze_log
     assert re.search(r"spark_ui=http://[^ ]+:\d+", bronze_log)  # the Spark UI, from the task log
-    airflow.dag_test("cdc_silver_customers")
-    airflow.dag_test("cdc_gold_customers_by_state")
     # `status` run by hand: an S3 lake's endpoint and keys from the AWS_* environment, as this process has them
     status = airflow.sh(str(BIN / "python"), "-m", "spark_jobs", "status", "--config", str(config), "--lake", lake.root,
                         "--require-tables", extra_env={k: v for k, v in os.environ.items() if k.startswith("AWS_")})
@@ -315,12 +323,11 @@ def lineage_names_the_delta_tables(events_file: Path, lake: Path) -> None:
     assert {e["job"]["namespace"] for e in events} == {"cdc-test"}
 
 
-def maintenance_keeps_the_rows(airflow: Airflow, lake: Path, silver: list[dict]) -> None:
+def maintenance_keeps_the_rows(log: str, lake: Path, silver: list[dict]) -> None:
     """cdc_maintenance through Airflow (delta-rs: plain processes, no JVM): bronze's appends and silver's
     commits compacted, the rows as they were, each table's counts in the run's report."""
     from spark_jobs.lake import row_count
 
-    log = airflow.dag_test("cdc_maintenance")
     assert "maintain customers bronze: files " in log and "maintain customers_by_state gold: files 1 -> 1" in log
     assert silver_table(str(lake / "silver" / "customers")) == silver
     assert row_count(str(lake / "bronze" / "customers")) == 100
@@ -334,36 +341,35 @@ def replays_leave_silver_unchanged(airflow: Airflow, lake: Path, silver: list[di
 
     # a second run finds nothing new: the deferred sensor gives up after its timeout and skips the run
     silver_log = sorted((lake / "silver" / "customers" / "_delta_log").glob("*.json"))
-    again = airflow.dag_test("cdc_bronze")
-    assert "Pausing task as DEFERRED" in again and "[DAG TEST] running trigger in line" in again
-    assert "reason='no landing files to ingest in any of 1 table(s)'" in again
-    assert row_count(str(lake / "bronze" / "customers")) == 100
-
     # replays: rebuild writes a new silver version with the same rows; reprocess re-reads every landing
     # file and leaves bronze's row count and silver's rows as they were
     # (gold's refresh at the end of a replay is the same task cdc_gold_* ran above: marked done here, for time)
     skip_gold = ("--mark-success-pattern", "gold_refresh_.*")
-    airflow.dag_test("cdc_replay", "-c", json.dumps({"tables": ["customers"], "mode": "rebuild"}), *skip_gold)
+    again, _ = airflow.dag_runs(("cdc_bronze",), ("cdc_replay", "-c", json.dumps({"tables": ["customers"], "mode": "rebuild"}),
+                                                  *skip_gold))
+    assert "Pausing task as DEFERRED" in again and "[DAG TEST] running trigger in line" in again
+    assert "reason='no landing files to ingest in any of 1 table(s)'" in again
+    assert row_count(str(lake / "bronze" / "customers")) == 100
+
     assert silver_table(str(lake / "silver" / "customers")) == silver
     assert len(sorted((lake / "silver" / "customers" / "_delta_log").glob("*.json"))) == len(silver_log) + 1
     assert row_count(str(lake / "bronze" / "customers")) == 100
-    reprocess = airflow.dag_test("cdc_replay", "-c", json.dumps({"tables": ["customers"], "mode": "reprocess"}),
-                                 *skip_gold)
+    # then, in the same Airflow process: reprocess, maintenance, and a replay with a bad param, which fails before
+    # any task runs, naming the param
+    reprocess, maintenance, bad = airflow.dag_runs(
+        ("cdc_replay", "-c", json.dumps({"tables": ["customers"], "mode": "reprocess"}), *skip_gold), ("cdc_maintenance",),
+        ("cdc_replay", "-c", json.dumps({"mode": "replace"})), last_fails=True)
     assert "mode=reprocess lines=108 events=100" in reprocess
     assert row_count(str(lake / "bronze" / "customers")) == 100
     assert silver_table(str(lake / "silver" / "customers")) == silver
+    maintenance_keeps_the_rows(maintenance, lake, silver)
+    assert "Invalid input for param mode: 'replace' is not one of ['reprocess', 'rebuild']" in bad
 
 
-def backfills_and_bad_params(airflow: Airflow, env: dict[str, str]) -> None:
+def backfills_plan_a_run_per_interval(airflow: Airflow) -> None:
     # a backfill over a range gets one run per 15-minute data interval (each takes its interval's files)
     plan = airflow.sh(str(BIN / "airflow"), "backfill", "create", "--dag-id", "cdc_bronze", "--from-date",
                       "2026-11-01T00:00:00", "--to-date", "2026-11-01T00:30:00", "--dry-run").stdout
     planned = re.findall(r"^\| (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\+00:00) ", plan.split("Runs to be attempted:", 1)[1],
                          re.MULTILINE)  # Airflow 3.3 prints the runs as a table
     assert planned == ["2026-11-01 00:00:00+00:00", "2026-11-01 00:15:00+00:00", "2026-11-01 00:30:00+00:00"]
-
-    # bad params fail before any task runs, naming the param
-    bad = subprocess.run([str(BIN / "airflow"), "dags", "test", "cdc_replay", "-c", json.dumps({"mode": "replace"})],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert bad.returncode != 0
-    assert "Invalid input for param mode: 'replace' is not one of ['reprocess', 'rebuild']" in bad.stderr + bad.stdout

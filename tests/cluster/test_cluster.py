@@ -18,7 +18,7 @@ from spark_jobs.generate import Options, generate
 from spark_jobs.registry import load_registry
 from tests.conftest import s3_environment, subprocess_env, upload_landing
 from tests.layers.test_pipeline import expected_rows
-from tests.support import silver_rows, standalone_cluster
+from tests.support import airflow_home, silver_rows, standalone_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = "tables:\n  customers:\n    topic: burst.burst_bank.customers\n    keys: [custkey]\n"
@@ -128,7 +128,7 @@ def test_airflow_submits_the_layer_jobs_to_the_cluster(cluster, tmp_path, s3_end
         CDC_CONFIG=str(config), CDC_LANDING_URI=landing, CDC_LAKE_URI=str(lake),
         CDC_SENSOR_TIMEOUT="3", CDC_SENSOR_POKE_INTERVAL="1")
     airflow = Airflow(env, tmp_path / "dags-test.log")
-    airflow.sh(str(BIN / "airflow"), "db", "migrate")
+    airflow_home(tmp_path / "airflow")  # `airflow db migrate`'s database
     airflow.sh(str(BIN / "python"), "-m", "cdc_airflow.pools")  # the writer pools, as the README sets them up
     for name, value in s3_environment(s3_endpoint).items():  # this process reads the lake too
         monkeypatch.setenv(name, value)
