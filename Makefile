@@ -24,7 +24,7 @@ export LAYER_DAGS := from spark_jobs.registry import load_registry; from spark_j
 r = load_registry(settings().config); \
 print(" ".join(["cdc_bronze", *("cdc_silver_" + t for t in r.tables), *("cdc_gold_" + m for m in r.gold)]))
 
-.PHONY: demo serve test e2e lint bench venv java jars assets debs clean-demo
+.PHONY: demo serve test soak e2e lint bench venv java jars assets debs clean-demo
 
 venv: $(VENV)/.installed
 # the development lock (the runtime lock plus test and lint tools), then the project itself, editable
@@ -96,10 +96,16 @@ demo: venv java jars assets
 serve: venv java jars assets
 	$(BIN)/python -m spark_jobs serve --port 8790 --connection-file $(SERVICE_CONNECTION)
 
-# two workers, one per core, each test file on one of them (Spark, Airflow and chromium spend much of a
-# test waiting on each other, so the suite runs in about 12 minutes instead of 18)
+# two workers, one per core, each test file on one of them, the longest files first (tests/conftest.py); the slowest
+# tests and a junit.xml of every test's time show where each run's time went
 test: venv java jars assets debs
-	$(BIN)/pytest -n 2 --dist loadfile
+	$(BIN)/pytest -n 2 --dist loadfile --no-loadscope-reorder --junitxml=test-artifacts/junit.xml
+
+# the size claims (tests marked `scale`) at full size: a 200 MB file at the default heap, a 50 MB line, a backlog of
+# 5,000 files, a batch of 20,000 events (`make test` proves each against a limit set small); about 10 minutes here.
+# Run it before resolving an issue that touches those paths; its figures go in tests/benchmarks/RESULTS.md
+soak: venv java jars assets debs
+	$(BIN)/pytest --soak -m scale --durations=0 --junitxml=test-artifacts/soak.xml
 
 # Airflow for real: api-server, scheduler, dag-processor, triggerer and the LocalExecutor on a PostgreSQL the test
 # starts, files landing on a local S3 server to gold, a backfill and replays through the REST API (part of `make test`)

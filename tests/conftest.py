@@ -51,6 +51,50 @@ def spark():
     session.stop()
 
 
+def pytest_configure(config):
+    """`make test`'s JVMs live for seconds to minutes: C1 alone compiles what they run in much less CPU than C2 would
+    (a JVM's start CPU -42%, its first run's -36%, measured), which on two cores is time taken from the other worker.
+    Every JVM a test starts inherits it: SPARK_SUBMIT_OPTS reaches the drivers spark-submit and pyspark start (this
+    process's session, the pipeline service, CLI runs, the tasks'), SPARK_DAEMON_JAVA_OPTS the cluster's master and
+    worker. `make soak` runs long jobs, as deployments do: with the JVM's default compilers."""
+    if not config.getoption("--soak"):
+        for variable in ("SPARK_SUBMIT_OPTS", "SPARK_DAEMON_JAVA_OPTS"):
+            os.environ[variable] = f"{os.environ.get(variable, '')} -XX:TieredStopAtLevel=1".strip()
+
+
+# The test files that take longest (worker-seconds from `make test`'s junit.xml, heaviest first). `make test` runs them
+# first, each file on one worker (--dist loadfile --no-loadscope-reorder), so the two workers end together instead of
+# one running a long file alone at the end (xdist's own order, by number of tests, put the single-test end-to-end
+# files last). A file not listed keeps its place after these.
+HEAVIEST_FIRST = (
+    "cluster/test_cluster.py", "airflow/test_service.py", "airflow/test_scheduler.py", "airflow/test_compose.py",
+    "unit/test_delta_engines.py", "properties/test_properties.py", "airflow/test_demo.py", "layers/test_transactions.py",
+    "layers/test_silver_pass.py", "layers/test_recorded.py", "quality/test_user_expectations.py",
+    "layers/test_crash_safety.py", "quality/test_quality.py", "layers/test_pipeline.py", "airflow/test_backlog.py",
+)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    def weight(item) -> int:
+        relative = item.path.relative_to(ROOT / "tests").as_posix()
+        return HEAVIEST_FIRST.index(relative) if relative in HEAVIEST_FIRST else len(HEAVIEST_FIRST)
+
+    items.sort(key=weight)  # stable: tests keep their order within a file
+
+
+def pytest_addoption(parser):
+    parser.addoption("--soak", action="store_true",
+                     help="the size claims (tests marked `scale`) at full size, as `make soak` runs them")
+
+
+@pytest.fixture(scope="session")
+def soak(request) -> bool:
+    """A test marked `scale` proves a claim about size relative to a small limit in `make test` (the limit set small
+    for that test, the input several times it); with --soak (`make soak`) the same test runs at the full size, with
+    the default limits."""
+    return bool(request.config.getoption("--soak"))
+
+
 def pytest_terminal_summary(terminalreporter):
     """A test JVM that crashed (rather than failed a test) says why here, in CI's output."""
     for report in sorted(ARTIFACTS.glob("hs_err_pid*.log")):
