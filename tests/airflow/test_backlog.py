@@ -1,6 +1,7 @@
-"""A backlog after an outage (issue 19, item 2): 5,000 pending landing files go through `airflow dags test
-cdc_bronze` (sensor -> the file list as a file -> bronze in bounded batches, progress in the task log), and
-every landing line is accounted for: in bronze, or a tombstone matched to its delete."""
+"""A backlog after an outage (issue 19, item 2): pending landing files, several batches' worth (5,000 at the default
+batch size in `make soak`), go through `airflow dags test cdc_bronze` (sensor -> the file list as a file -> bronze in
+bounded batches, progress in the task log), and every landing line is accounted for: in bronze, or a tombstone
+matched to its delete."""
 
 from __future__ import annotations
 
@@ -13,22 +14,27 @@ from spark_jobs.lake import Lake, read_columns, row_count
 from spark_jobs.registry import load_registry
 from spark_jobs.state import pending_files, read_marks
 from tests.conftest import ROOT, subprocess_env
-from tests.support import pipeline_service, service_airflow_env
+from tests.support import airflow_home, pipeline_service, service_airflow_env
 
 pytest.importorskip("airflow")
 
 from tests.airflow.test_demo import BIN, Airflow  # noqa: E402
 
 
-def test_five_thousand_pending_files_land_in_bounded_batches_with_every_line_accounted_for(tmp_path):
+@pytest.mark.scale
+def test_a_backlog_of_several_batches_lands_in_bounded_batches_with_every_line_accounted_for(tmp_path, soak):
+    """Over five batches' worth of files: over 5,000 at the default 1,000 a batch (make soak), over 125 at 25 a batch
+    (make test)."""
+    batch = 1_000 if soak else 25
     config = tmp_path / "include" / "tables.yaml"
     config.parent.mkdir(parents=True)
     config.write_text("tables:\n  customers:\n    topic: burst.burst_bank.customers\n    keys: [custkey]\n")
     landing, lake = tmp_path / "landing", tmp_path / "lake"
     (landed,) = generate(load_registry(config).select(None), landing,
-                         Options(rows=2_000, changes=3_000, records_per_file=1, seed=19))
-    assert len(landed.files) > 5_000  # one line a file: a record or a tombstone
-    deployment = {"CDC_CONFIG": str(config), "CDC_LANDING_URI": str(landing), "CDC_LAKE_URI": str(lake)}
+                         Options(rows=2 * batch, changes=3 * batch, records_per_file=1, seed=19))
+    assert len(landed.files) > 5 * batch  # one line a file: a record or a tombstone
+    deployment = {"CDC_CONFIG": str(config), "CDC_LANDING_URI": str(landing), "CDC_LAKE_URI": str(lake),
+                  **({} if soak else {"CDC_BRONZE_BATCH_FILES": str(batch)})}
     with pipeline_service(subprocess_env(**deployment), tmp_path / "service.log") as service:
         env = subprocess_env(
             **service_airflow_env(service),
@@ -38,15 +44,15 @@ def test_five_thousand_pending_files_land_in_bounded_batches_with_every_line_acc
             CDC_CONFIG=str(config), CDC_LANDING_URI=str(landing), CDC_LAKE_URI=str(lake),
             CDC_SENSOR_TIMEOUT="3", CDC_SENSOR_POKE_INTERVAL="1")
         airflow = Airflow(env, tmp_path / "dags-test.log")
-        airflow.sh(str(BIN / "airflow"), "db", "migrate")
+        airflow_home(tmp_path / "airflow")  # `airflow db migrate`'s database
         airflow.sh(str(BIN / "python"), "-m", "cdc_airflow.pools")
 
         log = airflow.dag_test("cdc_bronze")
         files = len(landed.files)
         assert f"table=customers: {files} landing file(s) for bronze" in log
-        batches = -(-files // 1_000)
+        batches = -(-files // batch)
         for number in range(1, batches + 1):  # the progress of each bounded batch, in the task's log
-            done = min(number * 1_000, files)
+            done = min(number * batch, files)
             assert f"bronze customers: batch {number}/{batches} committed: " in log and f"({done} of {files} files)" in log
 
         # every line accounted for: the ingest log has every file with its one line, bronze every event, and

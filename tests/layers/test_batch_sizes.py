@@ -21,16 +21,36 @@ from tests.support import run, silver_rows, summary_line
 CONFIG = "tables:\n  customers:\n    topic: burst.burst_bank.customers\n    keys: [custkey]\n"
 
 
-def test_a_batch_over_the_one_task_threshold_between_small_ones_applies_exactly(spark, engine, tmp_path, capsys):
+def one_task_bounds(monkeypatch, rows: int) -> int:
+    """The one-task bounds (layers/common.py) set to `rows` rows and the same share of the bytes bound, in every
+    module that reads them; returns the rows bound."""
+    from spark_jobs.layers import bronze, silver, silver_pass
+
+    share = rows / ONE_TASK_ROWS
+    for module in (common, silver_plan, silver, silver_pass, bronze):
+        if hasattr(module, "ONE_TASK_ROWS"):
+            monkeypatch.setattr(module, "ONE_TASK_ROWS", rows)
+        monkeypatch.setattr(module, "ONE_TASK_BYTES", int(ONE_TASK_BYTES * share))
+    monkeypatch.setattr(bronze, "READ_AHEAD_BYTES", int(bronze.READ_AHEAD_BYTES * share))
+    return rows
+
+
+@pytest.mark.scale
+def test_a_batch_over_the_one_task_threshold_between_small_ones_applies_exactly(spark, engine, tmp_path, capsys,
+                                                                                monkeypatch, soak):
+    """Twice the one-task bounds between batches within them: 20,000 events at the default 10,000 rows (make soak),
+    800 at 400 (make test), with the bytes bound set in the same proportion."""
+    bound = ONE_TASK_ROWS if soak else one_task_bounds(monkeypatch, 400)
     config = tmp_path / "tables.yaml"
     config.write_text(CONFIG)
-    rows = ONE_TASK_ROWS + 15_000  # the first file (5,000) alone, then a batch of 20,000 events and keys
+    first = bound // 2
+    rows = first + 2 * bound  # the first file alone, then a batch of twice the bound in events and keys
     (g,) = generate(load_registry(str(config)).select(None), tmp_path / "sink",
-                    Options(rows=rows, changes=300, records_per_file=5_000, batches=1, seed=3))
+                    Options(rows=rows, changes=bound * 3 // 100, records_per_file=first, batches=1, seed=3))
     snapshot, changes = g.batches[0], g.batches[1]
     landing, lake = tmp_path / "landing", tmp_path / "lake"
 
-    # small first (one file: 5,000 events), then the rest of the snapshot in one batch (over ONE_TASK_ROWS events and
+    # small first (one file: half the bound), then the rest of the snapshot in one batch (over the bound in events and
     # keys), then a small batch of changes again
     for phase, files in enumerate(([snapshot[0]], snapshot[1:], changes)):
         _land(tmp_path / "sink", landing, files)
@@ -38,7 +58,7 @@ def test_a_batch_over_the_one_task_threshold_between_small_ones_applies_exactly(
         assert (code, err) == (0, ""), (phase, out)
         assert summary_line(out, "bronze", "customers")["gate"] == summary_line(out, "silver", "customers")["gate"] == "passed"
         if phase == 1:
-            assert int(summary_line(out, "bronze", "customers")["events"]) == 20_000 > ONE_TASK_ROWS
+            assert int(summary_line(out, "bronze", "customers")["events"]) == 2 * bound
             assert silver_rows(spark, engine, lake, "customers", ("custkey",)) == g.snapshot_rows
     assert silver_rows(spark, engine, lake, "customers", ("custkey",)) == g.final_rows
 

@@ -10,6 +10,8 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from spark_jobs.lake import Lake, row_count
 from tests.support import run, silver_rows, summary_line
 
@@ -84,10 +86,16 @@ def test_landing_names_reach_spark_literally_never_as_globs(spark, engine, tmp_p
         (name, key) for key, name in enumerate(names, start=1))
 
 
-def test_lines_are_never_altered_what_cannot_be_kept_as_is_is_quarantined_with_its_bytes(spark, engine, tmp_path, capsys):
+@pytest.mark.scale
+def test_lines_are_never_altered_what_cannot_be_kept_as_is_is_quarantined_with_its_bytes(spark, engine, tmp_path, capsys,
+                                                                                         monkeypatch, soak):
     config, folder = setup(tmp_path)
     invalid = event(3, 12, note="cafe").encode().replace(b"cafe", b"caf\xe9")  # Latin-1 bytes, not UTF-8
-    big = event(8, 17, note="x" * (50 * 2**20))  # one 50 MB line: over the default 16 MiB limit
+    # a line about three times the line limit: 50 MB over the default 16 MiB (make soak); 3 MB over 1 MiB (make test)
+    limit = 16 * 2**20 if soak else 2**20
+    if not soak:
+        monkeypatch.setenv("CDC_MAX_LINE_BYTES", str(limit))
+    big = event(8, 17, note="x" * (3 * limit + 2 * 2**20))
     (folder / f"{TOPIC}+0+0000000000.json").write_bytes(b"\n".join([
         b"\xef\xbb\xbf" + event(1, 10).encode(),  # a byte-order mark: dropped, the event kept
         event(2, 11).encode() + b' {"op":"d"}',  # a record and more after it
@@ -112,7 +120,7 @@ def test_lines_are_never_altered_what_cannot_be_kept_as_is_is_quarantined_with_i
         (f"{TOPIC}+0+0000000000.json", 5, "invalid_key: id (an object or array, not a value)", event({"a": 1}, 14)),
         (f"{TOPIC}+0+0000000000.json", 6, "invalid_key: id (an object or array, not a value)", event([5], 15)),
         (f"{TOPIC}+0+0000000000.json", 7, "malformed_json: content after the JSON record", event(2, 16) + "garbage"),
-        (f"{TOPIC}+0+0000000000.json", 8, f"line_too_large: {len(big)} bytes (max {16 * 2**20}, CDC_MAX_LINE_BYTES); "
+        (f"{TOPIC}+0+0000000000.json", 8, f"line_too_large: {len(big)} bytes (max {limit}, CDC_MAX_LINE_BYTES); "
          "the line stays whole in its landing file", big[:1024]),
     ])
     assert silver_rows(spark, engine, tmp_path / "lake", "orders", ("id",)) == {
