@@ -13,10 +13,9 @@ from tests.conftest import subprocess_env
 ROOT = Path(__file__).resolve().parents[2]
 
 PARSE = """
-import json, sys
+import json, os, sys
 from airflow.dag_processing.dagbag import DagBag
 from airflow.sdk.definitions.param import process_params
-bag = DagBag(dag_folder=sys.argv[1])  # examples: AIRFLOW__CORE__LOAD_EXAMPLES=False (subprocess_env)
 
 def names(condition):  # an asset's name, or those of every asset under an AssetAll / AssetAny
     if hasattr(condition, "objects"):
@@ -33,7 +32,8 @@ def schedule(dag):
     time = getattr(dag.timetable, "timetable", None)  # assets or a time (AssetOrTimeSchedule): both
     return [*assets, every(time)] if assets and time else assets or every(dag.timetable) or str(dag.schedule)
 
-print(json.dumps({
+def parsed(bag):
+  return {
     "errors": {k: str(v) for k, v in bag.import_errors.items()},
     "dags": {dag_id: {
         "schedule": schedule(dag), "tags": sorted(dag.tags), "max_active_runs": dag.max_active_runs, "doc": bool(dag.doc_md),
@@ -44,22 +44,38 @@ print(json.dumps({
                               "on_failure": bool(t.on_failure_callback), "type": type(t).__name__, "pool": t.pool,
                               # the params its templates read at run time (the DAG's, merged with the task's own)
                               "params": sorted(process_params(dag, t, None, suppress_exception=True))}
-                  for t in dag.tasks}} for dag_id, dag in bag.dags.items()},
-    "heavy": sorted({m.split(".")[0] for m in sys.modules} & {"pyspark", "great_expectations", "deltalake"}),
-}))
+                  for t in dag.tasks}} for dag_id, dag in bag.dags.items()}}
+
+results = []
+for variables in json.loads(sys.argv[2]):  # each parse with its own variables, as a process of its own would have them
+    os.environ.update(variables)
+    results.append(parsed(DagBag(dag_folder=sys.argv[1])))  # examples: AIRFLOW__CORE__LOAD_EXAMPLES=False
+    for name in variables:
+        del os.environ[name]
+heavy = sorted({m.split(".")[0] for m in sys.modules} & {"pyspark", "great_expectations", "deltalake"})
+print(json.dumps([{**r, "heavy": heavy} for r in results]))
 """
 
 
 def parse_dags(tmp_path: Path, **env: str) -> dict:
-    done = subprocess.run([sys.executable, "-c", PARSE, str(ROOT / "dags")], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=300, env=subprocess_env(AIRFLOW_HOME=str(tmp_path / "airflow_home"),
-                                                          AIRFLOW__CORE__LOAD_EXAMPLES="False", **env))
+    return parse_each(tmp_path, env)[0]
+
+
+def parse_each(tmp_path: Path, *variants: dict[str, str]) -> list[dict]:
+    """The DAG folder parsed once per variant (the CDC_* and Airflow variables it sets), in one fresh process and
+    AIRFLOW_HOME; `heavy` is what all of them imported."""
+    done = subprocess.run([sys.executable, "-c", PARSE, str(ROOT / "dags"), json.dumps(variants)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300,
+                          env=subprocess_env(AIRFLOW_HOME=str(tmp_path / "airflow_home"), AIRFLOW__CORE__LOAD_EXAMPLES="False"))
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def test_dag_folder_parses_in_a_fresh_home_without_errors_or_heavy_imports(tmp_path):
-    parsed = parse_dags(tmp_path)
+    task_dags = ("cdc_silver_customers", "cdc_bronze", "cdc_gold_customers_by_state")
+    parsed, notified, *own_dags = parse_each(
+        tmp_path, {}, {"CDC_LANDING_QUEUE": "https://sqs.us-east-1.amazonaws.com/1/landing", "CDC_LANDING_URI": "s3://landing/cdc"},
+        *({"_AIRFLOW_PARSING_CONTEXT_DAG_ID": dag_id} for dag_id in task_dags))
     assert (parsed["errors"], parsed["heavy"]) == ({}, [])
     dags = parsed["dags"]
     tables = ["actor", "customers", "film", "film_actor", "inventory_customers", "products"]
@@ -84,14 +100,10 @@ def test_dag_folder_parses_in_a_fresh_home_without_errors_or_heavy_imports(tmp_p
         "params": ["since", "until"]}
     assert len(bronze["tasks"]) == len(tables) + 2
     # with the landing bucket's notifications on a queue, a notified landing starts it too
-    (tmp_path / "notified").mkdir()
-    notified = parse_dags(tmp_path / "notified", CDC_LANDING_QUEUE="https://sqs.us-east-1.amazonaws.com/1/landing",
-                          CDC_LANDING_URI="s3://landing/cdc")["dags"]["cdc_bronze"]
-    assert notified["schedule"] == ["cdc.landing.notified", "0:15:00"]
+    assert notified["dags"]["cdc_bronze"]["schedule"] == ["cdc.landing.notified", "0:15:00"]
     # a task's process parses for its own DAG (Airflow's parsing context): the layers' file builds only that one
-    (tmp_path / "task").mkdir()
-    for dag_id in ("cdc_silver_customers", "cdc_bronze", "cdc_gold_customers_by_state"):
-        own = parse_dags(tmp_path / "task", _AIRFLOW_PARSING_CONTEXT_DAG_ID=dag_id)["dags"]
+    for dag_id, parsed_for_task in zip(task_dags, own_dags, strict=True):
+        own = parsed_for_task["dags"]
         assert sorted(own) == sorted([dag_id, "cdc_replay", "cdc_maintenance"]), dag_id
         assert own[dag_id] == dags[dag_id]
 
