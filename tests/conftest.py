@@ -35,6 +35,10 @@ def spark():
     from spark_jobs.session import SESSION_CONF, jvm_conf
 
     builder = SparkSession.builder.master("local[1]").appName("cdc-tests")
+    # this JVM lives for the whole run, hundreds of pipeline runs: C2's code pays off here, so it starts with the
+    # JVM's default compilers (on C1 alone the two workers' sessions spent 35 CPU-minutes in a run's first 34 minutes,
+    # against 28 for a whole run with C2)
+    short_lived = os.environ.pop("SPARK_SUBMIT_OPTS", None)
     # one JVM serves the whole suite: let it drop unreferenced checkpoints often, not every 30 minutes
     test_conf = {"spark.sql.shuffle.partitions": "1", "spark.cleaner.periodicGC.interval": "1min",
                  # a JVM that dies leaves its reason where pytest_terminal_summary prints it
@@ -46,17 +50,20 @@ def spark():
     for key, value in {**SESSION_CONF, **jvm_conf(), **test_conf}.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
+    if short_lived is not None:
+        os.environ["SPARK_SUBMIT_OPTS"] = short_lived
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
 
 
 def pytest_configure(config):
-    """`make test`'s JVMs live for seconds to minutes: C1 alone compiles what they run in much less CPU than C2 would
-    (a JVM's start CPU -42%, its first run's -36%, measured), which on two cores is time taken from the other worker.
-    Every JVM a test starts inherits it: SPARK_SUBMIT_OPTS reaches the drivers spark-submit and pyspark start (this
-    process's session, the pipeline service, CLI runs, the tasks'), SPARK_DAEMON_JAVA_OPTS the cluster's master and
-    worker. `make soak` runs long jobs, as deployments do: with the JVM's default compilers."""
+    """The JVMs `make test`'s tests start live for seconds to minutes: C1 alone compiles what they run in much less
+    CPU than C2 would (a third less for a JVM's start and first runs, measured), which on two cores is time taken from
+    the other worker. Every JVM a test starts inherits it: SPARK_SUBMIT_OPTS reaches the drivers spark-submit and
+    pyspark start (the pipeline service, CLI runs, the tasks'), SPARK_DAEMON_JAVA_OPTS the cluster's master and
+    worker; not the worker's own long-lived session (`spark`). `make soak` runs long jobs, as deployments do: with
+    the JVM's default compilers."""
     if not config.getoption("--soak"):
         for variable in ("SPARK_SUBMIT_OPTS", "SPARK_DAEMON_JAVA_OPTS"):
             os.environ[variable] = f"{os.environ.get(variable, '')} -XX:TieredStopAtLevel=1".strip()

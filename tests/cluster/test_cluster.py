@@ -25,11 +25,26 @@ CONFIG = "tables:\n  customers:\n    topic: burst.burst_bank.customers\n    keys
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def cluster(tmp_path_factory, soak):
     """(master URL, the worker's folder: its executors' logs are under work/)."""
+    import os
+
     workdir = tmp_path_factory.mktemp("cluster")
-    with standalone_cluster(workdir) as master:
-        yield master, workdir
+    # the executors the worker starts for each application run C1 alone, as the tests' other JVMs (tests/conftest.py):
+    # their options are the application's, which every spark-submit here reads from SPARK_CONF_DIR
+    conf = workdir / "spark-conf"
+    conf.mkdir()
+    (conf / "spark-defaults.conf").write_text("" if soak else "spark.executor.extraJavaOptions -XX:TieredStopAtLevel=1\n")
+    earlier = os.environ.get("SPARK_CONF_DIR")
+    os.environ["SPARK_CONF_DIR"] = str(conf)
+    try:
+        with standalone_cluster(workdir) as master:
+            yield master, workdir
+    finally:
+        if earlier is None:
+            os.environ.pop("SPARK_CONF_DIR", None)
+        else:
+            os.environ["SPARK_CONF_DIR"] = earlier
 
 
 def cli(master: str, s3_endpoint: str, *args: str) -> subprocess.CompletedProcess:
