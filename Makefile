@@ -102,7 +102,7 @@ test: venv java jars assets debs
 	$(BIN)/pytest -n 2 --dist loadfile --no-loadscope-reorder --junitxml=test-artifacts/junit.xml
 
 # the size claims (tests marked `scale`) at full size: a 200 MB file at the default heap, a 50 MB line, a backlog of
-# 5,000 files, a batch of 20,000 events (`make test` proves each against a limit set small); about 10 minutes here.
+# 5,000 files, a batch of 20,000 events (`make test` proves each against a limit set small); about 4 minutes here.
 # Run it before resolving an issue that touches those paths; its figures go in tests/benchmarks/RESULTS.md
 soak: venv java jars assets debs
 	$(BIN)/pytest --soak -m scale --durations=0 --junitxml=test-artifacts/soak.xml
