@@ -91,7 +91,7 @@ def test_lines_are_never_altered_what_cannot_be_kept_as_is_is_quarantined_with_i
                                                                                          monkeypatch, soak):
     config, folder = setup(tmp_path)
     invalid = event(3, 12, note="cafe").encode().replace(b"cafe", b"caf\xe9")  # Latin-1 bytes, not UTF-8
-    # a line about three times the line limit: 50 MB over the default 16 MiB (make soak); 3 MB over 1 MiB (make test)
+    # a line three times the line limit and 2 MiB more: 50 MiB over the default 16 MiB (make soak), 5 MiB over 1 MiB (make test)
     limit = 16 * 2**20 if soak else 2**20
     if not soak:
         monkeypatch.setenv("CDC_MAX_LINE_BYTES", str(limit))
