@@ -15,7 +15,7 @@ each other in one table: the first test runs a bundle of HISTORIES_PER_EXAMPLE h
 (each tenant's keys are its own) and checks each against its own model, which keeps Spark's fixed cost
 per run from dominating. Truncate empties the whole table, so the second test runs one history per table.
 
-Profiles: `ci` (default: 13 bundles = 520 histories, and 10 truncate histories) and `long` (10,000
+Profiles: `ci` (default: 6 bundles = 240 histories, and 10 truncate histories) and `long` (10,000
 histories and 300 truncate histories):
     HYPOTHESIS_PROFILE=long pytest tests/properties/test_properties.py   # about 1.5 hours on 2 cores
 """
@@ -40,7 +40,7 @@ from spark_jobs.layers.silver import apply_changes
 from spark_jobs.registry import TableConfig
 
 HISTORIES_PER_EXAMPLE = 40  # more makes Hypothesis overrun its buffer and draw shorter histories
-PROFILES = {"ci": (13, 10), "long": (250, 300)}  # (bundles, truncate histories)
+PROFILES = {"ci": (6, 10), "long": (250, 300)}  # (bundles, truncate histories)
 BUNDLES, TRUNCATE_HISTORIES = PROFILES[os.environ.get("HYPOTHESIS_PROFILE", "ci")]
 COMMON = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large],
           "derandomize": False}
