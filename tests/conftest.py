@@ -29,7 +29,7 @@ if str(ROOT) not in sys.path:
 
 
 @pytest.fixture(scope="session")
-def spark():
+def spark(soak):
     from pyspark.sql import SparkSession
 
     from spark_jobs.session import SESSION_CONF, jvm_conf
@@ -37,12 +37,13 @@ def spark():
     builder = SparkSession.builder.master("local[1]").appName("cdc-tests")
     # this JVM lives for the whole run, hundreds of pipeline runs: C2's code pays off here, so it starts with the
     # JVM's default compilers (on C1 alone the two workers' sessions spent 35 CPU-minutes in a run's first 34 minutes,
-    # against 28 for a whole run with C2)
+    # against 28 for a whole run with C2); its collector is the serial one, as every test JVM's (pytest_configure)
     short_lived = os.environ.pop("SPARK_SUBMIT_OPTS", None)
     # one JVM serves the whole suite: let it drop unreferenced checkpoints often, not every 30 minutes
     test_conf = {"spark.sql.shuffle.partitions": "1", "spark.cleaner.periodicGC.interval": "1min",
                  # a JVM that dies leaves its reason where pytest_terminal_summary prints it
-                 "spark.driver.extraJavaOptions": f"-XX:ErrorFile={ARTIFACTS}/hs_err_pid%p.log",
+                 "spark.driver.extraJavaOptions": f"-XX:ErrorFile={ARTIFACTS}/hs_err_pid%p.log"
+                                                  + ("" if soak else f" {SERIAL_GC}"),
                  # tests start an S3 server per test on a new port: Hadoop's cached S3A filesystems (one per
                  # bucket) would keep talking to the first one
                  "spark.hadoop.fs.s3a.impl.disable.cache": "true", "spark.hadoop.fs.s3.impl.disable.cache": "true"}
@@ -57,16 +58,24 @@ def spark():
     session.stop()
 
 
+# The serial collector: the tests' heaps are small and two workers share two cores, where G1's concurrent threads
+# (the JVM's default here) cost CPU the other worker needs. Measured on tests/layers/test_pipeline.py alone: 191-216
+# CPU-s against 241-244 with G1.
+SERIAL_GC = "-XX:+UseSerialGC"
+# C1 alone for the JVMs that live for seconds to minutes (see pytest_configure)
+SHORT_LIVED_JVM = f"-XX:TieredStopAtLevel=1 {SERIAL_GC}"
+
+
 def pytest_configure(config):
     """The JVMs `make test`'s tests start live for seconds to minutes: C1 alone compiles what they run in much less
     CPU than C2 would (a third less for a JVM's start and first runs, measured), which on two cores is time taken from
     the other worker. Every JVM a test starts inherits it: SPARK_SUBMIT_OPTS reaches the drivers spark-submit and
     pyspark start (the pipeline service, CLI runs, the tasks'), SPARK_DAEMON_JAVA_OPTS the cluster's master and
     worker; not the worker's own long-lived session (`spark`). `make soak` runs long jobs, as deployments do: with
-    the JVM's default compilers."""
+    the JVM's default compilers and collector."""
     if not config.getoption("--soak"):
         for variable in ("SPARK_SUBMIT_OPTS", "SPARK_DAEMON_JAVA_OPTS"):
-            os.environ[variable] = f"{os.environ.get(variable, '')} -XX:TieredStopAtLevel=1".strip()
+            os.environ[variable] = f"{os.environ.get(variable, '')} {SHORT_LIVED_JVM}".strip()
 
 
 # The test files that take longest (worker-seconds from `make test`'s junit.xml, heaviest first). `make test` runs them
@@ -74,10 +83,12 @@ def pytest_configure(config):
 # one running a long file alone at the end (xdist's own order, by number of tests, put the single-test end-to-end
 # files last). A file not listed keeps its place after these.
 HEAVIEST_FIRST = (
-    "cluster/test_cluster.py", "airflow/test_service.py", "airflow/test_scheduler.py", "airflow/test_compose.py",
-    "unit/test_delta_engines.py", "properties/test_properties.py", "airflow/test_demo.py", "layers/test_transactions.py",
-    "layers/test_silver_pass.py", "layers/test_recorded.py", "quality/test_user_expectations.py",
-    "layers/test_crash_safety.py", "quality/test_quality.py", "layers/test_pipeline.py", "airflow/test_backlog.py",
+    "airflow/test_scheduler.py", "layers/test_transactions.py", "airflow/test_service.py",
+    "cluster/test_cluster_airflow.py", "properties/test_properties.py", "layers/test_crash_safety.py",
+    "airflow/test_demo.py", "layers/test_silver_pass.py", "unit/test_delta_engines.py", "airflow/test_compose.py",
+    "cluster/test_cluster.py", "layers/test_recorded.py", "layers/test_pipeline.py", "layers/test_bronze_pass.py",
+    "layers/test_faults.py", "quality/test_quality.py", "layers/test_batch_sizes.py", "layers/test_operations.py",
+    "airflow/test_backlog.py", "layers/test_cli_process.py", "quality/test_user_expectations.py",
 )
 
 

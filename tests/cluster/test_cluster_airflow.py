@@ -1,0 +1,58 @@
+"""The layer DAGs on a live Spark cluster: SparkSubmitOperator in client mode submitting each layer's job to a
+standalone master and worker on loopback (tests/cluster/conftest.py), the landing and the lake on a local S3 server.
+A module of its own so that the cluster's tests split over the two workers."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from spark_jobs.generate import Options, generate
+from spark_jobs.registry import load_registry
+from tests.conftest import s3_environment, subprocess_env, upload_landing
+from tests.support import airflow_home
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = "tables:\n  customers:\n    topic: burst.burst_bank.customers\n    keys: [custkey]\n"
+
+
+def test_airflow_submits_the_layer_jobs_to_the_cluster(cluster, tmp_path, s3_endpoint, monkeypatch):
+    """The layer DAGs with `spark_default` pointing at the standalone master (SparkSubmitOperator in client
+    mode, the pinned jars passed by the operator), the landing and the lake on a local S3 server (the
+    sensor reads the lake's ingest log there, the plugin the reports): silver equals the source and gold
+    passes, as in the embedded demo."""
+    from tests.airflow.test_demo import BIN, Airflow, api_server, check_reports_behind_airflow_auth, first_run_reaches_gold
+    from tests.conftest import aws_connection
+
+    master, workdir = cluster
+    host, port = master.rsplit(":", 1)
+    config = tmp_path / "include" / "tables.yaml"
+    (tmp_path / "include" / "gold").mkdir(parents=True)
+    config.write_text(CONFIG)
+    shutil.copy(ROOT / "include" / "gold" / "customers_by_state.sql", tmp_path / "include" / "gold")
+    landing, lake = "s3://landing/cdc", "s3://lake/airflow"
+    generated = generate(load_registry(str(config)).select(None), tmp_path / "sink", Options(rows=50, changes=50))
+    upload_landing(s3_endpoint, tmp_path / "sink", landing)
+    apps_before = set((workdir / "work").glob("app-*"))
+    env = subprocess_env(
+        AIRFLOW_HOME=str(tmp_path / "airflow"), AIRFLOW__CORE__DAGS_FOLDER=str(ROOT / "dags"),
+        AIRFLOW__CORE__LOAD_EXAMPLES="False", AIRFLOW__CORE__PLUGINS_FOLDER=str(ROOT / "plugins"),
+        AIRFLOW_CONN_SPARK_DEFAULT=json.dumps({"conn_type": "spark", "host": host, "port": int(port),
+                                               "extra": {"deploy-mode": "client"}}),
+        AIRFLOW_CONN_AWS_DEFAULT=aws_connection(s3_endpoint), CDC_DELTA_ENGINE="delta-spark",
+        SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable,
+        CDC_CONFIG=str(config), CDC_LANDING_URI=landing, CDC_LAKE_URI=str(lake),
+        CDC_SENSOR_TIMEOUT="3", CDC_SENSOR_POKE_INTERVAL="1")
+    airflow = Airflow(env, tmp_path / "dags-test.log")
+    airflow_home(tmp_path / "airflow")  # `airflow db migrate`'s database
+    airflow.sh(str(BIN / "python"), "-m", "cdc_airflow.pools")  # the writer pools, as the README sets them up
+    for name, value in s3_environment(s3_endpoint).items():  # this process reads the lake too
+        monkeypatch.setenv(name, value)
+    first_run_reaches_gold(airflow, config, lake, generated[0].final_rows)
+    # bronze, silver and gold each ran as an application of the cluster
+    assert len(set((workdir / "work").glob("app-*")) - apps_before) == 3
+    # the reports, served from the bucket by the plugin with aws_default's credentials, behind Airflow's login
+    with api_server(env, tmp_path / "airflow") as base:
+        check_reports_behind_airflow_auth(base)
