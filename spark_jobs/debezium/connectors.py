@@ -1,4 +1,5 @@
-"""Debezium connectors' log positions: one entry per connector, the only place ordering rules live.
+"""Debezium connectors' log positions and transaction ids: one entry per connector, the only place ordering
+rules, and the rules that match a change event to its transaction's BEGIN and END, live.
 
 Each entry turns an event's `source` block into a sortable text (`_seq`): fixed-width fields joined by
 '|', so comparing two texts compares the positions. `ts_ms` is never used: it ties and it is a wall
@@ -10,6 +11,12 @@ them first: `{snapshot}` is '0' for a snapshot event and '1' for a streaming one
 
 Changing a rule's text for events it already handled would compare new positions with the stored
 `_seq` of silver rows: keep a rule's output unchanged for the events it accepted before.
+
+With provide.transaction.metadata, BEGIN and END events (on the `<prefix>.transaction` topic) and each change event
+(its `transaction.id`) name the transaction. Most connectors give every record of a transaction the same id; the
+PostgreSQL connector writes `<txId>:<LSN of that record>`, so only the part before ':' (source.txId) is shared.
+Each entry's `transaction_key` is the part of an id its records share: a change event keeps its key (silver's
+`_transaction_id`), and an END matches the events whose key is one of `transaction_keys_sql`'s for its id.
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ class Connector:
     names: tuple[str, ...]  # values of source.connector
     detect: str  # SQL over `_src`: the connector told by its fields, for records without source.connector
     position: str  # SQL over `_src`: the sortable position; null when the event lacks one
+    # SQL over `{id}` (a record's transaction id): what every record of the transaction shares
+    transaction_key: str = "{id}"
 
 
 def _num(field: str, width: int = 20) -> str:
@@ -37,7 +46,12 @@ def _num(field: str, width: int = 20) -> str:
 CONNECTORS = (
     Connector(
         "postgresql", ("postgresql",), "_src.lsn IS NOT NULL",
-        f"CASE WHEN _src.lsn IS NOT NULL THEN concat_ws('|', {_num('lsn')}, {SNAPSHOT_RANK}) END"),
+        f"CASE WHEN _src.lsn IS NOT NULL THEN concat_ws('|', {_num('lsn')}, {SNAPSHOT_RANK}) END",
+        # `<txId>:<lsn>`, the LSN the record's own (BEGIN's, each event's, END's); txId is the server's xid
+        "substring_index({id}, ':', 1)"),
+    # MySQL and MariaDB: the GTID (`<server uuid>:<n>`, `<domain>-<server>-<n>`), or `file=<binlog>,pos=<offset>`
+    # of the transaction's BEGIN without GTIDs: the same on every record. SQL Server and Db2: the commit LSN; Oracle:
+    # the XID (hex); MongoDB: `<lsid>:<txnNumber>`: each the same on every record of the transaction
     Connector(
         "mysql", ("mysql", "mariadb"), "_src.file IS NOT NULL AND _src.pos IS NOT NULL",
         "CASE WHEN _src.file IS NOT NULL AND _src.pos IS NOT NULL THEN concat_ws('|', "
@@ -71,6 +85,27 @@ CONNECTORS = (
 # every source field a rule reads, parsed once per event
 SOURCE_FIELDS = ("connector", "snapshot", "lsn", "file", "pos", "row", "commit_lsn", "change_lsn", "event_serial_no",
                  "scn", "commit_scn", "rs_id", "ssn", "ord", "ts_ms")
+
+
+def transaction_key_sql(id_column: str) -> str:
+    """SQL over `_src` (as for `sequence_sql`) and the column `id_column` (the event's transaction id): the part of
+    it every record of the transaction shares, by the event's connector; the whole id for a connector not listed."""
+    def key(c: Connector) -> str:
+        return c.transaction_key.format(id=id_column)
+
+    named = " ".join(f"WHEN lower(_src.connector) IN ({', '.join(repr(n) for n in c.names)}) THEN {key(c)}"
+                     for c in CONNECTORS)
+    detected = " ".join(f"WHEN {c.detect} THEN {key(c)}" for c in CONNECTORS)
+    return f"CASE {named} WHEN _src.connector IS NULL THEN CASE {detected} ELSE {id_column} END ELSE {id_column} END"
+
+
+def transaction_keys_sql(id_column: str) -> str:
+    """SQL over the column `id_column` (a BEGIN or END event's id): the keys it may share with its change events, one
+    per connector rule. A transaction topic carries no connector name, and one connector writes it: its events' keys
+    follow that connector's rule, and another rule's key for the same id never has the shape that connector's keys
+    do (an id split at ':' is never a whole id of a connector that keeps its ids whole, and the other way round)."""
+    rules = dict.fromkeys(c.transaction_key.format(id=id_column) for c in CONNECTORS)
+    return f"array_distinct(array({', '.join(rules)}))"
 
 
 def sequence_sql() -> str:

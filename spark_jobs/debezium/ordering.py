@@ -10,7 +10,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from spark_jobs.debezium import connectors
-from spark_jobs.debezium.envelope import key_image
+from spark_jobs.debezium.envelope import key_image, transaction_id
 
 
 def _src(field: str) -> Column:
@@ -29,6 +29,13 @@ def connector_sequence(events: DataFrame) -> DataFrame:
     when the connector has none we know. Without `source.connector` (flattened records) the connector is
     told by the fields present."""
     return events.withColumn("_src", source_position()).withColumn("_seq", sequence(None)).drop("_src")
+
+
+def with_transaction_key(events: DataFrame) -> DataFrame:
+    """Adds `_transaction_id`: the part of the event's transaction id that every record of its transaction shares,
+    by its connector's rule (connectors.transaction_key_sql); null outside a transaction (a snapshot read)."""
+    return (events.withColumn("_src", source_position()).withColumn("_txid", transaction_id())
+            .withColumn("_transaction_id", F.expr(connectors.transaction_key_sql("_txid"))).drop("_src", "_txid"))
 
 
 def source_position() -> Column:

@@ -71,7 +71,7 @@ def gold_refresh(spark: SparkSession, engine: DeltaEngine, model: GoldModel, lak
         summary.transactions_quarantined = sum(ingested.quarantined.values()) or None
     if mark is not None:
         summary.transaction_watermark, summary.transactions_waiting = mark.transaction or "none", mark.waiting
-        summary.waiting_for = mark.blocked_by
+        summary.waiting_for, summary.transaction_ids_unmatched = mark.blocked_by, mark.ids_unmatched
     check_columns(result, model.expectations, "the model's columns")
     published, quarantine = _quarantine_by_expectations(model, result, batch_id)
     audited = {"rows": result}

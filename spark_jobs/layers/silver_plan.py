@@ -111,7 +111,7 @@ def plan_batch(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lak
     """One pass over the batch; every later step (and each count) starts from these rows."""
     ordered = ordering.order_key(batch, table.sequence_by)
     if table.transactions:
-        ordered = ordered.withColumn("_transaction_id", envelope.transaction_id())
+        ordered = ordering.with_transaction_key(ordered)
     ordered = ordered.localCheckpoint()
     overview = one_row(ordered.agg(*overview_columns(envelope.holds_placeholder(table.unavailable_value_placeholder))))
     # truncate (op=t): the table is empty as of its position; every older event is stale

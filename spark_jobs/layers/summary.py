@@ -127,3 +127,5 @@ class GoldSummary(LayerSummary):
     transaction_watermark: str | None = None  # the newest transaction shown ("none": snapshot rows only)
     transactions_waiting: int | None = None  # ended transactions after it, not shown yet
     waiting_for: str | None = None  # the first of them, and what its sources lack of it
+    # that one's END id beside an event's whose transaction no END names: the ids do not match (transactions.py)
+    transaction_ids_unmatched: str | None = None

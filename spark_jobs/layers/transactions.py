@@ -15,7 +15,7 @@ from functools import reduce
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from spark_jobs.debezium import envelope
+from spark_jobs.debezium import connectors, envelope
 from spark_jobs.delta import DeltaEngine, MergeSpec
 from spark_jobs.errors import ConfigError, PipelineError
 from spark_jobs.lake import Lake
@@ -121,6 +121,9 @@ class Watermark:
     position: int | None = None
     waiting: int = 0  # transactions ended after it, not shown yet
     blocked_by: str | None = None  # the first of them, and what its inputs lack of it: `<id>(<table>:<applied>/<counted>,...)`
+    # when that one counts no event of its tables, though they hold events, at or after its commit, whose transaction
+    # no END names: the ids do not match (a connector whose ids the rules do not know). `<END id>(END),<event's>(event)`
+    ids_unmatched: str | None = None
 
 
 @dataclass(frozen=True)
@@ -159,26 +162,49 @@ def watermark(spark: SparkSession, engine: DeltaEngine, lake: Lake, topic: str, 
     expected = ends.select("id", "_position", F.explode("data_collections").alias("_c")).select(
         "id", "_position", names[F.col("_c.data_collection")].alias("_table"), F.col("_c.event_count").alias("_expected")
     ).where("_table IS NOT NULL")
-    logged = [frame.where("_transaction_id IS NOT NULL").select(F.col("_transaction_id").alias("id"),
+    # an END names its events by the keys its id may share with them (debezium/connectors.py), silver keeps each
+    # event's key
+    end_keys = ends.select("id", F.explode(F.expr(connectors.transaction_keys_sql("id"))).alias("_key"))
+    logged = [frame.where("_transaction_id IS NOT NULL").select(F.col("_transaction_id").alias("_key"),
                                                                 F.lit(t.name).alias("_table"))
               for t in tables for frame in (logs[t.name].history, logs[t.name].truncates) if frame is not None]
-    applied = reduce(DataFrame.unionByName, logged, spark.createDataFrame([], "id STRING, _table STRING")).groupBy(
-        "id", "_table").agg(F.count(F.lit(1)).alias("_applied"))
-    lacking = expected.join(applied, ["id", "_table"], "left").where(F.coalesce("_applied", F.lit(0)) < F.col("_expected"))
+    applied = reduce(DataFrame.unionByName, logged, spark.createDataFrame([], "_key STRING, _table STRING")).groupBy(
+        "_key", "_table").agg(F.count(F.lit(1)).alias("_applied"))
+    counted = expected.join(end_keys, "id").join(applied, ["_key", "_table"], "left").groupBy(
+        "id", "_position", "_table", "_expected").agg(F.sum(F.coalesce("_applied", F.lit(0))).alias("_applied"))
+    lacking = counted.where(F.col("_applied") < F.col("_expected"))
     first = one_row(lacking.agg(F.min("_position").alias("p")))["p"]
-    blocked_by = None
+    blocked_by = ids_unmatched = None
     if first is not None:
         parts = lacking.where(F.col("_position") == first).orderBy("_table").collect()
         # one word, for the CLI line: `801:3330(order_lines:1/2)`, events applied / counted by its END
         blocked_by = f"{_word(parts[0]['id'])}(" + ",".join(
             f"{r['_table']}:{r['_applied'] or 0}/{r['_expected']}" for r in parts) + ")"
+        if not any(r["_applied"] for r in parts):
+            ids_unmatched = _unmatched(ends, first, end_keys, [logs[r["_table"]].history for r in parts])
     shown = F.lit(True) if first is None else F.col("_position") < F.lit(first)
     figures = one_row(ends.agg(F.max_by("id", F.when(shown, F.col("_position"))).alias("id"),
                                F.max(F.when(shown, F.col("_position"))).alias("position"),
                                F.count(F.when(~shown, 1)).alias("waiting")))
     newest = _word(figures["id"]) if figures["position"] is not None else None
-    mark = Watermark(transaction=newest, position=figures["position"], waiting=figures["waiting"], blocked_by=blocked_by)
-    return mark, ends.where(shown).select("id")
+    mark = Watermark(transaction=newest, position=figures["position"], waiting=figures["waiting"], blocked_by=blocked_by,
+                     ids_unmatched=ids_unmatched)
+    visible = ends.where(shown).select(F.explode(F.expr(connectors.transaction_keys_sql("id"))).alias("id"))
+    return mark, visible
+
+
+def _unmatched(ends: DataFrame, position: int, end_keys: DataFrame, histories: list[DataFrame | None]) -> str | None:
+    """The END at `position` counts none of its events: when its tables hold an event committed at or after it
+    (source ts_ms) whose transaction no END names, `<END id>(END),<the first such event's transaction>(event)`; else
+    None (its events may only be late)."""
+    end = one_row(ends.where(F.col("_position") == position).select("id", "ts_ms"))
+    for history in (h for h in histories if h is not None):
+        orphan = (history.where(F.col("_transaction_id").isNotNull() & (F.col("_source_ts_ms") >= F.lit(end["ts_ms"])))
+                  .select(F.col("_transaction_id").alias("_key"), "_seq").join(end_keys, "_key", "left_anti")
+                  .orderBy("_seq").limit(1).collect())
+        if orphan:
+            return f"{_word(end['id'])}(END),{_word(orphan[0]['_key'])}(event)"
+    return None
 
 
 def check_transaction_ids(engine: DeltaEngine, tables: list[TableConfig], lake: Lake) -> None:

@@ -20,7 +20,9 @@ from tests.support import run, summary_line
 
 PREFIX = "shop"
 ORDERS, LINES, TX = f"{PREFIX}.public.orders", f"{PREFIX}.public.order_lines", f"{PREFIX}.transaction"
-T1, T2, T3 = "801:33300000", "802:33400000", "803:33500000"
+# as the PostgreSQL connector (Debezium 2.x) names transactions: `<txId>:<LSN of the record>` on each record, so
+# BEGIN, END and every change event of one transaction carry different ids that share the txId; T1-T3 are the ENDs'
+T1, T2, T3 = "801:33900000", "802:33900100", "803:33900200"
 
 # (order id, total, sum of its lines) per order, in each state the source went through
 STATES = [
@@ -40,21 +42,27 @@ GROUP BY o.id, o.total
 _lsn = iter(range(33_300_000, 34_000_000, 8))
 
 
+def _txid(end_id: str) -> str:
+    return end_id.split(":")[0]
+
+
 def _event(table, op, row, txn=None, order=None):
-    """One change event as the PostgreSQL connector writes it (without the schema envelope)."""
+    """One change event as the PostgreSQL connector writes it (without the schema envelope); `txn`: its transaction's
+    END id."""
     lsn = next(_lsn)
     source = {"version": "2.7.3.Final", "connector": "postgresql", "name": PREFIX, "ts_ms": 1_730_000_000_000 + lsn,
               "snapshot": "true" if op == "r" else "false", "db": "shop", "schema": "public", "table": table,
-              "txId": int(txn.split(":")[0]) if txn else 700, "lsn": lsn, "xmin": None}
+              "txId": int(_txid(txn)) if txn else 700, "lsn": lsn, "xmin": None}
     before, after = (row, None) if op == "d" else (None, row)
-    transaction = {"id": txn, "total_order": order[0], "data_collection_order": order[1]} if txn else None
+    transaction = {"id": f"{_txid(txn)}:{lsn}", "total_order": order[0], "data_collection_order": order[1]} if txn else None
     return {"before": before, "after": after, "source": source, "op": op, "ts_ms": source["ts_ms"] + 50,
             "transaction": transaction}
 
 
 def _boundaries(txn, counts):
     total = sum(counts.values())
-    return [{"status": "BEGIN", "id": txn, "ts_ms": 1_730_000_100_000, "event_count": None, "data_collections": None},
+    begin = f"{_txid(txn)}:{int(txn.split(':')[1]) - 99_000}"  # the BEGIN's own LSN
+    return [{"status": "BEGIN", "id": begin, "ts_ms": 1_730_000_100_000, "event_count": None, "data_collections": None},
             {"status": "END", "id": txn, "ts_ms": 1_730_000_100_000, "event_count": total,
              "data_collections": [{"data_collection": f"public.{t}", "event_count": n} for t, n in counts.items()]}]
 
@@ -131,6 +139,7 @@ def test_gold_never_shows_part_of_a_source_transaction_whatever_order_its_files_
     watermarks = [summary_line(out, "gold", "order_totals") for out in outs]
     assert [w.get("transaction_watermark") for w in watermarks] == ["none"] * 6 + [T2, T3]
     assert watermarks[3]["waiting_for"] == f"{T1}(order_lines:1/2)"
+    assert not [w for w in watermarks if "transaction_ids_unmatched" in w]  # its events were late, their ids match
     assert watermarks[5]["transactions_waiting"] == "3"
     published = json.loads(Path(lake.gold_inputs("order_totals")).read_text())
     assert (published["transaction_watermark"], published["transaction_position"]) == (T3, 5)  # tx_t3's END: offset 5
@@ -149,6 +158,27 @@ def test_gold_shows_no_transaction_before_all_its_events_even_when_its_deletes_l
     shown = [v for i, v in enumerate(versions) if i == 0 or v != versions[i - 1]]
     assert shown == [STATES[0], STATES[3]]  # T1 holds back T2 and T3 until its order lands
     assert summary_line(outs[-2], "gold", "order_totals")["waiting_for"] == f"{T1}(orders:0/1)"
+
+
+def test_a_watermark_held_by_ids_that_match_no_event_says_so(spark, engine, tmp_path, capsys):
+    """Events whose transaction ids follow no rule of their connector (here prefixed, as no connector writes them):
+    no END ever counts them, and the gold line shows the first waiting END's id beside the first such event's
+    instead of waiting silently."""
+    config, landing, lake = _registry(tmp_path, with_metadata=True), tmp_path / "landing", Lake(str(tmp_path / "lake"))
+    for name in ("orders_snapshot", "lines_snapshot", "orders_t1_t2", "lines_t1_first", "lines_t1_rest_t2", "tx_t1_t2"):
+        _land(landing, name)
+    for path in landing.glob("topics/shop.public.*/partition=0/*.json"):
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        for r in records:
+            if r["transaction"]:
+                r["transaction"]["id"] = "tx-" + r["transaction"]["id"]
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    code, out, err = run(capsys, config, landing, lake.root)
+    assert (code, err) == (0, ""), out
+    line = summary_line(out, "gold", "order_totals")
+    assert line["waiting_for"] == f"{T1}(order_lines:0/2,orders:0/1)"
+    assert line["transaction_ids_unmatched"] == f"{T1}(END),tx-801(event)"
+    assert _gold_versions(spark, engine, lake)[-1] == STATES[0]
 
 
 def test_without_transaction_metadata_gold_shows_states_the_source_never_had(spark, engine, tmp_path, capsys):

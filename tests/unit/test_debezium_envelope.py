@@ -259,3 +259,61 @@ def test_classify_evaluates_each_check_once_per_line(spark):
     assert plan.count("split(coalesce") == 3  # before, after and the raw line, once each
     assert plan.count("RLIKE") == 1
     assert plan.count("variant_get") == 1
+
+
+# Each connector's transaction ids as it writes them (provide.transaction.metadata): per transaction, the BEGIN's
+# id, its change events' `transaction.id`s and the END's id; two transactions each
+TRANSACTION_IDS = {
+    # Debezium 2.x: `<txId>:<LSN of the record>` on every record; 1.x: the txId alone
+    "postgresql": ({"lsn": 33300040, "txId": 801},
+                   [("801:33300000", ["801:33300040", "801:33300096"], "801:33300144"),
+                    ("802:33300200", ["802:33300232"], "802:33300272"), ("571", ["571", "571"], "571")]),
+    "mysql": ({"file": "mysql-bin.000003", "pos": 154},  # the GTID, or the BEGIN's binlog position without GTIDs
+              [("3e11fa47-71ca-11e1-9e33-c80aa9429562:23", ["3e11fa47-71ca-11e1-9e33-c80aa9429562:23"] * 2,
+                "3e11fa47-71ca-11e1-9e33-c80aa9429562:23"),
+               ("3e11fa47-71ca-11e1-9e33-c80aa9429562:24", ["3e11fa47-71ca-11e1-9e33-c80aa9429562:24"],
+                "3e11fa47-71ca-11e1-9e33-c80aa9429562:24"),
+               ("file=mysql-bin.000003,pos=154", ["file=mysql-bin.000003,pos=154"], "file=mysql-bin.000003,pos=154")]),
+    "mariadb": ({"file": "mariadb-bin.000004", "pos": 4}, [("0-1-23", ["0-1-23"], "0-1-23"), ("0-1-24", ["0-1-24"], "0-1-24")]),
+    "sqlserver": ({"commit_lsn": "00000025:00000d08:0025", "change_lsn": "00000025:00000d08:0002"},
+                  [("00000025:00000d08:0025", ["00000025:00000d08:0025"] * 2, "00000025:00000d08:0025"),
+                   ("00000025:00000d90:0003", ["00000025:00000d90:0003"], "00000025:00000d90:0003")]),
+    "db2": ({"commit_lsn": "00000000:0000e2a8:0000000000020a01"},
+            [("00000000:0000e2a8:0000000000020a01", ["00000000:0000e2a8:0000000000020a01"],
+              "00000000:0000e2a8:0000000000020a01"),
+             ("00000000:0000e2a8:0000000000020b07", ["00000000:0000e2a8:0000000000020b07"],
+              "00000000:0000e2a8:0000000000020b07")]),
+    "oracle": ({"scn": "1000", "commit_scn": "1005"},
+               [("0a001b00c8030000", ["0a001b00c8030000"] * 2, "0a001b00c8030000"),
+                ("0a001300d2030000", ["0a001300d2030000"], "0a001300d2030000")]),
+    "mongodb": ({"ord": 1, "ts_ms": 1700000000000},
+                [("1462833718356672513", ["1462833718356672513"], "1462833718356672513"),
+                 ("1462833718356672514", ["1462833718356672514"], "1462833718356672514")]),
+}
+
+
+def test_each_connectors_change_events_match_their_own_transactions_begin_and_end_only(spark):
+    from pyspark.sql import functions as F
+
+    from spark_jobs.debezium import connectors
+
+    rows = [(json.dumps({"connector": name, **source}), json.dumps({"transaction": {"id": event}}), name, n)
+            for name, (source, transactions) in TRANSACTION_IDS.items()
+            for n, (_, ids, _) in enumerate(transactions) for event in ids]
+    keyed = ordering.with_transaction_key(spark.createDataFrame(rows, "source STRING, _raw STRING, name STRING, n INT"))
+    keys: dict[tuple[str, int], set[str]] = {}
+    for r in keyed.collect():
+        keys.setdefault((r["name"], r["n"]), set()).add(r["_transaction_id"])
+    bounds = spark.createDataFrame([(name, n, begin, end) for name, (_, transactions) in TRANSACTION_IDS.items()
+                                    for n, (begin, _, end) in enumerate(transactions)], "name STRING, n INT, b STRING, e STRING")
+    matches = bounds.select("name", "n", F.expr(connectors.transaction_keys_sql("b")).alias("b"),
+                            F.expr(connectors.transaction_keys_sql("e")).alias("e")).collect()
+    for m in matches:
+        (key,) = keys[(m["name"], m["n"])]  # every event of a transaction has one key
+        assert key in m["b"] and key in m["e"], (m["name"], m["n"], key)
+        others = [o for o in matches if o["name"] == m["name"] and o["n"] != m["n"]]
+        assert not any(key in o["e"] or key in o["b"] for o in others), (m["name"], m["n"])
+    assert keys[("postgresql", 0)] == {"801"} and keys[("sqlserver", 0)] == {"00000025:00000d08:0025"}
+    # outside a transaction (a snapshot read) an event has none
+    snapshot = spark.createDataFrame([(json.dumps({"connector": "postgresql", "lsn": 1}), "{}")], "source STRING, _raw STRING")
+    assert ordering.with_transaction_key(snapshot).first()["_transaction_id"] is None
