@@ -25,8 +25,12 @@ OPS = ("c", "u", "d", "r", "t")
 
 # Parsed with string leaves: Spark keeps nested objects as their JSON text, so every table shares one
 # bronze schema and the images are typed later, in silver, from the schema or the data.
-_RECORD_SCHEMA = "schema STRING, payload STRING, before STRING, after STRING, source STRING, op STRING, ts_ms BIGINT"
-_PAYLOAD_SCHEMA = "before STRING, after STRING, source STRING, op STRING, ts_ms BIGINT"
+# `patch` (MongoDB 1.x) and `updateDescription` (MongoDB's change streams without the full document): an update
+# that carries what changed, not the document
+_RECORD_SCHEMA = ("schema STRING, payload STRING, before STRING, after STRING, source STRING, op STRING, ts_ms BIGINT, "
+                  "patch STRING, updateDescription STRING")
+_PAYLOAD_SCHEMA = "before STRING, after STRING, source STRING, op STRING, ts_ms BIGINT, patch STRING, updateDescription STRING"
+PARTIAL_UPDATE = "partial_update: the event carries a patch, not the document"
 
 
 def line_fields(lines: DataFrame, max_line_bytes: int = 16 * 2**20) -> DataFrame:
@@ -68,8 +72,8 @@ def parse_envelope(lines: DataFrame, fmt: str = "auto") -> DataFrame:
 
     Adds op, ts_ms, source, before, after (JSON text), _schema (the envelope's schema, or null),
     _json_ok (false when the line is not valid JSON), _json_single (false when more follows the first
-    JSON value), and a flattened record's own `__op` and `__deleted` (null for other records), which an
-    expectation compares (quality/expectations.py)."""
+    JSON value), a flattened record's own `__op` and `__deleted` (null for other records), which an
+    expectation compares (quality/expectations.py), and _partial_update (an update with a patch and no `after`)."""
     # written as SQL: one expression tree built in the JVM, not hundreds of Python-side calls
     if fmt == "json-flat":
         flat = "true"
@@ -113,6 +117,8 @@ def parse_envelope(lines: DataFrame, fmt: str = "auto") -> DataFrame:
         "CASE WHEN _env THEN _rec.schema END AS _schema",
         "CASE WHEN _is_flat THEN _flat['__op'] END AS _flat_op",
         "CASE WHEN _is_flat THEN _flat['__deleted'] END AS _flat_deleted",
+        f"coalesce(NOT _is_flat AND {pick('op')} = 'u' AND {pick('after')} IS NULL AND "
+        f"({pick('patch')} IS NOT NULL OR {pick('updateDescription')} IS NOT NULL), false) AS _partial_update",
     )
 
 
@@ -279,6 +285,7 @@ def classify_tables(parsed: DataFrame, rules: Mapping[str, TableRules]) -> DataF
         .when(~F.col("_json_single"), "malformed_json: content after the JSON record")
         .when(F.col("op").isNull(), "not_debezium: no op field")
         .when(~F.col("op").isin(*OPS), F.concat(F.lit("unknown_op: "), F.col("op")))
+        .when(F.col("_partial_update"), PARTIAL_UPDATE)
         .when(_overflowed(), "number_out_of_range: a number in the record is beyond a double's range (about 1.8e308)")
         .when(F.col("_nested_key") != "", F.concat(F.lit("invalid_key: "), F.col("_nested_key"),
                                                    F.lit(" (an object or array, not a value)")))
@@ -302,7 +309,7 @@ def classify_tables(parsed: DataFrame, rules: Mapping[str, TableRules]) -> DataF
             .withColumn("_kind", kind)
             .withColumn("reason", F.when(F.col("_kind") == "quarantine", F.coalesce("_unusable", "_failed")))
             .withColumn("_expectation", F.when(F.col("_kind") == "event", F.col("_failed")))
-            .drop("_nested_key", "_unusable", "_tombstone", "_failed"))
+            .drop("_nested_key", "_unusable", "_tombstone", "_failed", "_partial_update"))
 
 
 _LANDING_OFFSET = r"([^/]+)\+([0-9]+)\+([0-9]+)\.[^/]*$"

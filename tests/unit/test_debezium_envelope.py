@@ -44,6 +44,10 @@ def test_parse_and_classify_every_kind_of_line(spark):
         '{"before":null,"after":null,"source":{"lsn":7},"op":"t"}',
         "",
         '{"schema": null, "payload": null}',
+        # MongoDB: a Debezium 1.x update's patch, with its filter naming the _id; change streams' updateDescription
+        '{"after":null,"patch":"{\\"$set\\":{\\"v\\":1}}","filter":"{\\"_id\\":3}","source":{"connector":"mongodb"},'
+        '"op":"u","ts_ms":9}',
+        '{"schema":{},"payload":{"after":null,"updateDescription":{"updatedFields":"{\\"v\\":2}"},"source":{},"op":"u"}}',
     ]
     df = spark.createDataFrame([("f", i + 1, line) for i, line in enumerate(lines)],
                                "_source_file STRING, _line BIGINT, _raw STRING")
@@ -61,6 +65,8 @@ def test_parse_and_classify_every_kind_of_line(spark):
         (9, "event", None, "t", False),
         (10, "quarantine", "empty_line", None, False),
         (11, "tombstone", None, None, False),
+        (12, "quarantine", envelope.PARTIAL_UPDATE, "u", False),
+        (13, "quarantine", envelope.PARTIAL_UPDATE, "u", True),
     ]
     enveloped = got.where("_line = 2").first()
     assert json.loads(enveloped["before"]) == {"id": 2} and enveloped["after"] is None
