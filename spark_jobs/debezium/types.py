@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 
 from pyspark.sql import Column, DataFrame
@@ -46,6 +46,13 @@ class ImageField:
     scale: int = 0
     precision: int = 38
     target: str = ""  # the Spark type of an override or of a typed (Parquet) column
+    # plain JSON null in every event of the batch: no type yet (silver_plan.combined_fields leaves it out, so the
+    # first value that has one types the column)
+    untyped: bool = False
+    # plain JSON values of more than one JSON type in the batch (a number and a string, say): typed by silver's
+    # column, or else by its first value (silver_plan.resolve_mixed); `kinds` then names the JSON types that fit
+    mixed: bool = False
+    kinds: tuple[str, ...] = ()
 
     @property
     def spark_type(self) -> str:
@@ -233,7 +240,7 @@ def _split_top_level(body: str) -> list[str]:
     return parts
 
 
-def _json_type(variant_type: str) -> str:
+def json_type(variant_type: str) -> str:
     """Spark's variant type name for a JSON value -> the column type we keep (JSON types; docs/architecture.md,
     "Types and schema")."""
     if variant_type in ("BIGINT", "INT", "SMALLINT", "TINYINT"):
@@ -245,6 +252,39 @@ def _json_type(variant_type: str) -> str:
     return "STRING"  # strings, nulls (VOID), nested objects and arrays (kept as JSON text)
 
 
+# the JSON types (schema_of_variant's names, before any `<` or `(`) whose values a plain JSON column of each type holds
+# exactly: text holds strings, and objects and arrays as their JSON text, never a number or a boolean as text
+JSON_KINDS = {"BIGINT": ("BIGINT", "INT", "SMALLINT", "TINYINT"),
+              "DOUBLE": ("BIGINT", "INT", "SMALLINT", "TINYINT", "DOUBLE", "FLOAT", "DECIMAL"),
+              "BOOLEAN": ("BOOLEAN",), "STRING": ("STRING", "OBJECT", "ARRAY")}
+
+
+def json_kind(value: Column) -> Column:
+    """The JSON type of a VARIANT value, as JSON_KINDS names them ('VOID' for null)."""
+    return F.regexp_extract(F.coalesce(F.schema_of_variant(value), F.lit("VOID")), r"^[A-Z]+", 0)
+
+
+def plain_type(data_type: T.DataType) -> str:
+    """The plain JSON column type (a key of JSON_KINDS) whose values a silver column of `data_type` takes: STRING for
+    a type plain JSON never infers (its values are checked against it as text, `align`)."""
+    if isinstance(data_type, T.BooleanType):
+        return "BOOLEAN"
+    if isinstance(data_type, T.IntegralType):
+        return "BIGINT"
+    if isinstance(data_type, T.NumericType):
+        return "DOUBLE"
+    return "STRING"
+
+
+def mixed_typed_by_silver(fields: list[ImageField], target: T.StructType | None) -> list[ImageField]:
+    """Mixed fields (`ImageField.mixed`) of columns silver has take the column's type: values of a JSON type it does
+    not hold exactly are then problems (`decode_problems`). Mixed fields new to silver are left as they are."""
+    existing = {f.name: f.dataType for f in target.fields} if target is not None else {}
+    typed = {f.name: plain_type(existing[f.name]) for f in fields if f.mixed and f.name in existing}
+    return [replace(f, parse_type=typed[f.name], kinds=JSON_KINDS[typed[f.name]]) if f.name in typed else f
+            for f in fields]
+
+
 def fields_from_variant_schema(schema: str | None) -> list[ImageField]:
     """Parse `schema_of_variant_agg` output, e.g. OBJECT<a: BIGINT, b: OBJECT<x: STRING>>."""
     if not schema or not schema.startswith("OBJECT<"):
@@ -252,7 +292,8 @@ def fields_from_variant_schema(schema: str | None) -> list[ImageField]:
     fields = []
     for part in _split_top_level(schema[len("OBJECT<"):-1]):
         name, _, vtype = part.partition(":")
-        fields.append(ImageField(name=name.strip().strip("`"), parse_type=_json_type(vtype.strip())))
+        fields.append(ImageField(name=name.strip().strip("`"), parse_type=json_type(vtype.strip()),
+                                 untyped=vtype.strip() == "VOID", mixed=vtype.strip() == "VARIANT"))
     return fields
 
 
@@ -285,7 +326,7 @@ def _bson_kind(variant_type: str) -> str:
         parts = _split_top_level(variant_type[len("OBJECT<"):-1])
         if len(parts) == 1:
             return parts[0].split("`")[1]
-    return "VOID" if variant_type == "VOID" else _json_type(variant_type)
+    return "VOID" if variant_type == "VOID" else json_type(variant_type)
 
 
 def _bson_field(name: str, kinds: set[str]) -> ImageField:
@@ -295,7 +336,7 @@ def _bson_field(name: str, kinds: set[str]) -> ImageField:
                BSON_INT64 if kinds and kinds <= integers else BSON_DOUBLE if kinds and kinds <= doubles else
                BSON_DECIMAL if "$numberDecimal" in kinds and kinds <= doubles | {"$numberDecimal"} else None)
     if logical is None:
-        return ImageField(name, "BOOLEAN" if kinds == {"BOOLEAN"} else "STRING")
+        return ImageField(name, "BOOLEAN" if kinds == {"BOOLEAN"} else "STRING", untyped=not kinds)
     return ImageField(name, "STRING", logical=logical)
 
 
@@ -323,10 +364,26 @@ def decoded_fields(parsed: Column, fields: list[ImageField]) -> dict[str, Column
     return {f.name: f.decode(parsed[f.name]).try_cast(f.spark_type) for f in fields}
 
 
-def decode_problems(text: Column, decoded: dict[str, Column], fields: list[ImageField]) -> Column:
-    """The fields whose value is present (`image_text`) but did not decode to the declared type ('' when none)."""
-    return F.concat_ws(", ", *[F.when(text[f.name].isNotNull() & decoded[f.name].isNull(),
-                                      F.lit(f"{f.name} (not {f.spark_type.lower()})")) for f in fields])
+def decode_problems(text: Column, decoded: dict[str, Column], fields: list[ImageField],
+                    variant: Column | None = None) -> Column:
+    """The fields whose value is present (`image_text`) but did not decode to the declared type ('' when none); with
+    `variant` (the image as VARIANT), also a mixed field's values of a JSON type its type does not hold exactly (a
+    number read as text would decode)."""
+    def wrong(f: ImageField) -> Column:
+        unfit = text[f.name].isNotNull() & decoded[f.name].isNull()
+        if f.kinds and variant is not None:
+            kind = field_kind(variant, f.name)
+            unfit = unfit | ((kind != "VOID") & ~kind.isin(*f.kinds))
+        return unfit
+
+    return F.concat_ws(", ", *[F.when(wrong(f), F.lit(f"{f.name} (not {f.spark_type.lower()})")) for f in fields])
+
+
+def field_kind(image: Column, name: str) -> Column:
+    """The JSON type of the top-level field `name` of `image` (VARIANT), as `json_kind`; 'VOID' for a name holding
+    both quotes, which no variant path can name (they take no escapes)."""
+    path = f'$["{name}"]' if '"' not in name else f"$['{name}']" if "'" not in name else None
+    return json_kind(F.try_variant_get(image, path, "variant")) if path else F.lit("VOID")
 
 
 def parse_image(df: DataFrame, image: Column, fields: list[ImageField], alias: str) -> DataFrame:
@@ -336,11 +393,14 @@ def parse_image(df: DataFrame, image: Column, fields: list[ImageField], alias: s
     # the parses were copied into every field's expression, two per field (a check inside a CASE is not shared)
     decoded = decoded_fields(F.col("_image_parsed"), fields)
     typed = {f.name: F.col(alias)[f.name] for f in fields}
+    mixed = any(f.kinds for f in fields)  # their values' JSON types are read from the image as VARIANT, once
     return (df.withColumn("_image_parsed", parsed_image(image, fields))
             .withColumn("_image_text", image_text(image))
+            .withColumns({"_image_variant": F.try_parse_json(image)} if mixed else {})
             .withColumn(alias, F.struct(*[c.alias(n) for n, c in decoded.items()]))
-            .withColumn("_decode_problems", decode_problems(F.col("_image_text"), typed, fields))
-            .drop("_image_parsed", "_image_text"))
+            .withColumn("_decode_problems", decode_problems(F.col("_image_text"), typed, fields,
+                                                            F.col("_image_variant") if mixed else None))
+            .drop("_image_parsed", "_image_text", "_image_variant"))
 
 
 def lossless_cast_check(value: Column, source_type: T.DataType, target_type: T.DataType) -> tuple[Column, Column]:
@@ -376,6 +436,8 @@ def aligned_row(row: Column, row_type: T.StructType, target: T.StructType) -> tu
             parts.append(value.alias(f.name))
             continue
         cast, lost = lossless_cast_check(value, f.dataType, target_type)
+        if isinstance(target_type, T.StringType) and isinstance(f.dataType, (T.NumericType, T.BooleanType)):
+            lost = value.isNotNull()  # a number or a boolean is never kept as its text (unless `columns:` says text)
         parts.append(cast.alias(f.name))
         problems.append(F.when(lost, F.lit(f"{f.name} ({f.dataType.simpleString()} -> {target_type.simpleString()})")))
     return F.struct(*parts), F.concat_ws(", ", *problems) if problems else F.lit("")

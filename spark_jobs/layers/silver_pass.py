@@ -93,7 +93,8 @@ def branch(typing: TableTyping) -> Branch:
     table, fields = typing.table, list(typing.fields)
     decoded_fields = types.decoded_fields(types.parsed_image(envelope.key_image(), fields), fields)
     decoded = F.col("_decoded").cast(typing.decoded_type)
-    decode_problems = types.decode_problems(F.col("_text"), {f.name: decoded[f.name] for f in fields}, fields)
+    decode_problems = types.decode_problems(F.col("_text"), {f.name: decoded[f.name] for f in fields}, fields,
+                                            F.col("_variant") if any(f.kinds for f in fields) else None)
     target = typing.target_schema
     row, type_problems = (types.aligned_row(decoded, typing.decoded_type, target) if target is not None
                           else (decoded, F.lit("")))
@@ -119,10 +120,13 @@ def typed_events(events: DataFrame, typings: list[TableTyping]) -> DataFrame:
 
     # each step materialised: left as projections, the optimizer inlines one into the next, and an aggregate over
     # the result (the newest event per key) copies every table's branches into each of its columns (out of memory)
+    # mixed fields' values are checked by their JSON type (types.decode_problems): the image as VARIANT, when any has
+    mixed = {"_variant": F.try_parse_json(envelope.key_image())} if any(f.kinds for t in typings for f in t.fields) else {}
     decoded = checkpoint(events.withColumns({"_decoded": case("decoded"),
-                                             "_text": types.image_text(envelope.key_image())}), True)
+                                             "_text": types.image_text(envelope.key_image()), **mixed}), True)
     aligned = checkpoint(decoded.withColumns({"_decode_problems": case("decode_problems"), "_row": case("row"),
-                                              "_type_problems": case("type_problems")}).drop("_decoded", "_text"), True)
+                                              "_type_problems": case("type_problems")}).drop(
+        "_decoded", "_text", *mixed), True)
     return checkpoint(aligned.withColumns({"_key": case("key"), "reason": case("reason")}), True).drop(
         "_decode_problems", "_type_problems")
 
@@ -256,16 +260,20 @@ _KEY_TYPES = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.StringType, 
 
 def _typing(candidate: Candidate, overview: Overview) -> TableTyping | None:
     """How the pass types the table's batch; None when its own plan must (layers/silver_plan.py): a batch with a
-    truncate, unavailable values, more than one task's rows, decimals decoded in Python, or columns its settings
-    name and its events lack (its own plan says so)."""
+    truncate, unavailable values, more than one task's rows, decimals decoded in Python, values of more than one JSON
+    type in a column silver does not have yet (typed by the first: silver_plan.resolve_mixed), or columns its
+    settings name and its events lack (its own plan says so)."""
     figures, table = overview.figures, candidate.table
     if (figures["rows"] != figures["changes"] or figures["unavailable"] or not figures["changes"]
             or figures["rows"] > ONE_TASK_ROWS or (figures["bytes"] or 0) > ONE_TASK_BYTES):
         return None
     fields = overview.fields(table)
+    if fields is not None:
+        fields = types.mixed_typed_by_silver(fields, None if candidate.target is None else
+                                             T.StructType.fromJson(json.loads(candidate.target)))
     if fields is None or silver_plan.absent_row_columns(table, {f.name for f in fields}) or any(
-            f.logical == types.VARIABLE_DECIMAL or (f.logical == types.DECIMAL_LOGICAL and f.precision > 18)
-            for f in fields):
+            (f.mixed and not f.kinds) or f.logical == types.VARIABLE_DECIMAL
+            or (f.logical == types.DECIMAL_LOGICAL and f.precision > 18) for f in fields):
         return None
     typing = TableTyping(table, tuple(fields), candidate.target)
     row = typing.row_type

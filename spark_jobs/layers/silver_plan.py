@@ -4,7 +4,7 @@ audit frames the gate checks. Pure reads of the lake; nothing here writes."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import reduce
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
@@ -17,7 +17,7 @@ from spark_jobs.errors import ConfigError
 from spark_jobs.lake import Lake
 from spark_jobs.layers import changes
 from spark_jobs.layers.common import ONE_TASK_BYTES, ONE_TASK_ROWS, QUARANTINED_COLUMNS, checkpoint, join_side, one_row
-from spark_jobs.quality.user_expectations import check_columns, violations
+from spark_jobs.quality.user_expectations import check_columns, named_columns, violations
 from spark_jobs.registry import TableConfig
 
 NO_SEQUENCE = "missing_sequence: no log position for this connector; set sequence_by"
@@ -213,12 +213,17 @@ def undescribed_schemas(envelope_schemas: list[str]) -> list[str]:
 def combined_fields(table: TableConfig, envelope_schemas: list[str], inferred: list[types.ImageField] | None
                     ) -> list[types.ImageField]:
     """The batch's columns from its envelope schemas and the fields `inferred` from its plain images (None: it has
-    none), with the table's `columns:` overrides."""
+    none), with the table's `columns:` overrides. A plain field null in every event has no type yet: it is left out
+    (silver fills a column it has with null), so the first value that has one types it, never text for good;
+    unless tables.yaml names it (keys, partition_by, sequence_by, silver's expectations), which needs it in every
+    batch."""
     described = {s: types.fields_from_envelope(s) for s in envelope_schemas}
     lists = [described[s] for s in sorted(described) if described[s]]
     if inferred is not None:
         lists.insert(0, types.with_overrides(inferred, table.columns))
-    return [f for f in types.merge_fields(lists) if not f.name.startswith("__")]
+    named = {c for _, columns in _row_columns(table) for c in columns} | {
+        c for user in table.layer_expectations("silver") for c in named_columns(user)}
+    return [f for f in types.merge_fields(lists) if not f.name.startswith("__") and (not f.untyped or f.name in named)]
 
 
 def typed_changes(spark: SparkSession, table: TableConfig, changes: DataFrame, target: T.StructType | None,
@@ -228,7 +233,7 @@ def typed_changes(spark: SparkSession, table: TableConfig, changes: DataFrame, t
     null (envelope.mark_unavailable), to be filled in by `fill_unavailable`."""
     if unavailable:
         changes = envelope.mark_unavailable(changes, table.unavailable_value_placeholder)
-    fields = image_fields(spark, table, changes, has_plain)
+    fields = resolve_mixed(image_fields(spark, table, changes, has_plain), target, changes)
     names = {f.name for f in fields}
     # a field of tables.yaml naming a column the events do not have: the configuration is wrong, not the batch
     for field_name, absent in absent_row_columns(table, names):
@@ -247,12 +252,34 @@ def typed_changes(spark: SparkSession, table: TableConfig, changes: DataFrame, t
     return typed.withColumn("reason", reason), fields
 
 
+def resolve_mixed(fields: list[types.ImageField], target: T.StructType | None, events: DataFrame
+                  ) -> list[types.ImageField]:
+    """A plain JSON field whose values in the batch are of more than one JSON type takes silver's column's type, or
+    for a column new to silver the type of its first value (by `_seq`; one Spark job, only for such batches): values
+    of another JSON type are quarantined as `incompatible_type`, not kept as text (types.decode_problems)."""
+    fields = types.mixed_typed_by_silver(fields, target)
+    new = [f.name for f in fields if f.mixed and not f.kinds]
+    if not new:
+        return fields
+    image = F.try_parse_json(envelope.key_image())
+    kinds = [types.field_kind(image, name) for name in new]
+    first = one_row(events.select(*[F.min_by(kind, F.when(kind != "VOID", F.col("_seq"))).alias(f"k{i}")
+                                    for i, kind in enumerate(kinds)]))
+    chosen = {name: types.json_type(first[f"k{i}"] or "VOID") for i, name in enumerate(new)}
+    return [replace(f, parse_type=chosen[f.name], kinds=types.JSON_KINDS[chosen[f.name]]) if f.name in chosen else f
+            for f in fields]
+
+
 def absent_row_columns(table: TableConfig, names: set[str]) -> list[tuple[str, list[str]]]:
     """The fields of tables.yaml that name columns (`names`: the batch's) the events do not have, with those columns."""
-    row_columns = (("keys", table.keys), ("partition_by", table.partition_by),
-                   ("sequence_by", tuple(c for c in table.sequence_by or () if not c.startswith("source."))))
-    return [(field_name, absent) for field_name, columns in row_columns
+    return [(field_name, absent) for field_name, columns in _row_columns(table)
             if (absent := [c for c in columns if c not in names])]
+
+
+def _row_columns(table: TableConfig) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The fields of tables.yaml that name columns of the row image, with those columns."""
+    return (("keys", table.keys), ("partition_by", table.partition_by),
+            ("sequence_by", tuple(c for c in table.sequence_by or () if not c.startswith("source."))))
 
 
 def fill_unavailable(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: TableConfig,

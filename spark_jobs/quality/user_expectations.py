@@ -77,14 +77,17 @@ def validate_actions(actions: tuple[str, ...], where: str) -> None:
         raise ConfigError(f"{where}: bad entry in quality.actions: {' '.join(str(exc).split())}") from None
 
 
+def named_columns(user: UserExpectation) -> list[str]:
+    """The columns an expectation names."""
+    named = [user.kwargs[k] for k in DOMAIN_COLUMNS if k in user.kwargs]
+    return [c for v in named for c in (v if isinstance(v, list) else [v])]
+
+
 def check_columns(frame: DataFrame, expectations: tuple[UserExpectation, ...], what: str) -> None:
     """Every column an expectation names is one of the frame's, or a ConfigError saying which are there."""
     present = set(frame.columns)
     for user in expectations:
-        kwargs = user.kwargs
-        named = [kwargs[k] for k in DOMAIN_COLUMNS if k in kwargs]
-        flat = [c for v in named for c in (v if isinstance(v, list) else [v])]
-        missing = [c for c in flat if c not in present]
+        missing = [c for c in named_columns(user) if c not in present]
         if missing:
             shown = ", ".join(sorted(c for c in present if not c.startswith("_")))
             raise ConfigError(f"{user.where}: expectation {user.label} names column(s) {', '.join(missing)} "

@@ -30,7 +30,7 @@ from spark_jobs.lake import Lake
 from spark_jobs.layers import common as layer_common
 from spark_jobs.quality.findings import GateResult
 from spark_jobs.storage import LocalFiles
-from tests.properties.test_properties import SNAPSHOT_LSN, Event, position, reference
+from tests.properties.test_properties import SNAPSHOT_LSN, Event, image, position, reference
 
 TOPIC = "src.public.items"
 CONFIG = ("quality: {max_quarantined: 100%}\ntables:\n  items:\n    topic: src.public.items\n    keys: [tenant, id]\n"
@@ -175,8 +175,8 @@ def assert_equals_the_model(spark, lake: Path, killed: str | None) -> None:
     engine, tables = DeltaRsEngine(), Lake(str(lake))
     log, _ = source_log()
     state, versions = reference(log)
-    silver = {(r["tenant"], r["id"]): r["v"] for r in engine.read(spark, tables.silver("items")).collect()}
-    history = sorted(((r["tenant"], r["id"]), position(r["_seq"]), r["_op"], r["v"], position(r["_valid_to"]),
+    silver = {(r["tenant"], r["id"]): image(r) for r in engine.read(spark, tables.silver("items")).collect()}
+    history = sorted(((r["tenant"], r["id"]), position(r["_seq"]), r["_op"], image(r), position(r["_valid_to"]),
                       r["_is_current"]) for r in engine.read(spark, tables.history("items")).collect())
     gold = {r["tenant"]: r["live"] for r in engine.read(spark, tables.gold("live_per_tenant")).collect()}
     assert (silver, history, gold) == (state, versions, {0: len(state)}), killed

@@ -349,8 +349,8 @@ def test_added_columns_flow_in_and_unsafe_type_changes_are_quarantined(spark, en
         (1,): {"id": 1, "qty": 3, "note": "gift"}, (2,): {"id": 2, "qty": 1, "note": None}}
     quarantine = engine.read(spark, Lake(str(lake)).quarantine("orders")).orderBy("_line").collect()
     assert [(r["_line"], r["reason"]) for r in quarantine] == [
-        # the batch's values of qty are text, a fraction and an integer: read as text, cast only where exact
-        (2, "incompatible_type: qty (string -> bigint)"), (3, "incompatible_type: qty (string -> bigint)")]
+        # the batch's values of qty are text, a fraction and an integer: each read as silver's bigint, or refused
+        (2, "incompatible_type: qty (not bigint)"), (3, "incompatible_type: qty (not bigint)")]
 
 
 def test_one_tables_failed_gate_leaves_the_others_of_the_run_published(spark, engine, tmp_path, capsys):

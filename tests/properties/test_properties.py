@@ -3,7 +3,9 @@ equal what a small reference model gets by applying the source's log in order.
 
 Source histories: a snapshot sharing one LSN, inserts, updates, deletes (with and without a Kafka
 tombstone line), re-inserts, primary-key changes, streaming events at the snapshot's LSN, ts_ms ties,
-and (second test) truncates. They are cut into sink files, the files shuffled, some re-delivered under
+and (second test) truncates. A nullable integer column `n` is null in every event before a drawn point of the
+log and an integer or null after it: its first batches may all be null, and silver must still type it as an integer
+(bigint) and keep each value. They are cut into sink files, the files shuffled, some re-delivered under
 new offsets, and spread over several runs. Each run goes through the bronze transforms and silver's
 apply step with the history table on. Every batch must also pass the silver gate's checks: deletes
 received = removed + absent + stale + superseded + before a truncate, no deleted key live, keys unique.
@@ -61,6 +63,12 @@ class Event:
     snapshot: bool
     clock: int
     tombstone: bool = False
+    number: int | None = None  # the nullable integer column `n`
+
+    @property
+    def image(self) -> tuple[str | None, int | None]:
+        """The row's (v, n) as the model keeps it: none for a delete."""
+        return (None, None) if self.op == "d" else (self.value, self.number)
 
     @property
     def position(self) -> tuple[int, int]:
@@ -68,8 +76,8 @@ class Event:
         return self.lsn, 0 if self.snapshot else 1
 
     def line(self) -> str:
-        before = {"tenant": self.tenant, "id": self.key, "v": None} if self.op == "d" else None
-        after = {"tenant": self.tenant, "id": self.key, "v": self.value} if self.op in "cur" else None
+        before = {"tenant": self.tenant, "id": self.key, "v": None, "n": None} if self.op == "d" else None
+        after = {"tenant": self.tenant, "id": self.key, "v": self.value, "n": self.number} if self.op in "cur" else None
         source = {"connector": "postgresql", "lsn": self.lsn, "snapshot": "true" if self.snapshot else "false",
                   "ts_ms": self.clock, "txId": self.lsn // 10}
         return json.dumps({"before": before, "after": after, "source": source, "op": self.op, "ts_ms": self.clock})
@@ -122,7 +130,7 @@ def reference(log: list[Event]) -> tuple[dict, list]:
     """The model: apply the log in order. Silver = the live rows; history = one row per row event, valid
     until the key's next event or (for versions) the next truncate, current when open and not a delete."""
     ordered = sorted(log, key=lambda e: e.position)  # commit order; the sort is stable for equal positions
-    state: dict[tuple[int, int], str | None] = {}
+    state: dict[tuple[int, int], tuple[str | None, int | None]] = {}
     history: list[list] = []
     open_rows: dict[tuple[int, int], list] = {}
     for e in ordered:
@@ -135,13 +143,13 @@ def reference(log: list[Event]) -> tuple[dict, list]:
         key = (e.tenant, e.key)
         if key in open_rows and open_rows[key][4] is None:
             open_rows[key][4] = e.position
-        row = [key, e.position, e.op, e.value, None]
+        row = [key, e.position, e.op, e.image, None]
         history.append(row)
         open_rows[key] = row
         if e.op == "d":
             state.pop(key, None)
         else:
-            state[key] = e.value
+            state[key] = e.image
     return state, sorted((*r, r[4] is None and r[2] != "d") for r in history)
 
 
@@ -174,12 +182,22 @@ def bundles(draw):
         tenant = draw(st.sampled_from([t for t, log in enumerate(logs) if cursors[t] < len(log)]))
         merged.append(logs[tenant][cursors[tenant]])
         cursors[tenant] += 1
+    numbered(draw, merged)
     return deliver(draw, merged), logs
+
+
+def numbered(draw, log: list[Event]) -> None:
+    """`n` for the rows of the log from a drawn point on (an integer or null each): null in every event before it."""
+    start = draw(st.integers(0, len(log)))
+    for e in log[start:]:
+        if e.op in "cur":
+            e.number = draw(st.one_of(st.none(), st.integers(-(2**40), 2**40)))
 
 
 @st.composite
 def truncate_histories(draw):
     log = draw(histories(0, truncates=True))
+    numbered(draw, log)
     return deliver(draw, log), [log]
 
 
@@ -212,6 +230,11 @@ def silver_gate(audit, frames, table, layer, checks, lake, summary):
     summary.gate = "passed"
 
 
+def image(row) -> tuple[str | None, int | None]:
+    """A silver or history row's (v, n): `n` is not a column before its first value."""
+    return row["v"], row.asDict().get("n")
+
+
 def check(spark, runs, logs, partitioned=False):
     """`partitioned`: every batch planned as a big one is (its partitions kept), not in one task."""
     with mock.patch.object(silver_plan, "ONE_TASK_ROWS", -1 if partitioned else silver_plan.ONE_TASK_ROWS):
@@ -226,9 +249,11 @@ def _check(spark, runs, logs):
                                         f"run-{run}", silver_gate)
     silver = engine.read(spark, lake.silver(TABLE.name))
     history = engine.read(spark, lake.history(TABLE.name))
-    got_silver = {} if silver is None else {(r["tenant"], r["id"]): r["v"] for r in silver.collect()}
+    for table in (silver, history):  # `n` is an integer column once a value came, whatever came first
+        assert table is None or "n" not in table.columns or table.schema["n"].dataType.simpleString() == "bigint"
+    got_silver = {} if silver is None else {(r["tenant"], r["id"]): image(r) for r in silver.collect()}
     got_history = [] if history is None else sorted(
-        ((r["tenant"], r["id"]), position(r["_seq"]), r["_op"], r["v"], position(r["_valid_to"]), r["_is_current"])
+        ((r["tenant"], r["id"]), position(r["_seq"]), r["_op"], image(r), position(r["_valid_to"]), r["_is_current"])
         for r in history.collect())
     expected_silver: dict = {}
     expected_history: list = []
