@@ -21,6 +21,7 @@ Each entry's `transaction_key` is the part of an id its records share: a change 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 # source.snapshot values that mark a snapshot event (besides op = 'r')
@@ -90,13 +91,7 @@ SOURCE_FIELDS = ("connector", "snapshot", "lsn", "file", "pos", "row", "commit_l
 def transaction_key_sql(id_column: str) -> str:
     """SQL over `_src` (as for `sequence_sql`) and the column `id_column` (the event's transaction id): the part of
     it every record of the transaction shares, by the event's connector; the whole id for a connector not listed."""
-    def key(c: Connector) -> str:
-        return c.transaction_key.format(id=id_column)
-
-    named = " ".join(f"WHEN lower(_src.connector) IN ({', '.join(repr(n) for n in c.names)}) THEN {key(c)}"
-                     for c in CONNECTORS)
-    detected = " ".join(f"WHEN {c.detect} THEN {key(c)}" for c in CONNECTORS)
-    return f"CASE {named} WHEN _src.connector IS NULL THEN CASE {detected} ELSE {id_column} END ELSE {id_column} END"
+    return _per_connector(lambda c: c.transaction_key.format(id=id_column), otherwise=id_column)
 
 
 def transaction_keys_sql(id_column: str) -> str:
@@ -110,7 +105,13 @@ def transaction_keys_sql(id_column: str) -> str:
 
 def sequence_sql() -> str:
     """SQL over `_src` (the source block parsed with SOURCE_FIELDS) and `op`: the event's `_seq`."""
-    named = " ".join(f"WHEN lower(_src.connector) IN ({', '.join(repr(n) for n in c.names)}) THEN {c.position}"
+    return _per_connector(lambda c: c.position, otherwise="NULL")
+
+
+def _per_connector(rule: Callable[[Connector], str], otherwise: str) -> str:
+    """SQL over `_src`: `rule` of the event's connector, by source.connector, or without one by the fields present;
+    `otherwise` for a connector not listed."""
+    named = " ".join(f"WHEN lower(_src.connector) IN ({', '.join(repr(n) for n in c.names)}) THEN {rule(c)}"
                      for c in CONNECTORS)
-    detected = " ".join(f"WHEN {c.detect} THEN {c.position}" for c in CONNECTORS)
-    return f"CASE {named} WHEN _src.connector IS NULL THEN CASE {detected} END END"
+    detected = " ".join(f"WHEN {c.detect} THEN {rule(c)}" for c in CONNECTORS)
+    return f"CASE {named} WHEN _src.connector IS NULL THEN CASE {detected} ELSE {otherwise} END ELSE {otherwise} END"

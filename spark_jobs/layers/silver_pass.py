@@ -56,7 +56,7 @@ class TableTyping:
 
     @property
     def target_schema(self) -> T.StructType | None:
-        return None if self.target is None else T.StructType.fromJson(json.loads(self.target))
+        return _schema(self.target)
 
     @cached_property
     def silver_type(self) -> T.StructType:
@@ -165,6 +165,11 @@ def scan(spark: SparkSession, candidates: list[Candidate]) -> DataFrame:
     return rows.withColumn("_src", ordering.source_position()).withColumn("_seq", sequence).drop("_src")
 
 
+def _schema(target: str | None) -> T.StructType | None:
+    """Silver's schema from its JSON (None before its first commit)."""
+    return None if target is None else T.StructType.fromJson(json.loads(target))
+
+
 @dataclass(frozen=True)
 class Overview:
     """A table's batch as the pass's one overview job counted it: plan_batch's overview, and what its images'
@@ -269,8 +274,7 @@ def _typing(candidate: Candidate, overview: Overview) -> TableTyping | None:
         return None
     fields = overview.fields(table)
     if fields is not None:
-        fields = types.mixed_typed_by_silver(fields, None if candidate.target is None else
-                                             T.StructType.fromJson(json.loads(candidate.target)))
+        fields = types.mixed_typed_by_silver(fields, _schema(candidate.target))
     if fields is None or silver_plan.absent_row_columns(table, {f.name for f in fields}) or any(
             (f.mixed and not f.kinds) or f.logical == types.VARIABLE_DECIMAL
             or (f.logical == types.DECIMAL_LOGICAL and f.precision > 18) for f in fields):

@@ -164,13 +164,13 @@ def watermark(spark: SparkSession, engine: DeltaEngine, lake: Lake, topic: str, 
     ).where("_table IS NOT NULL")
     # an END names its events by the keys its id may share with them (debezium/connectors.py), silver keeps each
     # event's key
-    end_keys = ends.select("id", F.explode(F.expr(connectors.transaction_keys_sql("id"))).alias("_key"))
+    end_keys = ends.select("id", "_position", F.explode(F.expr(connectors.transaction_keys_sql("id"))).alias("_key"))
     logged = [frame.where("_transaction_id IS NOT NULL").select(F.col("_transaction_id").alias("_key"),
                                                                 F.lit(t.name).alias("_table"))
               for t in tables for frame in (logs[t.name].history, logs[t.name].truncates) if frame is not None]
     applied = reduce(DataFrame.unionByName, logged, spark.createDataFrame([], "_key STRING, _table STRING")).groupBy(
         "_key", "_table").agg(F.count(F.lit(1)).alias("_applied"))
-    counted = expected.join(end_keys, "id").join(applied, ["_key", "_table"], "left").groupBy(
+    counted = expected.join(end_keys.drop("_position"), "id").join(applied, ["_key", "_table"], "left").groupBy(
         "id", "_position", "_table", "_expected").agg(F.sum(F.coalesce("_applied", F.lit(0))).alias("_applied"))
     lacking = counted.where(F.col("_applied") < F.col("_expected"))
     first = one_row(lacking.agg(F.min("_position").alias("p")))["p"]
@@ -189,8 +189,7 @@ def watermark(spark: SparkSession, engine: DeltaEngine, lake: Lake, topic: str, 
     newest = _word(figures["id"]) if figures["position"] is not None else None
     mark = Watermark(transaction=newest, position=figures["position"], waiting=figures["waiting"], blocked_by=blocked_by,
                      ids_unmatched=ids_unmatched)
-    visible = ends.where(shown).select(F.explode(F.expr(connectors.transaction_keys_sql("id"))).alias("id"))
-    return mark, visible
+    return mark, end_keys.where(shown).select(F.col("_key").alias("id"))
 
 
 def _unmatched(ends: DataFrame, position: int, end_keys: DataFrame, histories: list[DataFrame | None]) -> str | None:
