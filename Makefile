@@ -110,7 +110,7 @@ soak: venv java jars assets debs
 # Airflow for real: api-server, scheduler, dag-processor, triggerer and the LocalExecutor on a PostgreSQL the test
 # starts, files landing on a local S3 server to gold, a backfill and replays through the REST API (part of `make test`)
 e2e: venv java jars assets debs
-	$(BIN)/pytest tests/airflow/test_scheduler.py
+	$(BIN)/pytest tests/airflow/test_scheduler.py tests/airflow/test_landing_queue.py
 
 # the pipeline against the single-node floor, every workload of tests/benchmarks (not part of `make test`);
 # at scale 1.0 (issue 6's sizes) it takes hours here: e.g. `make bench BENCH_ARGS="--scale 0.1 --runs 2"`
