@@ -77,7 +77,12 @@ def latest_changes(con: duckdb.DuckDBPyConnection, files: list[str], schema: pa.
 
 def silver_rows(landing: str, files: list[str], schema: pa.Schema, keys: tuple[str, ...], batch_id: str) -> pa.Table:
     """The newest event per key in the files as rows of silver's schema."""
-    latest = latest_changes(connect(), [f"{landing}/{f}" for f in files], schema, keys)
+    return as_silver(latest_changes(connect(), [f"{landing}/{f}" for f in files], schema, keys), schema, batch_id)
+
+
+def as_silver(latest: pa.Table, schema: pa.Schema, batch_id: str) -> pa.Table:
+    """The newest events (source columns, `_op`, `_seq`, `_source_ts_ms`) as rows of silver's schema: the batch's
+    time and id added (each floor's last step before Delta, DuckDB's here and Spark's: spark_floor.py)."""
     now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
     latest = latest.append_column("_ingested_at", pa.array([now] * latest.num_rows, pa.timestamp("us")))
     latest = latest.append_column("_batch_id", pa.array([batch_id] * latest.num_rows, pa.string()))
@@ -87,14 +92,21 @@ def silver_rows(landing: str, files: list[str], schema: pa.Schema, keys: tuple[s
 def load(landing: str, files: list[str], silver: str, schema_of: str, keys: tuple[str, ...], batch_id: str) -> dict[str, int]:
     """The initial snapshot: silver written anew (in the schema of the table `schema_of`: the floor does not
     infer types) from the newest event per key; deletes in the files leave no row."""
-    rows = silver_rows(landing, files, silver_schema(schema_of), keys, batch_id)
+    return write_new(silver, silver_rows(landing, files, silver_schema(schema_of), keys, batch_id))
+
+
+def write_new(silver: str, rows: pa.Table) -> dict[str, int]:
     rows = rows.filter(pc.not_equal(rows["_op"], "d"))
     write_deltalake(silver, rows, mode="error")
     return {"keys": rows.num_rows}
 
 
 def apply(landing: str, files: list[str], silver: str, keys: tuple[str, ...], batch_id: str) -> dict[str, int]:
-    latest = silver_rows(landing, files, silver_schema(silver), keys, batch_id)
+    return merge(silver, silver_rows(landing, files, silver_schema(silver), keys, batch_id), keys)
+
+
+def merge(silver: str, latest: pa.Table, keys: tuple[str, ...]) -> dict[str, int]:
+    """The newest events merged into silver with the pipeline's conditions, by delta-rs."""
     predicate = " AND ".join(f't."{k}" = s."{k}"' for k in keys)
     metrics = (DeltaTable(silver).merge(latest, predicate=predicate, source_alias="s", target_alias="t")
                .when_matched_delete(predicate=DELETE_WHEN).when_matched_update_all(predicate=UPDATE_WHEN)

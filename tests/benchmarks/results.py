@@ -26,7 +26,8 @@ def write_results(path: Path, bench: Any, info: dict[str, str], workloads: list[
     earlier = json.loads(raw_path.read_text()) if raw_path.exists() else {}
     kept = [{"measured": earlier.get("written", ""), "scale": earlier.get("scale"), **f}
             for f in earlier.get("figures", [])]
-    current = [{**asdict(f), "ratio": f.ratio, "warm_ratio": f.warm_ratio, "scale": bench.scale, "measured": when}
+    current = [{**asdict(f), "ratio": f.ratio, "warm_ratio": f.warm_ratio, "spark_ratio": f.spark_ratio,
+                "scale": bench.scale, "measured": when}
                for f in bench.figures]
     # a figure measured again replaces its earlier row; the others (other modes, engines, scales) stay
     measured = {(f["workload"], f["name"], f["scale"]) for f in current}
@@ -49,21 +50,27 @@ def write_results(path: Path, bench: Any, info: dict[str, str], workloads: list[
         "with the Delta engine each row names (W5: the embedded default). "
         "Floor: DuckDB + a delta-rs merge with the same conditions (L: DuckDB + a delta-rs write; `tests/benchmarks/floor.py`), "
         "also a fresh process; the warm floor is the same step called inside the long-lived benchmark process, its "
-        "imports done, as the project's jobs run on the warm service. Figures are medians of the runs "
+        "imports done, as the project's jobs run on the warm service. The Spark floor is the least a warm PySpark "
+        "program does for the step in one long-lived session (read the lines with their schema, newest per key, Arrow, "
+        "the same delta-rs merge or write; `tests/benchmarks/spark_floor.py`): the project's ratio to it is the "
+        "overhead the project itself adds on Spark. Figures are medians of the runs "
         "(W2: percentiles over its batches). Every workload "
         "checks that the project's silver equals the floor's and the generator's final state.",
         "",
-        "| workload | figure | project | floor | project / floor | warm floor | project / warm floor | target | met "
-        "| scale | measured |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | --- |",
+        "| workload | figure | project | floor | project / floor | warm floor | project / warm floor | Spark floor "
+        "| project / Spark floor | target | met | scale | measured |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | --- |",
     ]
     for f in figures:
         ratio = "" if f["ratio"] is None or f["note"] else f"{f['ratio']:.1f}x"
         warm = f.get("warm_floor")
         warm_ratio = "" if not warm or f["note"] else f"{f['project'] / warm:.1f}x"
+        spark = f.get("spark_floor")
+        spark_ratio = "" if not spark or f["note"] else f"{f['project'] / spark:.1f}x"
         met = "" if f["met"] is None else ("yes" if f["met"] else "**no**")
         lines.append(f"| {f['workload']} | {f['name']} | {_seconds(f['project'], f['note'])} "
                      f"| {_seconds(f['floor'], f['note'])} | {ratio} | {'' if not warm else f'{warm:.3f} s'} | {warm_ratio} "
+                     f"| {'' if not spark else f'{spark:.3f} s'} | {spark_ratio} "
                      f"| {f['target']} | {met} | {f['scale']} | {f['measured']} |")
     notes = [f for f in figures if f["note"]]
     if notes:
