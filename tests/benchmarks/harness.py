@@ -219,13 +219,7 @@ def warm_floor(step: str, landing: Path, silver: Path, files: str, schema_of: Pa
 def spark_floor(bench: Bench, step: str, landing: Path, silver: Path, files: str, schema_of: Path | None = None) -> float:
     """Seconds of the Spark floor's `apply` or `load` (spark_floor.py) into `silver`."""
     listed = json.loads(Path(files.removeprefix("@")).read_text())
-    scratch = bench.workdir / "spark-floor-warm-up"
-    shutil.rmtree(scratch, ignore_errors=True)
-    if step == "apply" and bench.spark.cold:
-        shutil.copytree(silver, scratch)
-    seconds = bench.spark.timed(step, landing, listed, silver, KEYS, schema_of, scratch)
-    shutil.rmtree(scratch, ignore_errors=True)
-    return seconds
+    return bench.spark.timed(step, landing, listed, silver, KEYS, schema_of, bench.workdir / "spark-floor-warm-up")
 
 
 def generate(landing: Path, rows: int, changes: int, batches: int, mix: tuple[int, int, int] = MIX,

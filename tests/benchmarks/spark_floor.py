@@ -8,6 +8,7 @@ the DuckDB floor (floor.py) also counts what Spark itself costs. Both floors end
 
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -36,11 +37,6 @@ class SparkFloor:
             self._spark = build_session("bench-spark-floor")
         return self._spark
 
-    @property
-    def cold(self) -> bool:
-        """No step has run yet: the next one runs twice, the first time untimed."""
-        return self._spark is None
-
     def __enter__(self) -> SparkFloor:
         return self
 
@@ -50,15 +46,18 @@ class SparkFloor:
             self._spark = None
 
     def timed(self, step: str, landing: Path, files: list[str], silver: Path, keys: tuple[str, ...],
-              schema_of: Path | None = None, scratch: Path | None = None) -> float:
+              schema_of: Path | None, scratch: Path) -> float:
         """Seconds of `load` (silver written from `files`, in the schema of `schema_of`) or `apply` (merged into
-        silver). On the session's first step, the same step runs once before, untimed, into `scratch` (a copy of
-        silver for `apply`, which the caller provides)."""
+        silver). On the session's first step, the same step runs once before, untimed, on `scratch` (silver's copy
+        for `apply`), deleted after."""
         run = (lambda target: self.load(landing, files, target, schema_of, keys)) if step == "load" else (
             lambda target: self.apply(landing, files, target, keys))
-        if self.cold:
-            assert scratch is not None, "the first step warms the session on a scratch table"
+        if self._spark is None:
+            shutil.rmtree(scratch, ignore_errors=True)
+            if step == "apply":
+                shutil.copytree(silver, scratch)
             run(scratch)
+            shutil.rmtree(scratch)
         started = time.perf_counter()
         run(silver)
         return time.perf_counter() - started
