@@ -87,7 +87,7 @@ def _run_steps(steps: Steps, args: argparse.Namespace, tables: list[TableConfig]
 
     reads: dict[str, Any] = {}  # bronze's shared passes' reads, by table
     planned: dict[str, Any] = {}  # silver's
-    passes = args.mode == "incremental" and len(tables) > 1
+    passes = args.mode == "incremental"  # one table too: a single table's small batch is a pass of one
     bronze_done: set[str] = set()
     took_files: set[str] = set()  # tables whose bronze took files this run: what silver's pass looks at
 

@@ -135,13 +135,14 @@ def bronze_ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
         summary.gate, summary.lines, summary.events, summary.tombstones = "skipped (no new files)", 0, 0, 0
         listing.advance(lake, table.name)  # files another run took (or recovered ones) move the marks too
         return summary
+    # what a killed run staged goes (one writer per table: no live run of it has any; a shared pass removed its own)
+    _clear_staging(lake, table.name)
     if read is not None and read.holds(files, listing.done) and not _pending_tombstones(engine, lake, table.name):
         _ingest_read(engine, _Batch(table, lake, batch_id, files, []), read, summary)
         listing.advance(lake, table.name)
         return summary
     # names Spark cannot read where they are get copies in the lake, which a cluster's executors see as the
-    # driver does; what a killed run staged goes first (one writer per table: no live run of it has any)
-    _clear_staging(lake, table.name)
+    # driver does
     # a backlog goes in bounded batches of files, each its own commit in landing order: memory stays bounded,
     # and a run that dies midway keeps the batches it committed (the retry takes the rest)
     size = settings().bronze_batch_files
@@ -192,11 +193,11 @@ READ_AHEAD_BYTES = 4 * ONE_TASK_BYTES
 
 def read_rounds(spark: SparkSession, engine: DeltaEngine, tables: list[TableConfig], landing: str, lake: Lake,
                 batch_id: str, selection: Selection) -> Iterator[tuple[list[TableConfig], dict[str, TableRead]]]:
-    """The tables in rounds, each with the new files of its small tables read in shared passes (bronze_pass), at
-    most READ_AHEAD_BYTES a round; the tables' own bronze steps then take their reads (bronze_ingest). Tables a
-    pass cannot take (`_candidate`, a reprocess, a topic two tables read) read their own files. A pass that fails
-    leaves its tables to read their own, which then fail or not each on its own input."""
-    if selection.reprocess or len(tables) < 2:
+    """The tables in rounds, each with the new files of its small tables read in shared passes (bronze_pass; one small
+    table's too, a pass of one), at most READ_AHEAD_BYTES a round; the tables' own bronze steps then take their reads
+    (bronze_ingest). Tables a pass cannot take (`_candidate`, a reprocess, a topic two tables read) read their own
+    files. A pass that fails leaves its tables to read their own, which then fail or not each on its own input."""
+    if selection.reprocess:
         yield tables, {}
         return
     members: list[TableConfig] = []
@@ -248,7 +249,11 @@ def _read_shared(spark: SparkSession, engine: DeltaEngine, lake: Lake, landing: 
     return read_shared(
         "bronze", "reads its own files", passes,
         lambda together: read_together(spark, engine, lake, landing, together, together[0].table.format, batch_id),
-        lambda together, _: f"{len(together)} tables' new files ({sum(len(c.files) for c in together)}) read")
+        lambda together, _: f"{_tables(len(together))} new files ({sum(len(c.files) for c in together)}) read")
+
+
+def _tables(n: int) -> str:
+    return "1 table's" if n == 1 else f"{n} tables'"
 
 
 def _ingest_read(engine: DeltaEngine, batch: _Batch, read: TableRead, summary: BronzeSummary) -> None:

@@ -94,10 +94,11 @@ def in_passes(items: Iterable[T], fits: Callable[[list[T]], bool]) -> list[list[
 
 def read_shared(layer: str, alone: str, passes: Iterable[list[T]], read: Callable[[list[T]], dict[str, R]],
                 done: Callable[[list[T], dict[str, R]], str]) -> dict[str, R]:
-    """Each pass of more than one table read together (`read`), the results by table, each pass's line saying what it
-    `done`. A pass that fails is reported and leaves its tables to their own steps (which then do as `alone` says)."""
+    """Each pass read together (`read`; a single table is a pass of one: the pass costs fewer Spark jobs than a table's
+    own step), the results by table, each pass's line saying what it `done`. A pass that fails is reported and leaves
+    its tables to their own steps (which then do as `alone` says)."""
     reads: dict[str, R] = {}
-    for together in (p for p in passes if len(p) > 1):
+    for together in (p for p in passes if p):
         started = time.monotonic()
         try:
             got = read(together)

@@ -69,9 +69,10 @@ def silver_progress(lake: Lake, table: str) -> SilverProgress:
 
 
 def read_pass(spark: SparkSession, engine: DeltaEngine, tables: list[TableConfig], lake: Lake) -> dict[str, TableBatch]:
-    """Many small tables' new bronze rows planned together (layers/silver_pass.py), for their own steps to take
-    (silver_merge), in passes of at most one task's rows and bytes. Only delta-rs lists a table's new files without
-    Spark. A pass that fails leaves each table to plan its own batch, which then fails or not on its own input."""
+    """Small tables' new bronze rows planned together (layers/silver_pass.py; one table's too, a pass of one), for their
+    own steps to take (silver_merge), in passes of at most one task's rows and bytes. Only delta-rs lists a table's
+    new files without Spark. A pass that fails leaves each table to plan its own batch, which then fails or not on its
+    own input."""
     if not isinstance(engine, DeltaRsEngine):
         return {}
     groups: dict[str, list[silver_pass.Candidate]] = {}  # by bronze's schema: a scan reads one

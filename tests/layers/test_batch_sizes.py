@@ -13,7 +13,7 @@ from pyspark.sql import functions as F
 
 from spark_jobs.generate import Options, generate
 from spark_jobs.lake import Lake
-from spark_jobs.layers import common, silver_plan
+from spark_jobs.layers import common, silver, silver_pass, silver_plan
 from spark_jobs.layers.common import ONE_TASK_BYTES, ONE_TASK_ROWS
 from spark_jobs.registry import load_registry
 from tests.support import run, silver_rows, summary_line
@@ -143,8 +143,8 @@ def test_a_small_batchs_rows_are_written_from_the_driver_and_a_bigger_ones_by_sp
                         or rows(self, df))
     for number, files in enumerate(g.batches):
         if number == 2:
-            monkeypatch.setattr(common, "ONE_TASK_BYTES", one_task_bytes)
-            monkeypatch.setattr(silver_plan, "ONE_TASK_BYTES", one_task_bytes)
+            for module in (common, silver, silver_pass, silver_plan):  # the bound, where each path reads it
+                monkeypatch.setattr(module, "ONE_TASK_BYTES", one_task_bytes)
         _land(tmp_path / "sink", landing, files)
         if number:  # a bad line in each change batch: the first makes the quarantine table, the second merges into it
             landed = landing / Path(files[0]).relative_to(tmp_path / "sink")

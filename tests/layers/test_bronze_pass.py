@@ -16,7 +16,7 @@ from spark_jobs.lake import Lake, row_count
 from spark_jobs.layers import bronze
 from spark_jobs.registry import load_registry
 from tests.layers.test_pipeline import expected_rows
-from tests.support import run, silver_rows, summary_line
+from tests.support import own_steps, run, silver_rows, summary_line
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_CONFIG = ROOT / "include" / "tables.yaml"
@@ -98,7 +98,7 @@ def _summary(out: str, layer: str, table: str) -> dict:
     return {k: v for k, v in line.items() if k not in ("seconds", "lag_s")}
 
 
-def test_tables_read_together_come_out_as_each_alone(spark, engine, tmp_path, capsys):
+def test_tables_read_together_come_out_as_each_alone(spark, engine, tmp_path, capsys, monkeypatch):
     config = _config(tmp_path, GENERATED, HAND_MADE)
     tables = [*GENERATED, *HAND_MADE]
     source = tmp_path / "source"
@@ -113,8 +113,8 @@ def test_tables_read_together_come_out_as_each_alone(spark, engine, tmp_path, ca
         assert code == 1 and "table=strict layer=bronze" in err, out + err  # strict: its gate refuses its batch
         assert f"bronze: {len(tables)} tables' new files" in out  # one shared pass read them all
         for table in tables:
-            code_alone, out_alone, _ = run(capsys, config, alone / LANDING, alone / "lake", "--layers",
-                                           "bronze,silver", "--tables", table)
+            code_alone, out_alone, _ = own_steps(monkeypatch, capsys, config, alone / LANDING, alone / "lake",
+                                                 "--layers", "bronze,silver", "--tables", table)
             assert code_alone == (1 if table == "strict" else 0)
             assert "read in one pass" not in out_alone
             assert _lake_state(spark, engine, together, table) == _lake_state(spark, engine, alone, table), (cycle, table)

@@ -24,7 +24,7 @@ from spark_jobs.quality.audit import Tally, tally
 from spark_jobs.quality.expectations import flagged
 from spark_jobs.registry import load_registry
 from tests.layers.test_bronze_pass import _config, _silver_as_generated, _summary, land_generated
-from tests.support import run, silver_rows
+from tests.support import own_steps, run, silver_rows
 
 GENERATED = ["customers", "products", "inventory_customers", "film", "actor", "film_actor"]
 LANDING = "landing"
@@ -186,7 +186,7 @@ def _silver_state(spark, engine, lake_root: Path, table: str) -> dict:
             "version": engine.version(lake.silver(table))}
 
 
-def test_tables_planned_together_publish_as_each_alone(spark, engine, tmp_path, capsys):
+def test_tables_planned_together_publish_as_each_alone(spark, engine, tmp_path, capsys, monkeypatch):
     """The silver step through the pass (silver_pass.read_together, then silver_arrow on the driver) leaves every
     table's silver, tombstone ledger, quarantine and summary as its own plan does, over generated changes and every
     way an event can go; one table's failing gate fails that table only, in the same cycle as the others publish."""
@@ -207,8 +207,8 @@ def test_tables_planned_together_publish_as_each_alone(spark, engine, tmp_path, 
         failed = [word for line in err.splitlines() for word in line.split() if word.startswith("table=")]
         assert (code, failed) == ((1, ["table=refused"]) if cycle else (0, [])), out + err
         for table in names:
-            code_alone, out_alone, _ = run(capsys, config, alone / LANDING, alone / "lake", "--layers",
-                                           "bronze,silver", "--tables", table)
+            code_alone, out_alone, _ = own_steps(monkeypatch, capsys, config, alone / LANDING, alone / "lake",
+                                                 "--layers", "bronze,silver", "--tables", table)
             assert code_alone == (1 if (table, cycle) == ("refused", 1) else 0), out_alone
             assert "planned in one pass" not in out_alone
             assert _silver_state(spark, engine, together / "lake", table) == _silver_state(
@@ -266,8 +266,9 @@ def test_a_pass_holds_at_most_one_tasks_rows(spark, engine, tmp_path, capsys, mo
     monkeypatch.setattr(silver_pass, "read_together", recorded)
     code, out, err = run(capsys, config, landing, lake, "--layers", "silver")
     assert code == 0, out + err
-    assert [len(p) for p in passes] == [2], passes  # the third table plans its own
+    assert [len(p) for p in passes] == [2, 1], passes  # the third table in a pass of its own
     assert "silver: 2 of 2 tables' new bronze rows planned in one pass" in out, out
+    assert "silver: 1 of 1 tables' new bronze rows planned in one pass" in out, out
     for n, name in enumerate(names):
         assert silver_rows(spark, engine, lake, name, ("id",)) == {(2,): {"id": 2, "qty": n}}, name
 
