@@ -227,15 +227,22 @@ class Figures:
 
 
 def figures(typed: DataFrame, newest: DataFrame, truncated_at: dict[str, str | None]) -> dict[str, Figures]:
-    """Every table's `Figures`, in one collect."""
+    """Every table's `Figures`, in one collect: the events' counts and the newest events' stacked, not joined (a join
+    of the two aggregates is a Spark job more, its broadcast)."""
     events, position = typed.where("reason IS NULL"), F.struct("_key", "_seq")
+    none = F.lit(None).cast("long")
     counted = events.groupBy("_table").agg(
         F.count(F.lit(1)).alias("events"), F.countDistinct(position).alias("positions"),
-        F.countDistinct(F.when(_after_truncate(truncated_at), position)).alias("positions_after_truncate"))
-    kept = newest.groupBy("_table").agg(F.count(F.lit(1)).alias("keys"), F.sum(F.col("_tie").cast("int")).alias("ties"))
-    rows = counted.join(kept, "_table", "left").collect()
-    return {r["_table"]: Figures(r["events"], r["positions"], r["positions_after_truncate"], r["keys"] or 0,
-                                 int(r["ties"] or 0)) for r in rows}
+        F.countDistinct(F.when(_after_truncate(truncated_at), position)).alias("positions_after_truncate"),
+        none.alias("keys"), none.alias("ties"))
+    kept = newest.groupBy("_table").agg(none.alias("events"), none.alias("positions"),
+                                        none.alias("positions_after_truncate"), F.count(F.lit(1)).alias("keys"),
+                                        F.sum(F.col("_tie").cast("long")).alias("ties"))
+    found: dict[str, dict[str, int]] = {}
+    for row in counted.unionByName(kept).collect():
+        found.setdefault(row["_table"], {}).update({k: v for k, v in row.asDict().items() if v is not None})
+    return {name: Figures(f.get("events", 0), f.get("positions", 0), f.get("positions_after_truncate", 0),
+                          f.get("keys", 0), int(f.get("ties", 0))) for name, f in found.items() if "events" in f}
 
 
 def _after_truncate(truncated_at: dict[str, str | None]) -> Column:
@@ -324,8 +331,10 @@ def read_together(spark: SparkSession, candidates: list[Candidate]) -> dict[str,
     newest = checkpoint(newest_per_key(typed, truncated_at), True)
     counted, audits = figures(typed, newest, truncated_at), event_audits(typed)
     quarantine: dict[str, list[tuple[str, int, str, str]]] = {name: [] for name in typings}
-    for r in typed.where("reason IS NOT NULL").select("_table", *QUARANTINED_COLUMNS).collect():
-        quarantine[r["_table"]].append((r["_source_file"], r["_line"], r["_raw"], r["reason"]))
+    # a row event typing quarantined is one the counts lack: none, no collect (a Spark job)
+    if any(counted.get(name, Figures(0, 0, 0, 0, 0)).events < found[name].figures["changes"] for name in typings):
+        for r in typed.where("reason IS NOT NULL").select("_table", *QUARANTINED_COLUMNS).collect():
+            quarantine[r["_table"]].append((r["_source_file"], r["_line"], r["_raw"], r["reason"]))
     latest, received = _collect(typed, newest, typings)
     no_audit = {e.name: Tally(0, 0) for e in flagged("silver", "events")}
     return {name: TableBatch(
