@@ -9,6 +9,7 @@ import datetime as dt
 import json
 import os
 import secrets
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,10 +90,15 @@ def self_signed(host: str) -> tuple[bytes, bytes]:
 
 
 def write_private(path: Path, data: bytes) -> None:
-    """Written whole (a reader never sees half a file) and readable by this user only."""
+    """Written whole (a reader never sees half a file) and readable by this user only. The partial file is a new file
+    of an unpredictable name (mkstemp: O_CREAT | O_EXCL, mode 600), so a link planted in the folder is never written
+    through; the rename then replaces whatever `path` was, a link included, never its target."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}")
-    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "wb") as handle:
-        handle.write(data)
-    os.replace(partial, path)
+    descriptor, partial = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(data)
+        os.replace(partial, path)
+    except BaseException:
+        Path(partial).unlink(missing_ok=True)
+        raise

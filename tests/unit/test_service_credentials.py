@@ -1,0 +1,30 @@
+"""Secrets written by the service and `service-credentials` (spark_jobs/service_credentials.write_private): whole,
+readable by their user only, and never through a link someone planted in the folder."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from spark_jobs.service_credentials import write_private
+
+
+def test_a_link_planted_where_the_secret_is_written_is_never_written_through(tmp_path):
+    folder, victim = tmp_path / "auth", tmp_path / "victim"
+    folder.mkdir()
+    victim.write_text("someone else's file\n")
+    secret = folder / "service.connection.json"
+    # the partial file's name as it used to be (pid-based, predictable), and the file itself, both links to the victim
+    (folder / f".{secret.name}.{os.getpid()}").symlink_to(victim)
+    write_private(secret, b"first\n")
+    assert victim.read_text() == "someone else's file\n"
+    assert secret.read_bytes() == b"first\n" and not secret.is_symlink()
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+    secret.unlink()
+    secret.symlink_to(victim)
+    write_private(secret, b"second\n")
+    assert victim.read_text() == "someone else's file\n"
+    assert secret.read_bytes() == b"second\n" and not secret.is_symlink()
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+    # nothing partial left beside it (the planted link is the attacker's, left as it was)
+    assert sorted(p.name for p in folder.iterdir()) == sorted([secret.name, f".{secret.name}.{os.getpid()}"])
