@@ -285,6 +285,9 @@ def serve(run_job: Callable[[list[str]], int], host: str, port: int, workers: in
     own = listener(host, port, tls_cert, tls_key, allowed_hosts, token_file)
     # a long-lived driver serves its Spark UI (every task's jobs) unless told otherwise
     os.environ.setdefault(Settings.variable("spark_ui"), "true")
+    from spark_jobs.session import bind_spark
+
+    bind_spark(host)  # its Spark on the service's own address, as the service itself
     sys.stdout, sys.stderr = _Routed(sys.stdout), _Routed(sys.stderr)  # type: ignore[assignment]
     signal.signal(signal.SIGTERM, _interrupt)  # a supervisor's stop ends it like ^C: Spark shut down in order
     service = PipelineService(workers, settings(), run_job)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from spark_jobs.settings import Settings, resolve, resolve_uri
+from spark_jobs.settings import Settings, resolve, resolve_uri, setting_value
 
 COMMANDS = ("run", "maintain")  # what the service runs; the others are a user's own process
 # the settings a job may bring (how it runs, never where it reads or writes)
@@ -152,6 +152,8 @@ class JobRequest:
         refused = sorted(name for name, _ in self.settings if name not in JOB_SETTINGS)
         if refused:
             raise ValueError(f"settings: {', '.join(refused)} cannot be set per job (only {', '.join(JOB_SETTINGS)})")
+        for name, value in self.settings:  # refused here, not when the job's first step reads it
+            setting_value(name, value)
         for name in ("since", "until", "reason", "max_quarantined", "key"):
             value = getattr(self, name)
             if value is not None and (len(value) > 500 or "\0" in value):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 import secrets
 import ssl
 import threading
@@ -23,6 +24,14 @@ MAX_CONNECTIONS = 64  # requests handled at once; more are refused with 503 (eac
 READ_TIMEOUT_S = 15.0  # a client that sends nothing for this long is disconnected
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
+
+
+_DIGITS = re.compile(r"[0-9]{1,18}")  # ASCII digits only: str.isdigit also takes '²' and other scripts' digits
+
+
+def _whole_number(text: str) -> int | None:
+    """A header's or query's whole number, None when it is not one."""
+    return int(text) if _DIGITS.fullmatch(text) else None
 
 class Job(Protocol):
     id: str
@@ -123,11 +132,11 @@ class ServiceHandler(BaseHTTPRequestHandler):
             self._reply(HTTPStatus.NOT_FOUND, {"error": f"no job {url.path.removeprefix('/jobs/')[:100]!r} on this "
                                                         "service (restarted, or forgotten long after it ended)"})
             return
-        offset = parse_qs(url.query).get("offset", ["0"])[0]
-        if not offset.isdigit():
+        offset = _whole_number(parse_qs(url.query).get("offset", ["0"])[0])
+        if offset is None:
             self._reply(HTTPStatus.BAD_REQUEST, {"error": "offset: a whole number of characters, 0 or more"})
             return
-        self._reply(HTTPStatus.OK, asdict(job.status(int(offset))))
+        self._reply(HTTPStatus.OK, asdict(job.status(offset)))
 
     def do_POST(self) -> None:  # noqa: N802
         if self._refused():
@@ -138,21 +147,25 @@ class ServiceHandler(BaseHTTPRequestHandler):
         if self.headers.get_content_type() != "application/json":
             self._reply(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, {"error": "a job is submitted as application/json"})
             return
-        length = self.headers.get("Content-Length", "")
-        if not length.isdigit():
-            self._reply(HTTPStatus.BAD_REQUEST if length else HTTPStatus.LENGTH_REQUIRED,
+        given = self.headers.get("Content-Length", "")
+        length = _whole_number(given)
+        if length is None:
+            self._reply(HTTPStatus.BAD_REQUEST if given else HTTPStatus.LENGTH_REQUIRED,
                         {"error": "Content-Length: the body's size in bytes"})
             return
-        if int(length) > MAX_BODY:
+        if length > MAX_BODY:
             self._reply(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, {"error": f"a request body is at most {MAX_BODY} bytes"})
             return
         if self.service.spark_stopped.is_set():
             self._reply(HTTPStatus.SERVICE_UNAVAILABLE, {"error": "the service's Spark stopped; it restarts"})
             return
         try:
-            job = self.service.submit(JobRequest.from_json(json.loads(self.rfile.read(int(length)))))
+            job = self.service.submit(JobRequest.from_json(json.loads(self.rfile.read(length))))
         except (ValueError, TypeError) as exc:
             self._reply(HTTPStatus.BAD_REQUEST, {"error": f"{type(exc).__name__}: {exc}"})
+            return
+        except RecursionError:  # JSON nested deeper than Python parses; no request of the service nests past three
+            self._reply(HTTPStatus.BAD_REQUEST, {"error": "the body nests too deep to be a job"})
             return
         self._reply(HTTPStatus.ACCEPTED, {"id": job.id})
 

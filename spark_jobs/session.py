@@ -55,6 +55,18 @@ def jvm_conf() -> dict[str, str]:
             **{f"spark.hadoop.{k}": v for k, v in hadoop_s3a_conf(with_keys=False).items()}}
 
 
+# addresses that mean every interface: where Spark binds is then left to it (or to SPARK_LOCAL_IP)
+_ANY_ADDRESS = ("", "0.0.0.0", "::")
+
+
+def bind_spark(host: str) -> None:
+    """Spark's driver ports and UI (which shows every job and the JVM's environment) on `host`, the address this
+    process serves on, unless SPARK_LOCAL_IP already says where. Left alone, Spark binds its UI to every interface and
+    its driver to the host's network address. Read when the JVM starts."""
+    if host not in _ANY_ADDRESS:
+        os.environ.setdefault("SPARK_LOCAL_IP", host)
+
+
 def build_session(app_name: str) -> SparkSession:
     builder = SparkSession.builder.appName(app_name)
     # Under spark-submit (the DAG tasks) the JVM is already up with --master; only bare CLI runs choose one.
@@ -65,6 +77,7 @@ def build_session(app_name: str) -> SparkSession:
         for key, value in jvm_conf().items():
             builder = builder.config(key, value)
         if master.startswith("local"):
+            bind_spark("127.0.0.1")  # a local driver has no executor elsewhere to be reached by
             # local mode runs the tasks in the driver: a task's OutOfMemoryError would end the JVM (Spark 4.2 hands
             # fatal task errors to its exit handler), and with it every other job of the pipeline service; failing
             # the task instead names the job's own file (errors.OutOfMemory). On a cluster an executor still exits.

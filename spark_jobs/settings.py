@@ -6,6 +6,7 @@ Pure Python: the DAG files and the Airflow plugin import this while parsing."""
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -69,18 +70,40 @@ class Settings:
         return f"CDC_{name.upper()}"
 
 
+# the least value of a number setting (a count or a time); none is ever NaN or infinite
+_LEAST: dict[str, float] = {
+    "sensor_timeout": 0, "sensor_poke_interval": 0.1, "max_gzip_bytes": 1, "shuffle_partitions": 1,
+    "merge_source_mb": 0, "max_line_bytes": 1, "bronze_batch_files": 1, "table_workers": 1, "lock_timeout": 0,
+    "run_deadline": 0}
+_CHOICES = {"delta_engine": ("delta-rs", "delta-spark")}
+_FIELDS = {f.name: f for f in fields(Settings)}
+
+
+def setting_value(name: str, raw: str) -> object:
+    """A setting's value from its text, or ValueError naming its variable and what it must be."""
+    variable, kind = Settings.variable(name), type(_FIELDS[name].default)
+    if kind is bool:
+        return raw.lower() not in ("0", "false", "no")
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise ValueError(f"{variable}={raw!r} is not a valid {kind.__name__}") from None
+    if kind is float and not math.isfinite(value):
+        raise ValueError(f"{variable}={raw!r} is not a finite number")
+    if name in _LEAST and value < _LEAST[name]:
+        raise ValueError(f"{variable}={raw!r}: it must be {_LEAST[name]:g} or more")
+    if name in _CHOICES and value not in _CHOICES[name]:
+        raise ValueError(f"{variable}={raw!r}: choose from {', '.join(_CHOICES[name])}")
+    return value
+
+
 def settings() -> Settings:
     """The settings from the current environment; an unset or empty variable keeps its default."""
     values: dict[str, object] = {}
-    for f in fields(Settings):
-        raw = environ.get(Settings.variable(f.name), "")
-        if raw == "":
-            continue
-        kind: type = type(f.default)
-        try:
-            values[f.name] = raw.lower() not in ("0", "false", "no") if kind is bool else kind(raw)
-        except ValueError:
-            raise ValueError(f"{Settings.variable(f.name)}={raw!r} is not a valid {kind.__name__}") from None
+    for name in _FIELDS:
+        raw = environ.get(Settings.variable(name), "")
+        if raw != "":
+            values[name] = setting_value(name, raw)
     return Settings(**values)  # type: ignore[arg-type]
 
 

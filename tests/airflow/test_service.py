@@ -230,11 +230,17 @@ def test_a_caller_names_only_what_a_task_needs_never_a_config_lake_path_or_setti
         "another command": {"command": "serve"},
         "a layer that is not one": {"command": "run", "layers": ["bronze", "x"]},
         "a list as the mode": {"command": "run", "mode": ["rebuild"]},
+        "a negative batch size": {"command": "run", "settings": {"bronze_batch_files": "-1"}},
+        "a lock timeout that is not a number": {"command": "run", "settings": {"lock_timeout": "nan"}},
+        "an engine that is not one": {"command": "run", "settings": {"delta_engine": "duckdb"}},
     }
     answers = {what: raw(service, "POST", "/jobs", json.dumps(body).encode(), bearer) for what, body in attempts.items()}
     assert {what: status for what, (status, _) in answers.items()} == dict.fromkeys(attempts, 400), answers
     assert "unknown field(s) config" in answers["a config"][1]
     assert "lake_uri cannot be set per job" in answers["a setting naming a path"][1]
+    assert "CDC_BRONZE_BATCH_FILES='-1': it must be 1 or more" in answers["a negative batch size"][1]
+    assert "CDC_LOCK_TIMEOUT='nan' is not a finite number" in answers["a lock timeout that is not a number"][1]
+    assert "CDC_DELTA_ENGINE='duckdb': choose from delta-rs, delta-spark" in answers["an engine that is not one"][1]
     assert jobs_known(service) == before and not outside.exists()
     assert not (workdir / "lake" / "outside").exists()
 
@@ -250,6 +256,10 @@ def test_malformed_requests_get_4xx_and_idle_or_excess_connections_are_cut(deplo
     assert raw(service, "POST", "/jobs", b"", {**json_type, "Content-Length": str(MAX_BODY + 1)})[0] == 413
     assert raw(service, "POST", "/jobs", b"{not json", json_type)[0] == 400
     assert raw(service, "POST", "/jobs", b"[]", json_type)[0] == 400
+    # digits of other scripts ('²' is a digit to str.isdigit, not to int) and JSON nested past Python's recursion limit
+    assert raw(service, "GET", f"/jobs/{job}?offset=%C2%B2", headers=bearer)[0] == 400
+    assert raw(service, "POST", "/jobs", b"{}", {**json_type, "Content-Length": "\u00b2"})[0] == 400
+    assert raw(service, "POST", "/jobs", b"[" * 20_000 + b"]" * 20_000, json_type)[0] == 400
 
     host, port = service.url.removeprefix("http://").rsplit(":", 1)
     idle = socket.create_connection((host, int(port)))
@@ -280,6 +290,22 @@ def test_the_connection_file_holds_the_secret_for_its_user_only(deployment):
     connection = json.loads(written.read_text())
     assert (connection["conn_type"], connection["host"], connection["schema"]) == ("http", "127.0.0.1", "http")
     assert len(connection["password"]) >= 32 and connection["password"] == service.token
+
+
+def test_its_spark_listens_on_the_services_own_address_only(deployment):
+    """A service on loopback keeps its Spark there too: the driver's ports and the Spark UI (every job, and the JVM's
+    environment) on 127.0.0.1, nothing on the host's other addresses or on every interface."""
+    import psutil
+
+    service, workdir = deployment
+    connection_file = str(workdir / "service.connection.json")
+    (server,) = [p for p in psutil.process_iter(["cmdline"]) if connection_file in (p.info["cmdline"] or [])]
+    listening = {(c.laddr.ip, c.laddr.port) for p in (server, *server.children(recursive=True))
+                 for c in p.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+    assert int(service.url.rsplit(":", 1)[1]) in {port for _, port in listening}
+    assert len(listening) >= 4, listening  # the service, py4j's gateway, the driver's RPC and the Spark UI at least
+    # Java's sockets show IPv4 addresses in their IPv6 form (::ffff:127.0.0.1)
+    assert {address.removeprefix("::ffff:") for address, _ in listening} == {"127.0.0.1"}, listening
 
 
 def test_run_ids_are_names_on_the_command_line_too(tmp_path):
