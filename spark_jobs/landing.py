@@ -104,12 +104,17 @@ def _after_mark(path: str, marks: Mapping[str, str]) -> bool:
     return mark is None or path > mark
 
 
+OUTSIDE_LANDING = "not read: it resolves outside the landing root (a link)"
+
+
 class LocalStore:
     def __init__(self, root: str):
         self.root = Path(root)
 
     def walk(self, prefix: str, marks: Mapping[str, str]) -> Iterator[tuple[str, int, int, str | None]]:
-        base = self.root / prefix
+        """Files that resolve outside the landing root (a link planted under it) are listed with their problem, to be
+        quarantined by name and never opened: the landing root is what the operator handed the pipeline to read."""
+        base, root = self.root / prefix, self.root.resolve()
         for dirpath, dirnames, filenames in os.walk(base):
             dirnames[:] = [d for d in dirnames if not d.startswith((".", "_"))]
             for name in filenames:
@@ -121,6 +126,9 @@ class LocalStore:
                     stat = full.stat()
                 except OSError as exc:  # a dangling link or a link loop: listed, to be quarantined by name
                     yield relative, 0, int(full.lstat().st_mtime * 1000), f"cannot open: {exc.strerror}"
+                    continue
+                if not full.resolve().is_relative_to(root):
+                    yield relative, 0, int(full.lstat().st_mtime * 1000), OUTSIDE_LANDING
                     continue
                 yield relative, stat.st_size, int(stat.st_mtime * 1000), None
 

@@ -70,6 +70,29 @@ def test_unreadable_files_are_quarantined_whole_by_name_and_the_rest_of_the_batc
     assert (code, err, summary_line(out, "bronze", "orders")["files"]) == (0, "", "0")
 
 
+def test_a_landing_link_to_a_file_outside_the_landing_root_is_quarantined_by_name_and_never_read(spark, engine, tmp_path,
+                                                                                               capsys):
+    config, folder = setup(tmp_path)
+    outside = tmp_path / "elsewhere" / "secrets.json"
+    outside.parent.mkdir()
+    outside.write_text(event(9, 90, token="s3cr3t") + "\n")  # would parse as an event of the table
+    (folder / f"{TOPIC}+0+0000000000.json").write_text(event(1, 10) + "\n")
+    (folder / f"{TOPIC}+0+0000000001.json").symlink_to(outside)
+    inside = tmp_path / "landing" / "copies" / "kept.json"  # a link within the landing root is read as the file
+    inside.parent.mkdir()
+    inside.write_text(event(2, 11) + "\n")
+    (folder / f"{TOPIC}+0+0000000002.json").symlink_to(inside)
+    code, out, err = run(capsys, config, tmp_path / "landing", tmp_path / "lake")
+    assert (code, err) == (0, "")
+    bronze = summary_line(out, "bronze", "orders")
+    assert (bronze["files"], bronze["events"], bronze["quarantined"]) == ("3", "2", "unreadable_file:1")
+    assert quarantine_rows(spark, engine, tmp_path / "lake") == [
+        (f"{TOPIC}+0+0000000001.json", 0,
+         f"unreadable_file: {TOPIC}+0+0000000001.json: not read: it resolves outside the landing root (a link)", "")]
+    assert silver_rows(spark, engine, tmp_path / "lake", "orders", ("id",)) == {(1,): {"id": 1}, (2,): {"id": 2}}
+    assert "s3cr3t" not in str(engine.read(spark, Lake(str(tmp_path / "lake")).bronze("orders")).collect())
+
+
 def test_landing_names_reach_spark_literally_never_as_globs(spark, engine, tmp_path, capsys):
     config, folder = setup(tmp_path)
     names = ["x*.json", "xa.json", "q?.json", "q1.json", "r[ab].json", "ra.json", "s{t,u}.json", "st.json",
