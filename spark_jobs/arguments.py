@@ -66,12 +66,22 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _where(command: Any, landing: bool) -> None:
+    """The registry, the landing and the lake a command works on: each defaults to its CDC_* setting, as the
+    service and the DAGs read them."""
+    current = settings()
+    command.add_argument("--config", default=current.config, help="the table registry (default: CDC_CONFIG)")
+    if landing:
+        command.add_argument("--landing", default=current.landing_uri,
+                             help="landing root: a path or s3://bucket/prefix (default: CDC_LANDING_URI)")
+    command.add_argument("--lake", default=current.lake_uri,
+                         help="lake root: a path or s3://bucket/prefix (default: CDC_LAKE_URI)")
+
+
 def _run(sub: Any) -> None:
     """`run`: what a layer task runs."""
     run = sub.add_parser("run", help="ingest landing files into bronze, merge silver, refresh gold")
-    run.add_argument("--config", default="include/tables.yaml")
-    run.add_argument("--landing", required=True, help="landing root (local path)")
-    run.add_argument("--lake", required=True, help="lake root (local path)")
+    _where(run, landing=True)
     run.add_argument("--tables", type=_csv, default=None, help="comma-separated table names (default: all)")
     run.add_argument("--layers", type=_csv, default=list(LAYERS), help="comma-separated: bronze,silver,gold")
     run.add_argument("--models", type=_csv, default=None,
@@ -95,8 +105,7 @@ def _status(sub: Any) -> None:
     """`status`: where each table stands."""
     status = sub.add_parser("status", help="per table and layer: rows, latest gate verdict, lag, pending files, last "
                                            "success; where things are")
-    status.add_argument("--config", default="include/tables.yaml")
-    status.add_argument("--lake", required=True)
+    _where(status, landing=False)
     status.add_argument("--landing", default=None, help="landing root: also count the files bronze has not taken")
     status.add_argument("--json", action="store_true", help="per table: pending files, rows, verdicts, last success, "
                                                             "lag, as JSON")
@@ -108,8 +117,7 @@ def _maintain(sub: Any) -> None:
     """`maintain`: Delta's upkeep and the reports' retention."""
     upkeep = sub.add_parser("maintain", help="compact, checkpoint and vacuum the tables; drop reports and GX results "
                                              "past their retention (tables.yaml `maintenance:`)")
-    upkeep.add_argument("--config", default="include/tables.yaml")
-    upkeep.add_argument("--lake", required=True)
+    _where(upkeep, landing=False)
     upkeep.add_argument("--landing", default=None, help="landing root: also recompute each table's landing marks "
                                                         "from a full listing")
     upkeep.add_argument("--tables", type=_csv, default=None, help="comma-separated table names")
@@ -158,8 +166,9 @@ def _setup(sub: Any) -> None:
 def _generate(sub: Any) -> None:
     """`generate`: sample Debezium files."""
     gen = sub.add_parser("generate", help="write sample Debezium change files in the S3 sink layout")
-    gen.add_argument("--config", default="include/tables.yaml")
-    gen.add_argument("--landing", required=True)
+    gen.add_argument("--config", default=settings().config, help="the table registry (default: CDC_CONFIG)")
+    gen.add_argument("--landing", default=settings().landing_uri,
+                     help="where to write them: a path or s3://bucket/prefix (default: CDC_LANDING_URI)")
     gen.add_argument("--tables", type=_csv, default=None)
     gen.add_argument("--rows", type=int, default=200, help="snapshot rows per table")
     gen.add_argument("--changes", type=int, default=400, help="change events per table after the snapshot")
