@@ -66,7 +66,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _where(command: Any, landing: bool) -> None:
+def _where(command: Any, landing: bool, lake: bool = True) -> None:
     """The registry, the landing and the lake a command works on: each defaults to its CDC_* setting, as the
     service and the DAGs read them."""
     current = settings()
@@ -74,8 +74,9 @@ def _where(command: Any, landing: bool) -> None:
     if landing:
         command.add_argument("--landing", default=current.landing_uri,
                              help="landing root: a path or s3://bucket/prefix (default: CDC_LANDING_URI)")
-    command.add_argument("--lake", default=current.lake_uri,
-                         help="lake root: a path or s3://bucket/prefix (default: CDC_LAKE_URI)")
+    if lake:
+        command.add_argument("--lake", default=current.lake_uri,
+                             help="lake root: a path or s3://bucket/prefix (default: CDC_LAKE_URI)")
 
 
 def _run(sub: Any) -> None:
@@ -166,9 +167,7 @@ def _setup(sub: Any) -> None:
 def _generate(sub: Any) -> None:
     """`generate`: sample Debezium files."""
     gen = sub.add_parser("generate", help="write sample Debezium change files in the S3 sink layout")
-    gen.add_argument("--config", default=settings().config, help="the table registry (default: CDC_CONFIG)")
-    gen.add_argument("--landing", default=settings().landing_uri,
-                     help="where to write them: a path or s3://bucket/prefix (default: CDC_LANDING_URI)")
+    _where(gen, landing=True, lake=False)
     gen.add_argument("--tables", type=_csv, default=None)
     gen.add_argument("--rows", type=int, default=200, help="snapshot rows per table")
     gen.add_argument("--changes", type=int, default=400, help="change events per table after the snapshot")

@@ -23,15 +23,13 @@ MAX_BODY = 8 * 2**20  # bytes of a request body: a backlog's list of a few thous
 MAX_CONNECTIONS = 64  # requests handled at once; more are refused with 503 (each takes a thread)
 READ_TIMEOUT_S = 15.0  # a client that sends nothing for this long is disconnected
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
-
-
-
 _DIGITS = re.compile(r"[0-9]{1,18}")  # ASCII digits only: str.isdigit also takes '²' and other scripts' digits
 
 
 def _whole_number(text: str) -> int | None:
     """A header's or query's whole number, None when it is not one."""
     return int(text) if _DIGITS.fullmatch(text) else None
+
 
 class Job(Protocol):
     id: str
