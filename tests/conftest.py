@@ -92,8 +92,8 @@ HEAVIEST_FIRST = (
     "airflow/test_service_process.py", "unit/test_delta_engines.py", "layers/test_crash_safety.py",
     "properties/test_properties.py", "airflow/test_demo.py", "airflow/test_compose.py", "airflow/test_landing_queue.py",
     "layers/test_recorded.py", "layers/test_pipeline.py", "cluster/test_cluster.py", "airflow/test_service.py",
-    "layers/test_bronze_pass.py", "layers/test_faults.py", "airflow/test_backlog.py", "layers/test_batch_sizes.py",
-    "layers/test_operations.py", "layers/test_cli_process.py", "layers/test_maintenance.py",
+    "layers/test_bronze_pass.py", "layers/test_faults.py", "airflow/test_backlog.py", "layers/test_silver_pass_typing.py",
+    "layers/test_batch_sizes.py", "layers/test_operations.py", "layers/test_cli_process.py", "layers/test_maintenance.py",
     "quality/test_user_expectations.py",
 )
 

@@ -135,11 +135,13 @@ def airflow_home(home: Path) -> Path:
     """A new AIRFLOW_HOME holding a migrated SQLite metadata database, as `airflow db migrate` leaves one. The
     migration (about 10 s of a process start and 100 migrations) runs once per test worker; each home gets a copy
     of that database file, so every test still starts from an empty database of its own."""
+    import atexit
     import shutil
     import tempfile
 
     if not _MIGRATED:
         template = Path(tempfile.mkdtemp(prefix="cdc-airflow-db-"))
+        atexit.register(shutil.rmtree, template, ignore_errors=True)  # the worker's template goes with the worker
         subprocess.run([str(Path(sys.executable).parent / "airflow"), "db", "migrate"], cwd=ROOT, check=True,
                        capture_output=True, env=subprocess_env(AIRFLOW_HOME=str(template)), timeout=600)
         _MIGRATED.append(template / "airflow.db")
