@@ -16,8 +16,7 @@ guards writers outside Airflow), so it is safe to trigger at any time.
 
 from __future__ import annotations
 
-from airflow.sdk import DAG, TriggerRule, get_current_context, task
-from airflow.sdk.definitions.param import ParamsDict
+from airflow.sdk import DAG, ParamsDict, TriggerRule, get_current_context, task
 
 from cdc_airflow.callbacks import run_deadline
 from cdc_airflow.operators import CdcSparkJob

@@ -88,8 +88,7 @@ def run_deadline() -> Any:
     seconds = settings().run_deadline
     if seconds <= 0 or _in_dags_test():
         return None
-    from airflow.sdk.definitions.callback import AsyncCallback
-    from airflow.sdk.definitions.deadline import DeadlineAlert, DeadlineReference
+    from airflow.sdk import AsyncCallback, DeadlineAlert, DeadlineReference
 
     mail = _mail(DEADLINE_SUBJECT, DEADLINE_HTML)
     if mail is None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from airflow.exceptions import AirflowFailException
 from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException
 
 from spark_jobs.settings import settings
 from spark_jobs.storage import is_s3

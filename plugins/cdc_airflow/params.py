@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from airflow.exceptions import AirflowFailException
 from airflow.sdk import Param
+from airflow.sdk.exceptions import AirflowFailException
 
 REPLAY_MODES = ("reprocess", "rebuild")
 

@@ -7,8 +7,8 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
-from airflow.exceptions import AirflowException, AirflowSkipException
 from airflow.sdk import BaseSensorOperator
+from airflow.sdk.exceptions import AirflowException, AirflowSkipException
 
 from cdc_airflow.hooks import pending_by_table, s3_client, s3_settings
 from cdc_airflow.triggers import LandingTrigger

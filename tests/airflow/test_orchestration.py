@@ -17,8 +17,8 @@ from tests.conftest import ROOT, subprocess_env
 
 pytest.importorskip("airflow")
 
-from airflow.exceptions import AirflowException, AirflowFailException, ParamValidationError  # noqa: E402
 from airflow.sdk import ParamsDict  # noqa: E402
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, ParamValidationError  # noqa: E402
 
 from cdc_airflow.operators import CdcSparkJob  # noqa: E402
 from cdc_airflow.params import check_replay, replay_params  # noqa: E402
