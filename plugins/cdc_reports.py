@@ -11,6 +11,7 @@ cannot leave it.
 from __future__ import annotations
 
 import mimetypes
+from functools import cache
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -21,6 +22,7 @@ from fastapi.responses import FileResponse, RedirectResponse, Response
 
 from cdc_airflow.hooks import s3_client, s3_settings
 from spark_jobs.lake import Lake
+from spark_jobs.quality.docs_assets import VENDOR, vendored_files
 from spark_jobs.settings import resolve_uri, settings
 from spark_jobs.storage import S3Files
 
@@ -29,11 +31,20 @@ app = FastAPI(title="CDC data-quality reports", docs_url=None, redoc_url=None, o
 
 # The reports are served from Airflow's own origin, so a page must never act as the user there. Every value from
 # the source is escaped before a page is written (spark_jobs/report.py; GX's results: quality/gx_store.py); the
-# policy is the second wall: no inline code runs (GX's page scripts are moved into files as its pages are written,
-# quality/docs_assets.py), nothing is fetched or posted, and only this origin's own files load.
-POLICY = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
-          "font-src 'self' data:; connect-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'self'; "
-          "object-src 'none'")
+# policy is the second wall: no inline code runs, and scripts load only from the vendored files (VENDOR), which are
+# served from the installed package, never from the lake, so whoever can write to the lake cannot add code (GX's
+# pages keep only the scripts its templates write: quality/docs_assets.py). Nothing is fetched or posted.
+VENDOR_PATH = f"data_docs/{VENDOR}/"
+
+
+def policy(request: Request) -> str:
+    """The page's Content-Security-Policy: its scripts from VENDOR_PATH on this origin alone (a path needs the
+    origin: 'self' takes none), as the browser addressed it (Airflow may sit under a base path or behind a proxy)."""
+    mounted_at = request.scope.get("root_path", "")  # where Airflow mounted this app: /cdc-reports, under any base path
+    scripts = f"{request.url.scheme}://{request.url.netloc}{mounted_at.rstrip('/')}/{VENDOR_PATH}"
+    return (f"default-src 'none'; script-src {scripts}; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+            "font-src 'self' data:; connect-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'self'; "
+            "object-src 'none'")
 
 
 def reports_lake() -> Lake:
@@ -72,14 +83,30 @@ async def serve(path: str, request: Request) -> Response:
     if refused is not None:
         return refused
     lake = reports_lake()
-    if not lake.on_s3:
+    if path.startswith(VENDOR_PATH):
+        response = _serve_vendored(path.removeprefix(VENDOR_PATH))
+    elif not lake.on_s3:
         response = _serve_folder(Path(lake.reports), path)
     else:
         response = _serve_s3(S3Files(s3_client(s3_settings(settings().aws_conn_id))), lake.reports, path)
-    response.headers["Content-Security-Policy"] = POLICY
+    response.headers["Content-Security-Policy"] = policy(request)
     response.headers["X-Content-Type-Options"] = "nosniff"
     response.headers["Referrer-Policy"] = "no-referrer"
     return response
+
+
+@cache
+def _vendored() -> dict[str, bytes]:
+    return vendored_files()
+
+
+def _serve_vendored(inside: str) -> Response:
+    """A vendored file, from the package: the lake's copy (for pages opened from disk) is never served. No redirect
+    either: a browser checks a script's path against the policy only before redirects."""
+    data = _vendored().get(inside)
+    if data is None:
+        return Response("not found", status_code=404)
+    return Response(data, media_type=mimetypes.guess_type(inside)[0] or "application/octet-stream")
 
 
 def _serve_folder(reports: Path, path: str) -> Response:

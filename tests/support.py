@@ -156,9 +156,10 @@ def service_airflow_env(service: ServiceConnection) -> dict[str, str]:
 
 
 def data_docs_text(page: Path) -> str:
-    """A Data Docs page as a browser gets it: the page and the scripts written beside it (its inline scripts, the
-    index's table data among them, are moved into files: spark_jobs/quality/docs_assets.py)."""
-    return "\n".join([page.read_text(), *(p.read_text() for p in sorted(page.parent.glob(f"{page.name}.script-*.js")))])
+    """A Data Docs page's text, its tables' rows included (JSON blocks in the page: spark_jobs/quality/docs_assets.py),
+    with no script file beside it (the store writes none)."""
+    assert not list(page.parent.glob(f"{page.name}.script-*.js")), page
+    return page.read_text()
 
 
 @contextmanager

@@ -9,9 +9,12 @@ are rewritten as the Data Docs store writes them (quality/gx_store.py)."""
 
 from __future__ import annotations
 
+import ast
 import base64
+import functools
 import hashlib
 import io
+import json
 import re
 import shutil
 import tarfile
@@ -171,8 +174,12 @@ def offline_page(html: str, depth: int) -> str:
 
 
 # GX's page templates carry inline scripts and onclick handlers; the pages are served under a Content-Security-Policy
-# that runs no inline code (plugins/cdc_reports.py), so the scripts move into files beside their page and the
-# templates' own handlers (only these) become data attributes that HANDLERS binds. Any other on* attribute is dropped.
+# that runs scripts only from the vendored files, served from the installed package, never from the lake
+# (plugins/cdc_reports.py). So a page keeps only what GX's own templates write: each inline script is either one of
+# the templates' fixed scripts (served as a vendored copy, GX_FIXED), or one of the two that carry a page's data
+# (a table's rows, a chart's spec), whose data becomes a JSON block the fixed GX_DATA script draws; any other
+# script, inline or from another file, is dropped. The templates' own onclick handlers (only these) become data
+# attributes that HANDLERS binds; any other on* attribute is dropped.
 GX_HANDLERS = re.compile(r"^(showAllValidations|hideSucceededValidations)\(\)$|^(clearTableFilters)\('([\w-]+)'\)$")
 HANDLERS_FILE = "cdc/handlers.js"  # in VENDOR
 HANDLERS = """// The clicks GX's Data Docs templates bind with inline onclick handlers, bound here instead: the pages run no
@@ -185,21 +192,136 @@ document.addEventListener("click", function (event) {
   if (arg === null) window[name](); else window[name](arg);
 });
 """
+GX_DATA_FILE = "cdc/gx-data.js"  # in VENDOR
+GX_DATA = """// GX's tables and charts, drawn from the JSON blocks its pages carry (spark_jobs/quality/docs_assets.py): the call
+// GX's templates write inline with the data in it (bootstrap_table.j2, graph.j2), made here with the data as data.
+(function () {
+  function each(kind, draw) {
+    document.querySelectorAll('script[type="application/json"].' + kind).forEach(function (block) {
+      draw(JSON.parse(block.textContent));
+    });
+  }
+  each("cdc-gx-table", function (t) {
+    var table = $("#" + t.id);
+    table.bootstrapTable(Object.assign({columns: t.columns, data: t.data, toolbar: "#" + t.toolbar}, t.options));
+    if (t.title_row) $("#" + t.id + " > thead").prepend(t.title_row);
+    if (t.row_links) {
+      $(document).ready(function () {
+        table.on("click-row.bs.table", function (e, row, $element) { window.location = $element.data("href"); });
+      });
+    }
+  });
+  each("cdc-gx-graph", function (g) {
+    vegaEmbed("#" + g.id, g.spec, {actions: false}).catch(console.warn);
+  });
+})();
+"""
 _INLINE_SCRIPT = re.compile(r"<script(?![^>]*\bsrc=)([^>]*)>(.*?)</script>", re.DOTALL | re.IGNORECASE)
+_SCRIPT_FILE = re.compile(r"""<script\b[^>]*\bsrc\s*=\s*("[^"]*"|'[^']*'|[^\s>]+)[^>]*>\s*</script>""", re.IGNORECASE)
 _START_TAG = re.compile(r"<[A-Za-z][^<>]*>")
 _HANDLER = re.compile(r"""\s+on[A-Za-z]+\s*=\s*("[^"]*"|'[^']*'|[^\s>]+)""", re.IGNORECASE)
+_TEMPLATE_CODE = re.compile(r"{[{%#]")
+# bootstrap_table.j2's script, as rendered: the table's columns, rows and options are Python literals in it
+_TABLE = re.compile(r"""\s*\$\('\#(?P<id>[\w-]+)'\)\.bootstrapTable\(\s*Object\.assign\(\s*\{\s*
+    columns:\s*(?P<columns>\[.*?\]),\s*data:\s*(?P<data>\[.*\]),\s*toolbar:\s*'\#(?P<toolbar>[\w-]+)'\s*\},\s*
+    (?P<options>\{[^{}]*\})\s*\)\s*\);
+    (?:\s*\$\("\#(?P=id)\ >\ thead"\)\.prepend\((?P<title>'.*?')\);)?
+    (?P<links>\s*\$\(document\)\.ready\(function\(\)\ \{\s*\$\("\#(?P=id)"\)\.on\('click-row\.bs\.table',\s*
+    function\(e,\ row,\ \$element\)\ \{\s*window\.location\ =\ \$element\.data\("href"\);\s*\}\)\s*\}\s*\);)?
+    \s*""", re.DOTALL | re.VERBOSE)
+# graph.j2's: a chart's Vega-Lite spec (JSON)
+_GRAPH = re.compile(r"""\s*//[^\n]*\n\s*vlSpec\ =\ (?P<spec>\{.*\});\s*//[^\n]*\n\s*
+    vegaEmbed\('\#(?P<id>[\w-]+)',\ vlSpec,\ \{\s*actions:\ false\s*\}\)\.then\(result=>console\.log\(result\)\)
+    \.catch\(console\.warn\);\s*""", re.DOTALL | re.VERBOSE)
 
 
-def without_inline_code(page: str, name: str, depth: int) -> tuple[str, list[tuple[str, str]]]:
-    """The page with each inline script moved to a file beside it (`<name>.script-<n>.js`, returned as (file name,
-    code) in page order) and GX's onclick handlers turned into data attributes; `depth` as for offline_page."""
-    scripts: list[tuple[str, str]] = []
+def _fingerprint(code: str) -> str:
+    """A fixed script's name, the same for any indentation the page renders it with."""
+    return hashlib.sha256("".join(code.split()).encode()).hexdigest()[:16]
 
-    def moved(match: re.Match[str]) -> str:
-        if not match.group(2).strip():
+
+@functools.cache
+def gx_fixed() -> dict[str, str]:
+    """GX_FIXED: `cdc/gx-<fingerprint>.js` -> code, for each inline script of GX's page templates with no template
+    code in it (the functions its tables and buttons call, the page's modal and footer), read from the installed GX."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("great_expectations")  # found, not imported: the API server serves these too
+    assert spec is not None and spec.submodule_search_locations, "great_expectations is not installed"
+    templates = Path(list(spec.submodule_search_locations)[0]) / "render" / "view" / "templates"
+    found = {}
+    for template in sorted(templates.glob("*.j2")):
+        for _, code in _INLINE_SCRIPT.findall(template.read_text()):
+            if code.strip() and not _TEMPLATE_CODE.search(code):
+                found[f"cdc/gx-{_fingerprint(code)}.js"] = code
+    return found
+
+
+def vendored_files() -> dict[str, bytes]:
+    """Every file of VENDOR by its path inside it: the pinned packages, and the scripts above. The only scripts the
+    reports' pages may run; plugins/cdc_reports.py serves them from here, whatever the lake holds."""
+    files = {inside: source.read_bytes() for inside, source in site_files().items()}
+    files.update({HANDLERS_FILE: HANDLERS.encode(), GX_DATA_FILE: GX_DATA.encode()})
+    files.update({name: code.encode() for name, code in gx_fixed().items()})
+    return files
+
+
+def _json_block(kind: str, data: dict) -> str:
+    """Data as a JSON block the page never runs; `</` and `<!--` escaped so no value can end or bend the block."""
+    text = json.dumps(data, ensure_ascii=False).replace("</", "<\\/").replace("<!--", "\\u003c!--")
+    return f'<script type="application/json" class="{kind}">{text}</script>'
+
+
+def _literal(text: str) -> object:
+    """A value GX rendered into its script: JSON, or (a dict the template printed) a Python literal."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return ast.literal_eval(text)
+
+
+def _data_block(code: str) -> str | None:
+    """The JSON block in place of GX's table or chart script, or None when the script is neither."""
+    try:
+        if table := _TABLE.fullmatch(code):
+            return _json_block("cdc-gx-table", {
+                "id": table["id"], "toolbar": table["toolbar"], "columns": ast.literal_eval(table["columns"]),
+                "data": ast.literal_eval(table["data"]), "options": ast.literal_eval(table["options"]),
+                "title_row": ast.literal_eval(table["title"]) if table["title"] else None,
+                "row_links": bool(table["links"])})
+        if graph := _GRAPH.fullmatch(code):
+            return _json_block("cdc-gx-graph", {"id": graph["id"], "spec": _literal(graph["spec"])})
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):  # not GX's literals: not GX's script
+        return None
+    return None
+
+
+def without_inline_code(page: str, depth: int) -> tuple[str, int]:
+    """The page with only GX's own scripts, none inline (see above), and GX's onclick handlers as data attributes;
+    `depth` as for offline_page. Returns the page and how many scripts it lost."""
+    vendor = f"{'../' * depth}../{VENDOR}/"
+    fixed = {_fingerprint(code): name for name, code in gx_fixed().items()}
+    dropped = 0
+
+    def inline(match: re.Match[str]) -> str:
+        nonlocal dropped
+        code = match.group(2)
+        if not code.strip():
             return ""
-        scripts.append((f"{name}.script-{len(scripts) + 1}.js", match.group(2)))
-        return f'<script{match.group(1)} src="{scripts[-1][0]}"></script>'
+        if name := fixed.get(_fingerprint(code)):
+            return f'<script src="{vendor}{name}"></script>'
+        if block := _data_block(code):
+            return block
+        dropped += 1
+        return ""
+
+    def from_file(match: re.Match[str]) -> str:  # the vendored files only (offline_page pointed GX's CDNs there)
+        nonlocal dropped
+        source = match.group(1).strip("\"'")
+        if source.startswith(vendor) and "/../" not in source[len(vendor) - 1:]:
+            return match.group(0)
+        dropped += 1
+        return ""
 
     def handlers(tag: re.Match[str]) -> str:
         def replaced(attribute: re.Match[str]) -> str:
@@ -212,6 +334,16 @@ def without_inline_code(page: str, name: str, depth: int) -> tuple[str, list[tup
             return f' data-cdc-click="{known.group(2)}" data-cdc-arg="{known.group(3)}"'
         return _HANDLER.sub(replaced, tag.group(0))
 
-    page = _START_TAG.sub(handlers, _INLINE_SCRIPT.sub(moved, page))
-    binder = f'<script src="{"../" * depth}../{VENDOR}/{HANDLERS_FILE}"></script>'
-    return (page.replace("</body>", f"{binder}</body>", 1) if "</body>" in page else page + binder), scripts
+    blocks: list[str] = []  # set aside while the handlers go: their JSON is data, not markup to rewrite
+
+    def set_aside(match: re.Match[str]) -> str:
+        kept = inline(match)
+        if not kept.startswith('<script type="application/json"'):
+            return kept
+        blocks.append(kept)
+        return f"\x00{len(blocks) - 1}\x00"
+
+    page = _START_TAG.sub(handlers, _SCRIPT_FILE.sub(from_file, _INLINE_SCRIPT.sub(set_aside, page.replace("\x00", ""))))
+    page = re.sub(r"\x00(\d+)\x00", lambda m: blocks[int(m.group(1))], page)
+    runners = f'<script src="{vendor}{GX_DATA_FILE}"></script><script src="{vendor}{HANDLERS_FILE}"></script>'
+    return (page.replace("</body>", f"{runners}</body>", 1) if "</body>" in page else page + runners), dropped

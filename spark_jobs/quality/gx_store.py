@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import html
 import json
+import logging
 import os
 from collections.abc import Callable
 from functools import cache
@@ -20,16 +21,10 @@ from typing import Any
 from great_expectations.data_context.store.tuple_store_backend import TupleFilesystemStoreBackend, TupleStoreBackend
 from great_expectations.exceptions import InvalidKeyError
 
-from spark_jobs.quality.docs_assets import (
-    HANDLERS,
-    HANDLERS_FILE,
-    PACKAGES,
-    VENDOR,
-    offline_page,
-    site_files,
-    without_inline_code,
-)
+from spark_jobs.quality.docs_assets import VENDOR, offline_page, vendored_files, without_inline_code
 from spark_jobs.storage import is_s3, lake_files
+
+logger = logging.getLogger(__name__)
 
 
 class LakeStoreBackend(TupleFilesystemStoreBackend):
@@ -152,21 +147,20 @@ class DataDocsStoreBackend(LakeStoreBackend):
         if relative.endswith(".html") and isinstance(value, str):
             self._ensure_assets()
             depth = relative.count("/")
-            value, scripts = without_inline_code(offline_page(value, depth), relative.rsplit("/", 1)[-1], depth)
-            folder = self._path(key).rsplit("/", 1)[0]
-            for name, code in scripts:  # before the page: a page is never served without its scripts
-                self._files.write(f"{folder}/{name}", code)
+            value, dropped = without_inline_code(offline_page(value, depth), depth)
+            if dropped:  # GX's templates write none such: say so rather than lose it silently
+                logger.warning("Data Docs page %s: %d script(s) GX's templates do not write were left out", relative,
+                               dropped)
         return super()._set(key, value, **kwargs)
 
     def _ensure_assets(self) -> None:
         if self._assets_present:
             return
         folder = f"{self.full_base_directory.rsplit('/', 1)[0]}/{VENDOR}"
-        pinned = "\n".join([*(f"{p.name}@{p.version} {p.integrity}" for p in PACKAGES),
-                            hashlib.sha256(HANDLERS.encode()).hexdigest()]).encode()
-        self._copy_unless_marked(f"{folder}/.complete", pinned, lambda: [
-            *((f"{folder}/{inside}", source.read_bytes()) for inside, source in site_files().items()),
-            (f"{folder}/{HANDLERS_FILE}", HANDLERS.encode())])
+        files = vendored_files()
+        pinned = "\n".join(f"{name} {hashlib.sha256(data).hexdigest()}" for name, data in sorted(files.items())).encode()
+        self._copy_unless_marked(f"{folder}/.complete", pinned,
+                                 lambda: [(f"{folder}/{name}", data) for name, data in files.items()])
         self._assets_present = True
 
     def _ensure_static(self) -> None:

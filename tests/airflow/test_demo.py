@@ -85,23 +85,25 @@ def check_reports_behind_airflow_auth(base: str) -> None:
         token = json.loads(r.read())["access_token"]
     status, page, headers = _get(f"{base}/cdc-reports/", Authorization=f"Bearer {token}")
     assert status == 200 and "CDC pipeline runs" in page
-    # served from Airflow's origin: no inline code runs, nothing is fetched or posted (cdc_reports)
-    assert headers["content-security-policy"].startswith("default-src 'none'; script-src 'self'; ")
+    # served from Airflow's origin: no inline code runs, scripts only from the vendored files, nothing is fetched or
+    # posted (cdc_reports)
+    scripts_only = f"default-src 'none'; script-src {base}/cdc-reports/data_docs/_assets/; "
+    assert headers["content-security-policy"].startswith(scripts_only)
     assert "connect-src 'none'" in headers["content-security-policy"] and headers["x-content-type-options"] == "nosniff"
     # a table's Data Docs: the folder is sent to its trailing slash (the page's relative links), then served
     status, _, headers = _get(f"{base}/cdc-reports/data_docs/customers", Authorization=f"Bearer {token}")
     assert (status, headers["location"]) == (307, "/cdc-reports/data_docs/customers/")
     status, page, headers = _get(f"{base}/cdc-reports/data_docs/customers/", Authorization=f"Bearer {token}")
     assert status == 200 and headers["content-type"].startswith("text/html") and "Great Expectations" in page
-    assert headers["content-security-policy"].startswith("default-src 'none'; script-src 'self'; ")
+    assert headers["content-security-policy"].startswith(scripts_only)
     for escape in ("..%2f..%2fpasswords.json", "%2e%2e/%2e%2e/passwords.json", "runs/..%2f..%2f..%2fpasswords.json"):
         status, body, _ = _get(f"{base}/cdc-reports/{escape}", Authorization=f"Bearer {token}")
         assert (status, "reader-pass" in body) == (404, False), escape
 
 
-def browse_reports_in_the_airflow_ui(base: str, screenshot: Path, bronze_run: str) -> str:
+def browse_reports_in_the_airflow_ui(base: str, screenshot: Path, bronze_run: str, lake: Path) -> str:
     """Log in through Airflow's login page, open the plugin's menu entry and return the report's text; then
-    a table's trend page, a DAG run's "Data quality" tab and the Data Docs."""
+    a table's trend page, a DAG run's "Data quality" tab and the Data Docs, and scripts planted in the lake."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
@@ -128,6 +130,7 @@ def browse_reports_in_the_airflow_ui(base: str, screenshot: Path, bronze_run: st
         check_trend_charts(driver, base, screenshot.with_name("table-trends.png"))
         check_dag_run_tab(driver, base, bronze_run, screenshot.with_name("dag-run-data-quality-tab.png"))
         check_data_docs_render_offline(driver, base, screenshot.with_name("data-docs-offline.png"))
+        check_scripts_planted_in_the_lake_do_not_run(driver, base, lake)
         return text
     finally:
         driver.quit()
@@ -234,6 +237,33 @@ def check_data_docs_render_offline(driver, base: str, screenshot: Path) -> None:
     assert "newsletter" not in driver.page_source
 
 
+PLANTED = """<html><body><p>planted</p><script src="planted.js"></script><script src="data_docs/customers/planted.js">
+</script><script src="data_docs/_assets/cdc/planted.js"></script><script src="data_docs/_assets/../customers/planted.js">
+</script><script>document.title = "ran: inline"</script></body></html>"""
+
+
+def check_scripts_planted_in_the_lake_do_not_run(driver, base: str, lake: Path) -> None:
+    """Whoever can write to the lake cannot run code in Airflow's origin: a page and scripts written into the
+    reports, even where the vendored files' copy lies, run nothing, and the Data Docs keep running the package's own
+    scripts (the plugin serves the vendored files from the package, and its policy runs scripts from nowhere else)."""
+    reports = lake / "reports"
+    (reports / "planted.html").write_text(PLANTED)
+    for folder in (reports, reports / "data_docs" / "customers", reports / "data_docs" / "_assets" / "cdc"):
+        (folder / "planted.js").write_text(f'document.title = "ran: {folder.name}";')
+    handlers = reports / "data_docs" / "_assets" / "cdc" / "handlers.js"
+    handlers.write_text('document.title = "ran: the lake\'s handlers.js";')
+    driver.get(f"{base}/cdc-reports/planted.html")
+    assert "planted" in driver.find_element("tag name", "body").text
+    assert driver.execute_script("return document.title") == ""  # set by any of them that ran
+    driver.get(f"{base}/cdc-reports/data_docs/customers/index.html")
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(driver, 60).until(EC.presence_of_element_located((By.CSS_SELECTOR, "table tbody tr[data-index]")))
+    assert not driver.execute_script("return document.title").startswith("ran:")
+
+
 def test_airflow_runs_the_pipeline_from_s3_and_replays_leave_it_unchanged(tmp_path, s3_endpoint):
     """Files landing in a bucket (a local S3 server) to silver and gold through the layer DAGs, the
     reports in the Airflow UI, then `cdc_replay` rebuild and reprocess (issue 5's "done when")."""
@@ -273,7 +303,7 @@ def test_airflow_runs_the_pipeline_from_s3_and_replays_leave_it_unchanged(tmp_pa
         with api_server(env, tmp_path / "airflow") as base:
             check_reports_behind_airflow_auth(base)
             bronze_run = next(p.parent.name for p in (lake / "reports" / "runs").glob("*/customers.bronze.json"))
-            text = browse_reports_in_the_airflow_ui(base, ARTIFACTS / "airflow-ui-cdc-reports.png", bronze_run)
+            text = browse_reports_in_the_airflow_ui(base, ARTIFACTS / "airflow-ui-cdc-reports.png", bronze_run, lake)
         latest = text.split("CDC pipeline runs", 1)[1].splitlines()
         assert [line for line in latest if "gold/customers_by_state" in line][0].split()[2] == "passed"
         assert "silver/customers: passed" in text and "bronze/customers: passed" in text

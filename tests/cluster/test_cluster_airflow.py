@@ -75,7 +75,7 @@ def reports_from_the_bucket(monkeypatch) -> None:
     client = TestClient(cdc_reports.app, follow_redirects=False)
     page = client.get("/")
     assert page.status_code == 200 and "CDC pipeline runs" in page.text
-    assert page.headers["content-security-policy"] == cdc_reports.POLICY
+    assert "; script-src http://testserver/data_docs/_assets/; " in page.headers["content-security-policy"]
     folder = client.get("/data_docs/customers")
     assert (folder.status_code, folder.headers["location"]) == (307, "/cdc-reports/data_docs/customers/")
     docs = client.get("/data_docs/customers/")
