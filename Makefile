@@ -24,7 +24,7 @@ export LAYER_DAGS := from spark_jobs.registry import load_registry; from spark_j
 r = load_registry(settings().config); \
 print(" ".join(["cdc_bronze", *("cdc_silver_" + t for t in r.tables), *("cdc_gold_" + m for m in r.gold)]))
 
-.PHONY: demo serve test soak e2e lint bench venv java jars assets debs clean-demo
+.PHONY: demo serve test soak e2e lint bench venv java jars assets debs clean-demo compose-env
 
 venv: $(VENV)/.installed
 # the development lock (the runtime lock plus test and lint tools), then the project itself, editable
@@ -66,7 +66,7 @@ debs:
 	  exit 1; fi; fi
 
 # The pipeline service (`python -m spark_jobs serve`): one long-lived driver with Spark, Delta and Great
-# Expectations loaded once; every Airflow task submits its job to it (README, "The pipeline service").
+# Expectations loaded once; every Airflow task submits its job to it (docs/operations.md, "The pipeline service").
 # `make demo` starts it beside `airflow db migrate` and stops it at the end, failed or not.
 # The service authenticates every caller: it writes its address and a secret it made (mode 600) as the Airflow
 # connection `cdc_service`, which the tasks use (CDC_SERVICE_CONN_ID).
@@ -78,7 +78,7 @@ demo: venv java jars assets
 	service=$$!; trap 'kill $$service 2>/dev/null; wait $$service' EXIT; \
 	echo "pipeline service starting (pid $$service, log $(AIRFLOW_HOME)-service.log)"; \
 	$(BIN)/airflow db migrate > $(AIRFLOW_HOME)-migrate.log 2>&1 || { cat $(AIRFLOW_HOME)-migrate.log; exit 1; }; \
-	: "one pool of one slot per table and gold model: a second writer of a table waits queued (README)"; \
+	: "one pool of one slot per table and gold model: a second writer of a table waits queued (docs/operations.md)"; \
 	$(BIN)/python -m cdc_airflow.pools 2>> $(AIRFLOW_HOME)-migrate.log || exit 1; \
 	until [ -s $(SERVICE_CONNECTION) ]; do kill -0 $$service 2>/dev/null || { cat $(AIRFLOW_HOME)-service.log; exit 1; }; \
 	  sleep 0.5; done; export CDC_SERVICE_CONN_ID=cdc_service AIRFLOW_CONN_CDC_SERVICE="$$(cat $(SERVICE_CONNECTION))"; \
@@ -92,7 +92,7 @@ demo: venv java jars assets
 
 # the pipeline service in the foreground, for a scheduler of your own: it writes its Airflow connection (address and
 # secret) to .service-connection.json; e.g. AIRFLOW_CONN_CDC_SERVICE="$$(cat .service-connection.json)" and
-# CDC_SERVICE_CONN_ID=cdc_service for the Airflow side (README, "The pipeline service")
+# CDC_SERVICE_CONN_ID=cdc_service for the Airflow side (docs/operations.md, "The pipeline service")
 serve: venv java jars assets
 	$(BIN)/python -m spark_jobs serve --port 8790 --connection-file $(SERVICE_CONNECTION)
 
@@ -120,6 +120,18 @@ bench: venv java jars assets
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/mypy spark_jobs plugins dags
+
+# The compose stack's secrets, which docker-compose.yaml reads from .env and refuses to start without: the S3 keys,
+# PostgreSQL's and Airflow's admin passwords and Spark's RPC secret, drawn once (Python's own `secrets`: no venv
+# needed) into a file readable by you only, never in git or the image. An existing .env is kept; delete it to
+# draw new ones (and the volumes, which hold the old ones).
+compose-env:
+	@if [ -s .env ]; then echo ".env exists: kept"; else \
+	  umask 077 && python3 -c 'import secrets; t = secrets.token_hex; \
+	    print(f"CDC_S3_ACCESS_KEY=cdc-{t(8)}\nCDC_S3_SECRET_KEY={t(24)}\nCDC_POSTGRES_PASSWORD={t(24)}"); \
+	    print(f"CDC_AIRFLOW_ADMIN_PASSWORD={t(12)}\nCDC_SPARK_SECRET={t(32)}"); \
+	    print("# CDC_PUBLISH_ADDRESS=0.0.0.0  # publish the ports beyond loopback (default 127.0.0.1)")' > .env.partial \
+	  && mv .env.partial .env && echo ".env: made (mode 600)"; fi
 
 clean-demo:
 	rm -rf data .airflow .airflow-*.log .service-connection.json

@@ -1,4 +1,4 @@
-"""Table maintenance, daily (`python -m spark_jobs maintain`; README "Operating for months"): per source table
+"""Table maintenance, daily (`python -m spark_jobs maintain`; docs/operations.md, "Operating for months"): per source table
 and per gold model, Delta's OPTIMIZE once small files have piled up (silver and gold Z-ordered by key), a
 checkpoint, and VACUUM keeping every version of the time-travel window readable; then run reports, GX
 validation results and their Data Docs pages past their retention go. Settings: tables.yaml `maintenance:`.

@@ -150,6 +150,8 @@ def _serve(sub: Any) -> None:
     creds.add_argument("--host", required=True, help="the name clients reach the service by (in the certificate)")
     creds.add_argument("--port", type=int, required=True)
     creds.add_argument("--conn-id", default="cdc_service", help="the Airflow connection's id")
+    creds.add_argument("--ca-file", default=None, help="also copy the certificate here, and have the connection trust "
+                                                     "this copy: the callers' path, apart from the secret and the key")
 
 
 def _setup(sub: Any) -> None:

@@ -209,7 +209,7 @@ def serve(args: argparse.Namespace) -> int:
 def service_credentials(args: argparse.Namespace) -> int:
     from spark_jobs.service_credentials import ServiceCredentials
 
-    credentials = ServiceCredentials(Path(args.dir))
+    credentials = ServiceCredentials(Path(args.dir), Path(args.ca_file) if args.ca_file else None)
     made = credentials.ensure(args.host, args.port, args.conn_id)
     print(f"pipeline service credentials for {args.host}: {'made' if made else 'kept'}; its Airflow connection "
           f"{args.conn_id} is in {credentials.connection} ({credentials.airflow_import} for `airflow connections "

@@ -1,6 +1,6 @@
 """The event log: a Delta table in the lake (`<lake>/event_log`) with one row per run, table and layer (a step:
 its figures, verdict, lag and versions, and its whole summary as JSON) and one per expectation result of that
-step, for questions asked in SQL (README, "The event log"). The trend pages, the history page, `status` and the
+step, for questions asked in SQL (docs/data-quality.md, "The event log"). The trend pages, the history page, `status` and the
 freshness check read it; maintenance expires it with the run reports.
 
 A run's rows are its run report's summaries (`reports/runs/<run id>/*.json`, written as steps publish): each

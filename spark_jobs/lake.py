@@ -1,5 +1,5 @@
 """The lake's layout: every path of a table, its state, locks, GX stores and reports comes from `Lake`
-(README, "Lake layout"), on a local path or s3://bucket/prefix. Pure Python."""
+(docs/configuration.md, "Lake layout"), on a local path or s3://bucket/prefix. Pure Python."""
 
 from __future__ import annotations
 

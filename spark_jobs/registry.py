@@ -55,7 +55,7 @@ MIN_RETAIN_VERSIONS_S = 3600
 @dataclass(frozen=True)
 class Maintenance:
     """What `maintain` does to a table's Delta tables (bronze, silver, its state, quarantine) or a gold model's
-    (tables.yaml `maintenance:`, top level and per table or model; README "Operating for months")."""
+    (tables.yaml `maintenance:`, top level and per table or model; docs/operations.md, "Operating for months")."""
 
     target_file_mb: int = 128  # compaction writes files of about this size
     min_small_files: int = 8  # compact when a table holds at least this many files under the target size

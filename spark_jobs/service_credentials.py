@@ -21,6 +21,9 @@ CERT_DAYS = 825  # the longest validity clients accept for a server certificate
 @dataclass(frozen=True)
 class ServiceCredentials:
     directory: Path
+    # where the callers find the certificate, when not in `directory`: a deployment keeps the secret and the key
+    # where only the service reads them and gives its callers the certificate alone
+    ca_file: Path | None = None
 
     @property
     def token(self) -> Path:
@@ -53,7 +56,11 @@ class ServiceCredentials:
             write_private(self.key, key_pem)
             self.cert.write_bytes(cert_pem)
             write_private(self.token, (secrets.token_urlsafe(32) + "\n").encode())
-        connection = ServiceConnection.at("https", host, port, self.token.read_text().strip(), str(self.cert))
+        if self.ca_file is not None:  # public: the callers' copy of the certificate, refreshed with it
+            self.ca_file.parent.mkdir(parents=True, exist_ok=True)
+            self.ca_file.write_bytes(self.cert.read_bytes())
+        connection = ServiceConnection.at("https", host, port, self.token.read_text().strip(),
+                                          str(self.ca_file or self.cert))
         write_private(self.connection, (connection.airflow_json() + "\n").encode())
         keyed = {conn_id: json.loads(connection.airflow_json())}
         write_private(self.airflow_import, (json.dumps(keyed) + "\n").encode())

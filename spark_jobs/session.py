@@ -90,6 +90,8 @@ def build_session(app_name: str) -> SparkSession:
     check_master(master)
     for key, value in SESSION_CONF.items():
         builder = builder.config(key, value)
+    if secret := os.environ.get(SPARK_SECRET_VARIABLE):
+        builder = builder.config("spark.authenticate.secret", secret)
     try:
         spark = builder.getOrCreate()
     except ConfigError:
@@ -101,6 +103,12 @@ def build_session(app_name: str) -> SparkSession:
     spark.sparkContext.setLogLevel(settings().spark_log_level)
     return spark
 
+
+# Spark's RPC secret where the deployment authenticates it (spark.authenticate: docker-compose.yaml): the standalone
+# master and worker, and the executors the worker starts, read it from this variable; a driver only from the setting
+# spark.authenticate.secret (Spark refuses to start one on a standalone master without it), set from the same variable,
+# so the secret stays out of every file and command line. Spark's UI and logs redact it.
+SPARK_SECRET_VARIABLE = "_SPARK_AUTH_SECRET"
 
 MASTER_ANSWER_S = 10
 

@@ -12,7 +12,8 @@ if TYPE_CHECKING:
 
 def service_connection(conn_id: str) -> ServiceConnection:
     """The pipeline service's address and secret (the connection's password) from an Airflow connection, as the
-    service writes it at start (CDC_SERVICE_CONNECTION_FILE) or as the operator set it up (README)."""
+    service writes it at start (CDC_SERVICE_CONNECTION_FILE) or as the operator set it up (docs/operations.md, "The
+    pipeline service")."""
     from airflow.sdk import BaseHook
 
     from spark_jobs.service_client import ServiceConnection

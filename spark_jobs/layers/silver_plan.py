@@ -395,7 +395,7 @@ def meta_columns() -> list[Column]:
 
 def silver_rows(effective: DataFrame, fields: list[types.ImageField], target: T.StructType | None) -> DataFrame:
     """Source columns under their own names, then the pipeline's `_` columns; columns the table has but
-    the batch lacks are null (README, "Lake layout"; docs/architecture.md, "Types and schema")."""
+    the batch lacks are null (docs/configuration.md, "Lake layout"; docs/architecture.md, "Types and schema")."""
     columns = [F.col("_row")[f.name].alias(f.name) for f in fields]
     present = {f.name for f in fields}
     meta = dict(zip(SILVER_META, meta_columns(), strict=True))

@@ -5,10 +5,14 @@ the Spark healthchecks) runs here, on a local S3 endpoint, a local Airflow home 
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import re
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import fields
 from pathlib import Path
@@ -18,6 +22,7 @@ import yaml
 
 from spark_jobs.quality.docs_assets import assets_dir
 from spark_jobs.service_client import ServiceConnection
+from spark_jobs.session import SPARK_SECRET_VARIABLE
 from spark_jobs.settings import Settings
 from tests.conftest import subprocess_env
 
@@ -28,6 +33,34 @@ AIRFLOW = ["airflow-init", "airflow-apiserver", "airflow-scheduler", "airflow-da
 PINS = dict(line.split("==", 1) for line in (ROOT / "requirements.txt").read_text().splitlines() if "==" in line)
 BUILD = SERVICES["spark-master"]["build"]["dockerfile_inline"]
 PROJECT = "/opt/project"  # where the image holds the project (its Dockerfile COPYs there)
+# the secrets' volumes, where the containers mount them
+AIRFLOW_AUTH, SERVICE_AUTH, SERVICE_CA = "/opt/airflow/auth", "/opt/service-auth", "/opt/service-ca"
+VARIABLE = re.compile(r"\$\{(\w+)(?:(:-|:\?)([^}]*))?\}")
+
+
+@functools.cache
+def dotenv() -> dict[str, str]:
+    """The .env `make compose-env` writes (in a folder of its own: the clone's is never touched)."""
+    folder = Path(tempfile.mkdtemp(prefix="cdc-compose-env-"))
+    made = subprocess.run(["make", "-s", "-f", str(ROOT / "Makefile"), "-C", str(folder), "compose-env"],
+                          capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    text = (folder / ".env").read_text()
+    return dict(line.split("=", 1) for line in text.splitlines() if line and not line.startswith("#"))
+
+
+def interpolated(value: str, env: dict[str, str]) -> str:
+    """`value` as compose reads it with `env` (its .env): ${VAR}, ${VAR:-default}, and ${VAR:?error}, which stops
+    compose with the error when VAR is unset or empty."""
+    def one(match: re.Match) -> str:
+        name, kind, text = match.groups()
+        if env.get(name):
+            return env[name]
+        if kind == ":?":
+            raise ValueError(f"{name}: {text}")
+        return text if kind == ":-" else ""
+
+    return VARIABLE.sub(one, value)
 
 
 def base_images() -> list[str]:
@@ -120,7 +153,8 @@ def test_the_pipeline_service_is_the_clusters_one_application_and_everything_wai
     assert int(conf["spark.cores.max"].strip()) <= int(worker["SPARK_WORKER_CORES"])
     executor_gb = int(conf["spark.executor.memory"].strip().removesuffix("g"))
     assert executor_gb <= int(worker["SPARK_WORKER_MEMORY"].removesuffix("g"))
-    for name in ("spark-master", "spark-worker", "s3", "postgres", "pipeline-service"):
+    for name in ("spark-master", "spark-worker", "s3", "postgres", "pipeline-service", *AIRFLOW[1:]):
+        # `docker compose ps` shows each healthy: tests/airflow/test_scheduler.py runs Airflow's against its stack
         assert "healthcheck" in SERVICES[name], name
     assert conditions("pipeline-service") == {
         "s3-init": "service_completed_successfully", "spark-master": "service_healthy",
@@ -148,14 +182,14 @@ def test_every_layer_job_goes_to_the_pipeline_service_over_tls_with_the_secret_t
     assert options["--host"] == "0.0.0.0" and options["--allow-host"] == "pipeline-service"
     assert service["hostname"] == "pipeline-service"
     assert {options["--token-file"], options["--tls-cert"], options["--tls-key"]} == {
-        f"/opt/airflow/auth/service.{name}" for name in ("token", "crt", "key")}
-    assert "airflow-auth:/opt/airflow/auth:ro" in service["volumes"]
+        f"{SERVICE_AUTH}/service.{name}" for name in ("token", "crt", "key")}
+    assert f"service-auth:{SERVICE_AUTH}:ro" in service["volumes"]
     assert service["environment"]["CDC_SPARK_MASTER"] == "spark://spark-master:7077"
     assert service["environment"]["CDC_DELTA_ENGINE"] == "delta-spark"
     script = init_script()
-    assert (f"python -m spark_jobs service-credentials --dir /opt/airflow/auth --host pipeline-service --port "
-            f"{options['--port']}") in script
-    assert "airflow connections import --overwrite /opt/airflow/auth/service-connections-import.json" in script
+    assert (f"python -m spark_jobs service-credentials --dir {SERVICE_AUTH} --host pipeline-service --port "
+            f"{options['--port']} --ca-file {SERVICE_CA}/service.crt") in script
+    assert f"airflow connections import --overwrite {SERVICE_AUTH}/service-connections-import.json" in script
     for name in AIRFLOW:
         env = SERVICES[name]["environment"]
         assert env["CDC_SERVICE_CONN_ID"] == "cdc_service", name
@@ -165,18 +199,111 @@ def test_every_layer_job_goes_to_the_pipeline_service_over_tls_with_the_secret_t
 def test_airflow_services_share_secrets_the_init_makes_and_none_is_in_the_file():
     for name in AIRFLOW:
         env = SERVICES[name]["environment"]
-        assert env["AIRFLOW__CORE__FERNET_KEY_CMD"] == "cat /opt/airflow/auth/fernet.key", name
-        assert env["AIRFLOW__API_AUTH__JWT_SECRET_CMD"] == "cat /opt/airflow/auth/jwt.secret", name
+        assert env["AIRFLOW__CORE__FERNET_KEY_CMD"] == f"cat {AIRFLOW_AUTH}/fernet.key", name
+        assert env["AIRFLOW__API_AUTH__JWT_SECRET_CMD"] == f"cat {AIRFLOW_AUTH}/jwt.secret", name
         assert "AIRFLOW__API_AUTH__JWT_SECRET" not in env and "AIRFLOW__CORE__FERNET_KEY" not in env
-        assert "airflow-auth:/opt/airflow/auth" in SERVICES[name]["volumes"]
+        mode = "" if name == "airflow-init" else ":ro"  # the init writes them; the others only read
+        assert f"airflow-auth:{AIRFLOW_AUTH}{mode}" in SERVICES[name]["volumes"], name
+
+
+def test_no_secret_is_written_in_the_file_and_compose_refuses_to_start_without_them():
+    """Every key, password and secret comes from .env (`make compose-env`: drawn once, mode 600, kept on a second
+    run); without it each is an error naming the command, as compose's ${VAR:?} stops `up`. The file held the S3
+    keys, PostgreSQL's password and Airflow's admin/admin as literals."""
+    made = dotenv()
+    required = {m.group(1) for m in VARIABLE.finditer((ROOT / "docker-compose.yaml").read_text()) if m.group(2) == ":?"}
+    assert required == {"CDC_S3_ACCESS_KEY", "CDC_S3_SECRET_KEY", "CDC_POSTGRES_PASSWORD", "CDC_AIRFLOW_ADMIN_PASSWORD",
+                        "CDC_SPARK_SECRET"}
+    assert required <= set(made) and all(len(made[name]) >= 16 for name in required)
+    assert len(set(made.values())) == len(made)  # each drawn on its own
+    secretive = re.compile(r"KEY|SECRET|PASSWORD|TOKEN|SQL_ALCHEMY_CONN|AIRFLOW_CONN_", re.IGNORECASE)
+    for name, service in SERVICES.items():
+        for key, value in (service.get("environment") or {}).items():
+            if secretive.search(key) and not str(value).startswith(("cat ", "/")):  # a secret's file, or its path
+                assert VARIABLE.search(str(value)), f"{name}: {key} is written in the file"
+                with pytest.raises(ValueError, match="make compose-env"):
+                    interpolated(str(value), {})
+    airflow_db = interpolated(SERVICES["airflow-scheduler"]["environment"]["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"], made)
+    assert airflow_db == f"postgresql+psycopg2://airflow:{made['CDC_POSTGRES_PASSWORD']}@postgres:5432/airflow"
+    aws = json.loads(interpolated(SERVICES["airflow-scheduler"]["environment"]["AIRFLOW_CONN_AWS_DEFAULT"], made))
+    assert (aws["login"], aws["password"]) == (made["CDC_S3_ACCESS_KEY"], made["CDC_S3_SECRET_KEY"])
+    # the file itself, and a second run
+    folder = Path(tempfile.mkdtemp(prefix="cdc-compose-env-"))
+    for _ in range(2):
+        subprocess.run(["make", "-s", "-f", str(ROOT / "Makefile"), "-C", str(folder), "compose-env"], check=True,
+                       capture_output=True, timeout=60)
+        if _ == 0:
+            first = (folder / ".env").read_text()
+    assert (folder / ".env").read_text() == first and stat.S_IMODE((folder / ".env").stat().st_mode) == 0o600
+    assert sorted(p.name for p in folder.iterdir()) == [".env"]
+    assert ".env" in (ROOT / ".gitignore").read_text().split() and ".env" in (ROOT / ".dockerignore").read_text().split()
+
+
+def test_every_published_port_is_on_loopback_unless_the_operator_opts_in():
+    """The S3 API and console, the Spark master's UI and Airflow's: 127.0.0.1 by default, another address only
+    through CDC_PUBLISH_ADDRESS. The Spark master's RPC port, which runs code on the worker for whoever reaches it,
+    and the worker's, PostgreSQL's and the pipeline service's ports are for the containers only."""
+    published = {name: service["ports"] for name, service in SERVICES.items() if "ports" in service}
+    assert set(published) == {"s3", "spark-master", "airflow-apiserver"}
+    for name, ports in published.items():
+        for port in ports:
+            assert re.fullmatch(r"\$\{CDC_PUBLISH_ADDRESS:-127\.0\.0\.1\}:\d+:\d+", port), (name, port)
+            assert interpolated(port, dotenv()).startswith("127.0.0.1:"), (name, port)
+            assert interpolated(port, {**dotenv(), "CDC_PUBLISH_ADDRESS": "0.0.0.0"}).startswith("0.0.0.0:")
+    assert all(not port.endswith(":7077") for port in published["spark-master"])
+
+
+def test_each_secret_reaches_only_the_containers_that_use_it():
+    """Through the environment and through volumes: the service's secret and TLS key to the service alone (and the
+    init that makes them), read-only; Airflow's secrets to Airflow; Spark's secret to Spark; S3's keys to the S3
+    server and its clients (the Spark master and worker never had to hold them: each job brings its own)."""
+    def holders(variable: str) -> set[str]:
+        return {name for name, service in SERVICES.items()
+                if any(f"${{{variable}" in str(v) for v in (service.get("environment") or {}).values())}
+
+    s3_clients = {"s3", "s3-init", "sample-landing", "pipeline-service", *AIRFLOW}
+    assert holders("CDC_S3_ACCESS_KEY") == holders("CDC_S3_SECRET_KEY") == s3_clients
+    assert holders("CDC_POSTGRES_PASSWORD") == {"postgres", *AIRFLOW}
+    assert holders("CDC_AIRFLOW_ADMIN_PASSWORD") == {"airflow-init"}
+    assert holders("CDC_SPARK_SECRET") == {"spark-master", "spark-worker", "pipeline-service"}
+
+    def mounts(volume: str) -> dict[str, str]:
+        return {name: v.split(":", 1)[1] for name, service in SERVICES.items() for v in service.get("volumes", [])
+                if v.split(":", 1)[0] == volume}
+
+    assert mounts("service-auth") == {"pipeline-service": f"{SERVICE_AUTH}:ro", "airflow-init": SERVICE_AUTH}
+    assert mounts("airflow-auth") == {name: f"{AIRFLOW_AUTH}:ro" for name in AIRFLOW[1:]} | {
+        "airflow-init": AIRFLOW_AUTH}
+    assert mounts("service-ca") == {name: f"{SERVICE_CA}:ro" for name in ["pipeline-service", *AIRFLOW[1:]]} | {
+        "airflow-init": SERVICE_CA}
+    assert set(COMPOSE["volumes"]) == {"postgres-data", "s3-data", "airflow-auth", "service-auth", "service-ca"}
+
+
+def test_spark_rpc_is_authenticated_with_the_secret_from_the_env_file():
+    """spark.authenticate in the deployment's Spark settings, and the secret (Spark's _SPARK_AUTH_SECRET: outside
+    Kubernetes Spark reads no secret file) in each Spark process's environment: the master, the worker (which hands
+    it to the executors it starts) and the service's driver (spark_jobs/session.py makes it the driver's setting).
+    tests/cluster runs the cluster this way, and shows a driver without the secret refused."""
+    conf = dict(line.split(None, 1) for line in (ROOT / "include" / "spark-conf" / "spark-defaults.conf").read_text()
+                .splitlines() if line.strip() and not line.startswith("#"))
+    assert conf["spark.authenticate"].strip() == "true"
+    for name in ("spark-master", "spark-worker", "pipeline-service"):
+        env = SERVICES[name]["environment"]
+        assert env["SPARK_CONF_DIR"] == f"{PROJECT}/include/spark-conf", name
+        assert interpolated(env[SPARK_SECRET_VARIABLE], dotenv()) == dotenv()["CDC_SPARK_SECRET"], name
 
 
 def test_the_login_the_readme_gives_is_the_one_the_deployment_sets():
+    """admin, with .env's password: the init writes Airflow's passwords file from it at every start."""
     env = SERVICES["airflow-apiserver"]["environment"]
     assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] == "admin:admin"  # user admin, role admin
-    assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"] == "/opt/airflow/auth/passwords.json"
-    assert """echo '{"admin": "admin"}' > passwords.json""" in init_script()
-    assert "admin / admin" in (ROOT / "README.md").read_text()
+    assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"] == f"{AIRFLOW_AUTH}/passwords.json"
+    step = next(line for line in init_script().splitlines() if "passwords.json" in line)
+    written = subprocess.run(["bash", "-c", step.replace("python", sys.executable, 1) + " && cat passwords.json"],
+                             cwd=tempfile.mkdtemp(), capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "CDC_AIRFLOW_ADMIN_PASSWORD": "p4ss \"quoted\""})
+    assert json.loads(written.stdout) == {"admin": 'p4ss "quoted"'}
+    assert "grep AIRFLOW_ADMIN_PASSWORD .env" in (ROOT / "README.md").read_text()
 
 
 def test_airflow_services_get_the_cdc_environment():
@@ -198,6 +325,7 @@ def test_airflow_services_get_the_cdc_environment():
     assert service["SPARK_CONF_DIR"] == f"{PROJECT}/include/spark-conf"
     assert env["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] == "False"  # the sample data moves on `up`
     assert SERVICES["spark-worker"]["environment"]["AWS_ENDPOINT_URL"] == "http://s3:9000"
+    assert "AWS_SECRET_ACCESS_KEY" not in SERVICES["spark-worker"]["environment"]
 
 
 # --- what the services run, run here ------------------------------------------------------------------------------
@@ -211,7 +339,7 @@ def init_script() -> str:
 
 def compose_env(service: str, **local: str) -> dict[str, str]:
     """The service's environment for a process here: compose's values, with `local` in place of its addresses."""
-    env = {k: str(v) for k, v in (SERVICES[service].get("environment") or {}).items()}
+    env = {k: interpolated(str(v), dotenv()) for k, v in (SERVICES[service].get("environment") or {}).items()}
     env = {k: v.replace(f"{PROJECT}/include", str(ROOT / "include")) for k, v in env.items()}
     return subprocess_env(**{**env, **local})
 
@@ -253,7 +381,7 @@ def test_the_one_shots_and_the_pipeline_service_bring_the_sample_data_to_gold(s3
 
     # compose's names and paths, here: the service is reached as localhost on a free port, its files in tmp_path
     auth, port = tmp_path / "auth", str(free_port())
-    here = {"/opt/airflow/auth": str(auth), "pipeline-service": "localhost", "8793": port,
+    here = {SERVICE_AUTH: str(auth), SERVICE_CA: str(tmp_path / "ca"), "pipeline-service": "localhost", "8793": port,
             "/tmp/cdc-service-connection.json": str(tmp_path / "written-connection.json")}
 
     def localised(text: str) -> str:
@@ -308,11 +436,18 @@ def test_the_airflow_init_fails_when_a_step_fails_and_sets_everything_up_when_no
     from tests.airflow.test_scheduler import postgres
     from tests.support import free_port
 
-    auth = tmp_path / "auth"
-    auth.mkdir()
-    script = init_script().replace("/opt/airflow/auth", str(auth))
-    base = {k: v.replace("/opt/airflow/auth", str(auth)).replace(PROJECT, str(ROOT))
-            for k, v in compose_env("airflow-init", AIRFLOW_HOME=str(tmp_path / "home")).items()}
+    auth, service_auth, ca = tmp_path / "auth", tmp_path / "service-auth", tmp_path / "service-ca"
+    for folder in (auth, service_auth, ca):
+        folder.mkdir()
+    here = {AIRFLOW_AUTH: str(auth), SERVICE_AUTH: str(service_auth), SERVICE_CA: str(ca), PROJECT: str(ROOT)}
+
+    def localised(text: str) -> str:
+        for there, local_value in here.items():
+            text = text.replace(there, local_value)
+        return text
+
+    script = localised(init_script())
+    base = {k: localised(v) for k, v in compose_env("airflow-init", AIRFLOW_HOME=str(tmp_path / "home")).items()}
 
     def init(database: str) -> subprocess.CompletedProcess:
         return subprocess.run(["bash", "-euo", "pipefail", "-c", script], capture_output=True, text=True, timeout=600,
@@ -335,11 +470,18 @@ def test_the_airflow_init_fails_when_a_step_fails_and_sets_everything_up_when_no
         assert conn["is_encrypted"] == "True" and conn["conn_type"] == "http"
         assert ServiceConnection.at(conn["schema"], conn["host"], int(conn["port"]), conn["password"],
                                     conn["extra_dejson"]["ca_file"]) == ServiceConnection(
-            "https://pipeline-service:8793", (auth / "service.token").read_text().strip(), str(auth / "service.crt"))
-        secrets.update({name: (auth / name).read_text() for name in ("service.token", "service.key", "service.crt")})
-        assert all(oct((auth / name).stat().st_mode)[-3:] == "600" for name in secrets)
+            "https://pipeline-service:8793", (service_auth / "service.token").read_text().strip(),
+            str(ca / "service.crt"))
+        assert json.loads((auth / "passwords.json").read_text()) == {"admin": dotenv()["CDC_AIRFLOW_ADMIN_PASSWORD"]}
+        # Airflow's folder holds Airflow's secrets only; the service's secret and key are in the service's
+        assert sorted(p.name for p in auth.iterdir()) == ["api.secret", "fernet.key", "jwt.secret", "passwords.json"]
+        assert sorted(p.name for p in ca.iterdir()) == ["service.crt"]
+        secrets.update({name: (service_auth / name).read_text() for name in ("service.token", "service.key")})
+        assert all(oct(((service_auth if name.startswith("service") else auth) / name).stat().st_mode)[-3:] == "600"
+                   for name in secrets)
         assert init(database).returncode == 0
-        assert secrets == {name: (auth / name).read_text() for name in secrets}  # kept, not remade
+        assert secrets == {name: ((service_auth if name.startswith("service") else auth) / name).read_text()
+                           for name in secrets}  # kept, not remade
 
 
 @pytest.mark.slow
@@ -362,6 +504,11 @@ def test_the_spark_healthchecks_pass_on_a_live_master_and_worker_and_fail_withou
 
 def test_the_readme_walks_the_stack_that_is_here():
     readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## Running on a cluster"):]
-    assert "docker compose up -d --build" in section and "sample-landing" in section
-    assert SERVICES["s3"]["image"] in section and "minio" not in section.lower()
+    quickstart = readme[readme.index("## The compose stack"):readme.index("## Where to read on")]
+    commands = [line.split("#")[0].strip() for line in quickstart.split("```bash")[1].split("```")[0].strip().splitlines()]
+    assert commands[:2] == ["make compose-env", "docker compose up -d --build"], commands
+    assert len(quickstart.splitlines()) <= 25
+    guide = (ROOT / "docs" / "deployment.md").read_text()
+    assert "docker compose up -d --build" in guide and "sample-landing" in guide and "make compose-env" in guide
+    assert SERVICES["s3"]["image"] in guide and "minio" not in guide.lower()
+    assert "admin / admin" not in readme + guide and "cdc-s3-secret" not in readme + guide

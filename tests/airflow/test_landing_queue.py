@@ -1,4 +1,4 @@
-"""Event-driven runs on the real scheduler (README, "Event-driven runs"): the landing bucket notifies an SQS queue
+"""Event-driven runs on the real scheduler (docs/operations.md, "Event-driven runs"): the landing bucket notifies an SQS queue
 (the local S3 server's) of each object created, and the triggerer's watcher on it starts cdc_bronze. A module of its
 own: its Airflow differs from test_scheduler.py's (the queue set, sensors that give up at once), and the two stacks
 split over the two test workers."""
@@ -30,7 +30,7 @@ def test_a_file_landed_starts_bronze_through_the_bucket_notification_queue_witho
     config.write_text("tables:\n  customers:\n    topic: burst.burst_bank.customers\n    keys: [custkey]\n")
     landing, lake = "s3://landing/cdc", tmp_path / "lake"
     (generated,) = generate(load_registry(str(config)).select(None), tmp_path / "sink", Options(rows=20, changes=20))
-    # the bucket's notifications, as its owner sets them up (README, "Event-driven runs")
+    # the bucket's notifications, as its owner sets them up (docs/operations.md, "Event-driven runs")
     aws = {"endpoint_url": s3_endpoint, "aws_access_key_id": "test", "aws_secret_access_key": "test",
            "region_name": "us-east-1"}
     sqs = boto3.client("sqs", **aws)

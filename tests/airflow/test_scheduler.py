@@ -9,6 +9,8 @@ from __future__ import annotations
 import datetime as dt
 import re
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -33,7 +35,7 @@ def test_the_scheduler_triggerer_and_assets_run_landing_to_gold_then_a_backfill_
     landing, lake = "s3://landing/cdc", tmp_path / "lake"
     (generated,) = generate(load_registry(str(config)).select(None), tmp_path / "sink", Options(rows=40, changes=40))
     home = tmp_path / "airflow"
-    # the tasks submit their jobs to the pipeline service, the default way to run (README); they wait deferred
+    # the tasks submit their jobs to the pipeline service, the default way to run (docs/operations.md); they wait deferred
     deployment = {"CDC_CONFIG": str(config), "CDC_LANDING_URI": landing, "CDC_LAKE_URI": str(lake)}
     with postgres() as database, pipeline_service(subprocess_env(**deployment, **s3_environment(s3_endpoint)),
                                                   tmp_path / "service.log") as service, smtp_sink() as (smtp, mails):
@@ -62,6 +64,7 @@ def test_the_scheduler_triggerer_and_assets_run_landing_to_gold_then_a_backfill_
                 (r["dag_run_id"] for r in airflow.runs("cdc_gold_customers_by_state")
                  if r["run_type"] == "asset_triggered"), None))
             airflow.finished("cdc_gold_customers_by_state", gold_run)
+            compose_healthchecks_pass(airflow)
             tables = Lake(str(lake))
             assert row_count(tables.bronze("customers")) == generated.events
             assert silver_rows(tables) == generated.final_rows
@@ -112,6 +115,24 @@ def test_the_scheduler_triggerer_and_assets_run_landing_to_gold_then_a_backfill_
                                     jobs[f"cdc_silver_customers/silver_merge_customers/{manual}"]))
             assert second[0] >= first[1], jobs
             assert silver_rows(tables) == generated.final_rows
+
+
+def compose_healthchecks_pass(airflow: Airflow) -> None:
+    """docker-compose.yaml's healthchecks of its four Airflow services, run against this stack as they would run in
+    each container (the file had none: `docker compose ps` could not show them healthy)."""
+    from tests.airflow.test_compose import AIRFLOW, SERVICES
+
+    checks = []
+    for name in AIRFLOW[1:]:
+        test = SERVICES[name]["healthcheck"]["test"]
+        assert test[0] == "CMD", test
+        command = [sys.executable if part == "python" else part.replace("http://localhost:8080", airflow.base)
+                   for part in test[1:]]
+        checks.append((name, subprocess.Popen(command, env=airflow.env, stdout=subprocess.PIPE,
+                                              stderr=subprocess.STDOUT, text=True)))
+    for name, check in checks:  # at once: each is a process start of its own
+        out, _ = check.communicate(timeout=300)
+        assert check.returncode == 0, (name, out[-2000:])
 
 
 def service_jobs(log: Path) -> dict[str, tuple[str, str]]:

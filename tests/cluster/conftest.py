@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import os
+import secrets
 
 import pytest
 
+from spark_jobs.session import SPARK_SECRET_VARIABLE
 from tests.conftest import SHORT_LIVED_JVM
 from tests.support import standalone_cluster
+
+# Spark's RPC authenticated as the compose deployment has it (include/spark-conf/spark-defaults.conf, its secret in
+# _SPARK_AUTH_SECRET): the master, the worker, the executors it starts and every driver here hold the secret
+AUTHENTICATED = "spark.authenticate true\n"
+SECRET = SPARK_SECRET_VARIABLE
 
 
 @pytest.fixture(scope="module")
@@ -18,14 +25,17 @@ def cluster(tmp_path_factory, soak):
     # their options are the application's, which every spark-submit here reads from SPARK_CONF_DIR
     conf = workdir / "spark-conf"
     conf.mkdir()
-    (conf / "spark-defaults.conf").write_text("" if soak else f"spark.executor.extraJavaOptions {SHORT_LIVED_JVM}\n")
-    earlier = os.environ.get("SPARK_CONF_DIR")
-    os.environ["SPARK_CONF_DIR"] = str(conf)
+    (conf / "spark-defaults.conf").write_text(
+        AUTHENTICATED + ("" if soak else f"spark.executor.extraJavaOptions {SHORT_LIVED_JVM}\n"))
+    mine = {"SPARK_CONF_DIR": str(conf), SECRET: secrets.token_hex(32)}
+    earlier = {name: os.environ.get(name) for name in mine}
+    os.environ.update(mine)  # the daemons, and each driver a test here starts, inherit them
     try:
         with standalone_cluster(workdir) as master:
             yield master, workdir
     finally:
-        if earlier is None:
-            os.environ.pop("SPARK_CONF_DIR", None)
-        else:
-            os.environ["SPARK_CONF_DIR"] = earlier
+        for name, value in earlier.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

@@ -63,6 +63,44 @@ def test_the_pipeline_service_runs_every_job_in_one_application_of_the_cluster(s
     assert silver_rows(spark, DeltaSparkEngine(spark), lake, g.table, ("custkey",)) == expected_rows(g.topic, g.final_rows)
 
 
+OUTSIDER = """
+import sys
+from pyspark import SparkConf, SparkContext
+conf = SparkConf().setMaster(sys.argv[1]).setAppName(sys.argv[2]).set("spark.ui.enabled", "false")
+for key, value in (setting.split("=", 1) for setting in sys.argv[3:]):
+    conf.set(key, value)
+SparkContext(conf=conf)
+sys.stdin.read()  # held until the test has seen what the master answered
+"""
+
+
+def test_a_driver_without_the_clusters_secret_is_refused(cluster, tmp_path):
+    """The cluster authenticates its RPC (tests/cluster/conftest.py, as docker-compose.yaml runs it): a program that
+    reaches the master's port without the secret, or with a guessed one, cannot register, so it never gets an
+    executor to run code on. The tests beside this one run their applications with the secret."""
+    from tests.cluster.conftest import SECRET
+
+    master, workdir = cluster
+    script = tmp_path / "outsider.py"
+    script.write_text(OUTSIDER)
+    env = {name: value for name, value in subprocess_env().items() if name != SECRET}
+    for name, settings in (("no-secret", ["spark.authenticate=false"]),
+                           ("guessed-secret", ["spark.authenticate=true", "spark.authenticate.secret=guessed"])):
+        log = tmp_path / f"{name}.log"
+        with log.open("w") as out:
+            driver = subprocess.Popen([sys.executable, str(script), master, name, *settings], env=env,
+                                      stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 120
+            while "Failed to connect to master" not in log.read_text():  # its first attempt, refused
+                assert driver.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.3)
+        finally:
+            driver.kill()
+            driver.wait()
+        assert f"Registering app {name}" not in (workdir / "master.log").read_text()
+
+
 @pytest.mark.parametrize("how", ["cli", "spark-submit"])
 def test_a_master_that_does_not_answer_fails_the_run_as_transient_at_once_writing_nothing(tmp_path, how):
     """Retries are for infrastructure: exit 75 (the operator retries with backoff) within a minute, one line naming

@@ -263,7 +263,7 @@ def test_gold_checks_keys_row_counts_references_and_freshness(spark, engine, tmp
 
 
 def test_after_a_failed_gate_a_run_may_raise_the_limit_once_or_set_the_files_aside(spark, engine, tmp_path, capsys):
-    """The ways on after a failed gate without editing tables.yaml (README "Moving on after a failed
+    """The ways on after a failed gate without editing tables.yaml (docs/data-quality.md "Moving on after a failed
     gate"): `--max-quarantined` for one run, or `--mode skip` for the files, each counted in quarantine."""
     config = _config(tmp_path)
     _land(tmp_path, "orders", 0, [*[_pg_event("c", 10 + i, after={"id": i, "v": "x"}) for i in range(14)],

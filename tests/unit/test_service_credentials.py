@@ -28,3 +28,26 @@ def test_a_link_planted_where_the_secret_is_written_is_never_written_through(tmp
     assert stat.S_IMODE(secret.stat().st_mode) == 0o600
     # nothing partial left beside it (the planted link is the attacker's, left as it was)
     assert sorted(p.name for p in folder.iterdir()) == sorted([secret.name, f".{secret.name}.{os.getpid()}"])
+
+
+def test_the_callers_get_the_certificate_apart_from_the_secret_and_the_key(tmp_path):
+    """A deployment mounts the service's folder (secret, key) into the service alone and the certificate's copy into
+    its callers: the connection trusts that copy, which is the service's certificate and holds nothing secret."""
+    import json
+
+    from spark_jobs.service_client import ServiceConnection
+    from spark_jobs.service_credentials import ServiceCredentials
+
+    service, callers = tmp_path / "service-auth", tmp_path / "service-ca"
+    credentials = ServiceCredentials(service, callers / "service.crt")
+    assert credentials.ensure("pipeline-service", 8793, "cdc_service")
+    assert sorted(p.name for p in callers.iterdir()) == ["service.crt"]
+    assert (callers / "service.crt").read_bytes() == credentials.cert.read_bytes()
+    assert b"PRIVATE" not in (callers / "service.crt").read_bytes()
+    connection = ServiceConnection.from_file(credentials.connection)
+    assert connection == ServiceConnection("https://pipeline-service:8793", credentials.token.read_text().strip(),
+                                           str(callers / "service.crt"))
+    imported = json.loads(credentials.airflow_import.read_text())["cdc_service"]
+    assert imported["extra"]["ca_file"] == str(callers / "service.crt")
+    assert not credentials.ensure("pipeline-service", 8793, "cdc_service")  # kept, the copy still the same
+    assert (callers / "service.crt").read_bytes() == credentials.cert.read_bytes()
