@@ -279,6 +279,20 @@ def test_each_secret_reaches_only_the_containers_that_use_it():
     assert set(COMPOSE["volumes"]) == {"postgres-data", "s3-data", "airflow-auth", "service-auth", "service-ca"}
 
 
+def test_every_named_volume_is_mounted_where_the_image_has_a_folder_its_user_owns():
+    """Docker fills a new named volume from the image's folder at its mount point, ownership included: where the image
+    has none, the volume is root's and the init, which runs as the image's user, cannot write its secrets there."""
+    made = re.search(r"mkdir -p ([^\\&]+)", BUILD)
+    owned = re.search(r"chown airflow: ([^\\&\n]+)", BUILD)
+    assert made and owned, BUILD
+    folders = set(made.group(1).split()) & set(owned.group(1).split())
+    for name, service in SERVICES.items():
+        for volume in service.get("volumes", []):
+            source, target = volume.split(":")[:2]
+            if source in COMPOSE["volumes"] and source not in ("postgres-data", "s3-data"):  # theirs: own images
+                assert target in folders, (name, volume)
+
+
 def test_spark_rpc_is_authenticated_with_the_secret_from_the_env_file():
     """spark.authenticate in the deployment's Spark settings, and the secret (Spark's _SPARK_AUTH_SECRET: outside
     Kubernetes Spark reads no secret file) in each Spark process's environment: the master, the worker (which hands
