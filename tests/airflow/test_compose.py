@@ -202,7 +202,9 @@ def test_airflow_services_share_secrets_the_init_makes_and_none_is_in_the_file()
         assert env["AIRFLOW__CORE__FERNET_KEY_CMD"] == f"cat {AIRFLOW_AUTH}/fernet.key", name
         assert env["AIRFLOW__API_AUTH__JWT_SECRET_CMD"] == f"cat {AIRFLOW_AUTH}/jwt.secret", name
         assert "AIRFLOW__API_AUTH__JWT_SECRET" not in env and "AIRFLOW__CORE__FERNET_KEY" not in env
-        mode = "" if name == "airflow-init" else ":ro"  # the init writes them; the others only read
+        # the init writes them, the others only read; the API server's simple auth manager opens its passwords file
+        # for writing (r+ and a+) even to read it, so its mount stays writable
+        mode = "" if name in ("airflow-init", "airflow-apiserver") else ":ro"
         assert f"airflow-auth:{AIRFLOW_AUTH}{mode}" in SERVICES[name]["volumes"], name
 
 
@@ -272,8 +274,8 @@ def test_each_secret_reaches_only_the_containers_that_use_it():
                 if v.split(":", 1)[0] == volume}
 
     assert mounts("service-auth") == {"pipeline-service": f"{SERVICE_AUTH}:ro", "airflow-init": SERVICE_AUTH}
-    assert mounts("airflow-auth") == {name: f"{AIRFLOW_AUTH}:ro" for name in AIRFLOW[1:]} | {
-        "airflow-init": AIRFLOW_AUTH}
+    assert mounts("airflow-auth") == {name: f"{AIRFLOW_AUTH}:ro" for name in AIRFLOW[2:]} | {
+        "airflow-init": AIRFLOW_AUTH, "airflow-apiserver": AIRFLOW_AUTH}
     assert mounts("service-ca") == {name: f"{SERVICE_CA}:ro" for name in ["pipeline-service", *AIRFLOW[1:]]} | {
         "airflow-init": SERVICE_CA}
     assert set(COMPOSE["volumes"]) == {"postgres-data", "s3-data", "airflow-auth", "service-auth", "service-ca"}
