@@ -22,7 +22,9 @@ def test_airflow_submits_the_layer_jobs_to_the_cluster(cluster, tmp_path, s3_end
     """The layer DAGs with `spark_default` pointing at the standalone master (SparkSubmitOperator in client
     mode, the pinned jars passed by the operator), the landing and the lake on a local S3 server (the
     sensor reads the lake's ingest log there, the plugin the reports): silver equals the source and gold
-    passes, as in the embedded demo."""
+    passes, as in the embedded demo. The jobs write with the default engine (delta-rs, from the driver): delta-spark
+    on the cluster, its executors writing, is tests/cluster/test_cluster.py's, and it costs this test a minute of cold
+    executor work for no path of its own (the three applications' code is the same whichever engine writes)."""
     from tests.airflow.test_demo import BIN, Airflow, first_run_reaches_gold
     from tests.conftest import aws_connection
 
@@ -41,7 +43,7 @@ def test_airflow_submits_the_layer_jobs_to_the_cluster(cluster, tmp_path, s3_end
         AIRFLOW__CORE__LOAD_EXAMPLES="False", AIRFLOW__CORE__PLUGINS_FOLDER=str(ROOT / "plugins"),
         AIRFLOW_CONN_SPARK_DEFAULT=json.dumps({"conn_type": "spark", "host": host, "port": int(port),
                                                "extra": {"deploy-mode": "client"}}),
-        AIRFLOW_CONN_AWS_DEFAULT=aws_connection(s3_endpoint), CDC_DELTA_ENGINE="delta-spark",
+        AIRFLOW_CONN_AWS_DEFAULT=aws_connection(s3_endpoint), CDC_DELTA_ENGINE="delta-rs",
         SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable,
         CDC_CONFIG=str(config), CDC_LANDING_URI=landing, CDC_LAKE_URI=str(lake),
         CDC_SENSOR_TIMEOUT="3", CDC_SENSOR_POKE_INTERVAL="1")
