@@ -3,7 +3,7 @@ Great Expectations loaded once, so that a job pays neither a JVM start, the JIT 
 (docs/architecture.md, "The pipeline service"). Airflow tasks submit a job here and wait deferred, holding no
 worker slot (cdc_airflow.operators, cdc_airflow.triggers).
 
-A few JSON endpoints over HTTP (spark_jobs/service_http.py):
+A few JSON endpoints over HTTP (spark_jobs/service_http.py, on uvicorn):
   POST /jobs          a JobRequest as JSON                      ->  202 {"id": ...}
   GET  /jobs/<id>?offset=N                                      ->  the job's state, exit code, cause and log from N
   GET  /health                                                  ->  {"ok": true, "jobs_running": N, ...}
@@ -43,7 +43,7 @@ from typing import IO, Any
 from spark_jobs.errors import EXIT_TRANSIENT
 from spark_jobs.service_client import JobRequest, JobStatus, ServiceConnection
 from spark_jobs.service_credentials import write_private
-from spark_jobs.service_http import BoundedServer, Listener, handler, listener
+from spark_jobs.service_http import HttpServer, Listener, listener
 from spark_jobs.settings import Settings, job_environment, resolve, resolve_uri, settings
 
 KEEP_FINISHED = 1000  # finished jobs kept for their logs (a task reads its job's log once it ends)
@@ -263,11 +263,11 @@ def _sweep_scratch() -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def write_connection(path: Path, own: Listener, port: int) -> None:
+def write_connection(path: Path, own: Listener) -> None:
     """The service's address and secret as an Airflow connection (JSON form: AIRFLOW_CONN_<ID>, or `airflow
     connections import`), readable by this user only."""
-    connection = ServiceConnection.at(own.scheme, "127.0.0.1" if own.host in ("0.0.0.0", "::") else own.host, port,
-                                      own.token)
+    connection = ServiceConnection.at(own.scheme, "127.0.0.1" if own.host in ("0.0.0.0", "::") else own.host,
+                                      own.port, own.token)
     write_private(path, (connection.airflow_json() + "\n").encode())
 
 
@@ -294,15 +294,14 @@ def serve(run_job: Callable[[list[str]], int], host: str, port: int, workers: in
     try:
         started = time.monotonic()
         master = service.start_spark()
-        server = BoundedServer((host, port), handler(service, own), tls=own.tls)
-        own = Listener(own.host, server.server_port, own.token, own.tls, own.allowed_hosts)
-        server.RequestHandlerClass = handler(service, own)
+        server = HttpServer(service, own)
+        own = server.listener
         target = resolve(connection_file or settings().service_connection_file)
-        print(f"pipeline service on {own.scheme}://{host}:{server.server_port} ({workers} job threads, Spark {master}, "
+        print(f"pipeline service on {own.scheme}://{host}:{own.port} ({workers} job threads, Spark {master}, "
               f"ready in {time.monotonic() - started:.1f}s) for the lake {resolve_uri(service.deployment.lake_uri)}; "
               f"its Airflow connection (address and secret) is in {target}", flush=True)
-        threading.Thread(target=server.serve_forever, name="cdc-service-http", daemon=True).start()
-        write_connection(target, own, server.server_port)
+        server.start()
+        write_connection(target, own)
         try:
             while not service.spark_stopped.wait(1.0):
                 pass
@@ -315,7 +314,7 @@ def serve(run_job: Callable[[list[str]], int], host: str, port: int, workers: in
         except KeyboardInterrupt:
             return 0
         finally:
-            server.shutdown()
+            server.stop()
             service.pool.shutdown(wait=False, cancel_futures=True)
             target.unlink(missing_ok=True)  # its secret and address are of no use once it is gone
     finally:

@@ -21,6 +21,7 @@ from spark_jobs.settings import Settings, resolve, resolve_uri, setting_value
 COMMANDS = ("run", "maintain")  # what the service runs; the others are a user's own process
 # the settings a job may bring (how it runs, never where it reads or writes)
 JOB_SETTINGS = ("debug", "delta_engine", "lock_timeout", "bronze_batch_files")
+CONN_TYPE = "cdc_pipeline_service"  # the service's Airflow connection type (cdc_airflow.hooks.PipelineServiceHook)
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")  # a table's or gold model's name in a request
 
 
@@ -48,6 +49,13 @@ class ServiceError(Exception):
     def __init__(self, message: str, permanent: bool = False):
         super().__init__(message)
         self.permanent = permanent
+
+    @classmethod
+    def answered(cls, url: str, status: int, body: str) -> ServiceError:
+        """The service's answer other than success: a refusal (4xx) is permanent, the same request would be refused
+        again; a busy or failing service (429, 5xx) is worth a retry."""
+        permanent = status < 500 and status != HTTPStatus.TOO_MANY_REQUESTS
+        return cls(f"pipeline service {url}: HTTP {status}: {body.strip()}", permanent=permanent)
 
 
 @dataclass(frozen=True)
@@ -181,10 +189,16 @@ class JobRequest:
         return argv
 
 
+def ca_file(verify: Any) -> str | None:
+    """The CA file in a connection's `verify` extra (the HTTP provider's name: a path, or true for the system's CAs)."""
+    return verify if isinstance(verify, str) and verify.lower() not in ("", "true", "false") else None
+
+
 @dataclass(frozen=True)
 class ServiceConnection:
-    """Where the service is and its secret: an Airflow connection (cdc_airflow.hooks.service_connection) or the
-    file the service writes at start (`connection_file`), in Airflow's JSON form of a connection."""
+    """Where the service is and its secret, for a caller without Airflow (a script, a healthcheck, the tests; Airflow's
+    tasks use cdc_airflow.service_hook): as in the file the service writes at start (`connection_file`), Airflow's JSON
+    form of a connection."""
 
     url: str
     token: str
@@ -199,14 +213,15 @@ class ServiceConnection:
     def from_airflow_json(cls, text: str) -> ServiceConnection:
         conn = json.loads(text)
         return cls.at(conn.get("schema"), conn["host"], conn["port"], conn.get("password") or "",
-                      (conn.get("extra") or {}).get("ca_file"))
+                      ca_file((conn.get("extra") or {}).get("verify")))
 
     def airflow_json(self) -> str:
-        """Airflow's JSON form of the connection (AIRFLOW_CONN_<ID>, or `airflow connections import`)."""
+        """Airflow's JSON form of the connection (AIRFLOW_CONN_<ID>, or `airflow connections import`): of the
+        service's own type (cdc_airflow.hooks.PipelineServiceHook), the CA file as the HTTP provider's `verify`."""
         url = urlparse(self.url)
-        return json.dumps({"conn_type": "http", "host": url.hostname, "port": url.port, "schema": url.scheme,
+        return json.dumps({"conn_type": CONN_TYPE, "host": url.hostname, "port": url.port, "schema": url.scheme,
                            "password": self.token, "description": "the CDC pipeline service (python -m spark_jobs serve)",
-                           **({"extra": {"ca_file": self.ca_file}} if self.ca_file else {})})
+                           **({"extra": {"verify": self.ca_file}} if self.ca_file else {})})
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> ServiceConnection:
@@ -224,9 +239,7 @@ def _request(service: ServiceConnection, path: str, method: str = "GET", body: d
         with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
             return json.loads(response.read())
     except urllib.error.HTTPError as exc:
-        detail = exc.read().decode(errors="replace").strip()
-        permanent = exc.code < 500 and exc.code != HTTPStatus.TOO_MANY_REQUESTS
-        raise ServiceError(f"pipeline service {url}: HTTP {exc.code}: {detail}", permanent=permanent) from None
+        raise ServiceError.answered(url, exc.code, exc.read().decode(errors="replace")) from None
     except (urllib.error.URLError, OSError) as exc:
         raise ServiceError(f"pipeline service {url} unreachable: {exc}") from None
 

@@ -6,12 +6,14 @@ password, the certificate as the one CA to trust). Kept across starts; delete th
 from __future__ import annotations
 
 import datetime as dt
+import ipaddress
 import json
 import os
 import secrets
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from spark_jobs.service_client import ServiceConnection
 
@@ -82,7 +84,7 @@ def self_signed(host: str) -> tuple[bytes, bytes]:
     cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(public)
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=CERT_DAYS))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName(host)]), critical=False)
+            .add_extension(x509.SubjectAlternativeName([_subject(host)]), critical=False)
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
             .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, content_commitment=False,
                                          key_encipherment=False, data_encipherment=False, key_agreement=False,
@@ -94,6 +96,17 @@ def self_signed(host: str) -> tuple[bytes, bytes]:
     key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                 serialization.NoEncryption())
     return key_pem, cert.public_bytes(serialization.Encoding.PEM)
+
+
+def _subject(host: str) -> Any:
+    """The name a client checks the certificate against: an IP address is matched only as one (a DNS name of
+    "10.0.0.5" is refused by every client)."""
+    from cryptography import x509
+
+    try:
+        return x509.IPAddress(ipaddress.ip_address(host))
+    except ValueError:
+        return x509.DNSName(host)
 
 
 def write_private(path: Path, data: bytes) -> None:

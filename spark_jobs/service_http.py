@@ -1,27 +1,38 @@
 """The pipeline service's HTTP side (spark_jobs/service.py runs the jobs): who may ask (Listener: the Host names, the
-secret, TLS) and what each endpoint answers. The standard library's server: nothing here needs a framework."""
+secret, TLS) and what each endpoint answers (a Starlette app), served by uvicorn (HttpServer)."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import ipaddress
 import json
 import re
 import secrets
+import socket
 import ssl
 import threading
 from dataclasses import asdict, dataclass
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import parse_qs, urlparse
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.datastructures import Headers
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from spark_jobs.service_client import JobRequest, JobStatus
 from spark_jobs.settings import settings
 
 MAX_BODY = 8 * 2**20  # bytes of a request body: a backlog's list of a few thousand landing files fits many times over
-MAX_CONNECTIONS = 64  # requests handled at once; more are refused with 503 (each takes a thread)
-READ_TIMEOUT_S = 15.0  # a client that sends nothing for this long is disconnected
+MAX_CONNECTIONS = 64  # connections open at once; a request past them is answered 503
+REQUEST_TIMEOUT_S = 15.0  # a request must arrive whole, and be answered, within this; else its connection is closed
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 _DIGITS = re.compile(r"[0-9]{1,18}")  # ASCII digits only: str.isdigit also takes '²' and other scripts' digits
 
@@ -63,6 +74,18 @@ class Listener:
     def scheme(self) -> str:
         return "https" if self.tls else "http"
 
+    def refusal(self, headers: Headers) -> tuple[HTTPStatus, dict[str, str]] | None:
+        """Why a request is refused, None when it is the service's own client's: its own Host, no Origin (no
+        browser page), and the secret."""
+        if not self.host_allowed(headers.get("host")):
+            return HTTPStatus.MISDIRECTED_REQUEST, {"error": "this service answers only at its own address"}
+        if headers.get("origin") is not None:
+            return HTTPStatus.FORBIDDEN, {"error": "requests from web pages are refused"}
+        if not secrets.compare_digest(headers.get("authorization", "").encode(), f"Bearer {self.token}".encode()):
+            return HTTPStatus.UNAUTHORIZED, {"error": "the service's secret is required as a bearer token (its "
+                                                      "Airflow connection's password)"}
+        return None
+
     def host_allowed(self, header: str | None) -> bool:
         if not header:
             return False
@@ -84,128 +107,131 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-class ServiceHandler(BaseHTTPRequestHandler):
-    """The endpoints (spark_jobs/service.py's docstring lists them); handler() binds one to its service and listener."""
+def _answer(status: HTTPStatus, body: dict[str, Any]) -> JSONResponse:
+    return JSONResponse(body, status_code=status, headers={"Cache-Control": "no-store"})
 
-    service: Jobs
-    listener: Listener
-    server_version = "cdc-pipeline-service"
-    timeout = READ_TIMEOUT_S  # an idle or slow client is disconnected (the socket's timeout)
 
-    def _reply(self, status: HTTPStatus, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.send_header("Cache-Control", "no-store")
-        self.end_headers()
-        self.wfile.write(data)
+class _OnlyItsOwnClient:
+    """Every request, whatever its path, is refused unless it is the service's own client's (Listener.refusal)."""
 
-    def _refused(self) -> bool:
-        """Replies and returns True unless the request is the service's own client's: its own Host, no
-        Origin (no browser page), and the secret."""
-        if not self.listener.host_allowed(self.headers.get("Host")):
-            self._reply(HTTPStatus.MISDIRECTED_REQUEST, {"error": "this service answers only at its own address"})
-            return True
-        if self.headers.get("Origin") is not None:
-            self._reply(HTTPStatus.FORBIDDEN, {"error": "requests from web pages are refused"})
-            return True
-        if not secrets.compare_digest(self.headers.get("Authorization", "").encode(),
-                                      f"Bearer {self.listener.token}".encode()):
-            self._reply(HTTPStatus.UNAUTHORIZED, {"error": "the service's secret is required as a bearer token "
-                                                           "(its Airflow connection's password)"})
-            return True
-        return False
+    def __init__(self, app: ASGIApp, listener: Listener):
+        self.app, self.listener = app, listener
 
-    def do_GET(self) -> None:  # noqa: N802 (the standard library's name)
-        if self._refused():
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        refused = self.listener.refusal(Headers(scope=scope)) if scope["type"] == "http" else None
+        if refused is not None:
+            await _answer(*refused)(scope, receive, send)
             return
-        url = urlparse(self.path)
-        if url.path == "/health":
-            self._reply(HTTPStatus.OK, {"ok": not self.service.spark_stopped.is_set(), "jobs_running": self.service.running(),
-                                        "jobs_known": len(self.service.jobs)})
-            return
-        job = self.service.jobs.get(url.path.removeprefix("/jobs/")) if url.path.startswith("/jobs/") else None
+        await self.app(scope, receive, send)
+
+
+def application(service: Jobs, listener: Listener) -> Starlette:
+    """The endpoints (spark_jobs/service.py's docstring lists them), behind the listener's refusals."""
+
+    async def health(request: Request) -> Response:
+        return _answer(HTTPStatus.OK, {"ok": not service.spark_stopped.is_set(), "jobs_running": service.running(),
+                                       "jobs_known": len(service.jobs)})
+
+    async def job_status(request: Request) -> Response:
+        name = request.path_params["job_id"]
+        job = service.jobs.get(name)
         if job is None:
-            self._reply(HTTPStatus.NOT_FOUND, {"error": f"no job {url.path.removeprefix('/jobs/')[:100]!r} on this "
-                                                        "service (restarted, or forgotten long after it ended)"})
-            return
-        offset = _whole_number(parse_qs(url.query).get("offset", ["0"])[0])
+            return _answer(HTTPStatus.NOT_FOUND, {"error": f"no job {name[:100]!r} on this service (restarted, or "
+                                                           "forgotten long after it ended)"})
+        offset = _whole_number(request.query_params.get("offset", "0"))
         if offset is None:
-            self._reply(HTTPStatus.BAD_REQUEST, {"error": "offset: a whole number of characters, 0 or more"})
-            return
-        self._reply(HTTPStatus.OK, asdict(job.status(offset)))
+            return _answer(HTTPStatus.BAD_REQUEST, {"error": "offset: a whole number of characters, 0 or more"})
+        return _answer(HTTPStatus.OK, asdict(job.status(offset)))
 
-    def do_POST(self) -> None:  # noqa: N802
-        if self._refused():
-            return
-        if self.path != "/jobs":
-            self._reply(HTTPStatus.NOT_FOUND, {"error": f"no endpoint {self.path[:100]}"})
-            return
-        if self.headers.get_content_type() != "application/json":
-            self._reply(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, {"error": "a job is submitted as application/json"})
-            return
-        given = self.headers.get("Content-Length", "")
+    async def submit(request: Request) -> Response:
+        if request.headers.get("content-type", "").partition(";")[0].strip().lower() != "application/json":
+            return _answer(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, {"error": "a job is submitted as application/json"})
+        given = request.headers.get("content-length", "")
         length = _whole_number(given)
-        if length is None:
-            self._reply(HTTPStatus.BAD_REQUEST if given else HTTPStatus.LENGTH_REQUIRED,
-                        {"error": "Content-Length: the body's size in bytes"})
-            return
+        if length is None:  # chunked bodies too: a job's request is small and sized
+            return _answer(HTTPStatus.BAD_REQUEST if given else HTTPStatus.LENGTH_REQUIRED,
+                           {"error": "Content-Length: the body's size in bytes"})
         if length > MAX_BODY:
-            self._reply(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, {"error": f"a request body is at most {MAX_BODY} bytes"})
-            return
-        if self.service.spark_stopped.is_set():
-            self._reply(HTTPStatus.SERVICE_UNAVAILABLE, {"error": "the service's Spark stopped; it restarts"})
-            return
+            return _answer(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, {"error": f"a request body is at most {MAX_BODY} bytes"})
+        if service.spark_stopped.is_set():
+            return _answer(HTTPStatus.SERVICE_UNAVAILABLE, {"error": "the service's Spark stopped; it restarts"})
         try:
-            job = self.service.submit(JobRequest.from_json(json.loads(self.rfile.read(length))))
-        except (ValueError, TypeError) as exc:
-            self._reply(HTTPStatus.BAD_REQUEST, {"error": f"{type(exc).__name__}: {exc}"})
-            return
+            job = service.submit(JobRequest.from_json(json.loads(await request.body())))
+        except (ValueError, TypeError) as exc:  # UnicodeDecodeError is a ValueError
+            return _answer(HTTPStatus.BAD_REQUEST, {"error": f"{type(exc).__name__}: {exc}"})
         except RecursionError:  # JSON nested deeper than Python parses; no request of the service nests past three
-            self._reply(HTTPStatus.BAD_REQUEST, {"error": "the body nests too deep to be a job"})
-            return
-        self._reply(HTTPStatus.ACCEPTED, {"id": job.id})
+            return _answer(HTTPStatus.BAD_REQUEST, {"error": "the body nests too deep to be a job"})
+        return _answer(HTTPStatus.ACCEPTED, {"id": job.id})
 
-    def log_message(self, format: str, *args: Any) -> None:  # polls every second: keep the service's log quiet
-        pass
+    async def no_endpoint(request: Request, exc: Exception) -> Response:
+        return _answer(HTTPStatus.NOT_FOUND, {"error": f"no endpoint {request.method} {request.url.path[:100]}"})
+
+    routes = [Route("/health", health, methods=["GET"]), Route("/jobs/{job_id}", job_status, methods=["GET"]),
+              Route("/jobs", submit, methods=["POST"])]
+    return Starlette(routes=routes, middleware=[Middleware(_OnlyItsOwnClient, listener=listener)],
+                     exception_handlers={HTTPStatus.NOT_FOUND: no_endpoint, HTTPStatus.METHOD_NOT_ALLOWED: no_endpoint})
 
 
-def handler(service: Jobs, listener: Listener) -> type[BaseHTTPRequestHandler]:
-    return type("Handler", (ServiceHandler,), {"service": service, "listener": listener})
+class _WholeRequestDeadline(H11Protocol):
+    """uvicorn's HTTP/1.1 with a deadline for each whole request. uvicorn has none: its keep-alive timer stops at a
+    request's first byte, and h11 waits as long as bytes keep coming, so a client sending a header byte every few
+    seconds would hold its connection (and a place under limit_concurrency) for ever. Here a connection must deliver
+    each request, and take its answer, within REQUEST_TIMEOUT_S of opening or of the answer before; else it is
+    closed."""
+
+    deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._arm()  # the next request on this kept-alive connection has a deadline of its own
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.deadline is not None:
+            self.deadline.cancel()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        if self.deadline is not None:
+            self.deadline.cancel()
+        if not self.transport.is_closing():
+            self.deadline = self.loop.call_later(REQUEST_TIMEOUT_S, self._expire)
+
+    def _expire(self) -> None:
+        if not self.transport.is_closing():
+            self.transport.close()
 
 
-class BoundedServer(ThreadingHTTPServer):
-    """At most MAX_CONNECTIONS requests at once; one more is answered 503 at once, holding no thread."""
+class HttpServer:
+    """The app on uvicorn in a thread of its own (the process's main thread waits on the service's Spark): uvicorn
+    parses HTTP, answers 503 past MAX_CONNECTIONS connections and serves TLS; the socket is bound here, so that its
+    port (0: any free one) is known before the first request."""
 
-    daemon_threads = True
+    def __init__(self, service: Jobs, listener: Listener):
+        family = socket.getaddrinfo(listener.host, listener.port, type=socket.SOCK_STREAM)[0][0]
+        self.socket = socket.create_server((listener.host, listener.port), family=family)
+        self.port = self.socket.getsockname()[1]
+        self.listener = dataclasses.replace(listener, port=self.port)  # the Host it must be asked by names this port
+        tls = self.listener.tls
+        config = uvicorn.Config(
+            application(service, self.listener), http=_WholeRequestDeadline, loop="asyncio", lifespan="off",
+            limit_concurrency=MAX_CONNECTIONS, timeout_keep_alive=int(REQUEST_TIMEOUT_S),
+            ssl_context_factory=None if tls is None else (lambda config, default: tls),
+            log_config=None, log_level="warning", access_log=False, server_header=False)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]},
+                                       name="cdc-service-http", daemon=True)
 
-    def __init__(self, *args: Any, tls: ssl.SSLContext | None = None, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        if tls is not None:
-            self.socket = tls.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
+    def start(self) -> None:
+        self.thread.start()
 
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self.slots.acquire(blocking=False):
-            try:
-                request.sendall(b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n")
-            except OSError:
-                pass
-            self.shutdown_request(request)
-            return
-        super().process_request(request, client_address)
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            request.settimeout(READ_TIMEOUT_S)  # the TLS handshake too
-            if isinstance(request, ssl.SSLSocket):
-                request.do_handshake()
-            super().process_request_thread(request, client_address)
-        except OSError:
-            self.shutdown_request(request)
-        finally:
-            self.slots.release()
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        self.socket.close()
 
 
 def listener(host: str, port: int, tls_cert: str | None, tls_key: str | None,

@@ -1,28 +1,10 @@
 """The landing store as Airflow sees it: S3 credentials from an Airflow AWS connection (the amazon
-provider's S3Hook), handed to boto3 here and to the Spark job as AWS_* variables; the landing files
-bronze has not taken yet; and the pipeline service's address and secret from its Airflow connection."""
+provider's S3Hook), handed to boto3 here and to the Spark job as AWS_* variables; and the landing files
+bronze has not taken yet. The pipeline service's hook is cdc_airflow.service_hook."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from spark_jobs.service_client import ServiceConnection
-
-
-def service_connection(conn_id: str) -> ServiceConnection:
-    """The pipeline service's address and secret (the connection's password) from an Airflow connection, as the
-    service writes it at start (CDC_SERVICE_CONNECTION_FILE) or as the operator set it up (docs/operations.md, "The
-    pipeline service")."""
-    from airflow.sdk import BaseHook
-
-    from spark_jobs.service_client import ServiceConnection
-
-    conn = BaseHook.get_connection(conn_id)
-    if not (conn.host and conn.port and conn.password):
-        raise ValueError(f"Airflow connection {conn_id!r}: the pipeline service's host, port and secret (password) "
-                         "are required")
-    return ServiceConnection.at(conn.schema, conn.host, conn.port, conn.password, conn.extra_dejson.get("ca_file"))
+from typing import Any
 
 
 def s3_settings(conn_id: str) -> dict[str, str]:

@@ -15,7 +15,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 import spark_jobs
-from cdc_airflow.hooks import s3_environment, s3_settings, service_connection
+from cdc_airflow.hooks import s3_environment, s3_settings
 from cdc_airflow.triggers import ServiceJobTrigger
 from spark_jobs.landing import is_remote
 from spark_jobs.settings import PROJECT_ROOT, Settings, settings
@@ -96,20 +96,22 @@ class CdcSparkJob(SparkSubmitOperator):
         """The job goes to the pipeline service: the task's selection (tables, layers, window, run id), the sensor's
         list and the settings a job may bring; the task defers until the job ends. A retry is a new job (the key
         names the try); a resubmitted try gets its first job back."""
-        from spark_jobs.service_client import JOB_SETTINGS, JobRequest, ServiceError, submit
+        from cdc_airflow.service_hook import PipelineServiceHook
+        from spark_jobs.service_client import JOB_SETTINGS, JobRequest, ServiceError
 
         conn_id = settings().service_conn_id
         own = {name: value for name in JOB_SETTINGS if (value := os.environ.get(Settings.variable(name)))}
         ti = context["ti"]
         files = self._sensed(ti) if self.files_from else None
         key = f"{ti.dag_id}/{ti.task_id}/{ti.run_id}/{ti.map_index}/{ti.try_number}"
+        service = PipelineServiceHook(conn_id)
         try:
             request = JobRequest.from_argv(list(self.application_args or []), files, own, key)
-            service = service_connection(conn_id)
+            service.get_conn()
         except ValueError as exc:
             raise AirflowFailException(f"pipeline service job: {exc}") from None
         try:
-            job_id = submit(service, request)
+            job_id = service.submit(request)
         except ServiceError as exc:
             raise (AirflowFailException if exc.permanent else AirflowException)(str(exc)) from None
         self.log.info("job %s submitted to the pipeline service %s (connection %s); its log follows", job_id,

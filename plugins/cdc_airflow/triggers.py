@@ -10,7 +10,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 
-from cdc_airflow.hooks import pending_by_table, s3_client, s3_settings, service_connection
+from cdc_airflow.hooks import pending_by_table, s3_client, s3_settings
 from spark_jobs.landing import is_remote
 from spark_jobs.storage import is_s3
 
@@ -133,17 +133,19 @@ class ServiceJobTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from asgiref.sync import sync_to_async
 
-        from spark_jobs.service_client import ServiceError, poll
+        from cdc_airflow.service_hook import PipelineServiceHook
+        from spark_jobs.service_client import ServiceError
 
+        service = PipelineServiceHook(self.conn_id)
         try:  # the service's address and secret, through Airflow's own (synchronous) channel, once
-            service = await sync_to_async(service_connection)(self.conn_id)
+            await sync_to_async(service.get_conn)()
         except Exception as exc:
             yield TriggerEvent({"error": f"pipeline service connection {self.conn_id!r}: {type(exc).__name__}: {exc}"})
             return
         offset, unreachable_since = 0, None
         while True:
             try:
-                status = await asyncio.to_thread(poll, service, self.job_id, offset)
+                status = await asyncio.to_thread(service.poll, self.job_id, offset)
             except ServiceError as exc:
                 # a service restarting comes back within a minute; a job it forgot (it restarted) never does
                 unreachable_since = unreachable_since or time.monotonic()

@@ -16,6 +16,7 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 
 from tests.support import ROOT, aws_connection, free_port, service_airflow_env, subprocess_env
 
@@ -94,8 +95,9 @@ class Airflow:
                 assert time.monotonic() < deadline, self.logs()
                 time.sleep(1)
 
-    def api(self, method: str, path: str, body: dict | None = None) -> dict:
-        request = urllib.request.Request(f"{self.base}/api/v2{path}", method=method,
+    def api(self, method: str, path: str, body: dict | None = None, prefix: str = "/api/v2") -> Any:
+        """The REST API (the UI's own endpoints with prefix /ui)."""
+        request = urllib.request.Request(f"{self.base}{prefix}{path}", method=method,
                                          data=None if body is None else json.dumps(body).encode(),
                                          headers={"Authorization": f"Bearer {self.token}",
                                                   "Content-Type": "application/json"})

@@ -41,11 +41,11 @@ VARIABLE = re.compile(r"\$\{(\w+)(?:(:-|:\?)([^}]*))?\}")
 @functools.cache
 def dotenv() -> dict[str, str]:
     """The .env `make compose-env` writes (in a folder of its own: the clone's is never touched)."""
-    folder = Path(tempfile.mkdtemp(prefix="cdc-compose-env-"))
-    made = subprocess.run(["make", "-s", "-f", str(ROOT / "Makefile"), "-C", str(folder), "compose-env"],
-                          capture_output=True, text=True, timeout=60)
-    assert made.returncode == 0, made.stderr
-    text = (folder / ".env").read_text()
+    with tempfile.TemporaryDirectory(prefix="cdc-compose-env-") as folder:
+        made = subprocess.run(["make", "-s", "-f", str(ROOT / "Makefile"), "-C", folder, "compose-env"],
+                              capture_output=True, text=True, timeout=60)
+        assert made.returncode == 0, made.stderr
+        text = (Path(folder) / ".env").read_text()
     return dict(line.split("=", 1) for line in text.splitlines() if line and not line.startswith("#"))
 
 
@@ -208,7 +208,7 @@ def test_airflow_services_share_secrets_the_init_makes_and_none_is_in_the_file()
         assert f"airflow-auth:{AIRFLOW_AUTH}{mode}" in SERVICES[name]["volumes"], name
 
 
-def test_no_secret_is_written_in_the_file_and_compose_refuses_to_start_without_them():
+def test_no_secret_is_written_in_the_file_and_compose_refuses_to_start_without_them(tmp_path):
     """Every key, password and secret comes from .env (`make compose-env`: drawn once, mode 600, kept on a second
     run); without it each is an error naming the command, as compose's ${VAR:?} stops `up`. The file held the S3
     keys, PostgreSQL's password and Airflow's admin/admin as literals."""
@@ -230,7 +230,7 @@ def test_no_secret_is_written_in_the_file_and_compose_refuses_to_start_without_t
     aws = json.loads(interpolated(SERVICES["airflow-scheduler"]["environment"]["AIRFLOW_CONN_AWS_DEFAULT"], made))
     assert (aws["login"], aws["password"]) == (made["CDC_S3_ACCESS_KEY"], made["CDC_S3_SECRET_KEY"])
     # the file itself, and a second run
-    folder = Path(tempfile.mkdtemp(prefix="cdc-compose-env-"))
+    folder = tmp_path
     for _ in range(2):
         subprocess.run(["make", "-s", "-f", str(ROOT / "Makefile"), "-C", str(folder), "compose-env"], check=True,
                        capture_output=True, timeout=60)
@@ -309,14 +309,14 @@ def test_spark_rpc_is_authenticated_with_the_secret_from_the_env_file():
         assert interpolated(env[SPARK_SECRET_VARIABLE], dotenv()) == dotenv()["CDC_SPARK_SECRET"], name
 
 
-def test_the_login_the_readme_gives_is_the_one_the_deployment_sets():
+def test_the_login_the_readme_gives_is_the_one_the_deployment_sets(tmp_path):
     """admin, with .env's password: the init writes Airflow's passwords file from it at every start."""
     env = SERVICES["airflow-apiserver"]["environment"]
     assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] == "admin:admin"  # user admin, role admin
     assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"] == f"{AIRFLOW_AUTH}/passwords.json"
     step = next(line for line in init_script().splitlines() if "passwords.json" in line)
     written = subprocess.run(["bash", "-c", step.replace("python", sys.executable, 1) + " && cat passwords.json"],
-                             cwd=tempfile.mkdtemp(), capture_output=True, text=True, timeout=60,
+                             cwd=tmp_path, capture_output=True, text=True, timeout=60,
                              env={**os.environ, "CDC_AIRFLOW_ADMIN_PASSWORD": "p4ss \"quoted\""})
     assert json.loads(written.stdout) == {"admin": 'p4ss "quoted"'}
     assert "grep AIRFLOW_ADMIN_PASSWORD .env" in (ROOT / "README.md").read_text()
@@ -483,9 +483,9 @@ def test_the_airflow_init_fails_when_a_step_fails_and_sets_everything_up_when_no
         stored = subprocess.run(["airflow", "connections", "get", "cdc_service", "-o", "json"], capture_output=True,
                                 text=True, timeout=300, env={**base, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": database})
         conn = json.loads(stored.stdout)[0]
-        assert conn["is_encrypted"] == "True" and conn["conn_type"] == "http"
+        assert conn["is_encrypted"] == "True" and conn["conn_type"] == "cdc_pipeline_service"
         assert ServiceConnection.at(conn["schema"], conn["host"], int(conn["port"]), conn["password"],
-                                    conn["extra_dejson"]["ca_file"]) == ServiceConnection(
+                                    conn["extra_dejson"]["verify"]) == ServiceConnection(
             "https://pipeline-service:8793", (service_auth / "service.token").read_text().strip(),
             str(ca / "service.crt"))
         assert json.loads((auth / "passwords.json").read_text()) == {"admin": dotenv()["CDC_AIRFLOW_ADMIN_PASSWORD"]}

@@ -65,6 +65,12 @@ def test_the_scheduler_triggerer_and_assets_run_landing_to_gold_then_a_backfill_
                  if r["run_type"] == "asset_triggered"), None))
             airflow.finished("cdc_gold_customers_by_state", gold_run)
             compose_healthchecks_pass(airflow)
+            # the Connections UI's form for the service's own connection type (the distribution's provider entry point)
+            forms = {m["connection_type"]: m for m in airflow.api("GET", "/connections/hook_meta", prefix="/ui")}
+            service_form = forms["cdc_pipeline_service"]
+            assert (service_form["hook_name"], service_form["standard_fields"]["password"]["title"],
+                    service_form["standard_fields"]["login"]["hidden"]) == ("CDC pipeline service", "Secret", True)
+            assert service_form["extra_fields"]["verify"]["schema"]["title"] == "CA file"
             tables = Lake(str(lake))
             assert row_count(tables.bronze("customers")) == generated.events
             assert silver_rows(tables) == generated.final_rows

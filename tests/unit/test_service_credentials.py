@@ -48,6 +48,7 @@ def test_the_callers_get_the_certificate_apart_from_the_secret_and_the_key(tmp_p
     assert connection == ServiceConnection("https://pipeline-service:8793", credentials.token.read_text().strip(),
                                            str(callers / "service.crt"))
     imported = json.loads(credentials.airflow_import.read_text())["cdc_service"]
-    assert imported["extra"]["ca_file"] == str(callers / "service.crt")
+    # the service's own connection type, the CA where the HTTP provider's hook reads it (cdc_airflow.service_hook)
+    assert (imported["conn_type"], imported["extra"]) == ("cdc_pipeline_service", {"verify": str(callers / "service.crt")})
     assert not credentials.ensure("pipeline-service", 8793, "cdc_service")  # kept, the copy still the same
     assert (callers / "service.crt").read_bytes() == credentials.cert.read_bytes()
