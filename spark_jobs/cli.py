@@ -16,10 +16,13 @@ from typing import Any
 
 from spark_jobs.arguments import LAYERS, parser
 from spark_jobs.errors import EXIT_TRANSIENT, ConfigError, InfrastructureDown, LayerFailed
+from spark_jobs.logs import logger, set_level
 from spark_jobs.quality.config import parse_share
 from spark_jobs.registry import GoldModel, Registry, TableConfig, load_registry
-from spark_jobs.settings import resolve_uri, settings
+from spark_jobs.settings import Settings, environ, resolve_uri, settings
 from spark_jobs.steps import Steps, each_table
+
+log = logger(__name__)
 
 
 def _selected(registry: Registry, args: argparse.Namespace) -> tuple[list[TableConfig], list[GoldModel]]:
@@ -73,9 +76,9 @@ def run(args: argparse.Namespace) -> int:
     spark = build_session(f"cdc-{'-'.join(args.layers)}")
     engine = make_engine(spark)
     ui = spark.sparkContext.uiWebUrl
-    print(f"run {batch_id}: mode={args.mode} engine={engine.name} landing={landing} lake={lake.root} "
-          f"window={window.describe()} session_s={time.monotonic() - started:.3f} session_ready_at={time.time():.3f}"
-          + (f" spark_ui={ui}" if ui else ""), flush=True)
+    log.info(f"run {batch_id}: mode={args.mode} engine={engine.name} landing={landing} lake={lake.root} "
+             f"window={window.describe()} session_s={time.monotonic() - started:.3f} session_ready_at={time.time():.3f}"
+             + (f" spark_ui={ui}" if ui else ""))
     with Steps(spark, engine, lake, batch_id) as steps:
         _run_steps(steps, args, tables, models, landing, lake, batch_id, selection)
     return 0
@@ -143,7 +146,7 @@ def _run_steps(steps: Steps, args: argparse.Namespace, tables: list[TableConfig]
         for model in models:
             failed = sorted(set(model.sources) & steps.failed_tables)
             if failed:  # its SQL would join a failed table's silver with the others' newer state
-                print(f"gold   {model.name:<22} skipped: source(s) {', '.join(failed)} failed in this run", flush=True)
+                log.warning(f"gold   {model.name:<22} skipped: source(s) {', '.join(failed)} failed in this run")
                 continue
             steps.run(model.name, "gold", f"gold.{model.name}", gold.gold_refresh, model, lake, batch_id, landing)
     steps.raise_failures()
@@ -176,7 +179,7 @@ def maintain(args: argparse.Namespace) -> int:
         def step(spark: Any, engine: Any, *fn_args: Any) -> Any:
             summary = fn(engine, *fn_args)
             for delta in summary.tables:
-                print(f"maintain {summary.table} {maintenance.DeltaUpkeep(**delta).line()}", flush=True)
+                log.info(f"maintain {summary.table} {maintenance.DeltaUpkeep(**delta).line()}")
             return summary
         return step
 
@@ -193,8 +196,8 @@ def maintain(args: argparse.Namespace) -> int:
                       registry.maintenance, batch_id)
         if args.reports or everything:
             expired = maintenance.expire_reports(engine, lake, registry)
-            print(f"maintain reports: {len(expired)} run report(s) past "
-                  f"{registry.maintenance.report_retention_s // 86400} days removed", flush=True)
+            log.info(f"maintain reports: {len(expired)} run report(s) past "
+                     f"{registry.maintenance.report_retention_s // 86400} days removed")
         steps.raise_failures()
     return 0
 
@@ -298,7 +301,11 @@ def status(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    try:  # the options' defaults and the log's level come from the CDC_* settings
+        args = parser().parse_args(argv)
+        set_level(settings().log_level)
+    except ValueError as exc:  # a setting that is not one (settings.setting_value says which, and what it must be)
+        return _failed(f"config error: {exc}", 2)
     commands = {"run": run, "generate": generate, "status": status, "maintain": maintain, "serve": serve,
                 "service-credentials": service_credentials, "jars": fetch_jars, "assets": fetch_assets, "buckets": make_buckets}
     try:
@@ -313,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _failed(line: str, code: int) -> int:
     print(line, file=sys.stderr)
-    failure_file = settings().failure_file  # where the Airflow task reads the line from
+    failure_file = environ.get(Settings.variable("failure_file"), "")  # where the Airflow task reads the line from
     if failure_file:
         Path(failure_file).write_text(line + "\n")
     return code

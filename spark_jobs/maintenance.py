@@ -18,9 +18,12 @@ from typing import Any
 
 from spark_jobs.lake import Lake
 from spark_jobs.layers.summary import LayerSummary
+from spark_jobs.logs import logger
 from spark_jobs.registry import GoldModel, Maintenance, Registry, TableConfig
 from spark_jobs.state import transactions_name
 from spark_jobs.storage import delta_storage_options
+
+log = logger(__name__)
 
 # GX names a validation result's folder (and its Data Docs page's) after the run's time
 _RUN_TIME = re.compile(r"/(\d{8}T\d{6}\.\d{6}Z)/")
@@ -95,8 +98,8 @@ def maintain_table(engine: Any, lake: Lake, table: TableConfig, batch_id: str,
         late = repair_marks(landing, lake, table.name, table.topic)
         summary.late_files = len(late)
         if late:
-            print(f"maintain {table.name}: {len(late)} landing file(s) landed late under names before their "
-                  f"folder's mark, listed again from now on: {', '.join(late[:5])}", flush=True)
+            log.info(f"maintain {table.name}: {len(late)} landing file(s) landed late under names before their "
+                     f"folder's mark, listed again from now on: {', '.join(late[:5])}")
     for name, path, cluster in table_paths(lake, table):
         upkeep = maintain_delta(engine, name, path, table.maintenance, cluster)
         if upkeep is not None:
@@ -213,11 +216,11 @@ def expire_reports(engine: Any, lake: Lake, registry: Registry) -> list[str]:
     for run_id, summaries in unlogged:
         event_log.record_run(engine, lake, run_id, partial(list, summaries))  # the summaries read above
     if unlogged:
-        print(f"maintain event_log: {len(unlogged)} run report(s) it lacked recorded", flush=True)
+        log.info(f"maintain event_log: {len(unlogged)} run report(s) it lacked recorded")
     with writer_lock(lake, event_log.LOCK, "maintenance"):
         upkeep = maintain_delta(engine, "event_log", lake.event_log, policy, ())
     if upkeep is not None:
-        print(f"maintain event_log: {removed} row(s) of steps past the retention removed; {upkeep.line()}", flush=True)
+        log.info(f"maintain event_log: {removed} row(s) of steps past the retention removed; {upkeep.line()}")
     if expired or removed or unlogged:
         report.render_history(lake, [*registry.tables, *registry.gold])
     return expired

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextvars
 import datetime as dt
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -41,10 +42,13 @@ from pathlib import Path
 from typing import IO, Any
 
 from spark_jobs.errors import EXIT_TRANSIENT
+from spark_jobs.logs import logger, use_handler
 from spark_jobs.service_client import JobRequest, JobStatus, ServiceConnection
 from spark_jobs.service_credentials import write_private
 from spark_jobs.service_http import HttpServer, Listener, listener
 from spark_jobs.settings import Settings, job_environment, resolve, resolve_uri, settings
+
+log = logger(__name__)
 
 KEEP_FINISHED = 1000  # finished jobs kept for their logs (a task reads its job's log once it ends)
 LINGER_S = 10.0  # after its Spark stopped, how long the service still answers polls before it exits
@@ -81,8 +85,8 @@ _current_job: contextvars.ContextVar[_Job | None] = contextvars.ContextVar("cdc_
 
 
 class _Routed:
-    """sys.stdout / sys.stderr while the service runs: what a job prints goes to that job's log (its thread's
-    context), everything else to the service's own output."""
+    """sys.stdout / sys.stderr while the service runs: what a job prints (its libraries: the project logs, _JobLog)
+    goes to that job's log (its thread's context), everything else to the service's own output."""
 
     def __init__(self, own: IO[str]):
         self.own = own
@@ -102,6 +106,28 @@ class _Routed:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.own, name)
+
+
+class _JobLog(logging.Handler):
+    """The `cdc` logger's lines (spark_jobs.logs) while the service runs: a job's into that job's log (its thread's
+    context), the service's own to its standard output, or error, by level."""
+
+    def __init__(self, out: IO[str], err: IO[str]):
+        super().__init__()
+        self.out, self.err = out, err
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = self.format(record) + "\n"
+            job = _current_job.get()
+            if job is not None:
+                job.write(text)
+                return
+            stream = self.err if record.levelno >= logging.WARNING else self.out
+            stream.write(text)
+            stream.flush()
+        except Exception:
+            self.handleError(record)
 
 
 # how often a running job's Spark jobs are read: Spark's status tracker keeps only the application's last
@@ -200,7 +226,7 @@ class PipelineService:
             job.exit_code, job.finished, job.state = EXIT_TRANSIENT, time.time(), "failed"
             job.cause = "the pipeline service's Spark stopped before this job started; the service restarts, retry it"
             return
-        print(f"{_now()} job {job.id} started: {job.request.key or ''} {' '.join(job.argv[:2])} ...", flush=True)
+        log.info(f"{_now()} job {job.id} started: {job.request.key or ''} {' '.join(job.argv[:2])} ...")
         token = _current_job.set(job)
         spark = self._spark_context()
         counted = None
@@ -228,11 +254,10 @@ class PipelineService:
         job.state = "succeeded" if code == 0 else "failed"
         failure.unlink(missing_ok=True)
         (self.scratch / f"{job.id}.files.json").unlink(missing_ok=True)
-        print(f"{_now()} job {job.id} {job.state} (exit {code}) in {job.finished - job.started:.1f}s, "
-              f"{job.spark_jobs} Spark jobs", flush=True)
+        log.info(f"{_now()} job {job.id} {job.state} (exit {code}) in {job.finished - job.started:.1f}s, "
+                 f"{job.spark_jobs} Spark jobs")
         if self._spark_is_stopped():
-            print("Spark stopped under the service (its JVM died?): stopping, for the supervisor to restart it",
-                  file=sys.stderr, flush=True)
+            log.error("Spark stopped under the service (its JVM died?): stopping, for the supervisor to restart it")
             self.spark_stopped.set()
 
     @staticmethod
@@ -288,6 +313,8 @@ def serve(run_job: Callable[[list[str]], int], host: str, port: int, workers: in
     from spark_jobs.session import bind_spark
 
     bind_spark(host)  # its Spark on the service's own address, as the service itself
+    use_handler(_JobLog(sys.stdout, sys.stderr))
+    # what the libraries print (Spark's Python side, a traceback) follows the job too
     sys.stdout, sys.stderr = _Routed(sys.stdout), _Routed(sys.stderr)  # type: ignore[assignment]
     signal.signal(signal.SIGTERM, _interrupt)  # a supervisor's stop ends it like ^C: Spark shut down in order
     service = PipelineService(workers, settings(), run_job)
@@ -297,9 +324,9 @@ def serve(run_job: Callable[[list[str]], int], host: str, port: int, workers: in
         server = HttpServer(service, own)
         own = server.listener
         target = resolve(connection_file or settings().service_connection_file)
-        print(f"pipeline service on {own.scheme}://{host}:{own.port} ({workers} job threads, Spark {master}, "
-              f"ready in {time.monotonic() - started:.1f}s) for the lake {resolve_uri(service.deployment.lake_uri)}; "
-              f"its Airflow connection (address and secret) is in {target}", flush=True)
+        log.info(f"pipeline service on {own.scheme}://{host}:{own.port} ({workers} job threads, Spark {master}, "
+                 f"ready in {time.monotonic() - started:.1f}s) for the lake {resolve_uri(service.deployment.lake_uri)}; "
+                 f"its Airflow connection (address and secret) is in {target}")
         server.start()
         write_connection(target, own)
         try:

@@ -64,6 +64,7 @@ class Settings:
     alert_to: str = ""  # CDC_ALERT_TO: the addresses to mail, comma-separated
     run_deadline: int = 7200  # CDC_RUN_DEADLINE: seconds after a run is queued by which it should be done (0: no alert)
     debug: bool = False  # CDC_DEBUG: a failed run prints its traceback too
+    log_level: str = "INFO"  # CDC_LOG_LEVEL: DEBUG | INFO | WARNING | ERROR, the least a run's lines say (spark_jobs.logs)
 
     @staticmethod
     def variable(name: str) -> str:
@@ -75,7 +76,7 @@ _LEAST: dict[str, float] = {
     "sensor_timeout": 0, "sensor_poke_interval": 0.1, "max_gzip_bytes": 1, "shuffle_partitions": 1,
     "merge_source_mb": 0, "max_line_bytes": 1, "bronze_batch_files": 1, "table_workers": 1, "lock_timeout": 0,
     "run_deadline": 0}
-_CHOICES = {"delta_engine": ("delta-rs", "delta-spark")}
+_CHOICES = {"delta_engine": ("delta-rs", "delta-spark"), "log_level": ("DEBUG", "INFO", "WARNING", "ERROR")}
 _FIELDS = {f.name: f for f in fields(Settings)}
 
 

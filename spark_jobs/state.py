@@ -21,7 +21,10 @@ from typing import Any
 from spark_jobs.errors import ConfigError, TableBusy
 from spark_jobs.lake import Lake, read_columns
 from spark_jobs.landing import LandingFile, LandingWindow, folder_of, list_topic
+from spark_jobs.logs import logger
 from spark_jobs.settings import environ, settings
+
+log = logger(__name__)
 
 
 def new_batch_id() -> str:
@@ -122,8 +125,8 @@ def check_lock_timeout(lake: Lake) -> None:
 
 
 def _waiting(name: str, holder: str, timeout_s: float) -> None:
-    print(f"waiting for the writer lock of {name}, held by {holder or 'another run'}; up to {timeout_s:.0f}s "
-          "(CDC_LOCK_TIMEOUT)", flush=True)
+    log.info(f"waiting for the writer lock of {name}, held by {holder or 'another run'}; up to {timeout_s:.0f}s "
+             "(CDC_LOCK_TIMEOUT)")
 
 
 _HOLDER = re.compile(r"^run \S+, pid (\d+), host ([^,\s]+),")

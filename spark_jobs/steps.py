@@ -4,14 +4,16 @@ line."""
 
 from __future__ import annotations
 
-import sys
 import time
 import traceback
 from typing import Any
 
 from spark_jobs.errors import ConfigError, GateFailed, LayerFailed, TableBusy, is_transient
+from spark_jobs.logs import logger
 from spark_jobs.registry import TableConfig
 from spark_jobs.settings import settings
+
+log = logger(__name__)
 
 
 def _flat(value: Any) -> Any:
@@ -88,7 +90,7 @@ class Steps:
             event_log.record_run(self.engine, self.lake, self.batch_id, lambda: report.load_run(self.lake, self.batch_id))
         except Exception as failed:
             if exc is not None:
-                print(f"event log: run {self.batch_id} not recorded: {failed}", file=sys.stderr, flush=True)
+                log.warning(f"event log: run {self.batch_id} not recorded: {failed}")
             else:
                 raise LayerFailed("event_log", "report", failed, is_transient(failed)) from failed
         finally:
@@ -133,10 +135,10 @@ class Steps:
             recorded.__cause__ = exc
             self.failures.append(recorded)
             self.failed_tables.add(table)
-            print(f"{layer:<6} {table:<22} FAILED: {failed}", flush=True)
+            log.info(f"{layer:<6} {table:<22} FAILED: {failed}")
             return False
         self._publish(summary.as_dict())
-        print(format_summary(summary.as_dict()), flush=True)
+        log.info(format_summary(summary.as_dict()))
         return True
 
     def raise_failures(self) -> None:
@@ -148,5 +150,5 @@ class Steps:
         deciding = min(self.failures, key=lambda f: (not isinstance(f, ConfigError), bool(getattr(f, "transient", False))))
         for failure in self.failures:
             if failure is not deciding:
-                print(str(failure), file=sys.stderr, flush=True)
+                log.error(str(failure))
         raise deciding

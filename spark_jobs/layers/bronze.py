@@ -54,6 +54,7 @@ from spark_jobs.layers.tombstones import (
     tombstone_counts,
     track_pending_tombstones,
 )
+from spark_jobs.logs import logger
 from spark_jobs.quality.audit import Audit, Figures, Tally, tally
 from spark_jobs.quality.expectations import flagged
 from spark_jobs.quality.gates import bronze_checks
@@ -62,6 +63,8 @@ from spark_jobs.registry import TableConfig
 from spark_jobs.session import ran_out_of_memory
 from spark_jobs.settings import settings
 from spark_jobs.state import advance_marks, ingest_log, ingested_files, read_marks
+
+log = logger(__name__)
 
 if TYPE_CHECKING:
     from spark_jobs.delta import Rows
@@ -129,8 +132,8 @@ def bronze_ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
                             mode="reprocess" if selection.reprocess else None,
                             waiting_for_keys=len(listing.waiting) if listing.waiting else None)
     if listing.waiting:
-        print(f"bronze {table.name}: {len(listing.waiting)} file(s) wait for their key file (record_keys), e.g. "
-              f"{listing.waiting[0].path}", flush=True)
+        log.info(f"bronze {table.name}: {len(listing.waiting)} file(s) wait for their key file (record_keys), e.g. "
+                 f"{listing.waiting[0].path}")
     if not files:
         summary.gate, summary.lines, summary.events, summary.tombstones = "skipped (no new files)", 0, 0, 0
         listing.advance(lake, table.name)  # files another run took (or recovered ones) move the marks too
@@ -174,9 +177,9 @@ def bronze_ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
             summary.absorb(part)
             unreadable_n += unreadable
             summary.quarantined_share = share(sum((summary.quarantined or {}).values()), (summary.lines or 0) + unreadable_n)
-            print(f"bronze {table.name}: batch {number}/{len(chunks)} committed: {len(chunk)} files, {part.lines} "
-                  f"lines, {part.events} events, {sum((part.quarantined or {}).values())} quarantined "
-                  f"({min(number * size, len(files))} of {len(files)} files)", flush=True)
+            log.info(f"bronze {table.name}: batch {number}/{len(chunks)} committed: {len(chunk)} files, {part.lines} "
+                     f"lines, {part.events} events, {sum((part.quarantined or {}).values())} quarantined "
+                     f"({min(number * size, len(files))} of {len(files)} files)")
     listing.advance(lake, table.name)
     return summary
 

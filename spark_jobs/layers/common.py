@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -17,9 +16,12 @@ from spark_jobs.errors import GateFailed
 from spark_jobs.lake import Lake
 from spark_jobs.landing import LandingFile
 from spark_jobs.layers.summary import Counts, LayerSummary
+from spark_jobs.logs import logger
 from spark_jobs.quality.audit import Audit
 from spark_jobs.quality.findings import GateResult
 from spark_jobs.quality.gates import Check, run_gate
+
+log = logger(__name__)
 
 QUARANTINE_MERGE = MergeSpec(keys=("layer", "_source_file", "_line"), insert_when="true")
 
@@ -103,11 +105,11 @@ def read_shared(layer: str, alone: str, passes: Iterable[list[T]], read: Callabl
         try:
             got = read(together)
         except Exception as exc:  # not swallowed: each table's own step runs next, and fails on its own if it must
-            print(f"{layer}: a shared pass over {len(together)} tables failed, each {alone}: "
-                  f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}", file=sys.stderr, flush=True)
+            log.warning(f"{layer}: a shared pass over {len(together)} tables failed, each {alone}: "
+                        f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}")
             continue
         reads |= got
-        print(f"{layer}: {done(together, got)} in one pass in {time.monotonic() - started:.3f} s", flush=True)
+        log.info(f"{layer}: {done(together, got)} in one pass in {time.monotonic() - started:.3f} s")
     return reads
 
 

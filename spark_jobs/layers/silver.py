@@ -4,7 +4,6 @@ ledger, history, the truncate log) and audited again: a failed gate leaves every
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -33,10 +32,13 @@ from spark_jobs.layers.history import TRUNCATE_LOG_MERGE, apply_history
 from spark_jobs.layers.silver_pass import TableBatch
 from spark_jobs.layers.silver_plan import BatchPlan, PlanCounts, merged_audit, plan_batch
 from spark_jobs.layers.summary import SilverSummary
+from spark_jobs.logs import logger
 from spark_jobs.quality.audit import Audit, Figures, tally
 from spark_jobs.quality.expectations import flagged
 from spark_jobs.quality.gates import Check, may_refuse, refuses, silver_checks
 from spark_jobs.registry import TableConfig
+
+log = logger(__name__)
 
 # Silver: apply the newest event per key when it is newer than the row (docs/architecture.md, "Silver").
 SILVER_MERGE = MergeSpec(keys=(), delete_when="s._op = 'd' AND s._seq > t._seq",
@@ -138,8 +140,8 @@ def silver_merge(spark: SparkSession, engine: DeltaEngine, table: TableConfig, l
         try:
             planned = silver_arrow.plan(lake, table, read)
         except pa.ArrowException as exc:  # not swallowed: nothing is written yet, and the table's own plan takes it
-            print(f"silver: {table.name}'s batch from the shared pass could not be planned on the driver, it plans "
-                  f"its own: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}", file=sys.stderr, flush=True)
+            log.warning(f"silver: {table.name}'s batch from the shared pass could not be planned on the driver, it plans "
+                        f"its own: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}")
     try:
         if read is not None and planned is not None:
             summary, truncated_at = apply_planned(spark, engine, table, lake, read, planned, batch_id), read.truncated_at

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import html
 import json
-import logging
 import os
 from collections.abc import Callable
 from functools import cache
@@ -21,10 +20,11 @@ from typing import Any
 from great_expectations.data_context.store.tuple_store_backend import TupleFilesystemStoreBackend, TupleStoreBackend
 from great_expectations.exceptions import InvalidKeyError
 
+from spark_jobs.logs import logger
 from spark_jobs.quality.docs_assets import VENDOR, offline_page, vendored_files, without_inline_code
 from spark_jobs.storage import is_s3, lake_files
 
-logger = logging.getLogger(__name__)
+log = logger(__name__)
 
 
 class LakeStoreBackend(TupleFilesystemStoreBackend):
@@ -149,8 +149,8 @@ class DataDocsStoreBackend(LakeStoreBackend):
             depth = relative.count("/")
             value, dropped = without_inline_code(offline_page(value, depth), depth)
             if dropped:  # GX's templates write none such: say so rather than lose it silently
-                logger.warning("Data Docs page %s: %d script(s) GX's templates do not write were left out", relative,
-                               dropped)
+                log.warning("Data Docs page %s: %d script(s) GX's templates do not write were left out", relative,
+                            dropped)
         return super()._set(key, value, **kwargs)
 
     def _ensure_assets(self) -> None:
