@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -164,26 +163,23 @@ def data_docs_text(page: Path) -> str:
 
 @contextmanager
 def smtp_sink() -> Iterator[tuple[int, list[email.message.Message]]]:
-    """A local SMTP server on a free loopback port keeping every message it is sent (what a notifier mails):
-    yields its port and the list the messages arrive in."""
-    import asyncore  # standard library up to Python 3.11, as smtpd; no SMTP server package is pinned
-    import smtpd
+    """A local SMTP server (aiosmtpd) on a free loopback port keeping every message it is sent (what a notifier
+    mails): yields its port and the list the messages arrive in."""
+    from aiosmtpd.controller import Controller
 
     received: list[email.message.Message] = []
 
-    class Sink(smtpd.SMTPServer):
-        def process_message(self, peer, mailfrom, rcpttos, data, **kwargs):  # noqa: ANN001
-            received.append(email.message_from_bytes(data if isinstance(data, bytes) else data.encode()))
+    class Keep:
+        async def handle_DATA(self, server, session, envelope):  # noqa: ANN001, N802 (aiosmtpd's hook)
+            received.append(email.message_from_bytes(envelope.original_content or envelope.content))
+            return "250 OK"
 
-    port = free_port()
-    server = Sink(("127.0.0.1", port), None, decode_data=False)
-    loop = threading.Thread(target=asyncore.loop, kwargs={"timeout": 0.2}, daemon=True)
-    loop.start()
+    controller = Controller(Keep(), hostname="127.0.0.1", port=free_port())
+    controller.start()
     try:
-        yield port, received
+        yield controller.port, received
     finally:
-        server.close()
-        loop.join(timeout=5)
+        controller.stop()
 
 
 def smtp_connection(port: int) -> str:
