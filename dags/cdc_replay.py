@@ -16,7 +16,8 @@ guards writers outside Airflow), so it is safe to trigger at any time.
 
 from __future__ import annotations
 
-from airflow.sdk import DAG, ParamsDict, TriggerRule, get_current_context, task
+# ParamsDict is public in airflow.sdk; the Task SDK's __init__.pyi, which type checkers read, does not list it yet
+from airflow.sdk import DAG, ParamsDict, TriggerRule, get_current_context, task  # type: ignore[attr-defined]
 
 from cdc_airflow.callbacks import run_deadline
 from cdc_airflow.operators import CdcSparkJob

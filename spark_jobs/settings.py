@@ -82,7 +82,8 @@ _FIELDS = {f.name: f for f in fields(Settings)}
 
 def setting_value(name: str, raw: str) -> object:
     """A setting's value from its text, or ValueError naming its variable and what it must be."""
-    variable, kind = Settings.variable(name), type(_FIELDS[name].default)
+    variable, kind = Settings.variable(name), type(_FIELDS[name].default)  # every field has a plain default
+    assert kind in (bool, int, float, str), kind
     if kind is bool:
         return raw.lower() not in ("0", "false", "no")
     try:

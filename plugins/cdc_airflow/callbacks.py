@@ -88,7 +88,8 @@ def run_deadline() -> Any:
     seconds = settings().run_deadline
     if seconds <= 0 or _in_dags_test():
         return None
-    from airflow.sdk import AsyncCallback, DeadlineAlert, DeadlineReference
+    # public in airflow.sdk; the Task SDK's __init__.pyi, which type checkers read, does not list them yet
+    from airflow.sdk import AsyncCallback, DeadlineAlert, DeadlineReference  # type: ignore[attr-defined]
 
     mail = _mail(DEADLINE_SUBJECT, DEADLINE_HTML)
     if mail is None:
