@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from spark_jobs.errors import EXIT_TRANSIENT
-from spark_jobs.logs import logger, use_handler
+from spark_jobs.logs import StandardStreams, logger, use_handler
 from spark_jobs.service_client import JobRequest, JobStatus, ServiceConnection
 from spark_jobs.service_credentials import write_private
 from spark_jobs.service_http import HttpServer, Listener, listener
@@ -108,24 +108,17 @@ class _Routed:
         return getattr(self.own, name)
 
 
-class _JobLog(logging.Handler):
+class _JobLog(StandardStreams):
     """The `cdc` logger's lines (spark_jobs.logs) while the service runs: a job's into that job's log (its thread's
-    context), the service's own to its standard output, or error, by level."""
-
-    def __init__(self, out: IO[str], err: IO[str]):
-        super().__init__()
-        self.out, self.err = out, err
+    context); the service's own to its standard output or error, by level, as anywhere else."""
 
     def emit(self, record: logging.LogRecord) -> None:
+        job = _current_job.get()
+        if job is None:
+            super().emit(record)
+            return
         try:
-            text = self.format(record) + "\n"
-            job = _current_job.get()
-            if job is not None:
-                job.write(text)
-                return
-            stream = self.err if record.levelno >= logging.WARNING else self.out
-            stream.write(text)
-            stream.flush()
+            job.write(self.format(record) + "\n")
         except Exception:
             self.handleError(record)
 
@@ -313,7 +306,7 @@ def serve(run_job: Callable[[list[str]], int], host: str, port: int, workers: in
     from spark_jobs.session import bind_spark
 
     bind_spark(host)  # its Spark on the service's own address, as the service itself
-    use_handler(_JobLog(sys.stdout, sys.stderr))
+    use_handler(_JobLog())
     # what the libraries print (Spark's Python side, a traceback) follows the job too
     sys.stdout, sys.stderr = _Routed(sys.stdout), _Routed(sys.stderr)  # type: ignore[assignment]
     signal.signal(signal.SIGTERM, _interrupt)  # a supervisor's stop ends it like ^C: Spark shut down in order

@@ -21,7 +21,7 @@ from spark_jobs.settings import Settings, resolve, resolve_uri, setting_value
 COMMANDS = ("run", "maintain")  # what the service runs; the others are a user's own process
 # the settings a job may bring (how it runs, never where it reads or writes)
 JOB_SETTINGS = ("debug", "delta_engine", "lock_timeout", "bronze_batch_files")
-CONN_TYPE = "cdc_pipeline_service"  # the service's Airflow connection type (cdc_airflow.hooks.PipelineServiceHook)
+CONN_TYPE = "cdc_pipeline_service"  # the service's Airflow connection type (cdc_airflow.service_hook.PipelineServiceHook)
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")  # a table's or gold model's name in a request
 
 
@@ -217,7 +217,7 @@ class ServiceConnection:
 
     def airflow_json(self) -> str:
         """Airflow's JSON form of the connection (AIRFLOW_CONN_<ID>, or `airflow connections import`): of the
-        service's own type (cdc_airflow.hooks.PipelineServiceHook), the CA file as the HTTP provider's `verify`."""
+        service's own type (cdc_airflow.service_hook.PipelineServiceHook), the CA file as the HTTP provider's `verify`."""
         url = urlparse(self.url)
         return json.dumps({"conn_type": CONN_TYPE, "host": url.hostname, "port": url.port, "schema": url.scheme,
                            "password": self.token, "description": "the CDC pipeline service (python -m spark_jobs serve)",

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from airflow.providers.http.hooks.http import HttpHook
+from requests import Request, RequestException
 
 from spark_jobs.service_client import CONN_TYPE, JobRequest, JobStatus, ServiceError
 
@@ -52,8 +53,6 @@ class PipelineServiceHook(HttpHook):
         return self.base_url
 
     def _call(self, method: str, endpoint: str, body: dict[str, Any] | None = None) -> Any:
-        from requests import Request, RequestException
-
         session = self.get_conn()
         url = self.url_from_endpoint(endpoint)
         prepared = session.prepare_request(Request(method, url, json=body))

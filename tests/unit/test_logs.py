@@ -58,7 +58,9 @@ def test_the_log_level_keeps_the_lines_at_or_above_it(tmp_path, capsys, monkeypa
 def test_in_the_service_each_jobs_lines_go_to_its_own_log(monkeypatch):
     """Two jobs log at once on their threads: each log holds its own lines, the service's output neither."""
     out, err = io.StringIO(), io.StringIO()
-    logs.use_handler(service._JobLog(out, err))
+    monkeypatch.setattr("sys.stdout", out)  # the service's own streams
+    monkeypatch.setattr("sys.stderr", err)
+    logs.use_handler(service._JobLog())
     log = logs.logger("spark_jobs.steps")
     jobs = {name: service._Job(id=name, request=JobRequest()) for name in ("first", "second")}
     both_started = threading.Barrier(2)
