@@ -22,7 +22,7 @@ from spark_jobs.landing import LandingFile, spark_paths
 from spark_jobs.layers.common import checkpoint, lookup, now
 from spark_jobs.layers.landing_reader import read_landing
 from spark_jobs.layers.summary import Counts
-from spark_jobs.layers.tombstones import TombstoneCounts, preceding_rows
+from spark_jobs.layers.tombstones import TombstoneCounts, counting, preceding_rows
 from spark_jobs.quality.audit import Tally, tally_by
 from spark_jobs.quality.expectations import QUARANTINE, flagged, row_checks
 from spark_jobs.registry import TableConfig
@@ -84,11 +84,13 @@ def fold_tally(groups: Iterable[Row]) -> LineTally:
 
 
 def audited_lines(classified: DataFrame, matched: DataFrame | None, *by: str) -> DataFrame:
-    """The lines bronze's gate audits: the change events, and the tombstone lines with whether each follows a delete."""
+    """The lines bronze's gate audits: the change events, and the tombstone lines with whether each follows a delete
+    (and what tombstones.counting reads)."""
     change_events = classified.where(f"_kind <> 'tombstone' AND _json_ok AND op IN {envelope.OPS}")
     if matched is None:
         return change_events.withColumn("_follows_delete", F.lit(None).cast("boolean"))
-    return change_events.unionByName(matched.select(*by, "_follows_delete"), allowMissingColumns=True)
+    return change_events.unionByName(matched.select(*by, "_follows_delete", "_previous_unseen", "_part", "_source_file"),
+                                     allowMissingColumns=True)
 
 
 @dataclass(frozen=True)
@@ -145,8 +147,13 @@ def read_together(spark: SparkSession, engine: DeltaEngine, lake: Lake, landing:
         for group in tally_groups(classified, "_table"):
             groups[group["_table"]].append(group)
         tallies = {name: fold_tally(table_groups) for name, table_groups in groups.items()}
-        matched, tombstones = _match_tombstones(spark, engine, lake, classified, tallies, table_of)
-        audits = tally_by({"events": audited_lines(classified, matched, "_table")}, flagged("bronze"), "_table")
+        matched = _match_tombstones(spark, engine, lake, classified, tallies, table_of)
+        # the tombstones' counts in the audit's aggregate: no Spark job of their own
+        audited = tally_by({"events": audited_lines(classified, matched, "_table")}, flagged("bronze"), "_table",
+                           counting() if matched is not None else None)
+        audits = {name: a.tallies for name, a in audited.items()}
+        tombstones = {name: TombstoneCounts(a.measures["matched"], a.measures["waiting"])
+                      for name, a in audited.items() if matched is not None}
         events_by = _split(bronze_rows(classified.where("_kind = 'event'"), batch_id, 0, "_table").toArrow())
         quarantined = any(t.quarantined for t in tallies.values())
         quarantine = classified.where("_kind = 'quarantine'").select("_table", "_source_file", "_line", "_raw",
@@ -173,21 +180,16 @@ def read_together(spark: SparkSession, engine: DeltaEngine, lake: Lake, landing:
 
 
 def _match_tombstones(spark: SparkSession, engine: DeltaEngine, lake: Lake, classified: DataFrame,
-                      tallies: dict[str, LineTally], table_of: dict[str, str]
-                      ) -> tuple[DataFrame | None, dict[str, TombstoneCounts]]:
+                      tallies: dict[str, LineTally], table_of: dict[str, str]) -> DataFrame | None:
     """Every table's tombstone lines matched to the records before them (bronze's rows too, for those opening a
-    file: their tables' earlier batches), counted by table. Topics are each one table's, so places never mix."""
+    file: their tables' earlier batches), by table. Topics are each one table's, so places never mix."""
     if not any(t.tombstones for t in tallies.values()):
-        return None, {}
+        return None
     earlier_parts = [rows.select("_source_file", "_line", "op") for name, t in tallies.items() if t.opening
                      if (rows := preceding_rows(spark, engine, lake, name, t.opening)) is not None]
     earlier = reduce(DataFrame.unionByName, earlier_parts) if earlier_parts else None
-    matched = checkpoint(envelope.match_tombstones(classified, earlier), True).withColumn(
+    return checkpoint(envelope.match_tombstones(classified, earlier), True).withColumn(
         "_table", lookup(table_of, F.col("_source_file")))
-    counts = matched.groupBy("_table").agg(
-        F.count(F.when(F.col("_follows_delete"), 1)).alias("matched"),
-        F.count(F.when(F.col("_previous_unseen") & (F.col("_part") != F.col("_source_file")), 1)).alias("waiting")).collect()
-    return matched, {r["_table"]: TombstoneCounts(r["matched"], r["waiting"]) for r in counts}
 
 
 def _split(rows: pa.Table) -> dict[str, pa.Table]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -226,23 +226,19 @@ class Figures:
     ties: int
 
 
-def figures(typed: DataFrame, newest: DataFrame, truncated_at: dict[str, str | None]) -> dict[str, Figures]:
-    """Every table's `Figures`, in one collect: the events' counts and the newest events' stacked, not joined (a join
-    of the two aggregates is a Spark job more, its broadcast)."""
-    events, position = typed.where("reason IS NULL"), F.struct("_key", "_seq")
-    none = F.lit(None).cast("long")
-    counted = events.groupBy("_table").agg(
-        F.count(F.lit(1)).alias("events"), F.countDistinct(position).alias("positions"),
-        F.countDistinct(F.when(_after_truncate(truncated_at), position)).alias("positions_after_truncate"),
-        none.alias("keys"), none.alias("ties"))
-    kept = newest.groupBy("_table").agg(none.alias("events"), none.alias("positions"),
-                                        none.alias("positions_after_truncate"), F.count(F.lit(1)).alias("keys"),
-                                        F.sum(F.col("_tie").cast("long")).alias("ties"))
-    found: dict[str, dict[str, int]] = {}
-    for row in counted.unionByName(kept).collect():
-        found.setdefault(row["_table"], {}).update({k: v for k, v in row.asDict().items() if v is not None})
-    return {name: Figures(f.get("events", 0), f.get("positions", 0), f.get("positions_after_truncate", 0),
-                          f.get("keys", 0), int(f.get("ties", 0))) for name, f in found.items() if "events" in f}
+@dataclass(frozen=True)
+class EventCounts:
+    """A table's typed row events counted in the pass's one aggregate: the first three of its Figures (keys and
+    ties are the newest events', counted where they are collected) and silver's checks on them."""
+
+    events: int
+    positions: int
+    positions_after_truncate: int
+    audit: dict[str, Tally]
+
+    def figures(self, latest: pa.Table) -> Figures:
+        ties = pc.sum(pc.cast(latest.column("_tie"), pa.int64())).as_py() if latest.num_rows else 0
+        return Figures(self.events, self.positions, self.positions_after_truncate, latest.num_rows, int(ties or 0))
 
 
 def _after_truncate(truncated_at: dict[str, str | None]) -> Column:
@@ -250,13 +246,21 @@ def _after_truncate(truncated_at: dict[str, str | None]) -> Column:
     return _case({name: F.col("_seq") > F.lit(at) if at else F.lit(True) for name, at in truncated_at.items()})
 
 
-def event_audits(typed: DataFrame) -> dict[str, dict[str, Tally]]:
-    """Every table's tallies of silver's checks on its row events (`silver_plan.event_audit` by (`_table`, `_key`)),
-    in one aggregate."""
-    audit = silver_plan.event_audit(typed, ("_table", "_key"), "_table")
-    return tally_by({"events": audit}, flagged("silver", "events"), "_table")
-
-
+def event_counts(typed: DataFrame, truncated_at: dict[str, str | None]) -> dict[str, EventCounts]:
+    """Every table's EventCounts, in one aggregate over `typed` (one partition: `typed_events`): silver's checks
+    (`silver_plan.event_audit` by (`_table`, `_key`)) and the counts beside them. A position is counted at its first
+    event (a window over the partition the audit's window uses), not by a distinct count: Spark plans distinct counts
+    with an exchange, a Spark job more."""
+    usable = F.col("reason").isNull()
+    position = Window.partitionBy("_table", "_key", "_seq", usable).orderBy("_source_file", "_line")
+    marked = typed.withColumns({"_first": F.row_number().over(position) == 1, "_after": _after_truncate(truncated_at)})
+    audit = silver_plan.event_audit(marked, ("_table", "_key"), "_table", "reason", "_first", "_after")
+    first = usable & F.col("_first")
+    counted = tally_by({"events": audit}, flagged("silver", "events"), "_table", {
+        "events": F.count(F.when(usable, 1)), "positions": F.count(F.when(first, 1)),
+        "positions_after_truncate": F.count(F.when(first & F.col("_after"), 1))})
+    return {name: EventCounts(c.measures["events"], c.measures["positions"], c.measures["positions_after_truncate"],
+                              c.tallies) for name, c in counted.items()}
 
 
 def may_join(table: TableConfig) -> bool:
@@ -320,7 +324,8 @@ class TableBatch:
 def read_together(spark: SparkSession, candidates: list[Candidate]) -> dict[str, TableBatch]:
     """The candidates' new bronze rows scanned, overviewed, typed, reduced to the newest event per key, counted and
     audited in one pass, and collected to the driver by table. A table the pass cannot type (`_typing`) is left out."""
-    events = scan(spark, candidates)
+    # a pass holds one task's rows (silver.read_pass): in one partition its aggregates need no exchange, each a job
+    events = scan(spark, candidates).coalesce(1)
     found = overviews(events, [c.table for c in candidates])
     by_name = {c.table.name: c for c in candidates}
     typings = {name: typing for name, overview in found.items() if (typing := _typing(by_name[name], overview))}
@@ -328,18 +333,18 @@ def read_together(spark: SparkSession, candidates: list[Candidate]) -> dict[str,
         return {}
     typed = typed_events(events.where(F.col("_table").isin(list(typings))), list(typings.values()))
     truncated_at = {name: by_name[name].truncated_at for name in typings}
-    newest = checkpoint(newest_per_key(typed, truncated_at), True)
-    counted, audits = figures(typed, newest, truncated_at), event_audits(typed)
+    counted = event_counts(typed, truncated_at)
+    none = EventCounts(0, 0, 0, {e.name: Tally(0, 0) for e in flagged("silver", "events")})
     quarantine: dict[str, list[tuple[str, int, str, str]]] = {name: [] for name in typings}
     # a row event typing quarantined is one the counts lack: none, no collect (a Spark job)
-    if any(counted.get(name, Figures(0, 0, 0, 0, 0)).events < found[name].figures["changes"] for name in typings):
+    if any(counted.get(name, none).events < found[name].figures["changes"] for name in typings):
         for r in typed.where("reason IS NOT NULL").select("_table", *QUARANTINED_COLUMNS).collect():
             quarantine[r["_table"]].append((r["_source_file"], r["_line"], r["_raw"], r["reason"]))
-    latest, received = _collect(typed, newest, typings)
-    no_audit = {e.name: Tally(0, 0) for e in flagged("silver", "events")}
+    # the newest events are read once, by the collect: not materialised
+    latest, received = _collect(typed, newest_per_key(typed, truncated_at), typings)
     return {name: TableBatch(
         by_name[name].applied, by_name[name].truncated_at, by_name[name].silver_version, by_name[name].files.version,
-        found[name].figures, counted.get(name, Figures(0, 0, 0, 0, 0)), audits.get(name, no_audit),
+        found[name].figures, counted.get(name, none).figures(latest[name]), counted.get(name, none).audit,
         quarantine[name], latest[name], received[name]) for name in typings}
 
 

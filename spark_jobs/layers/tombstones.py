@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark_jobs.debezium import envelope
@@ -21,10 +21,15 @@ class TombstoneCounts:
     waiting: int  # tombstone lines whose previous record is in an earlier file not landed yet
 
 
+def counting() -> dict[str, Column]:
+    """TombstoneCounts' fields as aggregates over matched tombstone lines (envelope.match_tombstones' columns); null
+    elsewhere, so they may be counted among other rows."""
+    return {"matched": F.count(F.when(F.col("_follows_delete"), 1)),
+            "waiting": F.count(F.when(F.col("_previous_unseen") & (F.col("_part") != F.col("_source_file")), 1))}
+
+
 def tombstone_counts(matched: DataFrame) -> TombstoneCounts:
-    row = one_row(matched.agg(
-        F.count(F.when(F.col("_follows_delete"), 1)).alias("matched"),
-        F.count(F.when(F.col("_previous_unseen") & (F.col("_part") != F.col("_source_file")), 1)).alias("waiting")))
+    row = one_row(matched.agg(*[c.alias(name) for name, c in counting().items()]))
     return TombstoneCounts(row["matched"], row["waiting"])
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import reduce
 
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from spark_jobs.quality.expectations import Expectation
@@ -59,29 +59,44 @@ def tally(frames: dict[str, DataFrame], checks: list[Expectation], keys: tuple[s
     """Each check's tally over its rows (`frames` by the name the records give them), in one Spark action: each
     frame's flags are evaluated in place, the frames' flag columns stacked and counted in one aggregate (one Spark
     job when the frames are one partition each; a shuffle the frames' own plans need adds its stage)."""
-    return _tallies(frames, checks, keys, None).get("", {e.name: Tally(0, 0) for e in checks if e.rows in frames})
+    found = _tallies(frames, checks, keys, None, {})
+    return found[""].tallies if "" in found else {e.name: Tally(0, 0) for e in checks if e.rows in frames}
 
 
-def tally_by(frames: dict[str, DataFrame], checks: list[Expectation], by: str) -> dict[str, dict[str, Tally]]:
+def tally_by(frames: dict[str, DataFrame], checks: list[Expectation], by: str,
+             measures: dict[str, Column] | None = None) -> dict[str, Tallied]:
     """`tally` of each value of the column `by` (every frame has it), in the same one aggregate: many tables'
-    batches audited at once. A value with no rows is absent (its tallies are all zero)."""
-    return _tallies(frames, checks, (), by)
+    batches audited at once. `measures`: counts the caller takes from the same aggregate (aggregate columns over
+    the frames' own columns), so that they cost no Spark job of their own. A value with no rows is absent (its
+    tallies are all zero)."""
+    return _tallies(frames, checks, (), by, measures or {})
+
+
+@dataclass(frozen=True)
+class Tallied:
+    """One group's tallies, and the measures counted with them."""
+
+    tallies: dict[str, Tally]
+    measures: dict[str, int]
 
 
 def _tallies(frames: dict[str, DataFrame], checks: list[Expectation], keys: tuple[str, ...],
-             by: str | None) -> dict[str, dict[str, Tally]]:
+             by: str | None, measures: dict[str, Column]) -> dict[str, Tallied]:
     counted = [e for e in checks if e.rows in frames]
-    if not counted:
+    if not counted and not measures:
         return {}
     group = [by] if by else []
     parts = []
     for name, df in frames.items():
         own = [(n, e) for n, e in enumerate(counted) if e.rows == name]
-        if own:
+        if own or measures:
             df = _keyed(df, keys, any("_key_rows" in (e.flag or "") for _, e in own))
-            parts.append(df.select(*group, *[F.expr(e.flag or "").cast("boolean").alias(f"_c{n}") for n, e in own]))
+            kept = [c for c in df.columns if c not in group] if measures else []
+            parts.append(df.select(*group, *kept, *[F.expr(e.flag or "").cast("boolean").alias(f"_c{n}") for n, e in own]))
     stacked = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), parts)
     rows = stacked.groupBy(*group).agg(*[agg for n in range(len(counted)) for agg in (
-        F.count(f"_c{n}").alias(f"a{n}"), F.count(F.when(~F.col(f"_c{n}"), 1)).alias(f"f{n}"))]).collect()
-    return {(row[by] if by else ""): {e.name: Tally(row[f"a{n}"], row[f"f{n}"]) for n, e in enumerate(counted)}
+        F.count(f"_c{n}").alias(f"a{n}"), F.count(F.when(~F.col(f"_c{n}"), 1)).alias(f"f{n}"))],
+        *[m.alias(f"m_{name}") for name, m in measures.items()]).collect()
+    return {(row[by] if by else ""): Tallied({e.name: Tally(row[f"a{n}"], row[f"f{n}"]) for n, e in enumerate(counted)},
+                                             {name: int(row[f"m_{name}"] or 0) for name in measures})
             for row in rows}
