@@ -11,7 +11,7 @@ from pyspark.sql import functions as F
 
 from spark_jobs.debezium import avro, envelope, types
 from spark_jobs.landing import LandingFile, exact_line, file_too_large, landing_read_problem, read_problem
-from spark_jobs.layers.common import checkpoint
+from spark_jobs.layers.common import checkpoint, lookup
 from spark_jobs.settings import settings
 from spark_jobs.storage import open_input
 
@@ -191,9 +191,16 @@ def _json_lines(spark: SparkSession, staged: dict[str, LandingFile],
             unreadable[f] = f"unreadable_file: {_name(f)}: {problem}"
     if not numbering:
         return None, unreadable
-    mapping = spark.createDataFrame(numbering, "_uri STRING, _block BIGINT, _first BIGINT, _before BIGINT, _source_file STRING")
-    numbered = scan.join(F.broadcast(mapping), ["_uri", "_block"]).select(
-        "_source_file", (F.col("_row") - F.col("_first") + F.col("_before") + 1).alias("_line"), "_text")
+    if together:  # a small batch's few blocks: literal lookups, where a broadcast of the mapping is a Spark job
+        shift = lookup({f"{uri} {block}": before + 1 - first for uri, block, first, before, _ in numbering},
+                       F.concat_ws(" ", "_uri", F.col("_block").cast("string")))
+        numbered = scan.select(lookup({uri: path for uri, _, _, _, path in numbering}, F.col("_uri")).alias("_source_file"),
+                               (F.col("_row") + shift).alias("_line"), "_text")
+    else:  # a lookup in a literal map is a scan of its entries: per line, over thousands of blocks, a join is cheaper
+        mapping = spark.createDataFrame(numbering, "_uri STRING, _block BIGINT, _first BIGINT, _before BIGINT, "
+                                                   "_source_file STRING")
+        numbered = scan.join(F.broadcast(mapping), ["_uri", "_block"]).select(
+            "_source_file", (F.col("_row") - F.col("_first") + F.col("_before") + 1).alias("_line"), "_text")
     utf8 = F.expr("is_valid_utf8(_text)")
     lines = envelope.line_fields(numbered.where(utf8) if invalid else numbered, max_line)
     if not invalid:
