@@ -119,8 +119,12 @@ def checkpoint(df: DataFrame, together: bool) -> DataFrame:
     adaptive execution each shuffle is a Spark job of its own. For a small batch those jobs cost more than a
     second core gains. Marked on the checkpoint, not before it: adaptive execution plans an aggregate, window or
     join as a whole, and the checkpoint of such a plan does not know its partitions."""
-    materialised = df.localCheckpoint()
-    return materialised.coalesce(1) if together else materialised
+    if not together:
+        return df.localCheckpoint()
+    # lazily: the plan is cut here all the same, and the rows are made (and kept) by the first Spark job that reads
+    # them, in its own stage, not by a job of their own. (A plan with an exchange would still run its shuffle now:
+    # a small batch's plans have none.)
+    return df.localCheckpoint(eager=False).coalesce(1)
 
 
 def join_side(df: DataFrame, together: bool) -> DataFrame:
