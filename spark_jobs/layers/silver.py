@@ -249,16 +249,13 @@ def apply_planned(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     gates = _Gates(check, {}, table, lake, summary, checks)
     gates.before(audit, table.quality.breaker_trips(quarantined, summary.quarantined_share or 0))
 
-    def source(rows: pa.Table, path: str) -> DataFrame | pa.Table:
-        # into no table, a merge is an initial load whose insert clause Spark applies (DeltaEngine.merge): one commit,
-        # as the table's own plan makes
-        return rows if engine.version(path) is not None else spark.createDataFrame(rows)
-
+    # into no table, delta-rs creates it empty and merges (two commits), where a Spark DataFrame's insert clause would
+    # be a Spark job of its own (DeltaEngine.merge): a whole database's initial load paid it twice a table
     target_path, ledger_path = lake.silver(table.name), lake.tombstones(table.name)
-    result = engine.merge(source(plan.rows, target_path), target_path, replace(SILVER_MERGE, keys=table.keys),
+    result = engine.merge(plan.rows, target_path, replace(SILVER_MERGE, keys=table.keys),
                           small=True) if plan.rows.num_rows else None
     if plan.ledger is not None:
-        engine.merge(source(plan.ledger, ledger_path), ledger_path, replace(LEDGER_MERGE, keys=table.keys), small=True)
+        engine.merge(plan.ledger, ledger_path, replace(LEDGER_MERGE, keys=table.keys), small=True)
     removed = result.deleted if result else 0
     summary.inserted, summary.updated = (result.inserted, result.updated) if result else (0, 0)
     summary.deleted = removed
