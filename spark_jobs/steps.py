@@ -1,16 +1,20 @@
 """How a command's layer steps run over its tables: each under its table's writer lock, tables side by side
 (`each_table`), a failed table alone (`Steps`), every summary published to the run's report and printed as one
-line."""
+line. Steps that each would pay a Spark job for the same question midway ask it instead, and a pass's steps are
+answered together (`Steps.run_together`)."""
 
 from __future__ import annotations
 
+import inspect
 import time
 import traceback
+from collections.abc import Callable, Generator, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
 from typing import Any
 
 from spark_jobs.errors import ConfigError, GateFailed, LayerFailed, TableBusy, is_transient
 from spark_jobs.logs import logger
-from spark_jobs.registry import TableConfig
 from spark_jobs.settings import settings
 
 log = logger(__name__)
@@ -34,7 +38,7 @@ def format_summary(s: dict[str, Any]) -> str:
     return f"{s['layer']:<6} {s['table']:<22} {fields}"
 
 
-def each_table(spark: Any, tables: list[TableConfig], work: Any, workers: int) -> None:
+def each_table(spark: Any, tables: Sequence[Any], work: Callable[[Any], Any], workers: int) -> None:
     """`work(table)` for every table, up to `workers` at once. Each worker thread runs in a copy of the caller's
     context (a service job's settings and output are context variables) and with its Spark job group (the
     service counts and cancels a job's Spark jobs by it). The first exception stops what has not started and
@@ -106,21 +110,104 @@ class Steps:
             self.published.append(summary["table"])
 
     def run(self, table: str, layer: str, lock: str, fn: Any, *fn_args: Any) -> bool:
-        """Runs one step; False when it failed on its table's data or settings (recorded for raise_failures)."""
-        from spark_jobs.layers.summary import LayerSummary
-        from spark_jobs.state import writer_lock
+        """Runs one step; False when it failed on its table's data or settings (recorded for raise_failures). A step
+        that asks a question on its way (`run_together`) is answered alone (`question.answer_alone()`)."""
+        opened = self._begin(table, layer, lock, fn, fn_args)
+        if not isinstance(opened, _Open):
+            return opened
+        try:
+            return self._end(opened, opened.question.answer_alone)
+        finally:
+            opened.close()
+
+    def run_together(self, runs: list[tuple[str, str, str, Any, tuple[Any, ...]]],
+                     answer: Callable[[dict[str, Any]], dict[str, Any]], workers: int) -> None:
+        """Runs steps (table, layer, lock, fn, fn_args) whose work may stop once to ask a question (a generator
+        that yields it and is sent the answer; any other step just runs): each up to its question, under its lock,
+        tables side by side; then `answer` once for every question asked, by table (what costs a Spark job each
+        alone costs one for them all); then each to its end, its lock held throughout. A step failing in either part
+        fails as in `run`; `answer` failing fails the run (it is not one table's), every open step closed unfinished,
+        as a killed run leaves it."""
+        opened: dict[str, _Open] = {}
+
+        def begin(run: tuple[str, str, str, Any, tuple[Any, ...]]) -> None:
+            got = self._begin(*run)
+            if isinstance(got, _Open):
+                opened[got.table] = got
 
         try:
-            with writer_lock(self.lake, lock, self.batch_id):
-                started = time.monotonic()
-                summary = fn(self.spark, self.engine, *fn_args)
-                summary.seconds = round(time.monotonic() - started, 3)  # the layer's work, without the lock wait
+            each_table(self.spark, runs, begin, workers)
+            if opened:
+                answers = answer({name: o.question for name, o in opened.items()})
+                each_table(self.spark, list(opened.values()), lambda o: self._end(o, lambda: answers[o.table]), workers)
+        finally:
+            for o in opened.values():
+                o.close()
+
+    def _begin(self, table: str, layer: str, lock: str, fn: Any, fn_args: tuple[Any, ...]) -> bool | _Open:
+        """A step up to its question (its lock then held), or to its end: True, or False when it failed."""
+        from spark_jobs.state import writer_lock
+
+        locks = ExitStack()
+
+        def first() -> Any:
+            locks.enter_context(writer_lock(self.lake, lock, self.batch_id))
+            started = time.monotonic()
+            work = fn(self.spark, self.engine, *fn_args)
+            if not inspect.isgenerator(work):
+                return _Done(work, time.monotonic() - started)
+            try:
+                question = next(work)
+            except StopIteration as done:
+                return _Done(done.value, time.monotonic() - started)
+            return _Open(table, layer, locks, work, question, time.monotonic() - started)
+
+        got: Any = False
+        try:
+            got = self._attempt(table, layer, first)
+        finally:
+            if not isinstance(got, _Open):  # finished, failed or raised: the lock goes now
+                locks.close()
+        return got if isinstance(got, _Open) else self._done(got)
+
+    def _end(self, opened: _Open, answer: Callable[[], Any]) -> bool:
+        """An open step sent its answer, to its end; its lock released."""
+        def rest() -> _Done:
+            started = time.monotonic()
+            try:
+                opened.work.send(answer())
+            except StopIteration as done:
+                return _Done(done.value, opened.seconds + time.monotonic() - started)
+            raise AssertionError(f"{opened.layer} {opened.table}: a step asks one question")
+
+        try:
+            got = self._attempt(opened.table, opened.layer, rest)
+        finally:
+            opened.close()
+        return self._done(got)
+
+    def _done(self, got: _Done | bool) -> bool:
+        """A finished step's summary published and printed; False for a failed one (recorded already)."""
+        if not isinstance(got, _Done):
+            return got
+        summary = got.summary
+        summary.seconds = round(got.seconds, 3)  # the layer's work, without the lock wait (or another table's)
+        self._publish(summary.as_dict())
+        log.info(format_summary(summary.as_dict()))
+        return True
+
+    def _attempt(self, table: str, layer: str, body: Callable[[], Any]) -> Any:
+        """`body()`; False when it failed on its table's data or settings (recorded for raise_failures, its summary
+        published with the cause); any other failure is raised."""
+        try:
+            return body()
         except Exception as exc:
             if settings().debug:
                 traceback.print_exc()
-            gate_failed = isinstance(exc, GateFailed)
+            from spark_jobs.layers.summary import LayerSummary
             from spark_jobs.session import ran_out_of_memory
 
+            gate_failed = isinstance(exc, GateFailed)
             transient = is_transient(exc) and not ran_out_of_memory(exc)
             failed = LayerFailed(table, layer, exc, transient, exc.summary if isinstance(exc, GateFailed) else None)
             # the run's report shows the failure too, with the failed gate's findings and counts
@@ -137,9 +224,6 @@ class Steps:
             self.failed_tables.add(table)
             log.info(f"{layer:<6} {table:<22} FAILED: {failed}")
             return False
-        self._publish(summary.as_dict())
-        log.info(format_summary(summary.as_dict()))
-        return True
 
     def raise_failures(self) -> None:
         """Fail the run when a step failed: every other failure on its line, then the one deciding the exit code
@@ -152,3 +236,26 @@ class Steps:
             if failure is not deciding:
                 log.error(str(failure))
         raise deciding
+
+
+@dataclass(frozen=True)
+class _Done:
+    summary: Any  # the step's LayerSummary
+    seconds: float  # its work, without the lock wait
+
+
+@dataclass
+class _Open:
+    """A step stopped at its question, its table's lock held."""
+
+    table: str
+    layer: str
+    locks: ExitStack
+    work: Generator[Any, Any, Any]
+    question: Any
+    seconds: float  # its work so far
+
+    def close(self) -> None:
+        """Unfinished: as a killed run leaves it (the step's own commits are a retry's to recover); its lock released."""
+        self.work.close()
+        self.locks.close()

@@ -4,6 +4,7 @@ ledger, history, the truncate log) and audited again: a failed gate leaves every
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -33,7 +34,7 @@ from spark_jobs.layers.silver_pass import TableBatch
 from spark_jobs.layers.silver_plan import BatchPlan, PlanCounts, merged_audit, plan_batch
 from spark_jobs.layers.summary import SilverSummary
 from spark_jobs.logs import logger
-from spark_jobs.quality.audit import Audit, Figures, tally
+from spark_jobs.quality.audit import Audit, Figures, Tally, tally, tally_each
 from spark_jobs.quality.expectations import flagged
 from spark_jobs.quality.gates import Check, may_refuse, refuses, silver_checks
 from spark_jobs.registry import TableConfig
@@ -124,10 +125,29 @@ def interrupted_work(engine: DeltaEngine, path: str, since_version: int | None, 
     return totals
 
 
+@dataclass(frozen=True)
+class MergedAudit:
+    """What a batch the silver pass read asks once merged: the tallies of silver's checks on its merged rows
+    (`frames`, one partition each, keyed by the table's `keys`). A pass's tables are answered together
+    (`tally_merged`, steps.Steps.run_together): one Spark job for them all, where each alone costs one."""
+
+    frames: dict[str, DataFrame]
+    keys: tuple[str, ...]
+
+    def answer_alone(self) -> dict[str, Tally]:
+        return tally(self.frames, flagged("silver"), self.keys)
+
+
+def tally_merged(asked: dict[str, MergedAudit]) -> dict[str, dict[str, Tally]]:
+    """Every asking table's tallies (by table), in one aggregate."""
+    return tally_each({name: (a.frames, a.keys) for name, a in asked.items()}, flagged("silver"), together=True)
+
+
 def silver_merge(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake: Lake, batch_id: str,
-                 read: TableBatch | None = None) -> SilverSummary:
+                 read: TableBatch | None = None) -> Generator[MergedAudit, dict[str, Tally], SilverSummary]:
     """Apply the bronze rows silver has not seen (gated inside), then record the progress. `read`: the batch as a
-    silver pass planned it (read_pass), taken when silver and bronze are still as the pass found them."""
+    silver pass planned it (read_pass), taken when silver and bronze are still as the pass found them; that batch
+    asks for its merged rows' tallies once merged (MergedAudit), before its gate."""
     progress = silver_progress(lake, table.name)
     bronze_version = engine.version(lake.bronze(table.name))
     if bronze_version is None or bronze_version <= progress.bronze_version:
@@ -144,7 +164,8 @@ def silver_merge(spark: SparkSession, engine: DeltaEngine, table: TableConfig, l
                         f"its own: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}")
     try:
         if read is not None and planned is not None:
-            summary, truncated_at = apply_planned(spark, engine, table, lake, read, planned, batch_id), read.truncated_at
+            summary = yield from apply_planned(spark, engine, table, lake, read, planned, batch_id)
+            truncated_at = read.truncated_at
         else:
             bronze = engine.read(spark, lake.bronze(table.name), version=bronze_version)
             assert bronze is not None
@@ -236,9 +257,11 @@ def apply_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
 
 
 def apply_planned(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake: Lake, read: TableBatch,
-                  plan: silver_arrow.ArrowPlan, batch_id: str, gate: Gate | None = None) -> SilverSummary:
+                  plan: silver_arrow.ArrowPlan, batch_id: str, gate: Gate | None = None
+                  ) -> Generator[MergedAudit, dict[str, Tally], SilverSummary]:
     """`apply_changes` for a batch the silver pass read (`read`), the rest of its plan made on the driver (`plan`,
-    layers/silver_arrow.py): the same gates, publishing and restore, written from there."""
+    layers/silver_arrow.py): the same gates, publishing and restore, written from there; the merged rows' tallies
+    asked for (MergedAudit)."""
     check = gate or partial(run_gate, actions=table.quality.actions)
     published = {path: engine.version(path) for path in lake.silver_tables(table.name).values()}
     summary = _counts(plan.counts, write_quarantine(engine, lake, table.name, read.quarantine, "silver", batch_id),
@@ -266,7 +289,8 @@ def apply_planned(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     # in one Spark job (three when Spark spreads the rows and shuffles them back: about 0.1 s more a table)
     merged = dict(zip(("rows", "deletes"), (spark.createDataFrame(t).coalesce(1)
                                             for t in silver_arrow.merged_audit(lake, table, read, batch_id)), strict=True))
-    gates.after(audit.with_tallies(tally(merged, flagged("silver"), table.keys)), engine, published)
+    tallies = yield MergedAudit(merged, table.keys)
+    gates.after(audit.with_tallies(tallies), engine, published)
     return summary
 
 

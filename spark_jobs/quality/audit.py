@@ -59,8 +59,18 @@ def tally(frames: dict[str, DataFrame], checks: list[Expectation], keys: tuple[s
     """Each check's tally over its rows (`frames` by the name the records give them), in one Spark action: each
     frame's flags are evaluated in place, the frames' flag columns stacked and counted in one aggregate (one Spark
     job when the frames are one partition each; a shuffle the frames' own plans need adds its stage)."""
-    found = _tallies(frames, checks, keys, None, {})
-    return found[""].tallies if "" in found else {e.name: Tally(0, 0) for e in checks if e.rows in frames}
+    return tally_each({"": (frames, keys)}, checks)[""]
+
+
+def tally_each(batches: dict[str, tuple[dict[str, DataFrame], tuple[str, ...]]], checks: list[Expectation],
+               together: bool = False) -> dict[str, dict[str, Tally]]:
+    """`tally` of many batches at once (by name: each its frames and its key columns): each batch's flags evaluated
+    on its own frames, then stacked with its name and counted in one aggregate. `together`: every frame is one
+    partition (a small batch's), and so is the stack: one Spark job for them all, where one each would cost a job
+    each. A batch without rows has every tally zero."""
+    found = _tallies(batches, checks, None, {}, together)
+    zero = {e.name: Tally(0, 0) for e in checks if any(e.rows in frames for frames, _ in batches.values())}
+    return {name: found[name].tallies if name in found else dict(zero) for name in batches}
 
 
 def tally_by(frames: dict[str, DataFrame], checks: list[Expectation], by: str,
@@ -69,7 +79,7 @@ def tally_by(frames: dict[str, DataFrame], checks: list[Expectation], by: str,
     batches audited at once. `measures`: counts the caller takes from the same aggregate (aggregate columns over
     the frames' own columns), so that they cost no Spark job of their own. A value with no rows is absent (its
     tallies are all zero)."""
-    return _tallies(frames, checks, (), by, measures or {})
+    return _tallies({"": (frames, ())}, checks, by, measures or {}, False)
 
 
 @dataclass(frozen=True)
@@ -80,23 +90,31 @@ class Tallied:
     measures: dict[str, int]
 
 
-def _tallies(frames: dict[str, DataFrame], checks: list[Expectation], keys: tuple[str, ...],
-             by: str | None, measures: dict[str, Column]) -> dict[str, Tallied]:
-    counted = [e for e in checks if e.rows in frames]
+_BATCH = "_cdc_batch"  # the batch a stacked flag row belongs to (tally_each)
+
+
+def _tallies(batches: dict[str, tuple[dict[str, DataFrame], tuple[str, ...]]], checks: list[Expectation],
+             by: str | None, measures: dict[str, Column], together: bool) -> dict[str, Tallied]:
+    """Grouped by `by` (a column of the frames) when given, else by batch."""
+    counted = [e for e in checks if any(e.rows in frames for frames, _ in batches.values())]
     if not counted and not measures:
         return {}
-    group = [by] if by else []
+    group = by or _BATCH
     parts = []
-    for name, df in frames.items():
-        own = [(n, e) for n, e in enumerate(counted) if e.rows == name]
-        if own or measures:
-            df = _keyed(df, keys, any("_key_rows" in (e.flag or "") for _, e in own))
-            kept = [c for c in df.columns if c not in group] if measures else []
-            parts.append(df.select(*group, *kept, *[F.expr(e.flag or "").cast("boolean").alias(f"_c{n}") for n, e in own]))
+    for batch, (frames, keys) in batches.items():
+        for name, df in frames.items():
+            own = [(n, e) for n, e in enumerate(counted) if e.rows == name]
+            if own or measures:
+                df = _keyed(df, keys, any("_key_rows" in (e.flag or "") for _, e in own))
+                kept = [c for c in df.columns if c != by] if measures else []
+                parts.append(df.select(F.col(by) if by else F.lit(batch).alias(_BATCH), *kept,
+                                       *[F.expr(e.flag or "").cast("boolean").alias(f"_c{n}") for n, e in own]))
     stacked = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), parts)
-    rows = stacked.groupBy(*group).agg(*[agg for n in range(len(counted)) for agg in (
+    if together and len(parts) > 1:  # each part one partition: so is their stack, and the aggregate needs no exchange
+        stacked = stacked.coalesce(1)
+    rows = stacked.groupBy(group).agg(*[agg for n in range(len(counted)) for agg in (
         F.count(f"_c{n}").alias(f"a{n}"), F.count(F.when(~F.col(f"_c{n}"), 1)).alias(f"f{n}"))],
         *[m.alias(f"m_{name}") for name, m in measures.items()]).collect()
-    return {(row[by] if by else ""): Tallied({e.name: Tally(row[f"a{n}"], row[f"f{n}"]) for n, e in enumerate(counted)},
-                                             {name: int(row[f"m_{name}"] or 0) for name in measures})
+    return {row[group]: Tallied({e.name: Tally(row[f"a{n}"], row[f"f{n}"]) for n, e in enumerate(counted)},
+                                {name: int(row[f"m_{name}"] or 0) for name in measures})
             for row in rows}

@@ -45,3 +45,89 @@ def test_the_first_failure_stops_the_tables_not_started_and_is_raised_once_the_r
         each_table(spark, [SimpleNamespace(name=n) for n in "abcde"], work, 2)
     # a, running beside b, ended first; b's worker may have taken c before the rest were called off
     assert "a" in ran and set(ran) <= {"a", "c"}
+
+
+def _busy(lake, name: str) -> bool:
+    """Is the table's writer lock held (by anyone, this process too: an OS file lock per open file)?"""
+    from spark_jobs.errors import TableBusy
+    from spark_jobs.state import writer_lock
+
+    try:
+        with writer_lock(lake, name, "probe", timeout_s=0):
+            return False
+    except TableBusy:
+        return True
+
+
+def test_steps_run_together_answer_every_question_at_once_under_each_tables_lock_and_fail_alone(spark, tmp_path):
+    """Steps.run_together: each step runs to its question under its lock, the questions are answered in one call,
+    each step ends with its own answer; a step that asks nothing just runs; a step failing before or after its
+    question fails alone; every lock is released at the end."""
+    from spark_jobs.errors import PipelineError
+    from spark_jobs.lake import Lake
+    from spark_jobs.layers.summary import LayerSummary
+    from spark_jobs.steps import Steps
+
+    lake = Lake(str(tmp_path / "lake"))
+    ended: dict[str, object] = {}
+
+    def step(spark, engine, name: str):
+        if name == "plain":  # asks nothing
+            return LayerSummary(table=name, layer="silver", batch_id="b1", gate="passed")
+        return asking(name)
+
+    def asking(name: str):
+        if name == "early":
+            raise PipelineError(name, "silver", "bad input before its question")
+        answer = yield f"question of {name}"
+        if name == "late":
+            raise PipelineError(name, "silver", "its gate failed after its question")
+        ended[name] = answer
+        return LayerSummary(table=name, layer="silver", batch_id="b1", gate="passed")
+
+    calls: list[dict[str, str]] = []
+
+    def answer(questions: dict[str, str]) -> dict[str, str]:
+        calls.append(dict(questions))
+        assert all(_busy(lake, name) for name in questions)  # each asking table's lock held while it waits
+        return {name: f"answer to {question}" for name, question in questions.items()}
+
+    steps = Steps(spark, None, lake, "b1")
+    names = ["a", "b", "plain", "early", "late", "c"]
+    steps.run_together([(n, "silver", n, step, (n,)) for n in names], answer, 2)
+    assert calls == [{n: f"question of {n}" for n in ("a", "b", "late", "c")}]
+    assert ended == {n: f"answer to question of {n}" for n in ("a", "b", "c")}
+    assert steps.failed_tables == {"early", "late"}
+    assert sorted(steps.published) == sorted(names)  # failed ones too, with their cause
+    assert not any(_busy(lake, n) for n in names)
+
+
+def test_steps_run_answers_a_question_alone_and_run_together_closes_open_steps_when_the_answer_fails(spark, tmp_path):
+    from spark_jobs.lake import Lake
+    from spark_jobs.layers.summary import LayerSummary
+    from spark_jobs.steps import Steps
+
+    lake = Lake(str(tmp_path / "lake"))
+    closed: list[str] = []
+
+    class Question:
+        def answer_alone(self):
+            return "alone"
+
+    def step(spark, engine, name: str):
+        try:
+            got = yield Question()
+        except GeneratorExit:
+            closed.append(name)
+            raise
+        return LayerSummary(table=name, layer="silver", batch_id="b1", gate=got)
+
+    steps = Steps(spark, None, lake, "b1")
+    assert steps.run("a", "silver", "a", step, "a") and not _busy(lake, "a")
+
+    def broken(questions):
+        raise RuntimeError("the store is down")
+
+    with pytest.raises(RuntimeError, match="the store is down"):
+        steps.run_together([(n, "silver", n, step, (n,)) for n in ("b", "c")], broken, 2)
+    assert sorted(closed) == ["b", "c"] and not any(_busy(lake, n) for n in ("b", "c"))
