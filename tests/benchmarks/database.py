@@ -119,13 +119,13 @@ def database(bench: Bench) -> None:
     warm_load = floor_seconds(bench, "load", source, floor_lake, tables, 0, lake)
     check_all(lake, floor_lake, tables, snapshot=True)
     figures = [Figure("D", f"initial load of {TABLES} tables x {ROWS} rows (one run), on the pipeline service",
-                      load_s, target="<= 60 s", warm_floor=warm_load)]
+                      load_s, target="<= 6x warm floor", warm_floor=warm_load)]
     land(source, landing, [f for _, g in tables for f in g.batches[1]])
     change_s, change_jobs = cycle(bench, config, landing, lake)
     warm_apply = floor_seconds(bench, "apply", source, floor_lake, tables, 1, lake)
     check_all(lake, floor_lake, tables, snapshot=False)
     figures.append(Figure("D", f"cycle with {EVENTS} events landed for each of {TABLES} tables, on the pipeline service",
-                          change_s, target="<= 100 s", warm_floor=warm_apply))
+                          change_s, target="<= 4x warm floor", warm_floor=warm_apply))
     idle_s, idle_jobs = cycle(bench, config, landing, lake)
     check_all(lake, floor_lake, tables, snapshot=False)
     figures.append(Figure("D", f"cycle with nothing landed for {TABLES} tables, on the pipeline service", idle_s,
@@ -138,7 +138,9 @@ def database(bench: Bench) -> None:
                    dag_parse_seconds(registry(work / "tables-d-parse.yaml", PARSE_TABLES), landing, lake),
                    target="<= 5 s")
     for figure in [*figures, parse]:
-        if figure.target:
+        if figure.target.endswith("x warm floor"):  # issue 56's: a ratio, these machines differing up to 2x in speed
+            figure.met = figure.project <= float(figure.target.split()[1].rstrip("x")) * (figure.warm_floor or 0)
+        elif figure.target:
             figure.met = figure.project <= float(figure.target.split()[1])
         bench.add(figure)
 

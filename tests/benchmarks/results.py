@@ -18,6 +18,14 @@ def _seconds(value: float | None, note: str) -> str:
     return f"{value:.0f}" if "count" in note else f"{value:.2f}x"
 
 
+# workloads whose sizes --scale does not change (tests/benchmarks/database.py): their rows have no scale
+UNSCALED = ("D", "DA")
+
+
+def _scale(workload: str, scale: Any) -> Any:
+    return None if workload in UNSCALED else scale
+
+
 def write_results(path: Path, bench: Any, info: dict[str, str], workloads: list[str], elapsed_s: float) -> None:
     """Writes this run's figures; earlier figures not measured again (other workloads, modes, engines or
     scales) are kept, so one can be run again on its own, each row saying its scale and when it was measured."""
@@ -26,13 +34,14 @@ def write_results(path: Path, bench: Any, info: dict[str, str], workloads: list[
     earlier = json.loads(raw_path.read_text()) if raw_path.exists() else {}
     kept = [{"measured": earlier.get("written", ""), "scale": earlier.get("scale"), **f}
             for f in earlier.get("figures", [])]
+    kept = [{**f, "scale": _scale(f["workload"], f["scale"])} for f in kept]
     current = [{**asdict(f), "ratio": f.ratio, "warm_ratio": f.warm_ratio, "spark_ratio": f.spark_ratio,
-                "scale": bench.scale, "measured": when}
+                "scale": _scale(f.workload, bench.scale), "measured": when}
                for f in bench.figures]
     # a figure measured again replaces its earlier row; the others (other modes, engines, scales) stay
     measured = {(f["workload"], f["name"], f["scale"]) for f in current}
     kept = [f for f in kept if (f["workload"], f["name"], f["scale"]) not in measured]
-    figures = sorted(kept + current, key=lambda f: (f["workload"], f["scale"]))
+    figures = sorted(kept + current, key=lambda f: (f["workload"], f["scale"] or 0))
     lines = [
         "# Benchmark results",
         "",
@@ -71,7 +80,7 @@ def write_results(path: Path, bench: Any, info: dict[str, str], workloads: list[
         lines.append(f"| {f['workload']} | {f['name']} | {_seconds(f['project'], f['note'])} "
                      f"| {_seconds(f['floor'], f['note'])} | {ratio} | {'' if not warm else f'{warm:.3f} s'} | {warm_ratio} "
                      f"| {'' if not spark else f'{spark:.3f} s'} | {spark_ratio} "
-                     f"| {f['target']} | {met} | {f['scale']} | {f['measured']} |")
+                     f"| {f['target']} | {met} | {'-' if f['scale'] is None else f['scale']} | {f['measured']} |")
     notes = [f for f in figures if f["note"]]
     if notes:
         lines += ["", *[f"- {f['workload']} {f['name']}: {f['note']}" for f in notes]]
