@@ -113,12 +113,7 @@ class Steps:
         """Runs one step; False when it failed on its table's data or settings (recorded for raise_failures). A step
         that asks a question on its way (`run_together`) is answered alone (`question.answer_alone()`)."""
         opened = self._begin(table, layer, lock, fn, fn_args)
-        if not isinstance(opened, _Open):
-            return opened
-        try:
-            return self._end(opened, opened.question.answer_alone)
-        finally:
-            opened.close()
+        return self._end(opened, opened.question.answer_alone) if isinstance(opened, _Open) else opened
 
     def run_together(self, runs: list[tuple[str, str, str, Any, tuple[Any, ...]]],
                      answer: Callable[[dict[str, Any]], dict[str, Any]], workers: int) -> None:
@@ -126,8 +121,9 @@ class Steps:
         that yields it and is sent the answer; any other step just runs): each up to its question, under its lock,
         tables side by side; then `answer` once for every question asked, by table (what costs a Spark job each
         alone costs one for them all); then each to its end, its lock held throughout. A step failing in either part
-        fails as in `run`; `answer` failing fails the run (it is not one table's), every open step closed unfinished,
-        as a killed run leaves it."""
+        fails as in `run`. When `answer` fails, each step is answered alone, as `run` does: one table's input never
+        fails the others. A run stopped midway (a transient failure) closes every open step unfinished, as a killed
+        run leaves it."""
         opened: dict[str, _Open] = {}
 
         def begin(run: tuple[str, str, str, Any, tuple[Any, ...]]) -> None:
@@ -135,11 +131,21 @@ class Steps:
             if isinstance(got, _Open):
                 opened[got.table] = got
 
+        def end(o: _Open) -> None:
+            joint = answers
+            self._end(o, o.question.answer_alone if joint is None else lambda: joint[o.table])
+
         try:
             each_table(self.spark, runs, begin, workers)
-            if opened:
+            if not opened:
+                return
+            answers: dict[str, Any] | None = None
+            try:
                 answers = answer({name: o.question for name, o in opened.items()})
-                each_table(self.spark, list(opened.values()), lambda o: self._end(o, lambda: answers[o.table]), workers)
+            except Exception as exc:  # not swallowed: each step is answered alone next, and fails on its own if it must
+                log.warning(f"{len(opened)} steps answered together failed, each is answered alone: "
+                            f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}")
+            each_table(self.spark, list(opened.values()), end, workers)
         finally:
             for o in opened.values():
                 o.close()

@@ -102,32 +102,36 @@ def test_steps_run_together_answer_every_question_at_once_under_each_tables_lock
     assert not any(_busy(lake, n) for n in names)
 
 
-def test_steps_run_answers_a_question_alone_and_run_together_closes_open_steps_when_the_answer_fails(spark, tmp_path):
+def test_a_lone_step_is_answered_alone_and_steps_whose_joint_answer_fails_are_each_answered_alone(spark, tmp_path):
+    """Steps.run answers a step's question alone; when run_together's joint answer fails, each step is answered alone
+    (one table's input never fails the others), and every lock is released."""
     from spark_jobs.lake import Lake
     from spark_jobs.layers.summary import LayerSummary
     from spark_jobs.steps import Steps
 
     lake = Lake(str(tmp_path / "lake"))
-    closed: list[str] = []
+    ended: dict[str, str] = {}
 
     class Question:
+        def __init__(self, name: str):
+            self.name = name
+
         def answer_alone(self):
-            return "alone"
+            if self.name == "poison":
+                raise ValueError("poison's own rows cannot be tallied")
+            return f"{self.name} alone"
 
     def step(spark, engine, name: str):
-        try:
-            got = yield Question()
-        except GeneratorExit:
-            closed.append(name)
-            raise
-        return LayerSummary(table=name, layer="silver", batch_id="b1", gate=got)
+        ended[name] = yield Question(name)
+        return LayerSummary(table=name, layer="silver", batch_id="b1", gate="passed")
 
     steps = Steps(spark, None, lake, "b1")
-    assert steps.run("a", "silver", "a", step, "a") and not _busy(lake, "a")
+    assert steps.run("a", "silver", "a", step, "a") and ended == {"a": "a alone"} and not _busy(lake, "a")
 
     def broken(questions):
-        raise RuntimeError("the store is down")
+        raise ValueError("one table's rows broke the joint answer")
 
-    with pytest.raises(RuntimeError, match="the store is down"):
-        steps.run_together([(n, "silver", n, step, (n,)) for n in ("b", "c")], broken, 2)
-    assert sorted(closed) == ["b", "c"] and not any(_busy(lake, n) for n in ("b", "c"))
+    steps.run_together([(n, "silver", n, step, (n,)) for n in ("b", "poison", "c")], broken, 2)
+    assert ended == {"a": "a alone", "b": "b alone", "c": "c alone"}
+    assert steps.failed_tables == {"poison"}
+    assert not any(_busy(lake, n) for n in ("b", "poison", "c"))
