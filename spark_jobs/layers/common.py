@@ -123,7 +123,8 @@ def checkpoint(df: DataFrame, together: bool) -> DataFrame:
         return df.localCheckpoint()
     # lazily: the plan is cut here all the same, and the rows are made (and kept) by the first Spark job that reads
     # them, in its own stage, not by a job of their own. (A plan with an exchange would still run its shuffle now:
-    # a small batch's plans have none.)
+    # a small batch's plans have none.) That first reader reads every row (an aggregate, a collect, a count): a
+    # `limit` first would leave the rest to be made later, from inputs that may be gone (a pass's staged files)
     return df.localCheckpoint(eager=False).coalesce(1)
 
 

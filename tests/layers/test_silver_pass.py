@@ -209,15 +209,21 @@ def test_tables_planned_together_publish_as_each_alone(spark, engine, tmp_path, 
                          Options(rows=20, changes=40, records_per_file=25, batches=1, shuffle=True, seed=5))
     together, alone = tmp_path / "together", tmp_path / "alone"
     names = [*PASSED, *EDGE_TABLES]
+    asked: list[list[str]] = []  # the tables of each joint tally of merged rows
+    tally_merged = silver.tally_merged
+    monkeypatch.setattr(silver, "tally_merged", lambda questions: asked.append(sorted(questions)) or tally_merged(questions))
     for cycle, edges in enumerate(EDGES):
         for where in (together, alone):
             land_generated(where / LANDING, source, generated, cycle)
             for table, lines in edges.items():
                 _land(where / LANDING, f"shop.public.{table}", f"000000000{cycle}", lines)
+        asked.clear()
         code, out, err = run(capsys, config, together / LANDING, together / "lake", "--layers", "bronze,silver")
         assert f"silver: {len(names)} of {len(names)} tables' new bronze rows planned in one pass" in out, out + err
         failed = [word for line in err.splitlines() for word in line.split() if word.startswith("table=")]
         assert (code, failed) == ((1, ["table=refused"]) if cycle else (0, [])), out + err
+        # every table that merged had its merged rows tallied in one joint tally (refused's batch was refused before)
+        assert asked == [sorted(n for n in names if (n, cycle) != ("refused", 1))], asked
         for table in names:
             code_alone, out_alone, _ = own_steps(monkeypatch, capsys, config, alone / LANDING, alone / "lake",
                                                  "--layers", "bronze,silver", "--tables", table)
