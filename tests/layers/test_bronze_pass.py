@@ -75,9 +75,21 @@ def _land_cycle(landing: Path, source: Path, generated: list, cycle: int) -> Non
         (folder / f"{topic}{name}").write_text("".join(line + "\n" for line in lines))
 
 
+def _commits(engine, path: str) -> int | None:
+    """The table's commits, not counting its creation when that wrote no rows: into no table, the silver pass's rows
+    (on the driver) merge as delta-rs does it, the table created empty and then merged, where a table's own plan writes
+    its first rows in one commit."""
+    history = sorted(engine.history(path), key=lambda h: int(h["version"]))
+    if not history:
+        return None
+    empty = history[0]["operation"] == "WRITE" and not int((history[0].get("operationMetrics") or {}).get(
+        "num_added_rows", 1))
+    return len(history) - empty
+
+
 def _lake_state(spark, engine, root: Path, table: str) -> dict:
     """A table's bronze, quarantine, ingest log and pending tombstones, without what names the run or its time, and
-    with landing paths relative to the landing area."""
+    with landing paths relative to the landing area; and silver's commits (its summary's version aside: `_summary`)."""
     paths = Lake(str(root / "lake"))
 
     def rows(path: str, drop: tuple[str, ...]) -> list:
@@ -90,13 +102,13 @@ def _lake_state(spark, engine, root: Path, table: str) -> dict:
     return {"bronze": rows(paths.bronze(table), ("_batch_id", "_ingested_at")),
             "quarantine": rows(paths.quarantine(table), ("_batch_id", "_ingested_at")),
             "ingest_log": rows(paths.ingest_log(table), ("_batch_id", "ingested_at", "modified_ms")),
-            "pending": rows(paths.pending_tombstones(table), ())}
+            "pending": rows(paths.pending_tombstones(table), ()),
+            "silver_commits": _commits(engine, paths.silver(table))}
 
 
 def _summary(out: str, layer: str, table: str) -> dict:
-    """The step's summary line without its timings; silver's without its version: into no table, the silver pass's
-    rows merge as delta-rs does it (the table created empty, then merged), where a table's own plan writes its first
-    rows in one commit."""
+    """The step's summary line without its timings; silver's without its version (its commits are compared instead:
+    `_commits`)."""
     line = summary_line(out, layer, table)
     return {k: v for k, v in line.items() if k not in ("seconds", "lag_s") and (layer != "silver" or k != "version")}
 

@@ -22,7 +22,7 @@ from spark_jobs.layers.silver_plan import image_fields, overview_columns, plan_b
 from spark_jobs.quality.audit import tally
 from spark_jobs.quality.expectations import flagged
 from spark_jobs.registry import load_registry
-from tests.layers.test_bronze_pass import _config, _silver_as_generated, _summary, land_generated
+from tests.layers.test_bronze_pass import _commits, _config, _silver_as_generated, _summary, land_generated
 from tests.support import own_steps, run, silver_rows
 
 GENERATED = ["customers", "products", "inventory_customers", "film", "actor", "film_actor"]
@@ -184,18 +184,6 @@ def _silver_state(spark, engine, lake_root: Path, table: str) -> dict:
                 (r["_source_file"].rsplit("/", 1)[1], r["_line"], r["reason"])
                 for r in quarantine.where("layer = 'silver'").collect()),
             "commits": _commits(engine, lake.silver(table))}
-
-
-def _commits(engine, path: str) -> int | None:
-    """The table's commits, not counting its creation when that wrote no rows: into no table, the pass's rows (on the
-    driver) merge as delta-rs does it, the table created empty and then merged, where a table's own plan writes its
-    first rows in one commit."""
-    history = sorted(engine.history(path), key=lambda h: int(h["version"]))
-    if not history:
-        return None
-    empty = history[0]["operation"] == "WRITE" and not int((history[0].get("operationMetrics") or {}).get(
-        "num_added_rows", 1))
-    return len(history) - empty
 
 
 def test_tables_planned_together_publish_as_each_alone(spark, engine, tmp_path, capsys, monkeypatch):
