@@ -12,6 +12,7 @@ tables validated in parallel never write the same GX files (docs/architecture.md
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import asdict, dataclass, field
 from functools import partial
@@ -224,6 +225,21 @@ def _suite(name: str, checks: list[Check]) -> Any:
     return suite
 
 
+def _pass_suite(name: str, checks: list[Check]) -> Any:
+    """A pass's suite: the checks, on a row per table, and first that the frame holds a row for each table the pass
+    gates and no other (the page names them, and a table whose row were lost would fail, not pass unchecked)."""
+    import great_expectations.expectations as gxe
+    from great_expectations.expectations.metadata_types import FailureSeverity
+
+    from spark_jobs.quality.docs_views import PASS_TABLES, TABLE
+
+    suite = _suite(name, checks)
+    suite.add_expectation(gxe.ExpectColumnDistinctValuesToEqualSet(
+        column=TABLE, value_set={"$PARAMETER": PASS_TABLES}, severity=FailureSeverity(_SEVERITY[FAIL]), meta={PASS_TABLES: True},
+        description="the pass gates each of its tables on its own row"))
+    return suite
+
+
 def _findings(results: Any, checks: list[Check], audit: Audit | None) -> list[Finding]:
     """One finding per check, in the checks' order, from GX's expectation results; on the audit's row (`audit`
     given) a check on rows shows its tally, a check on figures the figures themselves."""
@@ -231,10 +247,87 @@ def _findings(results: Any, checks: list[Check], audit: Audit | None) -> list[Fi
     for r in sorted(results, key=lambda r: r.expectation_config.meta["n"]):
         check, result = checks[r.expectation_config.meta["n"]], r.result or {}
         if audit is not None:
-            tally = audit.tallies.get(check.name)
-            findings.append(Finding(check.label(), check.action, bool(r.success), tally.failed, tally.applies) if tally
-                            else Finding(check.label(), check.action, bool(r.success), None, None, _shown(check, audit)))
+            findings.append(_audit_finding(check, audit, bool(r.success)))
             continue
         findings.append(Finding(check.label(), check.action, bool(r.success), result.get("unexpected_count"),
                                 result.get("element_count"), result.get("observed_value")))
     return findings
+
+
+def _audit_finding(check: Check, audit: Audit, success: bool) -> Finding:
+    """A check on the audit's row: a check on rows shows its tally, a check on figures the figures themselves."""
+    tally = audit.tallies.get(check.name)
+    if tally:
+        return Finding(check.label(), check.action, success, tally.failed, tally.applies)
+    return Finding(check.label(), check.action, success, None, None, _shown(check, audit))
+
+
+@dataclass(frozen=True)
+class AuditGate:
+    """One table's gate on its audit alone (no frames of a user's expectations, no notification actions): what a
+    pass's tables are gated by together (`run_audit_gates`)."""
+
+    table: str
+    audit: Audit
+    checks: list[Check]
+
+
+PASS_LAYERS = ("silver",)  # the layers whose passes gate their tables together
+
+
+def pass_site(layer: str) -> str:
+    """The GX project and Data Docs site of a layer's passes: a name no table or model has (theirs have no '-')."""
+    return f"{layer}-pass"
+
+
+def run_audit_gates(gates: list[AuditGate], layer: str, lake: Lake, run_name: str) -> dict[str, GateResult]:
+    """Many tables' gates on their audits, by table, in one GX validation per set of checks (a whole database's
+    tables share theirs unless their settings differ), where each alone costs one: a frame with a row per table,
+    `table` its unexpected-index column, so GX's result names each failing table and each table's verdict comes from
+    its own row (a value not measured for a table is null there: GX skips it, and it is no finding of that table's).
+    One Data Docs page per validation, built once for them all under the layer's pass site; GX's run is `run_name`
+    (the pipeline's run). Nothing raises for a failing table: its caller decides (`GateResult.success`)."""
+    import pandas as pd
+    from great_expectations.core.run_identifier import RunIdentifier
+    from pyspark.sql import SparkSession
+
+    from spark_jobs.quality.docs_views import PASS_TABLES, TABLE
+
+    site = pass_site(layer)
+    project = gx_project.project(lake, site, SparkSession.active().sparkContext.applicationId)
+    run_id = RunIdentifier(run_name=run_name)
+    groups: dict[str, list[AuditGate]] = {}
+    for gate in sorted(gates, key=lambda g: g.table):  # the page's rows in the tables' order
+        groups.setdefault(repr([c for c in gate.checks if c.frame == AUDIT]), []).append(gate)
+    found: dict[str, list[tuple[int, Finding]]] = {gate.table: [] for gate in gates}
+    validated = []
+    with project.lock:
+        for identity, members in groups.items():
+            values = {gate.table: _audit_values(gate.audit) for gate in members}
+            checks = [c for c in members[0].checks
+                      if c.frame == AUDIT and any(_measured(c, v) for v in values.values())]
+            if not checks:
+                continue
+            digest = hashlib.sha256(identity.encode()).hexdigest()[:8]  # tables whose settings differ: a suite each
+            result_id, outcome = project.validate(gx_project.FrameValidation(
+                f"{layer}.{AUDIT}.{digest}", gx_project.AUDIT, repr(checks), partial(_pass_suite, checks=checks),
+                {"result_format": "COMPLETE", "unexpected_index_column_names": [TABLE]}, ()),
+                pd.DataFrame([{TABLE: table, **v} for table, v in values.items()]), run_id, {PASS_TABLES: list(values)})
+            validated.append(result_id)
+            whole = all(r.success for r in outcome.results if (r.expectation_config.meta or {}).get(PASS_TABLES))
+            for r in outcome.results:
+                if "n" not in (r.expectation_config.meta or {}):
+                    continue
+                n = r.expectation_config.meta["n"]
+                failing = {row[TABLE] for row in (r.result or {}).get("unexpected_index_list") or []}
+                for gate in members:
+                    if _measured(checks[n], values[gate.table]):
+                        # a check that raised fails every table (GX names none), and so does a frame not whole
+                        success = whole and (bool(r.success) or (bool(failing) and gate.table not in failing))
+                        found[gate.table].append((n, _audit_finding(checks[n], gate.audit, success)))
+        if validated:
+            project.context.build_data_docs(site_names=["reports"], resource_identifiers=validated)
+    docs = f"{lake.data_docs(site)}/index.html"
+    shown = docs if lake.files.exists(docs) else None
+    return {table: GateResult(table, layer, [f for _, f in sorted(findings, key=lambda x: x[0])], shown)
+            for table, findings in found.items()}

@@ -102,19 +102,22 @@ class Project:
             self.checkpoints[frame.bound] = (frame.key, made)
         return made
 
-    def validate(self, frame: FrameValidation, df: Any, run_id: Any) -> tuple[Any, Any]:
-        """Run the frame's Checkpoint on `df`: (its result's id, the outcome). Objects its stores lost since they
-        were made (the lake's folder deleted under a running service) are made and stored again first."""
+    def validate(self, frame: FrameValidation, df: Any, run_id: Any, parameters: dict[str, Any] | None = None
+                 ) -> tuple[Any, Any]:
+        """Run the frame's Checkpoint on `df` (with its suite's `parameters`): (its result's id, the outcome). Objects
+        its stores lost since they were made (the lake's folder deleted under a running service) are made and stored
+        again first."""
         from great_expectations.exceptions.resource_freshness import (
             ResourceFreshnessAggregateError,
             ResourceFreshnessError,
         )
 
+        run = {"batch_parameters": {"dataframe": df}, "run_id": run_id, "expectation_parameters": parameters}
         try:
-            outcome = self.checkpoint(frame).run(batch_parameters={"dataframe": df}, run_id=run_id)
+            outcome = self.checkpoint(frame).run(**run)
         except (ResourceFreshnessAggregateError, ResourceFreshnessError):  # GX checks them before it validates
             del self.checkpoints[frame.bound]
-            outcome = self.checkpoint(frame).run(batch_parameters={"dataframe": df}, run_id=run_id)
+            outcome = self.checkpoint(frame).run(**run)
         return next(iter(outcome.run_results.items()))
 
     def _source(self, where: str) -> Any:
