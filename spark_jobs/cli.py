@@ -131,9 +131,10 @@ def _run_steps(steps: Steps, args: argparse.Namespace, tables: list[TableConfig]
             # an idle table costs no more than its own step's reads: after bronze, only tables it gave rows are looked at
             changed = [t for t in ready if t.name in took_files or "bronze" not in args.layers]
             planned.update(silver.read_pass(steps.spark, steps.engine, changed, lake))
-            # the pass's tables merge side by side, then their merged rows are tallied together, then each is gated
+            # the pass's tables merge side by side, then their merged rows are tallied and gated together, then each ends
             steps.run_together([(t.name, "silver", t.name, silver.silver_merge, (t, lake, batch_id, planned.pop(t.name, None)))
-                                for t in ready], silver.tally_merged, settings().table_workers)
+                                for t in ready], lambda asked: silver.answer_merged(asked, lake, batch_id),
+                               settings().table_workers)
 
     if "bronze" in args.layers and passes:
         # many small tables' new files are read in shared passes, a round at a time; each table's step takes its own

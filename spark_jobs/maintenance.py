@@ -179,7 +179,7 @@ def _older_than(retention_s: int) -> str:
 
 
 def expire_gx_results(lake: Lake, table: str, retention_s: int) -> int:
-    """Removes the table's GX validation results and their Data Docs pages older than `retention_s`, then
+    """Removes the table's (or a pass site's) GX validation results and their Data Docs pages older than `retention_s`, then
     rebuilds its Data Docs so that their index lists only what is left. Returns the files removed."""
     cutoff = _older_than(retention_s)
     files = lake.files
@@ -223,4 +223,8 @@ def expire_reports(engine: Any, lake: Lake, registry: Registry) -> list[str]:
         log.info(f"maintain event_log: {removed} row(s) of steps past the retention removed; {upkeep.line()}")
     if expired or removed or unlogged:
         report.render_history(lake, [*registry.tables, *registry.gold])
+    from spark_jobs.quality.gates import PASS_LAYERS, pass_site
+
+    for layer in PASS_LAYERS:  # the passes' validations, under the top-level retention like the runs they gated
+        expire_gx_results(lake, pass_site(layer), policy.report_retention_s)
     return expired

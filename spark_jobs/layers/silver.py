@@ -25,6 +25,7 @@ from spark_jobs.layers.common import (
     lag_seconds,
     now,
     read_shared,
+    settle,
     share,
     write_quarantine,
 )
@@ -36,7 +37,8 @@ from spark_jobs.layers.summary import SilverSummary
 from spark_jobs.logs import logger
 from spark_jobs.quality.audit import Audit, Figures, Tally, tally, tally_each
 from spark_jobs.quality.expectations import flagged
-from spark_jobs.quality.gates import Check, may_refuse, refuses, silver_checks
+from spark_jobs.quality.findings import GateResult
+from spark_jobs.quality.gates import AuditGate, Check, may_refuse, refuses, run_audit_gates, silver_checks
 from spark_jobs.registry import TableConfig
 
 log = logger(__name__)
@@ -128,26 +130,39 @@ def interrupted_work(engine: DeltaEngine, path: str, since_version: int | None, 
 @dataclass(frozen=True)
 class MergedAudit:
     """What a batch the silver pass read asks once merged: the tallies of silver's checks on its merged rows
-    (`frames`, one partition each, keyed by the table's `keys`). A pass's tables are answered together
-    (`tally_merged`, steps.Steps.run_together): one Spark job for them all, where each alone costs one."""
+    (`frames`, one partition each, keyed by the table's `keys`), and its gate's verdict on them when that gate is on
+    its audit alone (`gate`, tallies still to come). A pass's tables are answered together (`answer_merged`,
+    steps.Steps.run_together): one Spark job and one GX validation for them all, where each alone costs one of each."""
 
     frames: dict[str, DataFrame]
     keys: tuple[str, ...]
+    gate: AuditGate | None = None
 
-    def answer_alone(self) -> dict[str, Tally]:
-        return tally(self.frames, flagged("silver"), self.keys)
+    def answer_alone(self) -> Merged:
+        return Merged(tally(self.frames, flagged("silver"), self.keys), None)
 
 
-def tally_merged(asked: dict[str, MergedAudit]) -> dict[str, dict[str, Tally]]:
-    """Every asking table's tallies (by table), in one aggregate."""
-    return tally_each({name: (a.frames, a.keys) for name, a in asked.items()}, flagged("silver"), together=True)
+@dataclass(frozen=True)
+class Merged:
+    """A merged batch's tallies, and its gate's verdict when run with the pass's (None: its step runs its own)."""
+
+    tallies: dict[str, Tally]
+    verdict: GateResult | None
+
+
+def answer_merged(asked: dict[str, MergedAudit], lake: Lake, batch_id: str) -> dict[str, Merged]:
+    """Every asking table's tallies in one aggregate, then the gates on audits alone in one GX validation (by table)."""
+    tallies = tally_each({name: (a.frames, a.keys) for name, a in asked.items()}, flagged("silver"), together=True)
+    gates = [replace(a.gate, audit=a.gate.audit.with_tallies(tallies[name])) for name, a in asked.items() if a.gate]
+    verdicts = run_audit_gates(gates, "silver", lake, batch_id) if gates else {}
+    return {name: Merged(tallies[name], verdicts.get(name)) for name in asked}
 
 
 def silver_merge(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake: Lake, batch_id: str,
-                 read: TableBatch | None = None) -> Generator[MergedAudit, dict[str, Tally], SilverSummary]:
+                 read: TableBatch | None = None) -> Generator[MergedAudit, Merged, SilverSummary]:
     """Apply the bronze rows silver has not seen (gated inside), then record the progress. `read`: the batch as a
     silver pass planned it (read_pass), taken when silver and bronze are still as the pass found them; that batch
-    asks for its merged rows' tallies once merged (MergedAudit), before its gate."""
+    asks for its merged rows' tallies (and its gate's verdict) once merged (MergedAudit)."""
     progress = silver_progress(lake, table.name)
     bronze_version = engine.version(lake.bronze(table.name))
     if bronze_version is None or bronze_version <= progress.bronze_version:
@@ -258,10 +273,11 @@ def apply_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
 
 def apply_planned(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake: Lake, read: TableBatch,
                   plan: silver_arrow.ArrowPlan, batch_id: str, gate: Gate | None = None
-                  ) -> Generator[MergedAudit, dict[str, Tally], SilverSummary]:
+                  ) -> Generator[MergedAudit, Merged, SilverSummary]:
     """`apply_changes` for a batch the silver pass read (`read`), the rest of its plan made on the driver (`plan`,
     layers/silver_arrow.py): the same gates, publishing and restore, written from there; the merged rows' tallies
-    asked for (MergedAudit)."""
+    asked for (MergedAudit), with the gate's verdict on them when GX runs it on the audit alone (no notification
+    actions: those are a table's own checkpoint's)."""
     check = gate or partial(run_gate, actions=table.quality.actions)
     published = {path: engine.version(path) for path in lake.silver_tables(table.name).values()}
     summary = _counts(plan.counts, write_quarantine(engine, lake, table.name, read.quarantine, "silver", batch_id),
@@ -289,8 +305,10 @@ def apply_planned(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     # in one Spark job (three when Spark spreads the rows and shuffles them back: about 0.1 s more a table)
     merged = dict(zip(("rows", "deletes"), (spark.createDataFrame(t).coalesce(1)
                                             for t in silver_arrow.merged_audit(lake, table, read, batch_id)), strict=True))
-    tallies = yield MergedAudit(merged, table.keys)
-    gates.after(audit.with_tallies(tallies), engine, published)
+    after = gates.reconciled(audit)
+    joint = AuditGate(table.name, after, checks) if gate is None and not table.quality.actions else None
+    answer = yield MergedAudit(merged, table.keys, joint)
+    gates.after(after.with_tallies(answer.tallies), engine, published, answer.verdict)
     return summary
 
 
@@ -314,15 +332,23 @@ class _Gates:
         if trips or refuses(audit, self.checks):
             self.run(audit)
 
-    def after(self, audit: Audit, engine: DeltaEngine, published: dict[str, int | None]) -> None:
-        """The published result's audit, with the deletes received accounted for; on failure every table is put back
-        to its version before the batch (`published`)."""
+    def reconciled(self, audit: Audit) -> Audit:
+        """The published result's audit with the deletes received accounted for."""
         counts = self.summary.deletes
         assert counts is not None, "a published batch has counted its deletes"
         audit.figures.deletes_received = received = counts["received"]
         audit.figures.deletes_unaccounted = received - sum(v for k, v in counts.items() if k != "received")
+        return audit
+
+    def after(self, audit: Audit, engine: DeltaEngine, published: dict[str, int | None],
+              verdict: GateResult | None = None) -> None:
+        """The gate on the published result (its `verdict` when run with the pass's); on failure every table is put
+        back to its version before the batch (`published`)."""
         try:
-            self.run(audit)
+            if verdict is None:
+                self.run(self.reconciled(audit))
+            else:
+                settle(verdict, self.summary)
         except GateFailed:
             _restore(engine, published)
             raise

@@ -7,6 +7,7 @@ missing keys and missing positions."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from pyspark.sql import DataFrame
@@ -197,9 +198,10 @@ def test_tables_planned_together_publish_as_each_alone(spark, engine, tmp_path, 
                          Options(rows=20, changes=40, records_per_file=25, batches=1, shuffle=True, seed=5))
     together, alone = tmp_path / "together", tmp_path / "alone"
     names = [*PASSED, *EDGE_TABLES]
-    asked: list[list[str]] = []  # the tables of each joint tally of merged rows
-    tally_merged = silver.tally_merged
-    monkeypatch.setattr(silver, "tally_merged", lambda questions: asked.append(sorted(questions)) or tally_merged(questions))
+    asked: list[list[str]] = []  # the tables of each joint answer (tallies and gates) on merged rows
+    answer_merged = silver.answer_merged
+    monkeypatch.setattr(silver, "answer_merged",
+                        lambda questions, *args: asked.append(sorted(questions)) or answer_merged(questions, *args))
     for cycle, edges in enumerate(EDGES):
         for where in (together, alone):
             land_generated(where / LANDING, source, generated, cycle)
@@ -210,7 +212,7 @@ def test_tables_planned_together_publish_as_each_alone(spark, engine, tmp_path, 
         assert f"silver: {len(names)} of {len(names)} tables' new bronze rows planned in one pass" in out, out + err
         failed = [word for line in err.splitlines() for word in line.split() if word.startswith("table=")]
         assert (code, failed) == ((1, ["table=refused"]) if cycle else (0, [])), out + err
-        # every table that merged had its merged rows tallied in one joint tally (refused's batch was refused before)
+        # every table that merged had its merged rows tallied and gated in one joint answer (refused's batch was refused before)
         assert asked == [sorted(n for n in names if (n, cycle) != ("refused", 1))], asked
         for table in names:
             code_alone, out_alone, _ = own_steps(monkeypatch, capsys, config, alone / LANDING, alone / "lake",
@@ -299,3 +301,57 @@ def test_tables_whose_bronze_added_no_files_are_left_to_their_own_step(spark, en
     assert "shared pass" not in err and "one pass" not in out, out + err
     for name in names:
         assert silver_rows(spark, engine, lake, name, ("id",)) == {(1,): {"id": 1, "qty": 1}}, name
+
+
+def test_one_tables_failing_gate_in_a_pass_fails_that_table_alone_and_gx_names_it(spark, engine, tmp_path, capsys,
+                                                                                     monkeypatch):
+    """A pass's tables are gated in one GX validation, a row per table: when one table's merged result is wrong (an
+    engine that forgets the delete clause of its silver merge, for that table only), GX's result names that table, its
+    gate fails and its silver is restored, while the pass's other tables publish; the pass's Data Docs page, opened in
+    chromium, lists every table with its verdict."""
+    import spark_jobs.delta.delta_rs as delta_rs
+    from tests.quality.test_report_escaping import opened_in_chromium
+
+    names = ["one", "two", "three"]
+    config = _config(tmp_path, [], {n: {"topic": f"shop.public.{n}", "keys": ["id"]} for n in names})
+    landing, lake = tmp_path / LANDING, tmp_path / "lake"
+    for name in names:
+        _land(landing, f"shop.public.{name}", "0000000000", [_event("c", {"id": 1, "qty": 1}, 10),
+                                                             _event("c", {"id": 2, "qty": 1}, 11)])
+    assert run(capsys, config, landing, lake, "--layers", "bronze,silver")[0] == 0
+    merge = delta_rs.DeltaRsEngine.merge
+
+    def forgetting_two(self, df, path, spec, *args, **kwargs):  # a broken merge, for table two's silver only
+        broken = spec.delete_when is not None and path == Lake(str(lake)).silver("two")
+        return merge(self, df, path, replace(spec, delete_when=None) if broken else spec, *args, **kwargs)
+
+    monkeypatch.setattr(delta_rs.DeltaRsEngine, "merge", forgetting_two)
+    gated: list[list[str]] = []
+    run_audit_gates = silver.run_audit_gates
+    monkeypatch.setattr(silver, "run_audit_gates", lambda gates, *args: gated.append(
+        [g.table for g in gates]) or run_audit_gates(gates, *args))
+    for name in names:
+        _land(landing, f"shop.public.{name}", "0000000002", [_event("d", {"id": 1}, 20),
+                                                             _event("u", {"id": 2, "qty": 5}, 21)])
+    code, out, err = run(capsys, config, landing, lake, "--layers", "bronze,silver", "--run-id", "pass-run")
+    assert (code, err) == (1, "gate failed: table=two layer=silver expectation=deleted_keys_not_live unexpected=1 of 1; "
+                              "expectation=deletes_reconcile observed=1 of 1 deletes received not accounted for\n")
+    assert [sorted(g) for g in gated] == [sorted(names)]  # one GX validation for the pass's three tables
+    for name in names:
+        qty = 1 if name == "two" else 5  # two's batch is rolled back whole, its update too
+        assert silver_rows(spark, engine, lake, name, ("id",)) == {
+            **({(1,): {"id": 1, "qty": 1}} if name == "two" else {}), (2,): {"id": 2, "qty": qty}}, name
+        if name != "two":
+            assert _summary(out, "silver", name)["gate"] == "passed", out
+
+    results = list((lake / "_state" / "gx" / "silver-pass").rglob("pass-run/*/*.json"))
+    assert len(results) == 1, results  # GX's run is the pipeline's
+    by_check = {r["expectation_config"]["kwargs"]["column"]: r for r in json.loads(results[0].read_text())["results"]}
+    assert {column: [row["table"] for row in r["result"].get("unexpected_index_list") or []]
+            for column, r in by_check.items() if column != "table"} == {
+        "deleted_keys_not_live": ["two"], "deletes_unaccounted": ["two"], "key_not_null": [], "key_unique": [],
+        "quarantined_share": [], "sequence_increasing": [], "sequence_present": []}
+    page = next((lake / "reports" / "data_docs" / "silver-pass" / "validations").rglob("pass-run/*/*.html"))
+    shown = opened_in_chromium(page)["text"]
+    assert ("Table\nVerdict\nChecks it failed\none\npassed\n-\nthree\npassed\n-\n"
+            "two\nfailed\ndeleted_keys_not_live, deletes_reconcile\n") in shown, shown
