@@ -87,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
 def _run_steps(steps: Steps, args: argparse.Namespace, tables: list[TableConfig], models: list[GoldModel],
                landing: str, lake: Any, batch_id: str, selection: Any) -> None:
     from spark_jobs.layers import bronze, gold, silver
+    from spark_jobs.quality.gates import answer_gates
 
     reads: dict[str, Any] = {}  # bronze's shared passes' reads, by table
     planned: dict[str, Any] = {}  # silver's
@@ -95,7 +96,7 @@ def _run_steps(steps: Steps, args: argparse.Namespace, tables: list[TableConfig]
     took_files: set[str] = set()  # tables whose bronze took files this run: what silver's pass looks at
 
     def ingest(spark: Any, engine: Any, table: TableConfig, *rest: Any) -> Any:
-        summary = bronze.bronze_ingest(spark, engine, table, *rest)
+        summary = yield from bronze.bronze_ingest(spark, engine, table, *rest)  # its gate's question passed on
         if summary.files or summary.recovered_files:
             took_files.add(table.name)
         return summary
@@ -124,8 +125,14 @@ def _run_steps(steps: Steps, args: argparse.Namespace, tables: list[TableConfig]
             silver_step(table)
 
     def round_steps(members: list[TableConfig]) -> None:
-        """Bronze for every table of the round, then silver's shared pass over those it left to apply, then silver."""
-        each_table(steps.spark, members, bronze_step, settings().table_workers)
+        """Bronze for every table of the round (the tables a shared pass read gated together before they commit), then
+        silver's shared pass over those it left to apply, then silver."""
+        if "bronze" in args.layers:
+            steps.run_together([(t.name, "bronze", t.name, ingest, (t, landing, lake, batch_id, selection,
+                                                                     reads.pop(t.name, None))) for t in members],
+                               lambda asked: answer_gates(asked, batch_id), settings().table_workers)
+        # a table whose bronze failed this run goes no further in it
+        bronze_done.update(t.name for t in members if t.name not in steps.failed_tables)
         if "silver" in args.layers:
             ready = [t for t in members if t.name in bronze_done]
             # an idle table costs no more than its own step's reads: after bronze, only tables it gave rows are looked at
@@ -133,7 +140,7 @@ def _run_steps(steps: Steps, args: argparse.Namespace, tables: list[TableConfig]
             planned.update(silver.read_pass(steps.spark, steps.engine, changed, lake))
             # the pass's tables merge side by side, then their merged rows are tallied and gated together, then each ends
             steps.run_together([(t.name, "silver", t.name, silver.silver_merge, (t, lake, batch_id, planned.pop(t.name, None)))
-                                for t in ready], lambda asked: silver.answer_merged(asked, lake, batch_id),
+                                for t in ready], lambda asked: silver.answer_merged(asked, batch_id),
                                settings().table_workers)
 
     if "bronze" in args.layers and passes:

@@ -64,6 +64,19 @@ def each_table(spark: Any, tables: Sequence[Any], work: Callable[[Any], Any], wo
             raise future.exception()  # type: ignore[misc]
 
 
+def answered_alone(work: Any) -> Any:
+    """A step's result (`work`: what its function returned), a question it asks on its way answered alone, as `Steps.run`
+    answers it (without its lock or its report): for a caller running one step of one table itself."""
+    if not inspect.isgenerator(work):
+        return work
+    try:
+        question: Any = next(work)
+        work.send(question.answer_alone())
+    except StopIteration as done:
+        return done.value
+    raise AssertionError("a step asks one question")
+
+
 class Steps:
     """Runs layer steps, each under its table's writer lock (tables side by side: each_table), and publishes each summary
     (a failed step's too, with its cause) to the run's report.

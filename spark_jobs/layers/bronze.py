@@ -5,7 +5,7 @@ file taken, so a file is never appended twice, even after a crash between the tw
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +40,7 @@ from spark_jobs.layers.common import (
     landing_bytes,
     now,
     read_shared,
+    settle,
     share,
     small_landing,
     whole_file_rows,
@@ -57,7 +58,8 @@ from spark_jobs.layers.tombstones import (
 from spark_jobs.logs import logger
 from spark_jobs.quality.audit import Audit, Figures, Tally, tally
 from spark_jobs.quality.expectations import flagged
-from spark_jobs.quality.gates import bronze_checks
+from spark_jobs.quality.findings import GateResult
+from spark_jobs.quality.gates import AuditGate, bronze_checks
 from spark_jobs.quality.user_expectations import check_columns, violations
 from spark_jobs.registry import TableConfig
 from spark_jobs.session import ran_out_of_memory
@@ -119,10 +121,12 @@ def _select(landing: str, lake: Lake, table: TableConfig, selection: Selection, 
 
 
 def bronze_ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, landing: str, lake: Lake,
-                  batch_id: str, selection: Selection = Selection(), read: TableRead | None = None) -> BronzeSummary:
+                  batch_id: str, selection: Selection = Selection(), read: TableRead | None = None
+                  ) -> Generator[AuditGate, GateResult, BronzeSummary]:
     """The table's new landing files into bronze. `read`: the batch a shared pass over many tables read
-    (read_rounds), taken when the files are still those and the table has no tombstones pending; otherwise the
-    table reads its own."""
+    (read_rounds), taken when the files are still those and the table has no tombstones pending, which asks for its
+    gate's verdict before its commit (AuditGate: the pass's tables are gated together, steps.Steps.run_together);
+    otherwise the table reads its own."""
     # the ingest log read once, for both: a cycle asks this of every table, most of which have nothing new
     logged = ingest_log(lake, table.name, ["file", "bronze_version"])
     recovered = _recover_unlogged_files(spark, engine, lake, table.name, batch_id, logged["bronze_version"])
@@ -141,7 +145,7 @@ def bronze_ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     # what a killed run staged goes (one writer per table: no live run of it has any; a shared pass removed its own)
     _clear_staging(lake, table.name)
     if read is not None and read.holds(files, listing.done) and not _pending_tombstones(engine, lake, table.name):
-        _ingest_read(engine, _Batch(table, lake, batch_id, files, []), read, summary)
+        yield from _ingest_read(engine, _Batch(table, lake, batch_id, files, []), read, summary)
         listing.advance(lake, table.name)
         return summary
     # names Spark cannot read where they are get copies in the lake, which a cluster's executors see as the
@@ -259,15 +263,16 @@ def _tables(n: int) -> str:
     return "1 table's" if n == 1 else f"{n} tables'"
 
 
-def _ingest_read(engine: DeltaEngine, batch: _Batch, read: TableRead, summary: BronzeSummary) -> None:
-    """A batch a shared pass read (read_rounds), taken as `_ingest` takes one it reads: quarantine, gate, pending
-    tombstones, commit and ingest log, from the driver."""
+def _ingest_read(engine: DeltaEngine, batch: _Batch, read: TableRead, summary: BronzeSummary
+                 ) -> Generator[AuditGate, GateResult, None]:
+    """A batch a shared pass read (read_rounds), taken as `_ingest` takes one it reads: quarantine, gate (asked for),
+    pending tombstones, commit and ingest log, from the driver."""
     table, lake = batch.table, batch.lake
     quarantine = read.quarantine + whole_file_rows(read.unreadable)
     summary.quarantined = write_quarantine(engine, lake, table.name, quarantine, "bronze", batch.batch_id,
                                            _with_unreadable(read.tally.quarantined, read.unreadable))
     _count(read.tally, read.tombstones, batch, len(read.unreadable), summary)
-    _gate(read.audit, None, batch, summary)
+    settle((yield _audit_gate(read.audit, batch, summary)), summary)
     summary.tombstones_matched_late = 0  # none were pending (bronze_ingest)
     if read.waiting is not None and read.waiting.num_rows:
         engine.merge(read.waiting, lake.pending_tombstones(table.name), PENDING_TOMBSTONES, small=True)
@@ -440,10 +445,17 @@ def _audit(classified: DataFrame, matched: DataFrame | None, raw: DataFrame | No
 
 
 def _gate(tallies: dict[str, Tally], raw: DataFrame | None, batch: _Batch, summary: BronzeSummary) -> None:
+    asked = _audit_gate(tallies, batch, summary)
+    gate(asked.audit, {"raw": raw} if raw is not None else {}, asked.table, asked.layer, asked.checks, asked.lake,
+         summary, asked.actions)
+
+
+def _audit_gate(tallies: dict[str, Tally], batch: _Batch, summary: BronzeSummary) -> AuditGate:
+    """The bronze gate on the batch's audit: its checks' tallies and the batch's figures."""
     table = batch.table
     figures = Figures(sum((summary.quarantined or {}).values()), summary.quarantined_share or 0.0)
-    gate(Audit(figures, tallies), {"raw": raw} if raw is not None else {}, table.name, "bronze", bronze_checks(table),
-         batch.lake, summary, table.quality.actions)
+    return AuditGate(table.name, "bronze", Audit(figures, tallies), bronze_checks(table), batch.lake,
+                     table.quality.actions)
 
 
 def _commit(engine: DeltaEngine, rows_at: Callable[[int], Rows], batch: _Batch, summary: BronzeSummary) -> int | None:

@@ -38,7 +38,7 @@ from spark_jobs.logs import logger
 from spark_jobs.quality.audit import Audit, Figures, Tally, tally, tally_each
 from spark_jobs.quality.expectations import flagged
 from spark_jobs.quality.findings import GateResult
-from spark_jobs.quality.gates import AuditGate, Check, may_refuse, refuses, run_audit_gates, silver_checks
+from spark_jobs.quality.gates import AuditGate, Check, answer_gates, may_refuse, refuses, silver_checks
 from spark_jobs.registry import TableConfig
 
 log = logger(__name__)
@@ -130,8 +130,8 @@ def interrupted_work(engine: DeltaEngine, path: str, since_version: int | None, 
 @dataclass(frozen=True)
 class MergedAudit:
     """What a batch the silver pass read asks once merged: the tallies of silver's checks on its merged rows
-    (`frames`, one partition each, keyed by the table's `keys`), and its gate's verdict on them when that gate is on
-    its audit alone (`gate`, tallies still to come). A pass's tables are answered together (`answer_merged`,
+    (`frames`, one partition each, keyed by the table's `keys`), and its gate's verdict on them (`gate`, its tallies
+    still to come; None: the step runs its own). A pass's tables are answered together (`answer_merged`,
     steps.Steps.run_together): one Spark job and one GX validation for them all, where each alone costs one of each."""
 
     frames: dict[str, DataFrame]
@@ -150,11 +150,11 @@ class Merged:
     verdict: GateResult | None
 
 
-def answer_merged(asked: dict[str, MergedAudit], lake: Lake, batch_id: str) -> dict[str, Merged]:
-    """Every asking table's tallies in one aggregate, then the gates on audits alone in one GX validation (by table)."""
+def answer_merged(asked: dict[str, MergedAudit], batch_id: str) -> dict[str, Merged]:
+    """Every asking table's tallies in one aggregate, then their gates in one GX validation (by table)."""
     tallies = tally_each({name: (a.frames, a.keys) for name, a in asked.items()}, flagged("silver"), together=True)
-    gates = [replace(a.gate, audit=a.gate.audit.with_tallies(tallies[name])) for name, a in asked.items() if a.gate]
-    verdicts = run_audit_gates(gates, "silver", lake, batch_id) if gates else {}
+    verdicts = answer_gates({name: replace(a.gate, audit=a.gate.audit.with_tallies(tallies[name]))
+                             for name, a in asked.items() if a.gate}, batch_id)
     return {name: Merged(tallies[name], verdicts.get(name)) for name in asked}
 
 
@@ -276,8 +276,7 @@ def apply_planned(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
                   ) -> Generator[MergedAudit, Merged, SilverSummary]:
     """`apply_changes` for a batch the silver pass read (`read`), the rest of its plan made on the driver (`plan`,
     layers/silver_arrow.py): the same gates, publishing and restore, written from there; the merged rows' tallies
-    asked for (MergedAudit), with the gate's verdict on them when GX runs it on the audit alone (no notification
-    actions: those are a table's own checkpoint's)."""
+    asked for (MergedAudit), with the gate's verdict on them (GX's, unless a `gate` is given)."""
     check = gate or partial(run_gate, actions=table.quality.actions)
     published = {path: engine.version(path) for path in lake.silver_tables(table.name).values()}
     summary = _counts(plan.counts, write_quarantine(engine, lake, table.name, read.quarantine, "silver", batch_id),
@@ -306,7 +305,7 @@ def apply_planned(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     merged = dict(zip(("rows", "deletes"), (spark.createDataFrame(t).coalesce(1)
                                             for t in silver_arrow.merged_audit(lake, table, read, batch_id)), strict=True))
     after = gates.reconciled(audit)
-    joint = AuditGate(table.name, after, checks) if gate is None and not table.quality.actions else None
+    joint = AuditGate(table.name, "silver", after, checks, lake, table.quality.actions) if gate is None else None
     answer = yield MergedAudit(merged, table.keys, joint)
     gates.after(after.with_tallies(answer.tallies), engine, published, answer.verdict)
     return summary

@@ -264,15 +264,35 @@ def _audit_finding(check: Check, audit: Audit, success: bool) -> Finding:
 
 @dataclass(frozen=True)
 class AuditGate:
-    """One table's gate on its audit alone (no frames of a user's expectations, no notification actions): what a
-    pass's tables are gated by together (`run_audit_gates`)."""
+    """One table's gate on its audit alone (no frames of a user's expectations): what a pass asks of each table
+    before it goes on, and answers for them all together (`answer_gates`)."""
 
     table: str
+    layer: str
     audit: Audit
     checks: list[Check]
+    lake: Lake
+    actions: tuple[str, ...] = ()  # the table's notification actions (JSON): run by its own Checkpoint
+
+    def answer_alone(self) -> GateResult:
+        return run_gate(self.audit, {}, self.table, self.layer, self.checks, self.lake, raise_on_failure=False,
+                        actions=self.actions)
 
 
-PASS_LAYERS = ("silver",)  # the layers whose passes gate their tables together
+def answer_gates(asked: dict[str, AuditGate], run_name: str) -> dict[str, GateResult]:
+    """Each asking table's verdict (by table; none raises): one GX validation for the tables of a layer (`run_audit_gates`),
+    each alone where its notification actions are its own Checkpoint's."""
+    verdicts = {name: gate.answer_alone() for name, gate in asked.items() if gate.actions}
+    layers: dict[str, list[AuditGate]] = {}
+    for gate in asked.values():
+        if not gate.actions:
+            layers.setdefault(gate.layer, []).append(gate)
+    for layer, gates in layers.items():
+        verdicts |= run_audit_gates(gates, layer, gates[0].lake, run_name)
+    return verdicts
+
+
+PASS_LAYERS = ("bronze", "silver")  # the layers whose passes gate their tables together
 
 
 def pass_site(layer: str) -> str:

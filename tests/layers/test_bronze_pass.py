@@ -114,6 +114,13 @@ def _summary(out: str, layer: str, table: str) -> dict:
 
 
 def test_tables_read_together_come_out_as_each_alone(spark, engine, tmp_path, capsys, monkeypatch):
+    from spark_jobs.quality import gates
+
+    gated: list[list[str]] = []  # the tables of each joint bronze validation
+    run_audit_gates = gates.run_audit_gates
+    monkeypatch.setattr(gates, "run_audit_gates", lambda asked, layer, *args: (
+        gated.append(sorted(g.table for g in asked)) if layer == "bronze" else None) or run_audit_gates(
+        asked, layer, *args))
     config = _config(tmp_path, GENERATED, HAND_MADE)
     tables = [*GENERATED, *HAND_MADE]
     source = tmp_path / "source"
@@ -124,9 +131,20 @@ def test_tables_read_together_come_out_as_each_alone(spark, engine, tmp_path, ca
         for where in (together, alone):
             _land_cycle(where / LANDING, source, generated, cycle)
         args = ("--layers", "bronze,silver", "--tables", ",".join(tables))
-        code, out, err = run(capsys, config, together / LANDING, together / "lake", *args)
+        gated.clear()
+        code, out, err = run(capsys, config, together / LANDING, together / "lake", *args, "--run-id", f"cycle-{cycle}")
         assert code == 1 and "table=strict layer=bronze" in err, out + err  # strict: its gate refuses its batch
         assert f"bronze: {len(tables)} tables' new files" in out  # one shared pass read them all
+        # ... and its tables that took files were gated in one GX validation per set of settings, whose results name
+        # strict (and orders' unmatched tombstone, a warning)
+        assert gated == [sorted(tables)], gated
+        failing: dict[str, list[str]] = {}
+        for result in (together / "lake" / "_state" / "gx" / "bronze-pass").rglob(f"cycle-{cycle}/*/*.json"):
+            for r in json.loads(result.read_text())["results"]:
+                failing.setdefault(r["expectation_config"]["kwargs"]["column"], []).extend(
+                    row["table"] for row in r["result"].get("unexpected_index_list") or [])
+        assert {column: names for column, names in failing.items() if names} == {
+            "quarantined_share": ["strict"], **({"tombstone_follows_delete": ["orders"]} if cycle == 0 else {})}
         for table in tables:
             code_alone, out_alone, _ = own_steps(monkeypatch, capsys, config, alone / LANDING, alone / "lake",
                                                  "--layers", "bronze,silver", "--tables", table)

@@ -28,6 +28,7 @@ from spark_jobs import cli
 from spark_jobs.delta.delta_rs import DeltaRsEngine
 from spark_jobs.lake import Lake
 from spark_jobs.layers import common as layer_common
+from spark_jobs.quality import gates
 from spark_jobs.quality.findings import GateResult
 from spark_jobs.storage import LocalFiles
 from tests.properties.test_properties import SNAPSHOT_LSN, Event, image, position, reference
@@ -121,7 +122,10 @@ def durable_writes(monkeypatch):
     for method in ("append", "merge", "overwrite", "replace", "delete", "restore"):
         monkeypatch.setattr(DeltaRsEngine, method, after_write(f"delta.{method}", getattr(DeltaRsEngine, method)))
     monkeypatch.setattr(LocalFiles, "write", after_write("report", LocalFiles.write))
+    # the gates pass without GX, whose writes (its stores made once per process) would make the counts differ by run
     monkeypatch.setattr(layer_common, "run_gate", lambda audit, frames, table, layer, *a, **k: GateResult(table, layer, [], None))
+    monkeypatch.setattr(gates, "run_audit_gates", lambda asked, layer, *a: {
+        g.table: GateResult(g.table, layer, [], None) for g in asked})
     return state
 
 

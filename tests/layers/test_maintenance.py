@@ -155,14 +155,14 @@ def test_reports_and_gx_results_past_their_retention_go_and_the_pages_follow(tmp
     generate(load_registry(config).select(None), landing, Options(rows=10, changes=10, seed=2))
     code, _, err = run(capsys, config, landing, lake, "--run-id", "run-to-expire")
     assert (code, err) == (0, ""), err
-    # a table's own gates (customers keeps history: its own step), and the silver pass's gates of the others
-    results = lambda: sorted(p for site in ("customers", "silver-pass")  # noqa: E731
-                             for p in (lake / "_state" / "gx" / site).rglob("*.json"))
-    pages = lambda: sorted(p for site in ("customers", "silver-pass")  # noqa: E731
+    # the passes' gates of the table (its small batches: passes of one), and the gold model's own
+    sites = ("bronze-pass", "silver-pass", "customers_by_state")
+    results = lambda: sorted(p for site in sites for p in (lake / "_state" / "gx" / site).rglob("*.json"))  # noqa: E731
+    pages = lambda: sorted(p for site in sites  # noqa: E731
                            for p in (lake / "reports" / "data_docs" / site / "validations").rglob("*.html"))
     validations = [p for p in results() if "uncommitted" in p.parts]
-    assert {p.parts[len(lake.parts) + 2] for p in validations} == {"customers", "silver-pass"}
-    assert {p.parts[len(lake.parts) + 2] for p in pages()} == {"customers", "silver-pass"}
+    assert {p.parts[len(lake.parts) + 2] for p in validations} == set(sites)
+    assert {p.parts[len(lake.parts) + 2] for p in pages()} == set(sites)
 
     maintain(config, lake, clock="+20d")  # inside the retention: nothing goes
     assert (lake / "reports" / "runs" / "run-to-expire").is_dir() and pages()
@@ -172,7 +172,7 @@ def test_reports_and_gx_results_past_their_retention_go_and_the_pages_follow(tmp
     assert not (lake / "reports" / "runs" / "run-to-expire").exists()
     assert not [p for p in results() if "uncommitted" in p.parts and p.name != ".ge_store_backend_id"]
     assert pages() == []
-    for site in ("customers", "silver-pass"):
+    for site in sites:
         index = data_docs_text(lake / "reports" / "data_docs" / site / "index.html")
         assert "validations/" not in index  # the index lists no result that is gone
     assert "run-to-expire" not in (lake / "reports" / "index.html").read_text()

@@ -22,6 +22,7 @@ from spark_jobs.layers import bronze
 from spark_jobs.registry import load_registry
 from spark_jobs.session import use_s3_settings
 from spark_jobs.state import writer_lock
+from spark_jobs.steps import answered_alone
 from tests.conftest import s3_environment, upload_landing
 from tests.support import run, silver_rows, summary_line
 
@@ -195,8 +196,8 @@ def test_landing_files_on_a_local_s3_server_are_listed_and_read_through_s3a(spar
     lake = Lake(str(tmp_path / "lake"))
     registry = load_registry(str(config))
     first = frozenset([listed[0].path])  # the sensor's exact list: one file now, the rest later
-    summary = bronze.bronze_ingest(spark, engine, registry.tables["customers"], "s3://landing/cdc", lake, "b1",
-                                 bronze.Selection(files=first))
+    summary = answered_alone(bronze.bronze_ingest(spark, engine, registry.tables["customers"], "s3://landing/cdc", lake,
+                                                  "b1", bronze.Selection(files=first)))
     assert (summary.files, summary.gate) == (1, "passed")
     code, out, err = run(capsys, config, "s3://landing/cdc", lake.root)
     assert (code, err) == (0, "")
@@ -207,8 +208,8 @@ def test_landing_files_on_a_local_s3_server_are_listed_and_read_through_s3a(spar
     assert {(r["custkey"],): r["first_name"] for r in silver.collect()} == expected
 
     with pytest.raises(PipelineError, match="1 landing file\\(s\\) handed to this run are no longer in"):
-        bronze.bronze_ingest(spark, engine, registry.tables["customers"], "s3://landing/cdc", lake, "b3",
-                           bronze.Selection(files=frozenset(["topics/gone.json"])))
+        answered_alone(bronze.bronze_ingest(spark, engine, registry.tables["customers"], "s3://landing/cdc", lake, "b3",
+                                            bronze.Selection(files=frozenset(["topics/gone.json"]))))
 
 
 def test_a_lake_on_another_store_and_a_bad_window_are_config_errors_the_task_reads(tmp_path, capsys, monkeypatch):

@@ -61,9 +61,12 @@ def test_recorded_connector_output_with_landing_and_lake_on_s3_gives_the_source_
     stored = keys(s3, "lake", "cdc/")
     for prefix in ("cdc/bronze/pg_customers/_delta_log/", "cdc/silver/pg_customers/_delta_log/",
                    "cdc/_state/ingest_log/pg_customers/_delta_log/", "cdc/reports/runs/",
-                   "cdc/reports/data_docs/pg_customers/validations/", "cdc/_state/gx/pg_customers/"):
+                   # its small batches' gates, in the passes' GX projects and Data Docs (a pass of one)
+                   "cdc/reports/data_docs/bronze-pass/validations/", "cdc/reports/data_docs/silver-pass/validations/",
+                   "cdc/_state/gx/bronze-pass/", "cdc/_state/gx/silver-pass/"):
         assert any(k.startswith(prefix) for k in stored), prefix
-    assert {"cdc/reports/index.html", "cdc/reports/data_docs/pg_customers/index.html"} <= set(stored)
+    assert {"cdc/reports/index.html", "cdc/reports/data_docs/bronze-pass/index.html",
+            "cdc/reports/data_docs/silver-pass/index.html"} <= set(stored)
     assert not [k for k in stored if k.startswith("cdc/_state/staging/") or k.startswith("cdc/_state/locks/")]
     assert not Path("s3:").exists() and not list(tmp_path.iterdir())  # no s3:// path taken for a local one
     assert "pg_customers" in lake.files.read(lake.reports_index).decode()
