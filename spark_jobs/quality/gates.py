@@ -7,7 +7,9 @@ failing rows aside (the job did, with the expectation as reason), `fail` fails t
 when more of the batch was quarantined than the table allows. Results go to GX Data Docs under
 `<lake>/reports/data_docs/<table>/`; a failed gate raises `GateFailed` with one line naming the table, the
 layer, the expectations and counts. Each table has its own GX project under `<lake>/_state/gx/<table>`, so
-tables validated in parallel never write the same GX files (docs/architecture.md, "Gates").
+tables validated in parallel never write the same GX files (docs/architecture.md, "Gates"). The tables of a
+shared pass are gated on their audits together, a row each, in one validation of the layer's pass project
+(`run_audit_gates`: `<layer>-pass`).
 """
 
 from __future__ import annotations
