@@ -63,8 +63,8 @@ def test_airflow_submits_the_layer_jobs_to_the_cluster(cluster, tmp_path, s3_end
 
 
 def reports_from_the_bucket(monkeypatch) -> None:
-    """The plugin's pages from an S3 lake: the run history, and a table's Data Docs, its folder sent to the
-    trailing slash its relative links need."""
+    """The plugin's pages from an S3 lake: the run history, and the silver pass's Data Docs (customers' small batches
+    are passes of one), its folder sent to the trailing slash its relative links need."""
     from fastapi.testclient import TestClient
 
     monkeypatch.syspath_prepend(str(ROOT / "plugins"))  # where Airflow loads its plugins from
@@ -78,8 +78,8 @@ def reports_from_the_bucket(monkeypatch) -> None:
     page = client.get("/")
     assert page.status_code == 200 and "CDC pipeline runs" in page.text
     assert "; script-src http://testserver/data_docs/_assets/; " in page.headers["content-security-policy"]
-    folder = client.get("/data_docs/customers")
-    assert (folder.status_code, folder.headers["location"]) == (307, "/cdc-reports/data_docs/customers/")
-    docs = client.get("/data_docs/customers/")
+    folder = client.get("/data_docs/silver-pass")
+    assert (folder.status_code, folder.headers["location"]) == (307, "/cdc-reports/data_docs/silver-pass/")
+    docs = client.get("/data_docs/silver-pass/")
     assert docs.status_code == 200 and docs.headers["content-type"].startswith("text/html")
     assert "Great Expectations" in docs.text
