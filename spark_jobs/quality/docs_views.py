@@ -61,9 +61,7 @@ def view(cls: type) -> dict[str, str]:
 
 class PassResultsPageRenderer(ValidationResultsPageRenderer):
     """GX's validation page; a pass's (its expectation on the frame's tables names them) opens with a row per table and
-    its verdict, which
-    come from the same results: a table fails a check when GX names it among the check's unexpected rows (every table,
-    when the check raised), and its verdict is what its gate's is (findings.GateResult). GX itself lists only the
+    its verdict, from the same results as its gate's (`table_passed`, findings.GateResult). GX itself lists only the
     failing rows, under each check."""
 
     def _collect_rendered_document_content_sections(self, validation_results: Any, *args: Any) -> Any:
@@ -76,16 +74,21 @@ class PassResultsPageRenderer(ValidationResultsPageRenderer):
         return sections
 
 
+def table_passed(result: Any, table: str) -> bool:
+    """Did `table`'s row of a pass's frame pass the check of GX's expectation `result`? It failed when GX names it among
+    the unexpected rows, and every table failed when the check raised (GX names none)."""
+    failing = {row.get(TABLE) for row in (result.result or {}).get("unexpected_index_list") or []}
+    return bool(result.success) or (bool(failing) and table not in failing)
+
+
 def _verdicts(results: Any, tables: list[str]) -> RenderedTableContent:
     found: dict[str, list[Finding]] = {table: [] for table in tables}
     for r in results:
         meta = r.expectation_config.meta or {}
         if "check" not in meta:
             continue
-        failing = {row.get(TABLE) for row in (r.result or {}).get("unexpected_index_list") or []}
         for table, findings in found.items():
-            success = bool(r.success) or (bool(failing) and table not in failing)
-            findings.append(Finding(meta["check"], meta["action"], success, None, None))
+            findings.append(Finding(meta["check"], meta["action"], table_passed(r, table), None, None))
     rows = [[table, GateResult(table, "", findings, None).verdict(),
              ", ".join(f.check for f in findings if not f.success) or "-"] for table, findings in found.items()]
     return RenderedTableContent(content_block_type="table", header_row=["Table", "Verdict", "Checks it failed"],

@@ -313,7 +313,7 @@ def run_audit_gates(gates: list[AuditGate], layer: str, lake: Lake, run_name: st
     from great_expectations.core.run_identifier import RunIdentifier
     from pyspark.sql import SparkSession
 
-    from spark_jobs.quality.docs_views import PASS_TABLES, TABLE
+    from spark_jobs.quality.docs_views import PASS_TABLES, TABLE, table_passed
 
     site = pass_site(layer)
     project = gx_project.project(lake, site, SparkSession.active().sparkContext.applicationId)
@@ -341,11 +341,9 @@ def run_audit_gates(gates: list[AuditGate], layer: str, lake: Lake, run_name: st
                 if "n" not in (r.expectation_config.meta or {}):
                     continue
                 n = r.expectation_config.meta["n"]
-                failing = {row[TABLE] for row in (r.result or {}).get("unexpected_index_list") or []}
                 for gate in members:
                     if _measured(checks[n], values[gate.table]):
-                        # a check that raised fails every table (GX names none), and so does a frame not whole
-                        success = whole and (bool(r.success) or (bool(failing) and gate.table not in failing))
+                        success = whole and table_passed(r, gate.table)  # a frame not whole fails every table
                         found[gate.table].append((n, _audit_finding(checks[n], gate.audit, success)))
         if validated:
             project.context.build_data_docs(site_names=["reports"], resource_identifiers=validated)
