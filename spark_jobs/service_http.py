@@ -33,6 +33,7 @@ from spark_jobs.settings import settings
 MAX_BODY = 8 * 2**20  # bytes of a request body: a backlog's list of a few thousand landing files fits many times over
 MAX_CONNECTIONS = 64  # connections open at once; a request past them is answered 503
 REQUEST_TIMEOUT_S = 15.0  # a request must arrive whole, and be answered, within this; else its connection is closed
+LINGER_S = 2.0  # after an answer that ends its connection, how long what the client still sends is read and dropped
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 _DIGITS = re.compile(r"[0-9]{1,18}")  # ASCII digits only: str.isdigit also takes '²' and other scripts' digits
 
@@ -172,6 +173,35 @@ def application(service: Jobs, listener: Listener) -> Starlette:
                      exception_handlers={HTTPStatus.NOT_FOUND: no_endpoint, HTTPStatus.METHOD_NOT_ALLOWED: no_endpoint})
 
 
+class _LingeringClose:
+    """The connection's transport as uvicorn sees it, but closing as HTTP servers do (RFC 9112, 9.6): stop writing,
+    read and drop what the client still sends, close at its end or after LINGER_S. uvicorn closes at once, also after
+    refusing a request whose body is still on its way (a 400 for its headers, a 413 for its size); the kernel then
+    resets the connection for the unread bytes, and the client loses the answer written just before."""
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop):
+        self.transport = transport
+        self.loop = loop
+        self.lingering = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.transport, name)
+
+    def is_closing(self) -> bool:
+        return self.lingering or self.transport.is_closing()
+
+    def close(self) -> None:
+        if self.is_closing():
+            return
+        if not self.transport.can_write_eof():  # TLS: its close_notify ends the connection in order
+            self.transport.close()
+            return
+        self.lingering = True
+        self.transport.write_eof()  # once what is written has gone out
+        self.transport.resume_reading()
+        self.loop.call_later(LINGER_S, self.transport.close)  # the client's end (eof_received) closes it sooner
+
+
 class _WholeRequestDeadline(H11Protocol):
     """uvicorn's HTTP/1.1 with a deadline for each whole request. uvicorn has none: its keep-alive timer stops at a
     request's first byte, and h11 waits as long as bytes keep coming, so a client sending a header byte every few
@@ -182,8 +212,13 @@ class _WholeRequestDeadline(H11Protocol):
     deadline: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        self.closer = _LingeringClose(transport, self.loop)
+        super().connection_made(self.closer)  # type: ignore[arg-type]
         self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        if not self.closer.lingering:  # else the rest of a request already answered: dropped
+            super().data_received(data)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -201,8 +236,7 @@ class _WholeRequestDeadline(H11Protocol):
             self.deadline = self.loop.call_later(REQUEST_TIMEOUT_S, self._expire)
 
     def _expire(self) -> None:
-        if not self.transport.is_closing():
-            self.transport.close()
+        self.closer.transport.close()  # at once: the deadline is for clients that hold on
 
 
 class HttpServer:

@@ -231,6 +231,24 @@ def connection(monkeypatch, server: service_http.HttpServer, token: str = TOKEN,
     return "cdc_test"
 
 
+def test_a_refused_request_whose_body_is_still_coming_gets_its_answer(served):
+    """Bad headers are answered 400 at once, while the client is still sending the body behind them: closing then,
+    with its bytes unread, would make the kernel reset the connection and the client lose the answer."""
+    _, server = served
+    client = socket.create_connection(("127.0.0.1", server.port))
+    head = (f"POST /jobs HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nAuthorization: Bearer {TOKEN}\r\n"
+            "Content-Type: application/json\r\nContent-Length: -5\r\n\r\n").encode()
+    sending = threading.Thread(target=client.sendall, args=(head + b" " * 4 * 2**20,))  # more than one read takes
+    sending.start()
+    client.settimeout(10)
+    answer = b""
+    while chunk := client.recv(4096):
+        answer += chunk
+    sending.join()
+    client.close()
+    assert answer.startswith(b"HTTP/1.1 400 "), answer
+
+
 def test_the_hook_submits_and_polls_through_its_connection(served, monkeypatch):
     """PipelineServiceHook (the HTTP provider's hook with the service's secret as a bearer token): a job submitted
     and polled; a wrong secret is a permanent refusal, an unreachable service worth a retry; the UI's Test button."""
