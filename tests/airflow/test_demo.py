@@ -90,10 +90,11 @@ def check_reports_behind_airflow_auth(base: str) -> None:
     scripts_only = f"default-src 'none'; script-src {base}/cdc-reports/data_docs/_assets/; "
     assert headers["content-security-policy"].startswith(scripts_only)
     assert "connect-src 'none'" in headers["content-security-policy"] and headers["x-content-type-options"] == "nosniff"
-    # a table's Data Docs: the folder is sent to its trailing slash (the page's relative links), then served
-    status, _, headers = _get(f"{base}/cdc-reports/data_docs/customers", Authorization=f"Bearer {token}")
-    assert (status, headers["location"]) == (307, "/cdc-reports/data_docs/customers/")
-    status, page, headers = _get(f"{base}/cdc-reports/data_docs/customers/", Authorization=f"Bearer {token}")
+    # the silver pass's Data Docs (a single table's small batch is a pass of one): the folder is sent to its
+    # trailing slash (the page's relative links), then served
+    status, _, headers = _get(f"{base}/cdc-reports/data_docs/silver-pass", Authorization=f"Bearer {token}")
+    assert (status, headers["location"]) == (307, "/cdc-reports/data_docs/silver-pass/")
+    status, page, headers = _get(f"{base}/cdc-reports/data_docs/silver-pass/", Authorization=f"Bearer {token}")
     assert status == 200 and headers["content-type"].startswith("text/html") and "Great Expectations" in page
     assert headers["content-security-policy"].startswith(scripts_only)
     for escape in ("..%2f..%2fpasswords.json", "%2e%2e/%2e%2e/passwords.json", "runs/..%2f..%2f..%2fpasswords.json"):
@@ -213,13 +214,13 @@ def check_dag_run_tab(driver, base: str, run_id: str, screenshot: Path) -> None:
 
 
 def check_data_docs_render_offline(driver, base: str, screenshot: Path) -> None:
-    """A table's Data Docs, as the plugin serves them, load every style, script and image from the plugin
+    """The silver pass's Data Docs, as the plugin serves them, load every style, script and image from the plugin
     (this machine has no internet: a CDN link would leave the page unstyled, its tables and charts dead)."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as EC
     from selenium.webdriver.support.ui import WebDriverWait
 
-    driver.get(f"{base}/cdc-reports/data_docs/customers/index.html")
+    driver.get(f"{base}/cdc-reports/data_docs/silver-pass/index.html")
     WebDriverWait(driver, 60).until(EC.presence_of_element_located((By.CSS_SELECTOR, "table")))
     loaded = driver.execute_script(
         "return {resources: performance.getEntriesByType('resource').map(e => e.name),"
@@ -237,8 +238,8 @@ def check_data_docs_render_offline(driver, base: str, screenshot: Path) -> None:
     assert "newsletter" not in driver.page_source
 
 
-PLANTED = """<html><body><p>planted</p><script src="planted.js"></script><script src="data_docs/customers/planted.js">
-</script><script src="data_docs/_assets/cdc/planted.js"></script><script src="data_docs/_assets/../customers/planted.js">
+PLANTED = """<html><body><p>planted</p><script src="planted.js"></script><script src="data_docs/silver-pass/planted.js">
+</script><script src="data_docs/_assets/cdc/planted.js"></script><script src="data_docs/_assets/../silver-pass/planted.js">
 </script><script>document.title = "ran: inline"</script></body></html>"""
 
 
@@ -248,14 +249,14 @@ def check_scripts_planted_in_the_lake_do_not_run(driver, base: str, lake: Path) 
     scripts (the plugin serves the vendored files from the package, and its policy runs scripts from nowhere else)."""
     reports = lake / "reports"
     (reports / "planted.html").write_text(PLANTED)
-    for folder in (reports, reports / "data_docs" / "customers", reports / "data_docs" / "_assets" / "cdc"):
+    for folder in (reports, reports / "data_docs" / "silver-pass", reports / "data_docs" / "_assets" / "cdc"):
         (folder / "planted.js").write_text(f'document.title = "ran: {folder.name}";')
     handlers = reports / "data_docs" / "_assets" / "cdc" / "handlers.js"
     handlers.write_text('document.title = "ran: the lake\'s handlers.js";')
     driver.get(f"{base}/cdc-reports/planted.html")
     assert "planted" in driver.find_element("tag name", "body").text
     assert driver.execute_script("return document.title") == ""  # set by any of them that ran
-    driver.get(f"{base}/cdc-reports/data_docs/customers/index.html")
+    driver.get(f"{base}/cdc-reports/data_docs/silver-pass/index.html")
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as EC
     from selenium.webdriver.support.ui import WebDriverWait
