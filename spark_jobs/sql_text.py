@@ -1,0 +1,50 @@
+"""Spark columns written as SQL text, each distinct text parsed once per process and its column kept.
+
+Built through pyspark's Column API, every function, operator, literal and alias is a py4j round trip to the JVM,
+and another when Python drops the object: a warm 1k batch made about 9,000 of them, more time than its Spark jobs
+took (tests/benchmarks/RESULTS.md). A column from its text is one round trip the first time and none after, and the
+long-lived service plans the same tables' batches again and again. No library offers this: pyspark's `expr` parses
+anew on every call.
+
+Names and values from the configuration or a source go into the text only through `ident` and `literal`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping
+from functools import lru_cache
+from typing import TypeVar
+
+from pyspark.sql import Column
+from pyspark.sql import functions as F
+
+Rule = TypeVar("Rule", bound=Hashable)
+_KEPT = 4096  # distinct texts kept: a whole database's tables' columns (most are shared by tables with the same keys)
+
+
+@lru_cache(maxsize=_KEPT)
+def sql(text: str) -> Column:
+    """The column `text` (an SQL expression, optionally `... AS name`) means; the same object for the same text (a
+    Column is an immutable expression tree: one may appear in many plans, on any thread)."""
+    return F.expr(text)
+
+
+def ident(name: str) -> str:
+    """`name` as an SQL identifier, whatever characters it holds."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def literal(value: str) -> str:
+    """`value` as an SQL string literal, whatever characters it holds (Spark's string literals take escapes)."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def per_table(rules: Mapping[str, Rule], text_of: Callable[[Rule], str]) -> str:
+    """`text_of(rule)` of each row's table (`_table`), one CASE branch per distinct rule: the tables of a database
+    mostly share them. One rule for all needs no `_table` at all."""
+    tables_of: dict[Rule, list[str]] = {}
+    for table, rule in rules.items():
+        tables_of.setdefault(rule, []).append(table)
+    if len(tables_of) == 1:
+        return text_of(next(iter(tables_of)))
+    branches = [f"WHEN _table IN ({', '.join(map(literal, names))}) THEN {text_of(rule)}" for rule, names in tables_of.items()]
+    return f"CASE {' '.join(branches)} END"

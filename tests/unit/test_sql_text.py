@@ -1,0 +1,34 @@
+"""Columns written as SQL text (spark_jobs/sql_text.py): names and values of any characters go in as themselves, a
+text is one column for the process, and a rule per table is one CASE branch per distinct rule."""
+
+from __future__ import annotations
+
+from spark_jobs.sql_text import ident, literal, per_table, sql
+
+AWKWARD = ("plain", "it's", 'say "hi"', "back\\slash", "tick`s", "two`` ticks", "new\nline", "caf\u00e9", "\\'",
+           "' OR 1 = 1 --", "a\\u0041", "$.key", "")
+
+
+def test_names_and_values_of_any_characters_go_in_as_themselves(spark):
+    frame = spark.createDataFrame([tuple(range(len(AWKWARD)))], [f"c{n}{name}" for n, name in enumerate(AWKWARD)])
+    named = frame.select(*[sql(f"{ident(c)} AS {ident(c)}") for c in frame.columns])
+    assert named.columns == frame.columns and list(named.first()) == list(range(len(AWKWARD)))
+    values = frame.select(*[sql(f"{literal(value)} AS v{n}") for n, value in enumerate(AWKWARD)]).first()
+    assert tuple(values) == AWKWARD
+
+
+def test_a_text_is_one_column_for_the_process():
+    assert sql("1 + 1 AS two") is sql("1 + 1 AS two")
+    assert sql("1 + 1 AS two") is not sql("1 + 2 AS two")
+
+
+def test_a_rule_per_table_is_one_branch_per_distinct_rule(spark):
+    rules = {"a": 1, "b'": 1, "c": 2}
+    text = per_table(rules, lambda rule: str(rule * 10))
+    assert text.count("WHEN") == 2
+    frame = spark.createDataFrame([(t,) for t in [*rules, "other"]], ["_table"])
+    assert {r["_table"]: r["v"] for r in frame.select("_table", sql(f"{text} AS v")).collect()} == {
+        "a": 10, "b'": 10, "c": 20, "other": None}
+    # one rule for every table reads no `_table`
+    assert per_table({"a": 1, "b": 1}, lambda rule: str(rule)) == "1"
+
