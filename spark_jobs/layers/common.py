@@ -106,7 +106,7 @@ def read_shared(layer: str, alone: str, passes: Iterable[list[T]], read: Callabl
             got = read(together)
         except Exception as exc:  # not swallowed: each table's own step runs next, and fails on its own if it must
             log.warning(f"{layer}: a shared pass over {len(together)} tables failed, each {alone}: "
-                        f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}")
+                        f"{type(exc).__name__}: {next((line for line in str(exc).splitlines() if line.strip()), '')}")
             continue
         reads |= got
         log.info(f"{layer}: {done(together, got)} in one pass in {time.monotonic() - started:.3f} s")
