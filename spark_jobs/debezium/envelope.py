@@ -8,9 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import re
-from collections.abc import Callable, Mapping
-from functools import reduce
-from typing import Any
+from collections.abc import Mapping
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -20,6 +18,7 @@ from spark_jobs.debezium import connectors
 from spark_jobs.landing import EXCERPT_BYTES as EXCERPT_CHARS
 from spark_jobs.landing import line_too_large
 from spark_jobs.quality.expectations import row_checks, row_failure_sql
+from spark_jobs.sql_text import ident, literal, per_table, sql
 
 OPS = ("c", "u", "d", "r", "t")
 
@@ -31,6 +30,10 @@ _RECORD_SCHEMA = ("schema STRING, payload STRING, before STRING, after STRING, s
                   "patch STRING, updateDescription STRING")
 _PAYLOAD_SCHEMA = "before STRING, after STRING, source STRING, op STRING, ts_ms BIGINT, patch STRING, updateDescription STRING"
 PARTIAL_UPDATE = "partial_update: the event carries a patch, not the document"
+OUT_OF_RANGE = "number_out_of_range: a number in the record is beyond a double's range (about 1.8e308)"
+
+
+_TRAILING_CR = r"\r$"  # the regex of a CRLF line end's CR
 
 
 def line_fields(lines: DataFrame, max_line_bytes: int = 16 * 2**20) -> DataFrame:
@@ -39,15 +42,13 @@ def line_fields(lines: DataFrame, max_line_bytes: int = 16 * 2**20) -> DataFrame
     not parsed (line_too_large, when longer than `max_line_bytes`: the row keeps an excerpt). Blank lines stay
     (they are quarantined, never dropped). Lines that are not UTF-8 are kept byte for byte instead
     (landing.exact_line)."""
-    text = F.regexp_replace("_text", "\r$", "")
-    size = F.octet_length("_clean")
-    too_large = size > max_line_bytes
+    too_large = f"octet_length(_clean) > {int(max_line_bytes)}"
     before, after = line_too_large("\0", max_line_bytes).split("\0")
-    problem = F.concat(F.lit(before), size.cast("string"), F.lit(after))
-    return lines.withColumn("_clean", text).select(
-        "_source_file", F.col("_line").cast("long").alias("_line"),
-        F.when(too_large, F.substring("_clean", 1, EXCERPT_CHARS)).otherwise(F.col("_clean")).alias("_raw"),
-        F.when(too_large, problem).alias("_line_problem"))
+    problem = f"concat({literal(before)}, CAST(octet_length(_clean) AS STRING), {literal(after)})"
+    return lines.withColumn("_clean", sql(f"regexp_replace(_text, {literal(_TRAILING_CR)}, '')")).select(
+        sql("_source_file"), sql("CAST(_line AS BIGINT) AS _line"),
+        sql(f"CASE WHEN {too_large} THEN substring(_clean, 1, {int(EXCERPT_CHARS)}) ELSE _clean END AS _raw"),
+        sql(f"CASE WHEN {too_large} THEN {problem} END AS _line_problem"))
 
 
 # Debezium's ExtractNewRecordState puts source fields at the top level as `__<field>` (or
@@ -85,24 +86,23 @@ def parse_envelope(lines: DataFrame, fmt: str = "auto") -> DataFrame:
     maybe_flat = "true" if fmt == "json-flat" else """(contains(_text, '"__op"') OR contains(_text, '"__deleted"'))"""
     flat_op = ("coalesce(_flat['__op'], CASE lower(_flat['__deleted']) WHEN 'true' THEN 'd' WHEN 'false' THEN 'u' END)")
     # a line with a problem found when it was read (too large, not UTF-8) is not parsed
-    text = F.col("_raw") if "_line_problem" not in lines.columns else F.when(F.col("_line_problem").isNull(), F.col("_raw"))
-    parsed = (
-        lines.withColumn("_text", text)
-        .withColumn("_rec", F.from_json("_text", _RECORD_SCHEMA))
-        .withColumn("_env", F.expr("_rec.payload IS NOT NULL AND _rec.op IS NULL"))
-        .withColumn("_payload", F.expr(f"CASE WHEN _env THEN from_json(_rec.payload, '{_PAYLOAD_SCHEMA}') END"))
-        .withColumn("_body", F.expr("CASE WHEN _env THEN _rec.payload ELSE _text END"))
-        .withColumn("_flat", F.lit(None).cast("map<string,string>") if fmt == "json" else
-                    F.expr(f"CASE WHEN {maybe_flat} THEN from_json(_body, 'map<string,string>') END"))
-        .withColumn("_is_flat", F.expr(f"coalesce({flat}, false)"))
-        .withColumn("_flat_derived_op", F.expr(flat_op))
-    )
+    text = "_raw" if "_line_problem" not in lines.columns else "CASE WHEN _line_problem IS NULL THEN _raw END"
+    steps = {"_text": text, "_rec": f"from_json(_text, {literal(_RECORD_SCHEMA)})",
+             "_env": "_rec.payload IS NOT NULL AND _rec.op IS NULL",
+             "_payload": f"CASE WHEN _env THEN from_json(_rec.payload, {literal(_PAYLOAD_SCHEMA)}) END",
+             "_body": "CASE WHEN _env THEN _rec.payload ELSE _text END",
+             "_flat": "CAST(NULL AS MAP<STRING, STRING>)" if fmt == "json" else
+                      f"CASE WHEN {maybe_flat} THEN from_json(_body, 'map<string,string>') END",
+             "_is_flat": f"coalesce({flat}, false)", "_flat_derived_op": flat_op}
+    parsed = lines
+    for name, step in steps.items():
+        parsed = parsed.withColumn(name, sql(step))
 
     def pick(name: str) -> str:
         return f"CASE WHEN _env THEN _payload.{name} ELSE _rec.{name} END"
 
-    return parsed.selectExpr(
-        *lines.columns,
+    return parsed.select(*[sql(text) for text in (
+        *map(ident, lines.columns),
         "try_parse_json(_text) IS NOT NULL AS _json_ok",
         # Spark's JSON readers stop after the first value: anything after it would vanish unseen. Inside an
         # array, `v,0` has two items and `0,v` two exactly when v is one JSON value with nothing after it
@@ -119,7 +119,7 @@ def parse_envelope(lines: DataFrame, fmt: str = "auto") -> DataFrame:
         "CASE WHEN _is_flat THEN _flat['__deleted'] END AS _flat_deleted",
         f"coalesce(NOT _is_flat AND {pick('op')} = 'u' AND {pick('after')} IS NULL AND "
         f"({pick('patch')} IS NOT NULL OR {pick('updateDescription')} IS NOT NULL), false) AS _partial_update",
-    )
+    )])
 
 
 ENVELOPE_FIELDS = ("before", "after", "source", "op", "ts_ms", "transaction")
@@ -146,10 +146,10 @@ def _placeholder_forms(placeholder: str) -> tuple[str, str]:
     return placeholder, base64.b64encode(placeholder.encode()).decode()
 
 
-def holds_placeholder(placeholder: str) -> Column:
-    """Does the event's `after` image hold an unavailable-value placeholder (checked before typing)?"""
-    return reduce(lambda a, b: a | b, [F.coalesce(F.instr("after", f'"{form}"') > 0, F.lit(False))
-                                       for form in _placeholder_forms(placeholder)])
+def holds_placeholder(placeholder: str) -> str:
+    """Does the event's `after` image hold an unavailable-value placeholder (checked before typing)? As SQL text."""
+    quoted = [literal('"' + form + '"') for form in _placeholder_forms(placeholder)]
+    return " OR ".join(f"coalesce(instr(after, {form}) > 0, false)" for form in quoted)
 
 
 def mark_unavailable(changes: DataFrame, placeholder: str) -> DataFrame:
@@ -163,36 +163,39 @@ def mark_unavailable(changes: DataFrame, placeholder: str) -> DataFrame:
             .withColumn("after", F.regexp_replace("after", pattern, "null")))
 
 
+KEY_IMAGE = "CASE WHEN op = 'd' THEN before ELSE after END"
+
+
 def key_image() -> Column:
     """The image the key comes from: `before` for deletes, `after` for c/u/r (docs/architecture.md, "Apply rules")."""
-    return F.when(F.col("op") == "d", F.col("before")).otherwise(F.col("after"))
+    return sql(KEY_IMAGE)
+
+
+def _missing_keys_sql(keys: tuple[str, ...]) -> str:
+    parts = [f"CASE WHEN get_json_object({KEY_IMAGE}, {literal(f'$.{k}')}) IS NULL THEN {literal(k)} END" for k in keys]
+    return f"concat_ws(',', {', '.join(parts)})"
 
 
 def missing_keys(keys: tuple[str, ...]) -> Column:
     """Comma-separated key columns that are null or absent in the key image ('' when all present)."""
-    parts = [F.when(F.get_json_object(key_image(), f"$.{k}").isNull(), F.lit(k)) for k in keys]
-    return F.concat_ws(",", *parts)
+    return sql(_missing_keys_sql(keys))
 
 
 MONGODB = "coalesce(lower(get_json_object(source, '$.connector')) = 'mongodb', false)"
 
 
-def extended_json_value(value: Column) -> Column:
-    """Is this JSON text one of MongoDB's extended JSON values, an object of one `$` field ({"$oid": ...})?"""
-    names = F.json_object_keys(value)
-    return F.coalesce((F.size(names) == 1) & names[0].startswith("$"), F.lit(False))
-
-
-def nested_keys(keys: tuple[str, ...]) -> Column:
+def _nested_keys_sql(keys: tuple[str, ...]) -> str:
     """Comma-separated key columns whose value is a JSON object or array ('' when none): such a key would
     become its JSON text in silver, a key no source row has. A MongoDB `_id` in extended JSON ({"$oid": ...})
     is one value (types.py types it)."""
-    image = F.expr("try_parse_json(CASE WHEN op = 'd' THEN before ELSE after END)")
-    parts = [F.when(F.split(F.schema_of_variant(F.try_variant_get(image, f"$.{k}", "variant")), "<")[0]
-                    .isin("OBJECT", "ARRAY")
-                    & ~(F.expr(MONGODB) & extended_json_value(F.get_json_object(key_image(), f"$.{k}"))), F.lit(k))
-             for k in keys]
-    return F.concat_ws(",", *parts)
+    parts = []
+    for k in keys:
+        path = literal(f"$.{k}")
+        text = f"get_json_object({KEY_IMAGE}, {path})"
+        extended = f"coalesce(size(json_object_keys({text})) = 1 AND startswith(json_object_keys({text})[0], '$'), false)"
+        kind = f"split(schema_of_variant(try_variant_get(try_parse_json({KEY_IMAGE}), {path}, 'variant')), '<')[0]"
+        parts.append(f"CASE WHEN {kind} IN ('OBJECT', 'ARRAY') AND NOT ({MONGODB} AND {extended}) THEN {literal(k)} END")
+    return f"concat_ws(',', {', '.join(parts)})"
 
 
 def keys_from_record_key(parsed: DataFrame, keys: tuple[str, ...]) -> DataFrame:
@@ -239,15 +242,15 @@ def row_expectation_failure() -> Column:
     return F.expr(row_failure_sql("bronze"))
 
 
-def _overflowed() -> Column:
+def _overflowed() -> str:
     """Spark keeps `before`/`after` as JSON text it writes again, and writes a number beyond a double's range
     as the string "Infinity": more such strings in them than in the line itself means a number overflowed."""
-    def infinities(text: Column) -> Column:
-        return F.size(F.split(F.coalesce(text, F.lit("")), '"-?Infinity"')) - 1
+    def infinities(text: str) -> str:
+        return f"(size(split(coalesce({text}, ''), '\"-?Infinity\"')) - 1)"
     # the regex split over whole records is costly and classify refers to this more than once: counted only on
     # the rare images that hold the word at all
-    rare = reduce(lambda a, b: a | b, [F.coalesce(F.col(image), F.lit("")).contains("Infinity") for image in ("before", "after")])
-    return rare & (infinities(F.col("before")) + infinities(F.col("after")) > infinities(F.col("_raw")))
+    rare = " OR ".join(f"contains(coalesce({image}, ''), 'Infinity')" for image in ("before", "after"))
+    return f"(({rare}) AND {infinities('before')} + {infinities('after')} > {infinities('_raw')})"
 
 
 def classify(parsed: DataFrame, keys: tuple[str, ...], quarantine: frozenset[str] = row_checks("bronze")) -> DataFrame:
@@ -262,54 +265,40 @@ def classify(parsed: DataFrame, keys: tuple[str, ...], quarantine: frozenset[str
 TableRules = tuple[tuple[str, ...], frozenset[str]]
 
 
-def per_table(rules: Mapping[str, Any], column: Callable[[Any], Column]) -> Column:
-    """`column(rule)` of each row's table (`_table`), one CASE branch per distinct rule: the tables of a
-    database mostly share them. One rule for all needs no `_table` at all."""
-    tables_of: dict[Any, list[str]] = {}
-    for table, rule in rules.items():
-        tables_of.setdefault(rule, []).append(table)
-    if len(tables_of) == 1:
-        return column(next(iter(tables_of)))
-    branches = [(F.col("_table").isin(*names), column(rule)) for rule, names in tables_of.items()]
-    return reduce(lambda case, branch: case.when(*branch), branches[1:], F.when(*branches[0]))
+_TOMBSTONE_ENVELOPE = r'^\{\s*"schema"\s*:\s*null\s*,\s*"payload"\s*:\s*null\s*\}$'
 
 
 def classify_tables(parsed: DataFrame, rules: Mapping[str, TableRules]) -> DataFrame:
     """`classify` over the lines of many tables at once (`_table` names each line's), by each table's rules."""
-    trimmed = F.trim(F.col("_raw"))
-    problem = F.col("_line_problem") if "_line_problem" in parsed.columns else F.lit(None).cast("string")
+    problem = "_line_problem" if "_line_problem" in parsed.columns else "CAST(NULL AS STRING)"
     unusable = (
-        F.when(problem.isNotNull(), problem)
-        .when(trimmed == "", "empty_line")
-        .when(~F.col("_json_ok"), "malformed_json")
-        .when(~F.col("_json_single"), "malformed_json: content after the JSON record")
-        .when(F.col("op").isNull(), "not_debezium: no op field")
-        .when(~F.col("op").isin(*OPS), F.concat(F.lit("unknown_op: "), F.col("op")))
-        .when(F.col("_partial_update"), PARTIAL_UPDATE)
-        .when(_overflowed(), "number_out_of_range: a number in the record is beyond a double's range (about 1.8e308)")
-        .when(F.col("_nested_key") != "", F.concat(F.lit("invalid_key: "), F.col("_nested_key"),
-                                                   F.lit(" (an object or array, not a value)")))
-    )
+        f"CASE WHEN {problem} IS NOT NULL THEN {problem}"
+        " WHEN trim(_raw) = '' THEN 'empty_line'"
+        " WHEN NOT _json_ok THEN 'malformed_json'"
+        " WHEN NOT _json_single THEN 'malformed_json: content after the JSON record'"
+        " WHEN op IS NULL THEN 'not_debezium: no op field'"
+        f" WHEN NOT op IN ({', '.join(literal(op) for op in OPS)}) THEN concat('unknown_op: ', op)"
+        f" WHEN _partial_update THEN {literal(PARTIAL_UPDATE)}"
+        f" WHEN {_overflowed()} THEN {literal(OUT_OF_RANGE)}"
+        " WHEN _nested_key <> '' THEN concat('invalid_key: ', _nested_key, ' (an object or array, not a value)') END")
     # a Kafka tombstone is `null`, or with the JSON converter's schemas.enable=true, an empty envelope
-    tombstone = problem.isNull() & ((trimmed == "null") | trimmed.rlike(
-        r'^\{\s*"schema"\s*:\s*null\s*,\s*"payload"\s*:\s*null\s*\}$'))
-    failed = F.when(~F.col("_tombstone") & F.col("_unusable").isNull(), row_expectation_failure())
+    tombstone = f"{problem} IS NULL AND (trim(_raw) = 'null' OR trim(_raw) RLIKE {literal(_TOMBSTONE_ENVELOPE)})"
+    failed = f"CASE WHEN NOT _tombstone AND _unusable IS NULL THEN {row_failure_sql('bronze')} END"
     refusing = per_table({table: quarantine for table, (_, quarantine) in rules.items()},
-                         lambda quarantine: F.split("_failed", ":")[0].isin(*sorted(quarantine)))
-    quarantined = F.col("_unusable").isNotNull() | refusing
-    kind = F.when(F.col("_tombstone"), "tombstone").when(quarantined, "quarantine").otherwise("event")
+                         lambda quarantine: f"split(_failed, ':')[0] IN ({', '.join(map(literal, sorted(quarantine)))})"
+                         if quarantine else "false")
     keys_of = {table: keys for table, (keys, _) in rules.items()}
     # each step refers to the one before by column name: Spark evaluates every expression once per line (passed
-    # as Column objects, the parsing checks were copied into every later expression and ran up to nine times)
-    return (parsed.withColumn("_missing_key", per_table(keys_of, missing_keys))
-            .withColumn("_nested_key", per_table(keys_of, nested_keys))
-            .withColumn("_unusable", unusable)
-            .withColumn("_tombstone", tombstone)
-            .withColumn("_failed", failed)
-            .withColumn("_kind", kind)
-            .withColumn("reason", F.when(F.col("_kind") == "quarantine", F.coalesce("_unusable", "_failed")))
-            .withColumn("_expectation", F.when(F.col("_kind") == "event", F.col("_failed")))
-            .drop("_nested_key", "_unusable", "_tombstone", "_failed", "_partial_update"))
+    # as one expression, the parsing checks were copied into every later expression and ran up to nine times)
+    steps = {"_missing_key": per_table(keys_of, _missing_keys_sql), "_nested_key": per_table(keys_of, _nested_keys_sql),
+             "_unusable": unusable, "_tombstone": tombstone, "_failed": failed,
+             "_kind": f"CASE WHEN _tombstone THEN 'tombstone' WHEN _unusable IS NOT NULL OR {refusing} THEN 'quarantine'"
+                      " ELSE 'event' END",
+             "reason": "CASE WHEN _kind = 'quarantine' THEN coalesce(_unusable, _failed) END",
+             "_expectation": "CASE WHEN _kind = 'event' THEN _failed END"}
+    for name, text in steps.items():
+        parsed = parsed.withColumn(name, sql(text))
+    return parsed.drop("_nested_key", "_unusable", "_tombstone", "_failed", "_partial_update")
 
 
 _LANDING_OFFSET = r"([^/]+)\+([0-9]+)\+([0-9]+)\.[^/]*$"
@@ -321,14 +310,23 @@ def landing_offset(path: str) -> tuple[str, int] | None:
     return None if match is None else (f"{match.group(1)}+{match.group(2)}", int(match.group(3)))
 
 
-def kafka_position(file: Column, line: Column) -> tuple[Column, Column]:
-    """(topic-partition, offset) of a landing line, from the S3 sink's `<topic>+<partition>+<start>` file
-    name; for other names, the file itself and the line number."""
-    start = F.regexp_extract(file, _LANDING_OFFSET, 3)
-    partition = F.concat_ws("+", F.regexp_extract(file, _LANDING_OFFSET, 1), F.regexp_extract(file, _LANDING_OFFSET, 2))
-    named = start != ""
-    return (F.when(named, partition).otherwise(file),
-            F.when(named, start.cast("long") + line - 1).otherwise(line))
+def _kafka_position_sql() -> tuple[str, str]:
+    """(topic-partition, offset) of a landing line (`_source_file`, `_line`), from the S3 sink's
+    `<topic>+<partition>+<start>` file name; for other names, the file itself and the line number. As SQL text."""
+    offset = literal(_LANDING_OFFSET)
+
+    def group(n: int) -> str:
+        return f"regexp_extract(_source_file, {offset}, {n})"
+
+    named = f"{group(3)} <> ''"
+    return (f"CASE WHEN {named} THEN concat_ws('+', {group(1)}, {group(2)}) ELSE _source_file END",
+            f"CASE WHEN {named} THEN CAST({group(3)} AS BIGINT) + _line - 1 ELSE _line END")
+
+
+def kafka_offset() -> Column:
+    """The Kafka offset of a landing line (`_source_file`, `_line`): its file's first offset and its line; for files
+    not named by the S3 sink, the line number."""
+    return sql(_kafka_position_sql()[1])
 
 
 def match_tombstones(lines: DataFrame, earlier: DataFrame | None) -> DataFrame:
@@ -339,31 +337,34 @@ def match_tombstones(lines: DataFrame, earlier: DataFrame | None) -> DataFrame:
     record is), _follows_delete, and _previous_unseen (that record is in neither: it may land later)."""
     # One aggregation over tombstones and records by the record's place, not a join: a join shuffles both sides
     # first, and a small batch's one partition needs no shuffle for an aggregation (layers/common.py, checkpoint).
-    partition, offset = kafka_position(F.col("_source_file"), F.col("_line"))
+    partition, offset = _kafka_position_sql()
+    place = {True: [sql(f"{partition} AS _part"), sql(f"{offset} - 1 AS _offset"), sql("CAST(NULL AS STRING) AS op"),
+                    sql("struct(_source_file, _line) AS _tomb")],
+             False: [sql(f"{partition} AS _part"), sql(f"{offset} AS _offset"), sql("op"),
+                     sql("CASE WHEN false THEN struct(_source_file, _line) END AS _tomb")]}
 
     def by_place(rows: DataFrame, tombstones: bool) -> DataFrame:  # a tombstone's place is the offset before its own
-        op = F.lit(None).cast("string") if tombstones else F.col("op")
-        return rows.select(partition.alias("_part"), (offset - 1 if tombstones else offset).alias("_offset"),
-                           op.alias("op"), F.when(F.lit(tombstones), F.struct("_source_file", "_line")).alias("_tomb"))
+        return rows.select(*place[tombstones])
 
     places = by_place(lines.where("_kind = 'tombstone'"), True).unionByName(
         by_place(lines.where("_kind <> 'tombstone'"), False))
     if earlier is not None:
         places = places.unionByName(by_place(earlier, False))
-    previous = places.groupBy("_part", "_offset").agg(
-        F.max(F.when(F.col("_tomb").isNull(), F.col("op") == "d")).alias("_is_delete"),
-        F.collect_list("_tomb").alias("_tombs"))  # collect_list leaves the records' nulls out
-    return (previous.select("_part", "_offset", "_is_delete", F.explode("_tombs").alias("_tomb"))
-            .select("_tomb._source_file", "_tomb._line", "_part", "_offset",
-                    F.coalesce("_is_delete", F.lit(False)).alias("_follows_delete"),
-                    F.col("_is_delete").isNull().alias("_previous_unseen")))
+    previous = places.groupBy(sql("_part"), sql("_offset")).agg(
+        sql("max(CASE WHEN _tomb IS NULL THEN op = 'd' END) AS _is_delete"),
+        sql("collect_list(_tomb) AS _tombs"))  # collect_list leaves the records' nulls out
+    exploded = previous.select(sql("_part"), sql("_offset"), sql("_is_delete"), sql("explode(_tombs) AS _tomb"))
+    return exploded.select(*[sql(text) for text in (
+        "_tomb._source_file", "_tomb._line", "_part", "_offset", "coalesce(_is_delete, false) AS _follows_delete",
+        "_is_delete IS NULL AS _previous_unseen")])
 
 
 def resolve_pending_tombstones(pending: DataFrame, lines: DataFrame) -> DataFrame:
     """Earlier batches' tombstones whose previous record had not arrived (`_part`, `_offset` = its place),
     against the records of `lines` (classified): those whose previous record is here, with
     `_follows_delete`. Files land out of order, so a tombstone can arrive before its delete."""
-    partition, offset = kafka_position(F.col("_source_file"), F.col("_line"))
-    records = lines.where("_kind <> 'tombstone'").select(partition.alias("_part"), offset.alias("_offset"), "op") \
-        .groupBy("_part", "_offset").agg(F.max(F.col("op") == "d").alias("_follows_delete"))
+    partition, offset = _kafka_position_sql()
+    records = lines.where("_kind <> 'tombstone'").select(sql(f"{partition} AS _part"), sql(f"{offset} AS _offset"),
+                                                         sql("op")) \
+        .groupBy("_part", "_offset").agg(sql("max(op = 'd') AS _follows_delete"))
     return pending.join(records, ["_part", "_offset"]).select("_source_file", "_line", "_follows_delete")

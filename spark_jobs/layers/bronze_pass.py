@@ -26,6 +26,7 @@ from spark_jobs.layers.tombstones import TombstoneCounts, counting, preceding_ro
 from spark_jobs.quality.audit import Tally, tally_by
 from spark_jobs.quality.expectations import QUARANTINE, flagged, row_checks
 from spark_jobs.registry import TableConfig
+from spark_jobs.sql_text import ident, sql
 
 # a change event's columns in bronze, before the batch's own (_batch_id, _bronze_version, _ingested_at)
 EVENT_COLUMNS = ("_source_file", "_line", "_raw", "op", "ts_ms", "source", "before", "after", "_schema")
@@ -33,7 +34,7 @@ EVENT_COLUMNS = ("_source_file", "_line", "_raw", "op", "ts_ms", "source", "befo
 
 def bronze_rows(events: DataFrame, batch_id: str, version: int, *carried: str) -> DataFrame:
     """A batch's change events as bronze rows (after the `carried` columns): committed as `version`, ingested now."""
-    return events.select(*carried, *EVENT_COLUMNS, F.lit(batch_id).alias("_batch_id"),
+    return events.select(*[sql(ident(c)) for c in (*carried, *EVENT_COLUMNS)], F.lit(batch_id).alias("_batch_id"),
                          F.lit(version).cast("long").alias("_bronze_version"),
                          F.lit(now()).cast("timestamp").alias("_ingested_at"))
 
@@ -60,9 +61,9 @@ class LineTally:
 
 def tally_groups(classified: DataFrame, *by: str) -> list[Row]:
     """The classified lines counted by (`by`,) file, kind, reason and expectation: what LineTally folds."""
-    return classified.groupBy(*by, "_source_file", "_kind", "reason", "_expectation").agg(
-        F.count(F.lit(1)).alias("n"), F.max("ts_ms").alias("newest"),
-        F.max((F.col("_kind") == "tombstone") & (F.col("_line") == 1)).alias("opens")).collect()
+    return classified.groupBy(*[sql(ident(c)) for c in (*by, "_source_file", "_kind", "reason", "_expectation")]).agg(
+        *[sql(text) for text in ("count(1) AS n", "max(ts_ms) AS newest", "max(_kind = 'tombstone' AND _line = 1) AS opens")]
+    ).collect()
 
 
 def fold_tally(groups: Iterable[Row]) -> LineTally:
@@ -138,7 +139,7 @@ def read_together(spark: SparkSession, engine: DeltaEngine, lake: Lake, landing:
         staged = {path: f for c, folder in zip(candidates, staged_at, strict=True)
                   for path, f in spark_paths(landing, c.files, folder).items()}
         lines, unreadable = read_landing(spark, staged, files, fmt, together=True)
-        lines = lines.withColumn("_table", lookup(table_of, F.col("_source_file")))
+        lines = lines.withColumn("_table", lookup(table_of, "_source_file"))
         parsed = envelope.parse_envelope(lines, fmt)
         parsed = parsed.withColumn("_schema", F.coalesce("_typed_schema", "_schema")).drop("_typed_schema")
         rules = {c.table.name: (c.table.keys, quarantining(c.table)) for c in candidates}
@@ -189,7 +190,7 @@ def _match_tombstones(spark: SparkSession, engine: DeltaEngine, lake: Lake, clas
                      if (rows := preceding_rows(spark, engine, lake, name, t.opening)) is not None]
     earlier = reduce(DataFrame.unionByName, earlier_parts) if earlier_parts else None
     return checkpoint(envelope.match_tombstones(classified, earlier), True).withColumn(
-        "_table", lookup(table_of, F.col("_source_file")))
+        "_table", lookup(table_of, "_source_file"))
 
 
 def _split(rows: pa.Table) -> dict[str, pa.Table]:

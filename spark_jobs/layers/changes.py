@@ -3,14 +3,15 @@ and those newer than the key's current state. DataFrame -> DataFrame; nothing he
 
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from spark_jobs.sql_text import ident, sql
 
-def event_content() -> Column:
-    """What an event says (op and both images): two events at one position with different content tie."""
-    return F.concat_ws("\u0001", F.col("op"), F.coalesce(F.col("before"), F.lit("")), F.coalesce(F.col("after"), F.lit("")))
+# What an event says (op and both images): two events at one position with different content tie
+EVENT_CONTENT = "concat_ws('\\u0001', op, coalesce(before, ''), coalesce(after, ''))"
+
 
 
 def latest_per_key(events: DataFrame, keys: tuple[str, ...]) -> DataFrame:
@@ -25,22 +26,22 @@ def latest_per_key(events: DataFrame, keys: tuple[str, ...]) -> DataFrame:
     rest = [c for c in events.columns if c not in keys and c not in position]
     carried = [c for c in rest if _orderable(events.schema[c].dataType)]
     other = [c for c in rest if c not in carried]  # maps and variants: taken from the newest event one by one
-    newest = F.max(F.struct(*position, *carried))
-
-    def at_top(value: Column) -> Column:  # the value of the newest-positioned event with the largest value
-        return F.max(F.struct(F.col("_seq"), value.alias("v")))["v"]
-
+    at = "struct(_seq, _source_file, _line)"
     # a tie: the largest and the smallest content hash at the top position differ (bitwise NOT reverses a
     # long's order). Only a 64-bit hash collision could hide one, and the gate's audit (`event_audit`)
-    # compares the contents themselves.
-    content = F.xxhash64("op", F.coalesce("before", F.lit("")), F.coalesce("after", F.lit("")))
-    picked = events.groupBy(*keys).agg(
-        newest.alias("_newest"),
-        *[F.max_by(c, F.struct(*position)).alias(c) for c in other],
-        F.count(F.lit(1)).alias("_events"),
-        (at_top(content) != F.bitwise_not(at_top(F.bitwise_not(content)))).alias("_tie"))
-    return picked.select(*[c if c in keys or c in other else F.col("_newest")[c].alias(c) for c in events.columns],
-                         "_events", "_tie")
+    # compares the contents themselves. at_top: the value of the newest-positioned event with the largest value
+    content = "xxhash64(op, coalesce(before, ''), coalesce(after, ''))"
+
+    def at_top(value: str) -> str:
+        return f"max(named_struct('_seq', _seq, 'v', {value})).v"
+
+    picked = events.groupBy(*[sql(ident(k)) for k in keys]).agg(
+        sql(f"max(struct({', '.join(ident(c) for c in (*position, *carried))})) AS _newest"),
+        *[sql(f"max_by({ident(c)}, {at}) AS {ident(c)}") for c in other],
+        sql("count(1) AS _events"),
+        sql(f"{at_top(content)} <> ~({at_top(f'~{content}')}) AS _tie"))
+    return picked.select(*[sql(ident(c) if c in keys or c in other else f"_newest.{ident(c)} AS {ident(c)}")
+                           for c in events.columns], sql("_events"), sql("_tie"))
 
 
 def _orderable(data_type: T.DataType) -> bool:

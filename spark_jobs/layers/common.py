@@ -20,6 +20,7 @@ from spark_jobs.logs import logger
 from spark_jobs.quality.audit import Audit
 from spark_jobs.quality.findings import GateResult
 from spark_jobs.quality.gates import Check, run_gate
+from spark_jobs.sql_text import literal
 
 log = logger(__name__)
 
@@ -141,9 +142,11 @@ def one_row(df: DataFrame) -> Row:
     return row
 
 
-def lookup(values: dict[str, Any], key: Column) -> Column:
-    """`values[key]` as a literal map: no join, no Spark job (a few hundred entries)."""
-    return F.create_map(*[F.lit(x) for item in values.items() for x in item])[key]
+def lookup(values: dict[str, str] | dict[str, int], key: str) -> Column:
+    """`values[key]` (`key`: SQL text) as a literal map: no join, no Spark job (a few hundred entries). Written as
+    SQL text, one py4j round trip whatever its size; not kept (sql_text.sql): its entries are one batch's."""
+    entries = ", ".join(f"{literal(k)}, {literal(v) if isinstance(v, str) else f'{int(v)}L'}" for k, v in values.items())
+    return F.expr(f"map({entries})[{key}]")
 
 
 def reasons(rows: DataFrame) -> Counts:

@@ -13,6 +13,7 @@ from spark_jobs.debezium import avro, envelope, types
 from spark_jobs.landing import LandingFile, exact_line, file_too_large, landing_read_problem, read_problem
 from spark_jobs.layers.common import checkpoint, lookup
 from spark_jobs.settings import settings
+from spark_jobs.sql_text import sql
 from spark_jobs.storage import open_input
 
 # a location without its scheme and leading slashes: Spark names a file `file:/x`, `file:///x` or `s3a://b/k`
@@ -171,12 +172,11 @@ def _json_lines(spark: SparkSession, staged: dict[str, LandingFile],
     if not readable:
         return None, unreadable
     scan = spark.read.option("lineSep", "\n").option("ignoreMissingFiles", "true").text(list(readable)).select(
-        F.col("_metadata.file_path").alias("_uri"), F.col("_metadata.file_block_start").alias("_block"),
-        F.monotonically_increasing_id().alias("_row"), F.col("value").alias("_text"))
+        *[sql(text) for text in ("_metadata.file_path AS _uri", "_metadata.file_block_start AS _block",
+                                 "monotonically_increasing_id() AS _row", "value AS _text")])
     scan = checkpoint(scan, together)
-    blocks = scan.groupBy("_uri", "_block").agg(
-        F.count(F.lit(1)).alias("lines"), F.min("_row").alias("first"),
-        F.min(F.expr("is_valid_utf8(_text)")).alias("utf8")).collect()
+    blocks = scan.groupBy(sql("_uri"), sql("_block")).agg(*[sql(text) for text in (
+        "count(1) AS lines", "min(_row) AS first", "min(is_valid_utf8(_text)) AS utf8")]).collect()
     by_uri = {re.sub(_SCHEME, "", path): f for path, f in readable.items()}
     numbering: list[tuple[str, int, int, int, str]] = []
     counted: dict[LandingFile, int] = {}
@@ -193,15 +193,15 @@ def _json_lines(spark: SparkSession, staged: dict[str, LandingFile],
         return None, unreadable
     if together:  # a small batch's few blocks: literal lookups, where a broadcast of the mapping is a Spark job
         shift = lookup({f"{uri} {block}": before + 1 - first for uri, block, first, before, _ in numbering},
-                       F.concat_ws(" ", "_uri", F.col("_block").cast("string")))
-        numbered = scan.select(lookup({uri: path for uri, _, _, _, path in numbering}, F.col("_uri")).alias("_source_file"),
-                               (F.col("_row") + shift).alias("_line"), "_text")
+                       "concat_ws(' ', _uri, CAST(_block AS STRING))")
+        numbered = scan.select(lookup({uri: path for uri, _, _, _, path in numbering}, "_uri").alias("_source_file"),
+                               (sql("_row") + shift).alias("_line"), sql("_text"))
     else:  # a lookup in a literal map is a scan of its entries: per line, over thousands of blocks, a join is cheaper
         mapping = spark.createDataFrame(numbering, "_uri STRING, _block BIGINT, _first BIGINT, _before BIGINT, "
                                                    "_source_file STRING")
         numbered = scan.join(F.broadcast(mapping), ["_uri", "_block"]).select(
             "_source_file", (F.col("_row") - F.col("_first") + F.col("_before") + 1).alias("_line"), "_text")
-    utf8 = F.expr("is_valid_utf8(_text)")
+    utf8 = sql("is_valid_utf8(_text)")
     lines = envelope.line_fields(numbered.where(utf8) if invalid else numbered, max_line)
     if not invalid:
         return lines, unreadable

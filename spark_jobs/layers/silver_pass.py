@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from functools import cache, cached_property, reduce
+from functools import cache, cached_property, lru_cache, reduce
 from typing import Any
 
 import pyarrow as pa
@@ -29,6 +29,7 @@ from spark_jobs.layers.silver_plan import MISSING_TRANSACTION, missing_sequence,
 from spark_jobs.quality.audit import Tally, tally_by
 from spark_jobs.quality.expectations import flagged
 from spark_jobs.registry import TableConfig
+from spark_jobs.sql_text import literal, per_table, sql
 
 
 @dataclass(frozen=True)
@@ -110,20 +111,30 @@ def branch(typing: TableTyping) -> Branch:
                   F.to_variant_object(row), type_problems, key, reason)
 
 
+@lru_cache(maxsize=1024)
+def _branches_case(part: str, typings: tuple[TableTyping, ...]) -> Column:
+    """One part of each table's Branch, in one CASE over the tables; kept, as the branches are, for the next pass over
+    the same tables."""
+    return _case({t.table.name: getattr(branch(t), part) for t in typings})
+
+
+@cache
+def _image_text() -> Column:
+    return types.image_text(envelope.key_image())
+
+
 def typed_events(events: DataFrame, typings: list[TableTyping]) -> DataFrame:
     """The row events of many tables (`_table`, `_seq`, op <> 't'; together a small batch) with `_row` (VARIANT),
     `_key` and `reason`, materialised."""
-    branches = {t.table.name: branch(t) for t in typings}
-
     def case(part: str) -> Column:
-        return _case({name: getattr(b, part) for name, b in branches.items()})
+        return _branches_case(part, tuple(typings))
 
     # each step materialised: left as projections, the optimizer inlines one into the next, and an aggregate over
     # the result (the newest event per key) copies every table's branches into each of its columns (out of memory)
     # mixed fields' values are checked by their JSON type (types.decode_problems): the image as VARIANT, when any has
-    mixed = {"_variant": F.try_parse_json(envelope.key_image())} if any(f.kinds for t in typings for f in t.fields) else {}
-    decoded = checkpoint(events.withColumns({"_decoded": case("decoded"),
-                                             "_text": types.image_text(envelope.key_image()), **mixed}), True)
+    mixed = {"_variant": sql(f"try_parse_json({envelope.KEY_IMAGE})")} if any(
+        f.kinds for t in typings for f in t.fields) else {}
+    decoded = checkpoint(events.withColumns({"_decoded": case("decoded"), "_text": _image_text(), **mixed}), True)
     aligned = checkpoint(decoded.withColumns({"_decode_problems": case("decode_problems"), "_row": case("row"),
                                               "_type_problems": case("type_problems")}).drop(
         "_decoded", "_text", *mixed), True)
@@ -152,9 +163,9 @@ def scan(spark: SparkSession, candidates: list[Candidate]) -> DataFrame:
     applied = {c.table.name: c.applied for c in candidates}
     files = [f for c in candidates for f in c.files.files]
     rows = (spark.read.schema(T.StructType.fromJson(json.loads(schemas.pop()))).parquet(*files)
-            .withColumn("_table", lookup(table_of, F.regexp_extract(F.col("_metadata.file_path"), r"[^/]+$", 0))))
+            .withColumn("_table", lookup(table_of, "regexp_extract(_metadata.file_path, '[^/]+$', 0)")))
     # a compaction since `applied` rewrote older rows into new files: only later versions are new
-    rows = rows.where(F.col("_bronze_version") > lookup(applied, F.col("_table")))
+    rows = rows.where(F.col("_bronze_version") > lookup(applied, "_table"))
     by_sequence: dict[tuple[str, ...] | None, list[str]] = {}
     for c in candidates:
         by_sequence.setdefault(c.table.sequence_by or None, []).append(c.table.name)
@@ -191,20 +202,20 @@ class Overview:
 
 def overviews(events: DataFrame, tables: list[TableConfig]) -> dict[str, Overview]:
     """Every table's overview, in one Spark job (`events`: `scan`'s rows)."""
-    placeholders = {t.name: envelope.holds_placeholder(t.unavailable_value_placeholder) for t in tables}
-    change, bson = F.col("op") != "t", F.expr(envelope.MONGODB)
-    plain = change & F.col("_schema").isNull()
-    rows = events.groupBy("_table").agg(
-        *silver_plan.overview_columns(_case(placeholders)),
-        F.collect_set(F.when(change, F.col("_schema"))).alias("_schemas"),
-        F.schema_of_variant_agg(F.when(plain & ~bson, F.try_parse_json(envelope.key_image()))).alias("_inferred"),
-        F.count(F.when(plain & bson, 1)).alias("_documents")).collect()
+    placeholders = per_table({t.name: t.unavailable_value_placeholder for t in tables}, envelope.holds_placeholder)
+    plain, bson = "op <> 't' AND _schema IS NULL", envelope.MONGODB
+    rows = events.groupBy(sql("_table")).agg(*silver_plan.overview_columns(placeholders), *[sql(text) for text in (
+        "collect_set(CASE WHEN op <> 't' THEN _schema END) AS _schemas",
+        f"schema_of_variant_agg(CASE WHEN {plain} AND NOT {bson} THEN try_parse_json({envelope.KEY_IMAGE}) END) AS _inferred",
+        f"count(CASE WHEN {plain} AND {bson} THEN 1 END) AS _documents")]).collect()
     return {r["_table"]: Overview({k: v for k, v in r.asDict().items() if not k.startswith("_")},
                                   tuple(sorted(r["_schemas"])), r["_inferred"], r["_documents"]) for r in rows}
 
 
 def _case(values: dict[str, Column]) -> Column:
-    """`values[_table]`: one CASE over the tables of the pass."""
+    """`values[_table]`: one CASE over the tables of the pass (a pass of one needs none)."""
+    if len(values) == 1:
+        return next(iter(values.values()))
     whens = [(F.col("_table") == name, value) for name, value in values.items()]
     return reduce(lambda acc, w: acc.when(*w), whens[1:], F.when(*whens[0]))
 
@@ -243,7 +254,7 @@ class EventCounts:
 
 def _after_truncate(truncated_at: dict[str, str | None]) -> Column:
     """Is the event after its table's truncate in force?"""
-    return _case({name: F.col("_seq") > F.lit(at) if at else F.lit(True) for name, at in truncated_at.items()})
+    return sql(per_table(truncated_at, lambda at: f"_seq > {literal(str(at))}" if at else "true"))
 
 
 def event_counts(typed: DataFrame, truncated_at: dict[str, str | None]) -> dict[str, EventCounts]:
@@ -355,14 +366,12 @@ def _collect(typed: DataFrame, newest: DataFrame, typings: dict[str, TableTyping
     shapes: dict[str, list[str]] = {}
     for name, typing in typings.items():
         shapes.setdefault(typing.silver_type.json(), []).append(name)
-    rows = {f"_r{i}": F.when(F.col("_table").isin(names), F.col("_row").cast(T.StructType.fromJson(json.loads(shape))))
-            for i, (shape, names) in enumerate(shapes.items())}
-    meta = dict(zip(silver_plan.SILVER_META, silver_plan.meta_columns(), strict=True))
-    latest = newest.select("_table", F.lit(True).alias("_latest"), "_key", "_seq", "op", "_events", "_tie",
-                           *[meta[c].alias(c) for c in silver_plan.SILVER_META if c not in ("_op", "_seq")],
-                           *[c.alias(n) for n, c in rows.items()])
-    deletes = deletes_received(typed).select("_table", F.lit(False).alias("_latest"), "_key", "_seq",
-                                             *[c.alias(n) for n, c in rows.items()])
+    rows = {f"_r{i}": _shape_column(shape, tuple(names), f"_r{i}") for i, (shape, names) in enumerate(shapes.items())}
+    meta = silver_plan.meta_columns()
+    latest = newest.select(*[sql(text) for text in ("_table", "true AS _latest", "_key", "_seq", "op", "_events", "_tie")],
+                           *[meta[c] for c in silver_plan.SILVER_META if c not in ("_op", "_seq")], *rows.values())
+    deletes = deletes_received(typed).select(*[sql(text) for text in ("_table", "false AS _latest", "_key", "_seq")],
+                                             *rows.values())
     collected = latest.unionByName(deletes, allowMissingColumns=True).toArrow()
     collected = collected.cast(all_nullable(collected.schema))
     carried = {True: [c for c in latest.columns if c not in rows and c not in ("_table", "_latest")],
@@ -377,7 +386,14 @@ def _collect(typed: DataFrame, newest: DataFrame, typings: dict[str, TableTyping
     return split[True], split[False]
 
 
+@lru_cache(maxsize=1024)
+def _shape_column(shape: str, tables: tuple[str, ...], name: str) -> Column:
+    """`_row` as the silver row of `shape` (a StructType's JSON) in the rows of `tables`, null in others' (kept: a
+    shape's type is parsed by the JVM)."""
+    return F.when(F.col("_table").isin(*tables), F.col("_row").cast(T.StructType.fromJson(json.loads(shape)))).alias(name)
+
+
 def deletes_received(typed: DataFrame) -> DataFrame:
     """(`_table`, `_key`, `_seq`, `_row`) of each delete the tables' batches received, once per key and position."""
-    return typed.where("reason IS NULL AND op = 'd'").groupBy("_table", "_key", "_seq").agg(
-        F.any_value("_row").alias("_row"))
+    return typed.where("reason IS NULL AND op = 'd'").groupBy(sql("_table"), sql("_key"), sql("_seq")).agg(
+        sql("any_value(_row) AS _row"))

@@ -19,6 +19,7 @@ from spark_jobs.layers import changes
 from spark_jobs.layers.common import ONE_TASK_BYTES, ONE_TASK_ROWS, QUARANTINED_COLUMNS, checkpoint, join_side, one_row
 from spark_jobs.quality.user_expectations import check_columns, named_columns, violations
 from spark_jobs.registry import TableConfig
+from spark_jobs.sql_text import ident, sql
 
 NO_SEQUENCE = "missing_sequence: no log position for this connector; set sequence_by"
 
@@ -130,15 +131,17 @@ def plan_batch(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lak
     return plan
 
 
-def overview_columns(holds_placeholder: Column) -> list[Column]:
-    """A batch's overview, as aggregates of its ordered bronze rows: what the rest of its plan depends on."""
-    return [F.count(F.when((F.col("op") == "t") & F.col("_seq").isNotNull(), 1)).alias("truncates"),
-            F.max(F.when(F.col("op") == "t", F.col("_seq"))).alias("truncated_at"),
-            F.count(F.when(F.col("op") != "t", 1)).alias("changes"),
-            F.count(F.when((F.col("op") != "t") & F.col("_schema").isNull(), 1)).alias("plain"),
-            F.max(F.get_json_object("source", "$.ts_ms").cast("long")).alias("newest_ts_ms"),
-            F.count(F.lit(1)).alias("rows"), F.sum(F.octet_length("_raw")).alias("bytes"),
-            F.count(F.when(holds_placeholder, 1)).alias("unavailable")]
+def overview_columns(holds_placeholder: str) -> list[Column]:
+    """A batch's overview, as aggregates of its ordered bronze rows: what the rest of its plan depends on
+    (`holds_placeholder`: SQL text)."""
+    return [sql(text) for text in (
+        "count(CASE WHEN op = 't' AND _seq IS NOT NULL THEN 1 END) AS truncates",
+        "max(CASE WHEN op = 't' THEN _seq END) AS truncated_at",
+        "count(CASE WHEN op <> 't' THEN 1 END) AS changes",
+        "count(CASE WHEN op <> 't' AND _schema IS NULL THEN 1 END) AS plain",
+        "max(CAST(get_json_object(source, '$.ts_ms') AS BIGINT)) AS newest_ts_ms",
+        "count(1) AS rows", "sum(octet_length(_raw)) AS bytes",
+        f"count(CASE WHEN {holds_placeholder} THEN 1 END) AS unavailable")]
 
 
 def _plan_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake: Lake, changes_in: DataFrame,
@@ -313,9 +316,10 @@ def fill_unavailable(spark: SparkSession, engine: DeltaEngine, lake: Lake, table
 def event_audit(typed: DataFrame, keys: tuple[str, ...], *carried: str) -> DataFrame:
     """Per row event: (the `carried` columns,) `op`, `_seq` and `_variants`, the distinct contents among the events
     sharing its key and position (null where the event has no key or position)."""
-    variants = F.size(F.collect_set(changes.event_content()).over(Window.partitionBy(*keys, "_seq")))
-    usable = F.col("_seq").isNotNull() & reduce(lambda a, b: a & b, [F.col(k).isNotNull() for k in keys])
-    return typed.select(*carried, "op", "_seq", F.when(usable, variants).alias("_variants"))
+    variants = (f"size(collect_set({changes.EVENT_CONTENT}) OVER (PARTITION BY {', '.join(map(ident, (*keys, '_seq')))}))")
+    usable = " AND ".join(f"{ident(c)} IS NOT NULL" for c in ("_seq", *keys))
+    return typed.select(*[sql(ident(c)) for c in (*carried, "op", "_seq")],
+                        sql(f"CASE WHEN {usable} THEN {variants} END AS _variants"))
 
 
 def classify_deletes(deletes: DataFrame, latest: DataFrame, state: DataFrame, keys: tuple[str, ...],
@@ -387,21 +391,21 @@ def current_state(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: T
 SILVER_META = ("_op", "_seq", "_source_ts_ms", "_ingested_at", "_batch_id")
 
 
-def meta_columns() -> list[Column]:
-    """SILVER_META's values, from the row's event."""
-    return [F.col("op"), F.col("_seq"), F.get_json_object("source", "$.ts_ms").cast("long"), F.col("_ingested_at"),
-            F.col("_batch_id")]
+def meta_columns() -> dict[str, Column]:
+    """SILVER_META's values, from the row's event, under their names."""
+    values = ("op", "_seq", "CAST(get_json_object(source, '$.ts_ms') AS BIGINT)", "_ingested_at", "_batch_id")
+    return {name: sql(f"{value} AS {name}") for name, value in zip(SILVER_META, values, strict=True)}
 
 
 def silver_rows(effective: DataFrame, fields: list[types.ImageField], target: T.StructType | None) -> DataFrame:
     """Source columns under their own names, then the pipeline's `_` columns; columns the table has but
     the batch lacks are null (docs/configuration.md, "Lake layout"; docs/architecture.md, "Types and schema")."""
-    columns = [F.col("_row")[f.name].alias(f.name) for f in fields]
+    columns = [sql(f"_row.{ident(f.name)} AS {ident(f.name)}") for f in fields]
     present = {f.name for f in fields}
-    meta = dict(zip(SILVER_META, meta_columns(), strict=True))
+    meta = meta_columns()
     if "_transaction_id" in effective.columns:  # a table with `transactions`: gold reads its history by transaction
-        meta["_transaction_id"] = F.col("_transaction_id")
+        meta["_transaction_id"] = sql("_transaction_id")
     if target is not None:
         columns += [F.lit(None).cast(f.dataType).alias(f.name) for f in target.fields
                     if f.name not in present and f.name not in meta]
-    return effective.select(*columns, *[c.alias(n) for n, c in meta.items()])
+    return effective.select(*columns, *meta.values())

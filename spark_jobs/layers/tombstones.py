@@ -12,6 +12,7 @@ from spark_jobs.debezium import envelope
 from spark_jobs.delta import DeltaEngine, MergeSpec
 from spark_jobs.lake import Lake
 from spark_jobs.layers.common import one_row
+from spark_jobs.sql_text import sql
 from spark_jobs.state import ingest_log
 
 
@@ -24,8 +25,8 @@ class TombstoneCounts:
 def counting() -> dict[str, Column]:
     """TombstoneCounts' fields as aggregates over matched tombstone lines (envelope.match_tombstones' columns); null
     elsewhere, so they may be counted among other rows."""
-    return {"matched": F.count(F.when(F.col("_follows_delete"), 1)),
-            "waiting": F.count(F.when(F.col("_previous_unseen") & (F.col("_part") != F.col("_source_file")), 1))}
+    return {"matched": sql("count(CASE WHEN _follows_delete THEN 1 END)"),
+            "waiting": sql("count(CASE WHEN _previous_unseen AND _part <> _source_file THEN 1 END)")}
 
 
 def tombstone_counts(matched: DataFrame) -> TombstoneCounts:

@@ -99,7 +99,7 @@ def _events(lines: DataFrame) -> DataFrame:
     body = F.when(enveloped, F.get_json_object("_raw", "$.payload")).otherwise(F.col("_raw"))
     parsed = lines.withColumn("_event", F.from_json(body, _EVENT)).select(
         "_source_file", "_line", "_raw", "_line_problem", "_event.*",
-        envelope.kafka_position(F.col("_source_file"), F.col("_line"))[1].alias("_position"))
+        envelope.kafka_offset().alias("_position"))
     counted = F.aggregate("data_collections", F.lit(0).cast("long"), lambda total, c: total + c["event_count"])
     end_ok = (F.col("id").isNotNull() & F.col("event_count").isNotNull() & F.col("data_collections").isNotNull()
               & (counted == F.col("event_count"))

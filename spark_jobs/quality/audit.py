@@ -7,10 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import reduce
 
-from pyspark.sql import Column, DataFrame, Window
-from pyspark.sql import functions as F
+from pyspark.sql import Column, DataFrame
 
 from spark_jobs.quality.expectations import Expectation
+from spark_jobs.sql_text import ident, literal, sql
 
 
 @dataclass(frozen=True)
@@ -48,10 +48,10 @@ def _keyed(df: DataFrame, keys: tuple[str, ...], reads_key_rows: bool) -> DataFr
     """`_key` (null when a key column is) and, when read, `_key_rows`, on a frame that has the key columns."""
     if not keys or not set(keys) <= set(df.columns):
         return df
-    present = reduce(lambda a, b: a & b, [F.col(k).isNotNull() for k in keys])
-    df = df.withColumn("_key", F.when(present, F.struct(*keys)))
+    present = " AND ".join(f"{ident(k)} IS NOT NULL" for k in keys)
+    df = df.withColumn("_key", sql(f"CASE WHEN {present} THEN struct({', '.join(ident(k) for k in keys)}) END"))
     if reads_key_rows:
-        df = df.withColumn("_key_rows", F.when(F.col("_key").isNotNull(), F.count(F.lit(1)).over(Window.partitionBy("_key"))))
+        df = df.withColumn("_key_rows", sql("CASE WHEN _key IS NOT NULL THEN count(1) OVER (PARTITION BY _key) END"))
     return df
 
 
@@ -106,14 +106,14 @@ def _tallies(batches: dict[str, tuple[dict[str, DataFrame], tuple[str, ...]]], c
             own = [(n, e) for n, e in enumerate(counted) if e.rows == name]
             if own or measures:
                 df = _keyed(df, keys, any("_key_rows" in (e.flag or "") for _, e in own))
-                kept = [c for c in df.columns if c != by] if measures else []
-                parts.append(df.select(F.col(by) if by else F.lit(batch).alias(_BATCH), *kept,
-                                       *[F.expr(e.flag or "").cast("boolean").alias(f"_c{n}") for n, e in own]))
+                kept = [sql(ident(c)) for c in df.columns if c != by] if measures else []
+                parts.append(df.select(sql(ident(by)) if by else sql(f"{literal(batch)} AS {_BATCH}"), *kept,
+                                       *[sql(f"CAST(({e.flag}) AS BOOLEAN) AS _c{n}") for n, e in own]))
     stacked = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), parts)
     if together and len(parts) > 1:  # each part one partition: so is their stack, and the aggregate needs no exchange
         stacked = stacked.coalesce(1)
-    rows = stacked.groupBy(group).agg(*[agg for n in range(len(counted)) for agg in (
-        F.count(f"_c{n}").alias(f"a{n}"), F.count(F.when(~F.col(f"_c{n}"), 1)).alias(f"f{n}"))],
+    rows = stacked.groupBy(group).agg(*[sql(text) for n in range(len(counted)) for text in (
+        f"count(_c{n}) AS a{n}", f"count(CASE WHEN NOT _c{n} THEN 1 END) AS f{n}")],
         *[m.alias(f"m_{name}") for name, m in measures.items()]).collect()
     return {row[group]: Tallied({e.name: Tally(row[f"a{n}"], row[f"f{n}"]) for n, e in enumerate(counted)},
                                 {name: int(row[f"m_{name}"] or 0) for name in measures})

@@ -3,6 +3,7 @@ text is one column for the process, and a rule per table is one CASE branch per 
 
 from __future__ import annotations
 
+from spark_jobs.layers.common import lookup
 from spark_jobs.sql_text import ident, literal, per_table, sql
 
 AWKWARD = ("plain", "it's", 'say "hi"', "back\\slash", "tick`s", "two`` ticks", "new\nline", "caf\u00e9", "\\'",
@@ -32,3 +33,10 @@ def test_a_rule_per_table_is_one_branch_per_distinct_rule(spark):
     # one rule for every table reads no `_table`
     assert per_table({"a": 1, "b": 1}, lambda rule: str(rule)) == "1"
 
+
+def test_a_lookup_maps_keys_of_any_characters_to_their_values(spark):
+    frame = spark.createDataFrame([(key,) for key in AWKWARD], ["k"])
+    texts = {key: f"value of {key}" for key in AWKWARD}
+    numbers = {key: n * 2**40 for n, key in enumerate(AWKWARD)}  # past an INT: the map's values are BIGINT
+    got = frame.select("k", lookup(texts, "k").alias("text"), lookup(numbers, "k").alias("number")).collect()
+    assert {r["k"]: (r["text"], r["number"]) for r in got} == {key: (texts[key], numbers[key]) for key in AWKWARD}
