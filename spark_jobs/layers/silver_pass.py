@@ -216,7 +216,7 @@ def _case(values: dict[str, Column]) -> Column:
     """`values[_table]`: one CASE over the tables of the pass (a pass of one needs none)."""
     if len(values) == 1:
         return next(iter(values.values()))
-    whens = [(F.col("_table") == name, value) for name, value in values.items()]
+    whens = [(sql(f"_table = {literal(name)}"), value) for name, value in values.items()]
     return reduce(lambda acc, w: acc.when(*w), whens[1:], F.when(*whens[0]))
 
 
