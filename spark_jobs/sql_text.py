@@ -16,6 +16,7 @@ from typing import TypeVar
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 Rule = TypeVar("Rule", bound=Hashable)
 _KEPT = 4096  # distinct texts kept: a whole database's tables' columns (most are shared by tables with the same keys)
@@ -36,6 +37,17 @@ def ident(name: str) -> str:
 def literal(value: str) -> str:
     """`value` as an SQL string literal, whatever characters it holds (Spark's string literals take escapes)."""
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def sql_type(data_type: T.DataType) -> str:
+    """`data_type` as SQL names it, a struct's field names quoted (pyspark's simpleString leaves them bare)."""
+    if isinstance(data_type, T.StructType):
+        return f"STRUCT<{', '.join(f'{ident(f.name)}: {sql_type(f.dataType)}' for f in data_type.fields)}>"
+    if isinstance(data_type, T.ArrayType):
+        return f"ARRAY<{sql_type(data_type.elementType)}>"
+    if isinstance(data_type, T.MapType):
+        return f"MAP<{sql_type(data_type.keyType)}, {sql_type(data_type.valueType)}>"
+    return data_type.simpleString()
 
 
 def per_table(rules: Mapping[str, Rule], text_of: Callable[[Rule], str]) -> str:

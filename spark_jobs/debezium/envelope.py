@@ -230,11 +230,6 @@ def keys_from_record_key(parsed: DataFrame, keys: tuple[str, ...]) -> DataFrame:
     return parsed.withColumn("_key_body", body).withColumn("before", before).drop("_key_body")
 
 
-def missing_keys_typed(keys: tuple[str, ...]) -> Column:
-    """Like `missing_keys`, on typed key columns (a key that did not parse to its type is missing)."""
-    return F.concat_ws(",", *[F.when(F.col(k).isNull(), F.lit(k)) for k in keys])
-
-
 # Row-level bronze expectations (quality/expectations.py): the first one a change event fails, with detail.
 # Quarantine is the default action; under `warn` or `fail` the event stays in the batch.
 def row_expectation_failure() -> Column:

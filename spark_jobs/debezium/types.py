@@ -13,6 +13,8 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from spark_jobs.sql_text import ident, literal, sql, sql_type
+
 PHYSICAL = {"int8": "TINYINT", "int16": "SMALLINT", "int32": "INT", "int64": "BIGINT", "float32": "FLOAT",
             "float64": "DOUBLE", "boolean": "BOOLEAN", "string": "STRING", "bytes": "STRING"}
 DECIMAL_LOGICAL = "org.apache.kafka.connect.data.Decimal"
@@ -259,9 +261,9 @@ JSON_KINDS = {"BIGINT": ("BIGINT", "INT", "SMALLINT", "TINYINT"),
               "BOOLEAN": ("BOOLEAN",), "STRING": ("STRING", "OBJECT", "ARRAY")}
 
 
-def json_kind(value: Column) -> Column:
-    """The JSON type of a VARIANT value, as JSON_KINDS names them ('VOID' for null)."""
-    return F.regexp_extract(F.coalesce(F.schema_of_variant(value), F.lit("VOID")), r"^[A-Z]+", 0)
+def json_kind(value: str) -> str:
+    """The JSON type of a VARIANT value (SQL text), as JSON_KINDS names them ('VOID' for null)."""
+    return f"regexp_extract(coalesce(schema_of_variant({value}), 'VOID'), '^[A-Z]+', 0)"
 
 
 def plain_type(data_type: T.DataType) -> str:
@@ -364,26 +366,26 @@ def decoded_fields(parsed: Column, fields: list[ImageField]) -> dict[str, Column
     return {f.name: f.decode(parsed[f.name]).try_cast(f.spark_type) for f in fields}
 
 
-def decode_problems(text: Column, decoded: dict[str, Column], fields: list[ImageField],
-                    variant: Column | None = None) -> Column:
-    """The fields whose value is present (`image_text`) but did not decode to the declared type ('' when none); with
-    `variant` (the image as VARIANT), also a mixed field's values of a JSON type its type does not hold exactly (a
-    number read as text would decode)."""
-    def wrong(f: ImageField) -> Column:
-        unfit = text[f.name].isNotNull() & decoded[f.name].isNull()
+def decode_problems(text: str, decoded: str, fields: list[ImageField], variant: str | None = None) -> str:
+    """The fields whose value is present (`text`: `image_text`'s map) but did not decode to the declared type (in the
+    struct `decoded`) ('' when none); with `variant` (the image as VARIANT), also a mixed field's values of a JSON type
+    its type does not hold exactly (a number read as text would decode). SQL text, of SQL text."""
+    def wrong(f: ImageField) -> str:
+        unfit = f"{text}[{literal(f.name)}] IS NOT NULL AND ({decoded}).{ident(f.name)} IS NULL"
         if f.kinds and variant is not None:
             kind = field_kind(variant, f.name)
-            unfit = unfit | ((kind != "VOID") & ~kind.isin(*f.kinds))
+            unfit = f"{unfit} OR ({kind} <> 'VOID' AND NOT {kind} IN ({', '.join(map(literal, f.kinds))}))"
         return unfit
 
-    return F.concat_ws(", ", *[F.when(wrong(f), F.lit(f"{f.name} (not {f.spark_type.lower()})")) for f in fields])
+    problems = [f"CASE WHEN {wrong(f)} THEN {literal(f'{f.name} (not {f.spark_type.lower()})')} END" for f in fields]
+    return f"concat_ws(', ', {', '.join(problems)})" if problems else "''"
 
 
-def field_kind(image: Column, name: str) -> Column:
-    """The JSON type of the top-level field `name` of `image` (VARIANT), as `json_kind`; 'VOID' for a name holding
-    both quotes, which no variant path can name (they take no escapes)."""
+def field_kind(image: str, name: str) -> str:
+    """The JSON type of the top-level field `name` of `image` (VARIANT, SQL text), as `json_kind`; 'VOID' for a name
+    holding both quotes, which no variant path can name (they take no escapes)."""
     path = f'$["{name}"]' if '"' not in name else f"$['{name}']" if "'" not in name else None
-    return json_kind(F.try_variant_get(image, path, "variant")) if path else F.lit("VOID")
+    return json_kind(f"try_variant_get({image}, {literal(path)}, 'variant')") if path else "'VOID'"
 
 
 def parse_image(df: DataFrame, image: Column, fields: list[ImageField], alias: str) -> DataFrame:
@@ -392,22 +394,14 @@ def parse_image(df: DataFrame, image: Column, fields: list[ImageField], alias: s
     # the image is parsed once into a column each way and the fields read from those columns: as Column objects
     # the parses were copied into every field's expression, two per field (a check inside a CASE is not shared)
     decoded = decoded_fields(F.col("_image_parsed"), fields)
-    typed = {f.name: F.col(alias)[f.name] for f in fields}
     mixed = any(f.kinds for f in fields)  # their values' JSON types are read from the image as VARIANT, once
     return (df.withColumn("_image_parsed", parsed_image(image, fields))
             .withColumn("_image_text", image_text(image))
             .withColumns({"_image_variant": F.try_parse_json(image)} if mixed else {})
             .withColumn(alias, F.struct(*[c.alias(n) for n, c in decoded.items()]))
-            .withColumn("_decode_problems", decode_problems(F.col("_image_text"), typed, fields,
-                                                            F.col("_image_variant") if mixed else None))
+            .withColumn("_decode_problems", sql(decode_problems("_image_text", ident(alias), fields,
+                                                                "_image_variant" if mixed else None)))
             .drop("_image_parsed", "_image_text", "_image_variant"))
-
-
-def lossless_cast_check(value: Column, source_type: T.DataType, target_type: T.DataType) -> tuple[Column, Column]:
-    """Cast to the target type; the second column is true when that lost information (not widened)."""
-    cast = value.try_cast(target_type)
-    lost = value.isNotNull() & (cast.isNull() | (cast.try_cast(source_type) != value))
-    return cast, lost
 
 
 def align(df: DataFrame, struct_col: str, target: T.StructType | None) -> DataFrame:
@@ -416,28 +410,30 @@ def align(df: DataFrame, struct_col: str, target: T.StructType | None) -> DataFr
     Adds `_type_problems`, naming the columns whose values would not fit ('' when all fit): those rows
     are quarantined, never silently cast (docs/architecture.md, "Types and schema")."""
     if target is None:
-        return df.withColumn("_type_problems", F.lit(""))
+        return df.withColumn("_type_problems", sql("''"))
     image_type = df.schema[struct_col].dataType
     assert isinstance(image_type, T.StructType)
-    row, problems = aligned_row(F.col(struct_col), image_type, target)
+    row, problems = aligned_row(ident(struct_col), image_type, target)
     # the check must read the uncast image, so it is materialised before the struct is replaced
-    return df.withColumn("_type_problems", problems).withColumn(struct_col, row)
+    return df.withColumn("_type_problems", sql(problems)).withColumn(struct_col, sql(row))
 
 
-def aligned_row(row: Column, row_type: T.StructType, target: T.StructType) -> tuple[Column, Column]:
-    """`align` as columns: the row (of `row_type`) with its fields cast to the target's types, and the fields
-    whose values would not fit ('' when all fit)."""
+def aligned_row(row: str, row_type: T.StructType, target: T.StructType) -> tuple[str, str]:
+    """`align` as SQL text: the row (SQL text, of `row_type`) with its fields cast to the target's types, and the
+    fields whose values would not fit ('' when all fit). A cast loses nothing when its value casts back equal."""
     existing = {f.name: f.dataType for f in target.fields}
     parts, problems = [], []
     for f in row_type.fields:
-        value = row[f.name]
+        value = f"({row}).{ident(f.name)}"
         target_type = existing.get(f.name)
         if target_type is None or target_type == f.dataType:
-            parts.append(value.alias(f.name))
+            parts.append(f"{literal(f.name)}, {value}")
             continue
-        cast, lost = lossless_cast_check(value, f.dataType, target_type)
+        cast = f"try_cast({value} AS {sql_type(target_type)})"
+        lost = f"{value} IS NOT NULL AND ({cast} IS NULL OR try_cast({cast} AS {sql_type(f.dataType)}) <> {value})"
         if isinstance(target_type, T.StringType) and isinstance(f.dataType, (T.NumericType, T.BooleanType)):
-            lost = value.isNotNull()  # a number or a boolean is never kept as its text (unless `columns:` says text)
-        parts.append(cast.alias(f.name))
-        problems.append(F.when(lost, F.lit(f"{f.name} ({f.dataType.simpleString()} -> {target_type.simpleString()})")))
-    return F.struct(*parts), F.concat_ws(", ", *problems) if problems else F.lit("")
+            lost = f"{value} IS NOT NULL"  # a number or a boolean is never kept as its text (unless `columns:` says text)
+        parts.append(f"{literal(f.name)}, {cast}")
+        problems.append(f"CASE WHEN {lost} THEN "
+                        f"{literal(f'{f.name} ({f.dataType.simpleString()} -> {target_type.simpleString()})')} END")
+    return f"named_struct({', '.join(parts)})", f"concat_ws(', ', {', '.join(problems)})" if problems else "''"

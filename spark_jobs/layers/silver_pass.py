@@ -25,11 +25,10 @@ from spark_jobs.delta import all_nullable
 from spark_jobs.delta.delta_rs import NewFiles
 from spark_jobs.layers import changes, silver_plan
 from spark_jobs.layers.common import ONE_TASK_BYTES, ONE_TASK_ROWS, QUARANTINED_COLUMNS, checkpoint, lookup
-from spark_jobs.layers.silver_plan import MISSING_TRANSACTION, missing_sequence, outside_transactions
 from spark_jobs.quality.audit import Tally, tally_by
 from spark_jobs.quality.expectations import flagged
 from spark_jobs.registry import TableConfig
-from spark_jobs.sql_text import literal, per_table, sql
+from spark_jobs.sql_text import ident, literal, per_table, sql, sql_type
 
 
 @dataclass(frozen=True)
@@ -93,22 +92,19 @@ def branch(typing: TableTyping) -> Branch:
     """The table's typing as `types.parse_image`, `types.align` and `silver_plan.typed_changes` do it, in columns."""
     table, fields = typing.table, list(typing.fields)
     decoded_fields = types.decoded_fields(types.parsed_image(envelope.key_image(), fields), fields)
-    decoded = F.col("_decoded").cast(typing.decoded_type)
-    decode_problems = types.decode_problems(F.col("_text"), {f.name: decoded[f.name] for f in fields}, fields,
-                                            F.col("_variant") if any(f.kinds for f in fields) else None)
+    decoded = f"CAST(_decoded AS {sql_type(typing.decoded_type)})"
+    decode_problems = types.decode_problems("_text", decoded, fields,
+                                            "_variant" if any(f.kinds for f in fields) else None)
     target = typing.target_schema
     row, type_problems = (types.aligned_row(decoded, typing.decoded_type, target) if target is not None
-                          else (decoded, F.lit("")))
-    typed = F.col("_row").cast(typing.row_type)
-    missing = F.concat_ws(",", *[F.when(typed[k].isNull(), F.lit(k)) for k in table.keys])
-    reason = (F.when(F.col("_seq").isNull(), missing_sequence(table))
-              .when(F.col("_decode_problems") != "", F.concat(F.lit("incompatible_type: "), F.col("_decode_problems")))
-              .when(F.col("_type_problems") != "", F.concat(F.lit("incompatible_type: "), F.col("_type_problems")))
-              .when(missing != "", F.concat(F.lit("missing_key: "), missing))
-              .when(outside_transactions(table), MISSING_TRANSACTION))
-    key = F.when(missing == "", F.to_json(F.struct(*[typed[k].alias(k) for k in table.keys])))
-    return Branch(F.to_variant_object(F.struct(*[c.alias(n) for n, c in decoded_fields.items()])), decode_problems,
-                  F.to_variant_object(row), type_problems, key, reason)
+                          else (decoded, "''"))
+    typed = f"CAST(_row AS {sql_type(typing.row_type)})"
+    missing = silver_plan.missing_key_parts(table.keys, typed)
+    parts = ", ".join(f"{literal(k)}, ({typed}).{ident(k)}" for k in table.keys)
+    key = f"CASE WHEN {missing} = '' THEN to_json(named_struct({parts})) END"
+    return Branch(F.to_variant_object(F.struct(*[c.alias(n) for n, c in decoded_fields.items()])), sql(decode_problems),
+                  sql(f"to_variant_object({row})"), sql(type_problems), sql(key),
+                  sql(silver_plan.quarantine_reason(table, missing)))
 
 
 @lru_cache(maxsize=1024)

@@ -19,7 +19,7 @@ from spark_jobs.layers import changes
 from spark_jobs.layers.common import ONE_TASK_BYTES, ONE_TASK_ROWS, QUARANTINED_COLUMNS, checkpoint, join_side, one_row
 from spark_jobs.quality.user_expectations import check_columns, named_columns, violations
 from spark_jobs.registry import TableConfig
-from spark_jobs.sql_text import ident, sql
+from spark_jobs.sql_text import ident, literal, sql
 
 NO_SEQUENCE = "missing_sequence: no log position for this connector; set sequence_by"
 
@@ -35,12 +35,28 @@ MISSING_TRANSACTION = ("missing_transaction: a change without its transaction bl
                        "(is the connector's provide.transaction.metadata on?)")
 
 
-def outside_transactions(table: TableConfig) -> Column:
+def outside_transactions(table: TableConfig) -> str:
     """A change (not a snapshot read) of a table whose connector publishes its transactions, without the
     transaction it belongs to: no watermark could place it, so it is quarantined rather than shown at once."""
-    if not table.transactions:
-        return F.lit(False)
-    return (F.col("op") != "r") & F.col("_transaction_id").isNull()
+    return "op <> 'r' AND _transaction_id IS NULL" if table.transactions else "false"
+
+
+def missing_key_parts(keys: tuple[str, ...], row: str | None = None) -> str:
+    """Comma-separated key columns that are null in the typed event ('' when none): in the struct `row`, else
+    top-level columns (a key that did not parse to its type is missing)."""
+    parts = [f"CASE WHEN {f'({row}).' if row else ''}{ident(k)} IS NULL THEN {literal(k)} END" for k in keys]
+    return f"concat_ws(',', {', '.join(parts)})"
+
+
+def quarantine_reason(table: TableConfig, missing: str) -> str:
+    """Why a typed row event is quarantined, else null: the first of no position, a value its type or silver's column
+    cannot hold, a key part missing (`missing`: `missing_key_parts`), a change outside the transactions its table
+    publishes."""
+    return (f"CASE WHEN _seq IS NULL THEN {literal(missing_sequence(table))}"
+            " WHEN _decode_problems <> '' THEN concat('incompatible_type: ', _decode_problems)"
+            " WHEN _type_problems <> '' THEN concat('incompatible_type: ', _type_problems)"
+            f" WHEN {missing} <> '' THEN concat('missing_key: ', {missing})"
+            f" WHEN {outside_transactions(table)} THEN {literal(MISSING_TRANSACTION)} END")
 
 
 
@@ -116,8 +132,9 @@ def plan_batch(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lak
     ordered = ordered.localCheckpoint()
     overview = one_row(ordered.agg(*overview_columns(envelope.holds_placeholder(table.unavailable_value_placeholder))))
     # truncate (op=t): the table is empty as of its position; every older event is stale
-    truncates = ordered.where("op = 't'").withColumn("reason", F.when(F.col("_seq").isNull(), missing_sequence(table))
-                                                     .when(outside_transactions(table), MISSING_TRANSACTION))
+    truncates = ordered.where("op = 't'").withColumn("reason", sql(
+        f"CASE WHEN _seq IS NULL THEN {literal(missing_sequence(table))}"
+        f" WHEN {outside_transactions(table)} THEN {literal(MISSING_TRANSACTION)} END"))
     batch_truncate = overview["truncated_at"]
     new_truncate = batch_truncate if batch_truncate and batch_truncate > (truncated_at or "") else None
     plan = BatchPlan(truncates, overview["truncates"], new_truncate, new_truncate or truncated_at, overview["rows"],
@@ -246,13 +263,7 @@ def typed_changes(spark: SparkSession, table: TableConfig, changes: DataFrame, t
     typed = types.align(typed, "_row", target)
     for k in table.keys:
         typed = typed.withColumn(k, F.col("_row")[k])
-    missing = envelope.missing_keys_typed(table.keys)
-    reason = (F.when(F.col("_seq").isNull(), missing_sequence(table))
-              .when(F.col("_decode_problems") != "", F.concat(F.lit("incompatible_type: "), F.col("_decode_problems")))
-              .when(F.col("_type_problems") != "", F.concat(F.lit("incompatible_type: "), F.col("_type_problems")))
-              .when(missing != "", F.concat(F.lit("missing_key: "), missing))
-              .when(outside_transactions(table), MISSING_TRANSACTION))
-    return typed.withColumn("reason", reason), fields
+    return typed.withColumn("reason", sql(quarantine_reason(table, missing_key_parts(table.keys)))), fields
 
 
 def resolve_mixed(fields: list[types.ImageField], target: T.StructType | None, events: DataFrame
@@ -264,8 +275,8 @@ def resolve_mixed(fields: list[types.ImageField], target: T.StructType | None, e
     new = [f.name for f in fields if f.mixed and not f.kinds]
     if not new:
         return fields
-    image = F.try_parse_json(envelope.key_image())
-    kinds = [types.field_kind(image, name) for name in new]
+    image = f"try_parse_json({envelope.KEY_IMAGE})"
+    kinds = [sql(types.field_kind(image, name)) for name in new]
     first = one_row(events.select(*[F.min_by(kind, F.when(kind != "VOID", F.col("_seq"))).alias(f"k{i}")
                                     for i, kind in enumerate(kinds)]))
     chosen = {name: types.json_type(first[f"k{i}"] or "VOID") for i, name in enumerate(new)}

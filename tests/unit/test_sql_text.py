@@ -3,8 +3,10 @@ text is one column for the process, and a rule per table is one CASE branch per 
 
 from __future__ import annotations
 
+from pyspark.sql import types as T
+
 from spark_jobs.layers.common import lookup
-from spark_jobs.sql_text import ident, literal, per_table, sql
+from spark_jobs.sql_text import ident, literal, per_table, sql, sql_type
 
 AWKWARD = ("plain", "it's", 'say "hi"', "back\\slash", "tick`s", "two`` ticks", "new\nline", "caf\u00e9", "\\'",
            "' OR 1 = 1 --", "a\\u0041", "$.key", "")
@@ -16,6 +18,13 @@ def test_names_and_values_of_any_characters_go_in_as_themselves(spark):
     assert named.columns == frame.columns and list(named.first()) == list(range(len(AWKWARD)))
     values = frame.select(*[sql(f"{literal(value)} AS v{n}") for n, value in enumerate(AWKWARD)]).first()
     assert tuple(values) == AWKWARD
+
+
+def test_a_type_names_its_struct_fields_of_any_characters(spark):
+    inner = T.StructType([T.StructField(name, T.StringType()) for name in AWKWARD if name])
+    shape = T.StructType([T.StructField("a b`c:d", T.DecimalType(10, 2)), T.StructField("nested", inner),
+                          T.StructField("many", T.ArrayType(T.MapType(T.StringType(), inner)))])
+    assert spark.range(1).select(sql(f"CAST(NULL AS {sql_type(shape)}) AS v")).schema["v"].dataType == shape
 
 
 def test_a_text_is_one_column_for_the_process():
