@@ -50,6 +50,14 @@ def sql_type(data_type: T.DataType) -> str:
     return data_type.simpleString()
 
 
+def labels_where(conditions: Mapping[str, str], separator: str = ", ") -> str:
+    """The labels whose condition (SQL text) holds, in order, joined by `separator` ('' when none holds)."""
+    if not conditions:
+        return "''"
+    cases = ", ".join(f"CASE WHEN {condition} THEN {literal(label)} END" for label, condition in conditions.items())
+    return f"concat_ws({literal(separator)}, {cases})"
+
+
 def per_table(rules: Mapping[str, Rule], text_of: Callable[[Rule], str]) -> str:
     """`text_of(rule)` of each row's table (`_table`), one CASE branch per distinct rule: the tables of a database
     mostly share them. One rule for all needs no `_table` at all."""

@@ -18,7 +18,7 @@ from spark_jobs.debezium import connectors
 from spark_jobs.landing import EXCERPT_BYTES as EXCERPT_CHARS
 from spark_jobs.landing import line_too_large
 from spark_jobs.quality.expectations import row_checks, row_failure_sql
-from spark_jobs.sql_text import ident, literal, per_table, sql
+from spark_jobs.sql_text import ident, labels_where, literal, per_table, sql
 
 OPS = ("c", "u", "d", "r", "t")
 
@@ -172,8 +172,7 @@ def key_image() -> Column:
 
 
 def _missing_keys_sql(keys: tuple[str, ...]) -> str:
-    parts = [f"CASE WHEN get_json_object({KEY_IMAGE}, {literal(f'$.{k}')}) IS NULL THEN {literal(k)} END" for k in keys]
-    return f"concat_ws(',', {', '.join(parts)})"
+    return labels_where({k: f"get_json_object({KEY_IMAGE}, {literal(f'$.{k}')}) IS NULL" for k in keys}, ",")
 
 
 def missing_keys(keys: tuple[str, ...]) -> Column:
@@ -188,14 +187,14 @@ def _nested_keys_sql(keys: tuple[str, ...]) -> str:
     """Comma-separated key columns whose value is a JSON object or array ('' when none): such a key would
     become its JSON text in silver, a key no source row has. A MongoDB `_id` in extended JSON ({"$oid": ...})
     is one value (types.py types it)."""
-    parts = []
-    for k in keys:
+    def nested(k: str) -> str:
         path = literal(f"$.{k}")
         text = f"get_json_object({KEY_IMAGE}, {path})"
         extended = f"coalesce(size(json_object_keys({text})) = 1 AND startswith(json_object_keys({text})[0], '$'), false)"
         kind = f"split(schema_of_variant(try_variant_get(try_parse_json({KEY_IMAGE}), {path}, 'variant')), '<')[0]"
-        parts.append(f"CASE WHEN {kind} IN ('OBJECT', 'ARRAY') AND NOT ({MONGODB} AND {extended}) THEN {literal(k)} END")
-    return f"concat_ws(',', {', '.join(parts)})"
+        return f"{kind} IN ('OBJECT', 'ARRAY') AND NOT ({MONGODB} AND {extended})"
+
+    return labels_where({k: nested(k) for k in keys}, ",")
 
 
 def keys_from_record_key(parsed: DataFrame, keys: tuple[str, ...]) -> DataFrame:

@@ -13,7 +13,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from spark_jobs.sql_text import ident, literal, sql, sql_type
+from spark_jobs.sql_text import ident, labels_where, literal, sql, sql_type
 
 PHYSICAL = {"int8": "TINYINT", "int16": "SMALLINT", "int32": "INT", "int64": "BIGINT", "float32": "FLOAT",
             "float64": "DOUBLE", "boolean": "BOOLEAN", "string": "STRING", "bytes": "STRING"}
@@ -377,8 +377,7 @@ def decode_problems(text: str, decoded: str, fields: list[ImageField], variant: 
             unfit = f"{unfit} OR ({kind} <> 'VOID' AND NOT {kind} IN ({', '.join(map(literal, f.kinds))}))"
         return unfit
 
-    problems = [f"CASE WHEN {wrong(f)} THEN {literal(f'{f.name} (not {f.spark_type.lower()})')} END" for f in fields]
-    return f"concat_ws(', ', {', '.join(problems)})" if problems else "''"
+    return labels_where({f"{f.name} (not {f.spark_type.lower()})": wrong(f) for f in fields})
 
 
 def field_kind(image: str, name: str) -> str:
@@ -422,7 +421,7 @@ def aligned_row(row: str, row_type: T.StructType, target: T.StructType) -> tuple
     """`align` as SQL text: the row (SQL text, of `row_type`) with its fields cast to the target's types, and the
     fields whose values would not fit ('' when all fit). A cast loses nothing when its value casts back equal."""
     existing = {f.name: f.dataType for f in target.fields}
-    parts, problems = [], []
+    parts, problems = [], {}
     for f in row_type.fields:
         value = f"({row}).{ident(f.name)}"
         target_type = existing.get(f.name)
@@ -434,6 +433,5 @@ def aligned_row(row: str, row_type: T.StructType, target: T.StructType) -> tuple
         if isinstance(target_type, T.StringType) and isinstance(f.dataType, (T.NumericType, T.BooleanType)):
             lost = f"{value} IS NOT NULL"  # a number or a boolean is never kept as its text (unless `columns:` says text)
         parts.append(f"{literal(f.name)}, {cast}")
-        problems.append(f"CASE WHEN {lost} THEN "
-                        f"{literal(f'{f.name} ({f.dataType.simpleString()} -> {target_type.simpleString()})')} END")
-    return f"named_struct({', '.join(parts)})", f"concat_ws(', ', {', '.join(problems)})" if problems else "''"
+        problems[f"{f.name} ({f.dataType.simpleString()} -> {target_type.simpleString()})"] = lost
+    return f"named_struct({', '.join(parts)})", labels_where(problems)

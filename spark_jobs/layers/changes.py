@@ -26,7 +26,7 @@ def latest_per_key(events: DataFrame, keys: tuple[str, ...]) -> DataFrame:
     rest = [c for c in events.columns if c not in keys and c not in position]
     carried = [c for c in rest if _orderable(events.schema[c].dataType)]
     other = [c for c in rest if c not in carried]  # maps and variants: taken from the newest event one by one
-    at = "struct(_seq, _source_file, _line)"
+    at = f"struct({', '.join(position)})"
     # a tie: the largest and the smallest content hash at the top position differ (bitwise NOT reverses a
     # long's order). Only a 64-bit hash collision could hide one, and the gate's audit (`event_audit`)
     # compares the contents themselves. at_top: the value of the newest-positioned event with the largest value

@@ -19,7 +19,7 @@ from spark_jobs.layers import changes
 from spark_jobs.layers.common import ONE_TASK_BYTES, ONE_TASK_ROWS, QUARANTINED_COLUMNS, checkpoint, join_side, one_row
 from spark_jobs.quality.user_expectations import check_columns, named_columns, violations
 from spark_jobs.registry import TableConfig
-from spark_jobs.sql_text import ident, literal, sql
+from spark_jobs.sql_text import ident, labels_where, literal, sql
 
 NO_SEQUENCE = "missing_sequence: no log position for this connector; set sequence_by"
 
@@ -44,8 +44,7 @@ def outside_transactions(table: TableConfig) -> str:
 def missing_key_parts(keys: tuple[str, ...], row: str | None = None) -> str:
     """Comma-separated key columns that are null in the typed event ('' when none): in the struct `row`, else
     top-level columns (a key that did not parse to its type is missing)."""
-    parts = [f"CASE WHEN {f'({row}).' if row else ''}{ident(k)} IS NULL THEN {literal(k)} END" for k in keys]
-    return f"concat_ws(',', {', '.join(parts)})"
+    return labels_where({k: f"{f'({row}).' if row else ''}{ident(k)} IS NULL" for k in keys}, ",")
 
 
 def quarantine_reason(table: TableConfig, missing: str) -> str:

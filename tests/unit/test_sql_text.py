@@ -6,7 +6,7 @@ from __future__ import annotations
 from pyspark.sql import types as T
 
 from spark_jobs.layers.common import lookup
-from spark_jobs.sql_text import ident, literal, per_table, sql, sql_type
+from spark_jobs.sql_text import ident, labels_where, literal, per_table, sql, sql_type
 
 AWKWARD = ("plain", "it's", 'say "hi"', "back\\slash", "tick`s", "two`` ticks", "new\nline", "caf\u00e9", "\\'",
            "' OR 1 = 1 --", "a\\u0041", "$.key", "")
@@ -25,6 +25,14 @@ def test_a_type_names_its_struct_fields_of_any_characters(spark):
     shape = T.StructType([T.StructField("a b`c:d", T.DecimalType(10, 2)), T.StructField("nested", inner),
                           T.StructField("many", T.ArrayType(T.MapType(T.StringType(), inner)))])
     assert spark.range(1).select(sql(f"CAST(NULL AS {sql_type(shape)}) AS v")).schema["v"].dataType == shape
+
+
+def test_labels_are_listed_in_order_where_their_conditions_hold(spark):
+    conditions = {"it's a": "n > 1", "b, `c`": "n > 2", "d": "n IS NULL"}
+    frame = spark.createDataFrame([(1,), (2,), (3,), (None,)], "n INT")
+    got = [r["v"] for r in frame.select(sql(f"{labels_where(conditions)} AS v")).collect()]
+    assert got == ["", "it's a", "it's a, b, `c`", "d"]
+    assert spark.range(1).select(sql(f"{labels_where({}, ',')} AS v")).first()["v"] == ""
 
 
 def test_a_text_is_one_column_for_the_process():
