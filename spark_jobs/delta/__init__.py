@@ -86,6 +86,13 @@ def driver_rows(rows: list[tuple[Any, ...]], ddl: str) -> pa.Table:
     return pa.Table.from_pylist([dict(zip(schema.names, row, strict=True)) for row in rows], schema=schema)
 
 
+def spark_frame(spark: SparkSession, rows: pa.Table) -> DataFrame:
+    """A Spark frame of Arrow rows on the driver, every row in it. pyspark sends a table's chunks as Arrow batches,
+    and its reader stops at an empty batch other than the first: the rows of a filtered or joined table after one
+    were silently lost (tests/unit/test_delta_engines.py). A table of one chunk has no empty batch."""
+    return spark.createDataFrame(rows.combine_chunks())
+
+
 def all_nullable(schema: pa.Schema) -> pa.Schema:
     """Spark marks columns NOT NULL from the plan (a literal, current_timestamp()); a Delta table created from
     that would reject later batches that legitimately hold nulls there."""

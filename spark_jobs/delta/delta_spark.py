@@ -9,7 +9,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from spark_jobs.delta import MergeResult, MergeSpec, key_predicate, log_retention, retention_hours
+from spark_jobs.delta import MergeResult, MergeSpec, key_predicate, log_retention, retention_hours, spark_frame
 
 if TYPE_CHECKING:
     from spark_jobs.delta import Rows
@@ -45,7 +45,7 @@ class DeltaSparkEngine:
         return reader.load(path)
 
     def _frame(self, df: Rows) -> DataFrame:
-        return self.spark.createDataFrame(df) if isinstance(df, pa.Table) else df
+        return spark_frame(self.spark, df) if isinstance(df, pa.Table) else df
 
     def append(self, df: Rows, path: str, partition_by: tuple[str, ...] = (), small: bool = False) -> int:
         df = self._frame(df)  # Spark writes on every executor, whatever the batch's size

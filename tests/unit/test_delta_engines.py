@@ -63,6 +63,22 @@ def test_rows_made_on_the_driver_append_and_merge_as_a_spark_frame_of_them_would
         (1, "b", "2", "u", naive), (2, None, "1", "c", None), (3, "c", "2", "c", naive)]
 
 
+def test_arrow_rows_in_chunks_some_empty_all_commit(any_engine, spark, tmp_path):
+    """Rows on the driver as a filter or a join leaves them, in chunks some of which are empty: every row is
+    committed (pyspark's frame of such a table stopped at its first empty chunk after the first)."""
+    import pyarrow as pa
+
+    ddl = "k INT, v STRING, _seq STRING, _op STRING"
+    one, none = driver_rows([(1, "a", "1", "c")], ddl), driver_rows([], ddl)
+    chunked = pa.concat_tables([one, none, driver_rows([(2, "b", "1", "c")], ddl), none, none,
+                                driver_rows([(3, "c", "1", "c")], ddl)])
+    path = str(tmp_path / "t")
+    any_engine.append(chunked, path)
+    any_engine.merge(pa.concat_tables([none, none, driver_rows([(4, "d", "2", "c")], ddl)]), path,
+                     replace(SILVER_MERGE, keys=("k",)))
+    assert rows(any_engine, spark, path) == [(1, "a", "1", "c"), (2, "b", "1", "c"), (3, "c", "1", "c"), (4, "d", "2", "c")]
+
+
 def test_a_small_batchs_rows_commit_as_the_same_rows_written_by_spark_would(any_engine, spark, tmp_path):
     """`small` (a batch that fits in the driver's memory) changes how the rows travel, never what is committed: the
     same rows, schema, versions and merge counts, a column Spark marked NOT NULL (a literal) still taking nulls
