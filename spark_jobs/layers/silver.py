@@ -12,7 +12,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark_jobs.delta import DeltaEngine, MergeSpec, driver_rows
+from spark_jobs.delta import DeltaEngine, MergeSpec, driver_rows, spark_frame
 from spark_jobs.delta.delta_rs import DeltaRsEngine, NewFiles
 from spark_jobs.errors import GateFailed, PipelineError
 from spark_jobs.lake import Lake, read_columns
@@ -35,7 +35,7 @@ from spark_jobs.layers.silver_pass import TableBatch
 from spark_jobs.layers.silver_plan import BatchPlan, PlanCounts, merged_audit, plan_batch
 from spark_jobs.layers.summary import SilverSummary
 from spark_jobs.logs import logger
-from spark_jobs.quality.audit import Audit, Figures, Tally, tally, tally_each
+from spark_jobs.quality.audit import Audit, Figures, Tally, tally, tally_tables
 from spark_jobs.quality.expectations import flagged
 from spark_jobs.quality.findings import GateResult
 from spark_jobs.quality.gates import AuditGate, Check, answer_gates, may_refuse, refuses, silver_checks
@@ -130,16 +130,19 @@ def interrupted_work(engine: DeltaEngine, path: str, since_version: int | None, 
 @dataclass(frozen=True)
 class MergedAudit:
     """What a batch the silver pass read asks once merged: the tallies of silver's checks on its merged rows
-    (`frames`, one partition each, keyed by the table's `keys`), and its gate's verdict on them (`gate`, its tallies
+    (`frames`, on the driver, keyed by the table's `keys`), and its gate's verdict on them (`gate`, its tallies
     still to come; None: the step runs its own). A pass's tables are answered together (`answer_merged`,
     steps.Steps.run_together): one Spark job and one GX validation for them all, where each alone costs one of each."""
 
-    frames: dict[str, DataFrame]
+    spark: SparkSession
+    frames: dict[str, pa.Table]
     keys: tuple[str, ...]
     gate: AuditGate | None = None
 
     def answer_alone(self) -> Merged:
-        return Merged(tally(self.frames, flagged("silver"), self.keys), None)
+        # one partition each, which the planner then knows: key_unique's count per key and the tally run in place
+        frames = {name: spark_frame(self.spark, rows).coalesce(1) for name, rows in self.frames.items()}
+        return Merged(tally(frames, flagged("silver"), self.keys), None)
 
 
 @dataclass(frozen=True)
@@ -152,7 +155,8 @@ class Merged:
 
 def answer_merged(asked: dict[str, MergedAudit], batch_id: str) -> dict[str, Merged]:
     """Every asking table's tallies in one aggregate, then their gates in one GX validation (by table)."""
-    tallies = tally_each({name: (a.frames, a.keys) for name, a in asked.items()}, flagged("silver"), together=True)
+    spark = next(iter(asked.values())).spark
+    tallies = tally_tables(spark, {name: (a.frames, a.keys) for name, a in asked.items()}, flagged("silver"))
     verdicts = answer_gates({name: replace(a.gate, audit=a.gate.audit.with_tallies(tallies[name]))
                              for name, a in asked.items() if a.gate}, batch_id)
     return {name: Merged(tallies[name], verdicts.get(name)) for name in asked}
@@ -300,13 +304,10 @@ def apply_planned(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     summary.tombstones_expired = _expire_tombstones(engine, lake, table)
     summary.deletes = {**plan.delete_counts, "removed": removed}
 
-    # each frame in one partition, which the planner then knows: key_unique's count per key and the tally run in place,
-    # in one Spark job (three when Spark spreads the rows and shuffles them back: about 0.1 s more a table)
-    merged = dict(zip(("rows", "deletes"), (spark.createDataFrame(t).coalesce(1)
-                                            for t in silver_arrow.merged_audit(lake, table, read, batch_id)), strict=True))
+    merged = dict(zip(("rows", "deletes"), silver_arrow.merged_audit(lake, table, read, batch_id), strict=True))
     after = gates.reconciled(audit)
     joint = AuditGate(table.name, "silver", after, checks, lake, table.quality.actions) if gate is None else None
-    answer = yield MergedAudit(merged, table.keys, joint)
+    answer = yield MergedAudit(spark, merged, table.keys, joint)
     gates.after(after.with_tallies(answer.tallies), engine, published, answer.verdict)
     return summary
 

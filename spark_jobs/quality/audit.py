@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import reduce
+from typing import Any
 
-from pyspark.sql import Column, DataFrame
+import pyarrow as pa
+from pyspark.sql import Column, DataFrame, SparkSession
 
+from spark_jobs.delta import spark_frame
 from spark_jobs.quality.expectations import Expectation
 from spark_jobs.sql_text import ident, literal, sql
 
@@ -59,18 +62,35 @@ def tally(frames: dict[str, DataFrame], checks: list[Expectation], keys: tuple[s
     """Each check's tally over its rows (`frames` by the name the records give them), in one Spark action: each
     frame's flags are evaluated in place, the frames' flag columns stacked and counted in one aggregate (one Spark
     job when the frames are one partition each; a shuffle the frames' own plans need adds its stage)."""
-    return tally_each({"": (frames, keys)}, checks)[""]
+    return _each(_tallies({"": (frames, keys)}, checks, None, {}, False), {"": frames}, checks)[""]
 
 
-def tally_each(batches: dict[str, tuple[dict[str, DataFrame], tuple[str, ...]]], checks: list[Expectation],
-               together: bool = False) -> dict[str, dict[str, Tally]]:
-    """`tally` of many batches at once (by name: each its frames and its key columns): each batch's flags evaluated
-    on its own frames, then stacked with its name and counted in one aggregate. `together`: every frame is one
-    partition (a small batch's), and so is the stack: one Spark job for them all, where one each would cost a job
-    each. A batch without rows has every tally zero."""
-    found = _tallies(batches, checks, None, {}, together)
-    zero = {e.name: Tally(0, 0) for e in checks if any(e.rows in frames for frames, _ in batches.values())}
-    return {name: found[name].tallies if name in found else dict(zero) for name in batches}
+def _each(found: dict[str, Tallied], frames: dict[str, Any], checks: list[Expectation]) -> dict[str, dict[str, Tally]]:
+    """Each batch's tallies (`frames`: each batch's, by name); a batch without rows has every tally zero."""
+    zero = {e.name: Tally(0, 0) for e in checks if any(e.rows in own for own in frames.values())}
+    return {name: found[name].tallies if name in found else dict(zero) for name in frames}
+
+
+_TABLE = "_cdc_table"  # the table a stacked row belongs to (tally_tables)
+
+
+def tally_tables(spark: SparkSession, tables: dict[str, tuple[dict[str, pa.Table], tuple[str, ...]]],
+                 checks: list[Expectation]) -> dict[str, dict[str, Tally]]:
+    """`tally` of many small batches whose frames are on the driver (Arrow; by name: each its frames and its key
+    columns), in one Spark job: the frames of one name and one schema (most of a database's tables share a key's
+    type) are stacked in Arrow, each row with its batch's name, and sent to Spark as one frame, whose keys count
+    within each batch's own rows. A frame per batch cost each a DataFrame of its own and the union's plan a part
+    per frame: about 50 ms a table (tests/benchmarks/RESULTS.md, workload D)."""
+    stacks: dict[tuple[str, pa.Schema, tuple[str, ...]], list[pa.Table]] = {}
+    for name, (frames, keys) in tables.items():
+        for frame, rows in frames.items():
+            keyed = (_TABLE, *keys) if keys and set(keys) <= set(rows.column_names) else ()
+            stacks.setdefault((frame, rows.schema, keyed), []).append(
+                rows.append_column(_TABLE, pa.array([name] * rows.num_rows, pa.string())))
+    batches = {str(n): ({frame: spark_frame(spark, pa.concat_tables(parts)).coalesce(1)}, keyed)
+               for n, ((frame, _, keyed), parts) in enumerate(stacks.items())}
+    return _each(_tallies(batches, checks, _TABLE, {}, True), {name: frames for name, (frames, _) in tables.items()},
+                 checks)
 
 
 def tally_by(frames: dict[str, DataFrame], checks: list[Expectation], by: str,

@@ -2,6 +2,7 @@
 findings per expectation with its action; a gate fails on a `fail` finding (one line naming table, layer,
 expectation and counts) and publishes Data Docs either way."""
 
+import uuid
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ from hypothesis import strategies as st
 
 from spark_jobs.errors import GateFailed
 from spark_jobs.lake import Lake
-from spark_jobs.quality.audit import Audit, Figures, Tally, tally
+from spark_jobs.quality.audit import Audit, Figures, Tally, tally, tally_tables
 from spark_jobs.quality.expectations import EXPECTATIONS, Quality, flagged
 from spark_jobs.quality.gates import bronze_checks, run_gate, silver_checks
 from spark_jobs.registry import TableConfig
@@ -106,6 +107,35 @@ def test_a_small_batchs_tallies_are_one_spark_job(spark):
     assert (got["key_unique"], got["deleted_keys_not_live"], got["sequence_increasing"]) == (
         Tally(3, 2), Tally(2, 1), Tally(2, 1))
     assert len(context.statusTracker().getJobIdsForGroup("small-tally")) == 1
+
+
+@settings(max_examples=10, deadline=None)
+@given(tables=st.lists(st.tuples(
+    st.lists(st.tuples(st.sampled_from(["a", "b"]), st.sampled_from([None, "a", "b", "c"])), max_size=3),
+    st.lists(st.sampled_from([None, 1, 2, 3]), max_size=5), st.sampled_from(["int64", "string"])), min_size=1, max_size=4))
+def test_many_tables_frames_on_the_driver_are_tallied_each_as_alone_in_one_spark_job(spark, tables):
+    """tally_tables stacks the frames of tables sharing a schema: each table's keys still count within its own rows
+    (tables share key values here, and a duplicate in one fails that one only), and every table's tallies equal
+    what its flags say row by row, all in one Spark job."""
+    import pyarrow as pa
+
+    arrow = {}
+    for n, (deletes, rows, key_type) in enumerate(tables):
+        keys = pa.array([None if k is None else (k if key_type == "int64" else str(k)) for k in rows], key_type)
+        arrow[f"t{n}"] = ({"rows": pa.table({"id": keys}), "deletes": pa.table({
+            "_seq": pa.array([seq for seq, _ in deletes], pa.string()),
+            "_live_seq": pa.array([live for _, live in deletes], pa.string())})}, ("id",))
+    context, group = spark.sparkContext, f"tables-tally-{uuid.uuid4()}"  # one group per example
+    context.setJobGroup(group, "many tables' tallies")
+    try:
+        got = tally_tables(spark, arrow, flagged("silver"))
+    finally:
+        context.setJobGroup("", "")
+    expected = {f"t{n}": {name: t for name, t in _reference_tallies([], deletes, rows).items()
+                          if name not in ("sequence_present", "sequence_increasing")}
+                for n, (deletes, rows, _) in enumerate(tables)}
+    assert got == expected
+    assert len(context.statusTracker().getJobIdsForGroup(group)) <= 1  # none: Spark folds no rows
 
 
 def test_bronze_row_checks_quarantine_with_the_reason_their_record_gives(spark):
