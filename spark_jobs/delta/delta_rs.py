@@ -197,12 +197,14 @@ class DeltaRsEngine:
         reader = spark.read.format("delta")
         return (reader if version is None else reader.option("versionAsOf", version)).load(path)
 
-    def _writable(self, path: str) -> None:
+    def _writable(self, path: str) -> DeltaTable | None:
+        """The table as it is now (None: there is none), which the write then goes through (one read of its log)."""
         table = self._table(path)
         unplain = [] if table is None else unplain_features(table)
         if unplain:
             raise UnsupportedTable(path, unplain, "delta-rs does not honour when it rewrites files (nothing was "
                                    "written)", "write it with CDC_DELTA_ENGINE=delta-spark")
+        return table
 
     @contextmanager
     def _rows(self, df: Rows) -> Iterator[tuple[pa.RecordBatchReader, int]]:
@@ -221,24 +223,33 @@ class DeltaRsEngine:
             shutil.rmtree(folder, ignore_errors=True)
 
     def append(self, df: Rows, path: str, partition_by: tuple[str, ...] = (), small: bool = False) -> int:
-        self._writable(path)
+        table = self._writable(path)
         if small:
             df = _on_driver(df)
         if isinstance(df, DataFrame) and not partition_by:
             return self._commit(self._stage(df, path), path, "append")[0]
         with self._rows(df) as (rows, _):
-            write_deltalake(path, rows, mode="append", partition_by=list(partition_by) or None,
-                            schema_mode="merge", storage_options=self._options(path))
-        return self._must(path).version()
+            return self._write(table, path, rows, mode="append", partition_by=list(partition_by) or None,
+                               schema_mode="merge")
 
     def overwrite(self, df: DataFrame, path: str, partition_by: tuple[str, ...] = ()) -> int:
-        self._writable(path)
+        table = self._writable(path)
         if not partition_by:
             return self._commit(self._stage(df, path), path, "overwrite")[0]
         with self._rows(df) as (rows, _):
-            write_deltalake(path, rows, mode="overwrite", partition_by=list(partition_by) or None,
-                            schema_mode="overwrite", storage_options=self._options(path))
-        return self._must(path).version()
+            return self._write(table, path, rows, mode="overwrite", partition_by=list(partition_by) or None,
+                               schema_mode="overwrite")
+
+    def _write(self, table: DeltaTable | None, path: str, rows: pa.RecordBatchReader | pa.Table, **how: Any) -> int:
+        """write_deltalake into the table `_writable` loaded (None: there is none yet); its new version. Written through
+        the loaded table, brought up to date first (its new commits only: the rows may have taken a Spark job to
+        stage), whose state the commit then advances: by path, delta-rs would read the whole log twice more."""
+        if table is None:
+            write_deltalake(path, rows, storage_options=self._options(path), **how)
+            return self._must(path).version()
+        table.update_incremental()
+        write_deltalake(table, rows, **how)
+        return table.version()
 
     def _stage(self, df: DataFrame, path: str) -> _Staged:
         """Spark's executors write `df` into a new folder of the table's; its files as add actions (not yet
@@ -289,16 +300,15 @@ class DeltaRsEngine:
         return self._must(path).version(), staged.rows
 
     def replace(self, df: Rows, path: str, predicate: str, partition_by: tuple[str, ...] = ()) -> int:
-        self._writable(path)
+        table = self._writable(path)
         with self._rows(df) as (rows, _):
-            write_deltalake(path, rows, mode="overwrite", predicate=predicate,
-                            partition_by=list(partition_by) or None, storage_options=self._options(path))
-        return self._must(path).version()
+            return self._write(table, path, rows, mode="overwrite", predicate=predicate,
+                               partition_by=list(partition_by) or None)
 
     def merge(self, df: Rows, path: str, spec: MergeSpec, partition_by: tuple[str, ...] = (),
               small: bool = False) -> MergeResult:
-        self._writable(path)
-        if isinstance(df, DataFrame) and not partition_by and spec.insert_when and self._table(path) is None:
+        table = self._writable(path)
+        if isinstance(df, DataFrame) and not partition_by and spec.insert_when and table is None:
             # an initial load: into no table, a merge inserts the rows its insert clause takes (Spark applies it: it
             # is SQL), and nothing else, in one commit
             inserts = df.alias("s").where(spec.insert_when)
@@ -310,15 +320,18 @@ class DeltaRsEngine:
         if small:
             df = _on_driver(df)
         with self._rows(df) as (rows, size):
-            return self._merge(rows, size, path, spec, partition_by)
+            return self._merge(table, rows, size, path, spec, partition_by)
 
-    def _merge(self, rows: pa.RecordBatchReader, size: int, path: str, spec: MergeSpec,
+    def _merge(self, table: DeltaTable | None, rows: pa.RecordBatchReader, size: int, path: str, spec: MergeSpec,
                partition_by: tuple[str, ...]) -> MergeResult:
-        table = self._table(path)
+        """The merge through the table `_writable` loaded (None: there is none yet), brought up to date first and
+        advanced by the commit, as `_write` does."""
         if table is None:  # first batch: create the table with the source's schema, then merge as usual
             write_deltalake(path, rows.schema.empty_table(), partition_by=list(partition_by) or None,
                             storage_options=self._options(path))
             table = self._must(path)
+        else:
+            table.update_incremental()
         # in memory, delta-rs prunes the target's files by the source's key range; streamed, it cannot
         in_memory = size <= settings().merge_source_mb * 2**20
         source: Any = rows.read_all() if in_memory else rows
@@ -331,13 +344,12 @@ class DeltaRsEngine:
         if spec.insert_when:
             merger = merger.when_not_matched_insert_all(predicate=spec.insert_when)
         metrics = merger.execute()
-        return MergeResult(version=self._must(path).version(), inserted=metrics.get("num_target_rows_inserted", 0),
+        return MergeResult(version=table.version(), inserted=metrics.get("num_target_rows_inserted", 0),
                            updated=metrics.get("num_target_rows_updated", 0),
                            deleted=metrics.get("num_target_rows_deleted", 0))
 
     def delete(self, path: str, predicate: str) -> int:
-        self._writable(path)
-        return int(self._must(path).delete(predicate).get("num_deleted_rows", 0))
+        return int(self._must(path, self._writable(path)).delete(predicate).get("num_deleted_rows", 0))
 
     def literal(self, value: str) -> str:
         """DataFusion's SQL: a quote inside a string is doubled."""
@@ -348,22 +360,19 @@ class DeltaRsEngine:
         return [] if table is None else table.history(limit)
 
     def restore(self, path: str, version: int) -> int:
-        self._writable(path)
-        table = self._must(path)
+        table = self._must(path, self._writable(path))
         table.restore(version)
-        return self._must(path).version()
+        return table.version()
 
     def compact(self, path: str, target_bytes: int, zorder_by: tuple[str, ...] = ()) -> None:
-        self._writable(path)
-        optimize = self._must(path).optimize
+        optimize = self._must(path, self._writable(path)).optimize
         if zorder_by:
             optimize.z_order(list(zorder_by), target_size=target_bytes)
         else:
             optimize.compact(target_size=target_bytes)
 
     def checkpoint(self, path: str, retain_s: int) -> None:
-        self._writable(path)
-        table = self._must(path)
+        table = self._must(path, self._writable(path))
         wanted = log_retention(retain_s)
         if wanted and table.metadata().configuration.get("delta.logRetentionDuration") != wanted:
             table.alter.set_table_properties({"delta.logRetentionDuration": wanted})
@@ -373,15 +382,16 @@ class DeltaRsEngine:
     def vacuum(self, path: str, retain_s: int) -> None:
         # delta-rs refuses a retention under the table's deletedFileRetentionDuration (7 days) unless told:
         # the window is the project's setting, never under an hour (registry.MIN_RETAIN_VERSIONS_S)
-        self._writable(path)  # its VACUUM does not know deletion vectors' files
-        self._must(path).vacuum(retention_hours=retention_hours(retain_s), dry_run=False, enforce_retention_duration=False)
+        table = self._must(path, self._writable(path))  # its VACUUM does not know deletion vectors' files
+        table.vacuum(retention_hours=retention_hours(retain_s), dry_run=False, enforce_retention_duration=False)
         if not is_s3(path):  # VACUUM removes files, not folders: the staged folders it emptied go too (S3 has none)
             for folder in Path(path).glob(f"{STAGED_PREFIX}*"):
                 if folder.is_dir() and not any(folder.iterdir()):
                     folder.rmdir()
 
-    def _must(self, path: str) -> DeltaTable:
-        table = self._table(path)
+    def _must(self, path: str, loaded: DeltaTable | None = None) -> DeltaTable:
+        """The table (`loaded`, else loaded now); FileNotFoundError when there is none."""
+        table = loaded if loaded is not None else self._table(path)
         if table is None:
             raise FileNotFoundError(f"no Delta table at {path}")
         return table
