@@ -50,6 +50,11 @@ def sql_type(data_type: T.DataType) -> str:
     return data_type.simpleString()
 
 
+def named_struct(fields: Mapping[str, str]) -> str:
+    """A struct of the `fields` (SQL text each), under their names."""
+    return f"named_struct({', '.join(f'{literal(name)}, {value}' for name, value in fields.items())})"
+
+
 def labels_where(conditions: Mapping[str, str], separator: str = ", ") -> str:
     """The labels whose condition (SQL text) holds, in order, joined by `separator` ('' when none holds)."""
     if not conditions:

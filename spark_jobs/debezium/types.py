@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from decimal import Decimal
+from functools import cache
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from spark_jobs.sql_text import ident, labels_where, literal, sql, sql_type
+from spark_jobs.sql_text import ident, labels_where, literal, named_struct, sql, sql_type
 
 PHYSICAL = {"int8": "TINYINT", "int16": "SMALLINT", "int32": "INT", "int64": "BIGINT", "float32": "FLOAT",
             "float64": "DOUBLE", "boolean": "BOOLEAN", "string": "STRING", "bytes": "STRING"}
@@ -74,22 +74,23 @@ class ImageField:
         }.get(self.logical or "", "STRING" if self.logical in TIME_OF_DAY or self.logical in TEXT_LOGICAL
               else self.parse_type)
 
-    def decode(self, value: Column) -> Column:
+    def decode(self, value: str) -> str:
+        """The field's parsed value (`value`: SQL text, of its physical type) decoded to its Spark type, as SQL text."""
         logical = self.logical or ""
         if logical in ("io.debezium.time.Date", "org.apache.kafka.connect.data.Date"):
-            return F.date_add(F.lit("1970-01-01").cast("date"), value)
+            return f"date_add(CAST('1970-01-01' AS DATE), {value})"
         if logical in ("io.debezium.time.Timestamp", "org.apache.kafka.connect.data.Timestamp"):
-            return F.timestamp_millis(value)
+            return f"timestamp_millis({value})"
         if logical == "io.debezium.time.MicroTimestamp":
-            return F.timestamp_micros(value)
+            return f"timestamp_micros({value})"
         if logical == "io.debezium.time.NanoTimestamp":
-            return F.timestamp_micros(F.floor(value.cast("decimal(20,0)") / 1000).cast("long"))
+            return f"timestamp_micros(CAST(floor(CAST({value} AS DECIMAL(20,0)) / 1000) AS BIGINT))"
         if logical == "io.debezium.time.ZonedTimestamp":
-            return value.cast("timestamp")
+            return f"CAST({value} AS TIMESTAMP)"
         if logical == DECIMAL_LOGICAL:
             return decode_decimal(value, self.precision, self.scale)
         if logical == VARIABLE_DECIMAL:
-            return _variable_decimal(value["value"], value["scale"])
+            return f"try_cast(cdc_variable_decimal(({value}).value, ({value}).scale) AS {VARIABLE_DECIMAL_TYPE})"
         if logical in TIME_OF_DAY:
             return time_of_day(value, *TIME_OF_DAY[logical])
         if logical == OVERRIDE:
@@ -98,58 +99,63 @@ class ImageField:
             return _bson_value(value, logical)
         return value
 
+    @property
+    def in_python(self) -> bool:
+        """Decoded by a Python function (`register_decoders`): Spark's SQL has no exact decode of its encoding."""
+        return self.logical == VARIABLE_DECIMAL or (self.logical == DECIMAL_LOGICAL and self.precision > 18)
 
-def _unwrap(value: Column, wrapper: str) -> Column:
+
+def _unwrap(value: str, wrapper: str) -> str:
     """The text inside an extended JSON value ({"$numberLong": "5"} -> 5); null when `value` is not that wrapper."""
-    return F.from_json(value, f"struct<`{wrapper}`: string>")[wrapper]
+    return f"from_json({value}, {literal(f'struct<{ident(wrapper)}: string>')}).{ident(wrapper)}"
 
 
-def _bson_value(value: Column, logical: str) -> Column:
+def _bson_value(value: str, logical: str) -> str:
     """A field's JSON text (wrapped or plain) -> its value; null, a decode problem, when it is not of the type."""
-    numbers = [_unwrap(value, "$numberLong"), _unwrap(value, "$numberInt")]
+    numbers = f"{_unwrap(value, '$numberLong')}, {_unwrap(value, '$numberInt')}"
     if logical == OBJECT_ID:
-        return F.coalesce(_unwrap(value, "$oid"), value)
+        return f"coalesce({_unwrap(value, '$oid')}, {value})"
     if logical == BSON_INT64:
-        return _exact_cast(F.coalesce(*numbers, value), "bigint")
+        return _exact_cast(f"coalesce({numbers}, {value})", "bigint")
     if logical == BSON_DOUBLE:  # "NaN", "Infinity" and "-Infinity" are doubles too
-        return F.coalesce(_unwrap(value, "$numberDouble"), *numbers, value).try_cast("double")
+        return f"try_cast(coalesce({_unwrap(value, '$numberDouble')}, {numbers}, {value}) AS DOUBLE)"
     if logical == BSON_DECIMAL:  # Decimal128 holds 34 digits: values beyond DECIMAL(38,18) are problems, not rounded
-        return _exact_cast(F.coalesce(_unwrap(value, "$numberDecimal"), _unwrap(value, "$numberDouble"), *numbers, value),
-                           VARIABLE_DECIMAL_TYPE.lower())
+        return _exact_cast(f"coalesce({_unwrap(value, '$numberDecimal')}, {_unwrap(value, '$numberDouble')}, {numbers}, "
+                           f"{value})", VARIABLE_DECIMAL_TYPE.lower())
     # $date: milliseconds since the epoch ({"$numberLong": ...} or, in the legacy form, a number), or ISO-8601 text
     # (relaxed mode, for years 1970-9999)
     date = _unwrap(value, "$date")
-    return (F.when(date.rlike("^-?[0-9]+$"), F.timestamp_millis(date.try_cast("bigint")))
-            .when(date.startswith("{"), F.timestamp_millis(_unwrap(date, "$numberLong").try_cast("bigint")))
-            .otherwise(date.try_cast("timestamp")))
+    return (f"CASE WHEN {date} RLIKE '^-?[0-9]+$' THEN timestamp_millis(try_cast({date} AS BIGINT))"
+            f" WHEN startswith({date}, '{{') THEN timestamp_millis(try_cast({_unwrap(date, '$numberLong')} AS BIGINT))"
+            f" ELSE try_cast({date} AS TIMESTAMP) END")
 
 
-def decode_decimal(value: Column, precision: int, scale: int) -> Column:
-    """Kafka Connect Decimal: base64 of the unscaled value, big-endian two's complement."""
+def decode_decimal(value: str, precision: int, scale: int) -> str:
+    """Kafka Connect Decimal: base64 of the unscaled value, big-endian two's complement (SQL text)."""
     if precision > 18:
-        return _decimal_udf(precision, scale)(value)
-    hexed = F.hex(F.unbase64(value))
-    negative = F.conv(F.substring(hexed, 1, 2), 16, 10).cast("int") >= 128
+        return f"try_cast(cdc_connect_decimal({value}, {scale}) AS DECIMAL({precision},{scale}))"
+    hexed = f"hex(unbase64({value}))"
+    negative = f"CAST(conv(substring({hexed}, 1, 2), 16, 10) AS INT) >= 128"
     # sign-extend to 8 bytes, then conv with a negative base reads it as signed 64-bit
-    unscaled = F.conv(F.lpad(hexed, 16, F.when(negative, "F").otherwise("0")), 16, -10).cast("decimal(19,0)")
+    unscaled = f"CAST(conv(lpad({hexed}, 16, CASE WHEN {negative} THEN 'F' ELSE '0' END), 16, -10) AS DECIMAL(19,0))"
     # dividing two DECIMAL(19,0) keeps scale 19 here, so this is exact for scale <= 18
-    return (unscaled / F.lit(10**scale).cast("decimal(19,0)")).try_cast(f"decimal({precision},{scale})")
+    return f"try_cast({unscaled} / CAST({10**scale} AS DECIMAL(19,0)) AS DECIMAL({precision},{scale}))"
 
 
-def time_of_day(value: Column, units_per_second: int, digits: int) -> Column:
-    """Units since midnight -> 'HH:MM:SS.fraction' (null when outside one day)."""
-    seconds, fraction = F.floor(value / units_per_second), value % units_per_second
-    hms = [F.lpad(part.cast("string"), 2, "0") for part in (F.floor(seconds / 3600), F.floor(seconds % 3600 / 60), seconds % 60)]
-    text = F.concat(hms[0], F.lit(":"), hms[1], F.lit(":"), hms[2], F.lit("."), F.lpad(fraction.cast("string"), digits, "0"))
-    return F.when((value >= 0) & (value <= 86_400 * units_per_second), text)
+def time_of_day(value: str, units_per_second: int, digits: int) -> str:
+    """Units since midnight -> 'HH:MM:SS.fraction' (null when outside one day), as SQL text."""
+    seconds, fraction = f"floor(({value}) / {units_per_second})", f"(({value}) % {units_per_second})"
+    hms = [f"lpad(CAST({part} AS STRING), 2, '0')"
+           for part in (f"floor({seconds} / 3600)", f"floor(({seconds} % 3600) / 60)", f"({seconds} % 60)")]
+    text = f"concat({hms[0]}, ':', {hms[1]}, ':', {hms[2]}, '.', lpad(CAST({fraction} AS STRING), {digits}, '0'))"
+    return f"CASE WHEN ({value}) >= 0 AND ({value}) <= {86_400 * units_per_second} THEN {text} END"
 
 
-def _exact_cast(text: Column, target: str) -> Column:
-    """A JSON value's text to an overridden type; null (a decode problem) when it would lose digits."""
-    cast = text.try_cast(target)
+def _exact_cast(text: str, target: str) -> str:
+    """A JSON value's text to an overridden type; null (a decode problem) when it would lose digits. SQL text."""
+    cast = f"try_cast({text} AS {target})"
     if target.startswith("decimal") or target in ("tinyint", "smallint", "int", "bigint"):
-        exact = text.try_cast("decimal(38,18)")
-        return F.when(cast.try_cast("decimal(38,18)") == exact, cast)
+        return f"CASE WHEN try_cast({cast} AS DECIMAL(38,18)) = try_cast({text} AS DECIMAL(38,18)) THEN {cast} END"
     return cast
 
 
@@ -158,24 +164,24 @@ def _connect_decimal(text: str, scale: int) -> Decimal:
     return Decimal(int.from_bytes(base64.b64decode(text), "big", signed=True)).scaleb(-scale)
 
 
-def _variable_decimal(unscaled_b64: Column, scale: Column) -> Column:
-    """Debezium VariableScaleDecimal: {scale, value: base64 unscaled}; each value has its own scale."""
-
-    def decode(text: str | None, scale: int | None) -> Decimal | None:
-        if text is None or scale is None:
-            return None
-        value = _connect_decimal(text, scale)
-        # only values the column type holds exactly; the rest become decode problems (quarantined)
-        return value if value == value.quantize(Decimal(1).scaleb(-18)) and abs(value) < Decimal(10) ** 20 else None
-
-    return F.udf(decode, T.DecimalType(38, 18))(unscaled_b64, scale)
+def _connect_decimal_text(text: str | None, scale: int | None) -> str | None:
+    """cdc_connect_decimal: a Connect Decimal of more than 18 digits as its exact text, which SQL casts to its type."""
+    return None if text is None or scale is None else format(_connect_decimal(text, scale), "f")
 
 
-def _decimal_udf(precision: int, scale: int) -> Callable[[Column], Column]:
-    def decode(text: str | None) -> Decimal | None:
-        return None if text is None else _connect_decimal(text, scale)
+def _variable_decimal_text(text: str | None, scale: int | None) -> str | None:
+    """cdc_variable_decimal: Debezium's VariableScaleDecimal ({scale, value: base64 unscaled}; each value has its own
+    scale) as exact text, when DECIMAL(38,18) holds it exactly; the rest become decode problems (quarantined)."""
+    if text is None or scale is None:
+        return None
+    value = _connect_decimal(text, scale)
+    return format(value, "f") if value == value.quantize(Decimal(1).scaleb(-18)) and abs(value) < Decimal(10) ** 20 else None
 
-    return F.udf(decode, T.DecimalType(precision, scale))
+
+def register_decoders(spark: SparkSession) -> None:
+    """The decoders written in Python, by the names the fields' SQL text calls them (`ImageField.in_python`)."""
+    for name, decode in (("cdc_connect_decimal", _connect_decimal_text), ("cdc_variable_decimal", _variable_decimal_text)):
+        spark.udf.register(name, decode, T.StringType())
 
 
 def fields_from_envelope(schema_json: str) -> list[ImageField]:
@@ -351,19 +357,29 @@ def merge_fields(field_lists: list[list[ImageField]]) -> list[ImageField]:
     return list(merged.values())
 
 
-def parsed_image(image: Column, fields: list[ImageField]) -> Column:
-    """The image's JSON parsed to its fields' physical types (what `decoded_fields` reads)."""
-    return F.from_json(image, ", ".join(f"`{f.name}` {f.parse_type}" for f in fields), JSON_OPTIONS)
+def parsed_image(image: str, fields: list[ImageField]) -> str:
+    """The image's JSON (SQL text) parsed to its fields' physical types (what `decoded_fields` reads), as SQL text."""
+    ddl = ", ".join(f"{ident(f.name)} {f.parse_type}" for f in fields)
+    options = ", ".join(f"{literal(k)}, {literal(v)}" for k, v in JSON_OPTIONS.items())
+    return f"from_json({image}, {literal(ddl)}, map({options}))"
 
 
-def image_text(image: Column) -> Column:
-    """The image's fields as their JSON text (what `decode_problems` reads: was a value there at all?)."""
-    return F.from_json(image, "map<string,string>")
+def image_text(image: str) -> str:
+    """The image's fields as their JSON text (what `decode_problems` reads: was a value there at all?), as SQL text."""
+    return f"from_json({image}, 'map<string,string>')"
 
 
-def decoded_fields(parsed: Column, fields: list[ImageField]) -> dict[str, Column]:
-    """Each field of a `parsed_image` decoded to its Spark type; null where the value does not fit it."""
-    return {f.name: f.decode(parsed[f.name]).try_cast(f.spark_type) for f in fields}
+def decoded_fields(parsed: str, fields: list[ImageField]) -> dict[str, str]:
+    """Each field of a `parsed_image` (SQL text) decoded to its Spark type, as SQL text; null where the value does not
+    fit it."""
+    return {f.name: f"try_cast({f.decode(f'({parsed}).{ident(f.name)}')} AS {type_sql(f.spark_type)})" for f in fields}
+
+
+@cache
+def type_sql(ddl: str) -> str:
+    """A type's DDL as SQL text, parsed by Spark first (a Parquet file's envelope names its columns' types): text that
+    is not one type fails here, never reaching a query's text."""
+    return sql_type(T.DataType.fromDDL(ddl))
 
 
 def decode_problems(text: str, decoded: str, fields: list[ImageField], variant: str | None = None) -> str:
@@ -387,17 +403,18 @@ def field_kind(image: str, name: str) -> str:
     return json_kind(f"try_variant_get({image}, {literal(path)}, 'variant')") if path else "'VOID'"
 
 
-def parse_image(df: DataFrame, image: Column, fields: list[ImageField], alias: str) -> DataFrame:
-    """Adds struct column `alias` with every field decoded to its Spark type, and `_decode_problems`
-    naming the fields whose value is present but does not fit the declared type ('' when none)."""
+def parse_image(df: DataFrame, image: str, fields: list[ImageField], alias: str) -> DataFrame:
+    """Adds struct column `alias` with every field of the image (SQL text) decoded to its Spark type, and
+    `_decode_problems` naming the fields whose value is present but does not fit the declared type ('' when none)."""
+    if any(f.in_python for f in fields):
+        register_decoders(df.sparkSession)
     # the image is parsed once into a column each way and the fields read from those columns: as Column objects
     # the parses were copied into every field's expression, two per field (a check inside a CASE is not shared)
-    decoded = decoded_fields(F.col("_image_parsed"), fields)
     mixed = any(f.kinds for f in fields)  # their values' JSON types are read from the image as VARIANT, once
-    return (df.withColumn("_image_parsed", parsed_image(image, fields))
-            .withColumn("_image_text", image_text(image))
-            .withColumns({"_image_variant": F.try_parse_json(image)} if mixed else {})
-            .withColumn(alias, F.struct(*[c.alias(n) for n, c in decoded.items()]))
+    return (df.withColumn("_image_parsed", sql(parsed_image(image, fields)))
+            .withColumn("_image_text", sql(image_text(image)))
+            .withColumns({"_image_variant": sql(f"try_parse_json({image})")} if mixed else {})
+            .withColumn(alias, sql(named_struct(decoded_fields("_image_parsed", fields))))
             .withColumn("_decode_problems", sql(decode_problems("_image_text", ident(alias), fields,
                                                                 "_image_variant" if mixed else None)))
             .drop("_image_parsed", "_image_text", "_image_variant"))

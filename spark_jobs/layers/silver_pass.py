@@ -28,7 +28,7 @@ from spark_jobs.layers.common import ONE_TASK_BYTES, ONE_TASK_ROWS, QUARANTINED_
 from spark_jobs.quality.audit import Tally, tally_by
 from spark_jobs.quality.expectations import flagged
 from spark_jobs.registry import TableConfig
-from spark_jobs.sql_text import ident, literal, per_table, sql, sql_type
+from spark_jobs.sql_text import ident, literal, named_struct, per_table, sql, sql_type
 
 
 @dataclass(frozen=True)
@@ -75,23 +75,23 @@ def _parsed(ddl: str) -> T.DataType:
 
 @dataclass(frozen=True)
 class Branch:
-    """One table's typing, as columns over the shared scan's events, in three steps. Each step reads what the one
+    """One table's typing, as SQL text over the shared scan's events, in three steps. Each step reads what the one
     before it made, as VARIANT, by a cast: a step's columns never copy the whole decoding into themselves, which
     made a CASE over 100 tables too big to compile (and a plan of minutes)."""
 
-    decoded: Column  # 1. the image decoded to its fields' types, as VARIANT
-    decode_problems: Column  # 2. (from `_decoded`, `_text`) the fields present that did not decode
-    row: Column  # 2. the decoded row aligned to silver's columns, as VARIANT
-    type_problems: Column  # 2. the fields whose values silver's columns cannot hold
-    key: Column  # 3. (from `_row`) the typed key as JSON text, one per key value whatever its encoding; null if a part is
-    reason: Column  # 3. why the event is quarantined, else null
+    decoded: str  # 1. the image decoded to its fields' types, as VARIANT
+    decode_problems: str  # 2. (from `_decoded`, `_text`) the fields present that did not decode
+    row: str  # 2. the decoded row aligned to silver's columns, as VARIANT
+    type_problems: str  # 2. the fields whose values silver's columns cannot hold
+    key: str  # 3. (from `_row`) the typed key as JSON text, one per key value whatever its encoding; null if a part is
+    reason: str  # 3. why the event is quarantined, else null
 
 
 @cache
 def branch(typing: TableTyping) -> Branch:
-    """The table's typing as `types.parse_image`, `types.align` and `silver_plan.typed_changes` do it, in columns."""
+    """The table's typing as `types.parse_image`, `types.align` and `silver_plan.typed_changes` do it."""
     table, fields = typing.table, list(typing.fields)
-    decoded_fields = types.decoded_fields(types.parsed_image(envelope.key_image(), fields), fields)
+    decoded_fields = types.decoded_fields(types.parsed_image(envelope.KEY_IMAGE, fields), fields)
     decoded = f"CAST(_decoded AS {sql_type(typing.decoded_type)})"
     decode_problems = types.decode_problems("_text", decoded, fields,
                                             "_variant" if any(f.kinds for f in fields) else None)
@@ -102,21 +102,15 @@ def branch(typing: TableTyping) -> Branch:
     missing = silver_plan.missing_key_parts(table.keys, typed)
     parts = ", ".join(f"{literal(k)}, ({typed}).{ident(k)}" for k in table.keys)
     key = f"CASE WHEN {missing} = '' THEN to_json(named_struct({parts})) END"
-    return Branch(F.to_variant_object(F.struct(*[c.alias(n) for n, c in decoded_fields.items()])), sql(decode_problems),
-                  sql(f"to_variant_object({row})"), sql(type_problems), sql(key),
-                  sql(silver_plan.quarantine_reason(table, missing)))
+    return Branch(f"to_variant_object({named_struct(decoded_fields)})", decode_problems, f"to_variant_object({row})",
+                  type_problems, key, silver_plan.quarantine_reason(table, missing))
 
 
 @lru_cache(maxsize=1024)
 def _branches_case(part: str, typings: tuple[TableTyping, ...]) -> Column:
-    """One part of each table's Branch, in one CASE over the tables; kept, as the branches are, for the next pass over
-    the same tables."""
-    return _case({t.table.name: getattr(branch(t), part) for t in typings})
-
-
-@cache
-def _image_text() -> Column:
-    return types.image_text(envelope.key_image())
+    """One part of each table's Branch, in one CASE over the tables (tables whose part reads the same share a
+    branch); kept, as the branches are, for the next pass over the same tables."""
+    return sql(per_table({t.table.name: getattr(branch(t), part) for t in typings}, lambda text: text))
 
 
 def typed_events(events: DataFrame, typings: list[TableTyping]) -> DataFrame:
@@ -130,7 +124,8 @@ def typed_events(events: DataFrame, typings: list[TableTyping]) -> DataFrame:
     # mixed fields' values are checked by their JSON type (types.decode_problems): the image as VARIANT, when any has
     mixed = {"_variant": sql(f"try_parse_json({envelope.KEY_IMAGE})")} if any(
         f.kinds for t in typings for f in t.fields) else {}
-    decoded = checkpoint(events.withColumns({"_decoded": case("decoded"), "_text": _image_text(), **mixed}), True)
+    decoded = checkpoint(events.withColumns({"_decoded": case("decoded"), "_text": sql(types.image_text(envelope.KEY_IMAGE)),
+                                            **mixed}), True)
     aligned = checkpoint(decoded.withColumns({"_decode_problems": case("decode_problems"), "_row": case("row"),
                                               "_type_problems": case("type_problems")}).drop(
         "_decoded", "_text", *mixed), True)
@@ -206,14 +201,6 @@ def overviews(events: DataFrame, tables: list[TableConfig]) -> dict[str, Overvie
         f"count(CASE WHEN {plain} AND {bson} THEN 1 END) AS _documents")]).collect()
     return {r["_table"]: Overview({k: v for k, v in r.asDict().items() if not k.startswith("_")},
                                   tuple(sorted(r["_schemas"])), r["_inferred"], r["_documents"]) for r in rows}
-
-
-def _case(values: dict[str, Column]) -> Column:
-    """`values[_table]`: one CASE over the tables of the pass (a pass of one needs none)."""
-    if len(values) == 1:
-        return next(iter(values.values()))
-    whens = [(sql(f"_table = {literal(name)}"), value) for name, value in values.items()]
-    return reduce(lambda acc, w: acc.when(*w), whens[1:], F.when(*whens[0]))
 
 
 def newest_per_key(typed: DataFrame, truncated_at: dict[str, str | None]) -> DataFrame:

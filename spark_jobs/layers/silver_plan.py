@@ -258,7 +258,7 @@ def typed_changes(spark: SparkSession, table: TableConfig, changes: DataFrame, t
     for field_name, absent in absent_row_columns(table, names):
         raise ConfigError(f"table {table.name!r}: field {field_name!r} names {', '.join(absent)}, not a column of "
                           f"the change events ({', '.join(sorted(names))})")
-    typed = types.parse_image(changes, envelope.key_image(), fields, "_row")
+    typed = types.parse_image(changes, envelope.KEY_IMAGE, fields, "_row")
     typed = types.align(typed, "_row", target)
     for k in table.keys:
         typed = typed.withColumn(k, F.col("_row")[k])

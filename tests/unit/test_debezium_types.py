@@ -10,6 +10,7 @@ from pyspark.sql import types as T
 
 from spark_jobs.debezium import types
 from spark_jobs.generate import Column
+from spark_jobs.sql_text import sql
 
 
 def b64(unscaled: int) -> str:
@@ -20,7 +21,7 @@ def b64(unscaled: int) -> str:
 def test_connect_decimal_decodes_sign_and_scale_exactly(spark):
     values = [12345, -12345, 0, -1, 127, 128, -128, 10**18 - 1, -(10**18) + 1]
     df = spark.createDataFrame([(b64(v),) for v in values], "v STRING")
-    got = [r[0] for r in df.select(types.decode_decimal(F.col("v"), 18, 2)).collect()]
+    got = [r[0] for r in df.select(sql(types.decode_decimal("v", 18, 2))).collect()]
     assert got == [Decimal(v).scaleb(-2) for v in values]
 
 
@@ -29,14 +30,15 @@ def test_values_that_do_not_fit_their_type_are_named_not_cast(spark):
     df = spark.createDataFrame([(f'{{"n": 5, "p": "{b64(999)}"}}',), (f'{{"n": "five", "p": "{b64(10**6)}"}}',),
                                 ('{"n": null}',)], "img STRING")
     got = [(r["r"]["n"], r["r"]["p"], r["_decode_problems"])
-           for r in types.parse_image(df, F.col("img"), fields, "r").collect()]
+           for r in types.parse_image(df, "img", fields, "r").collect()]
     assert got == [(5, Decimal("9.99"), ""), (None, None, "n (not int), p (not decimal(4,2))"), (None, None, "")]
 
 
 def test_wide_decimals_decode_through_the_exact_fallback(spark):
     values = [10**30 + 7, -(10**30) - 7]
     df = spark.createDataFrame([(b64(v),) for v in values], "v STRING")
-    got = [r[0] for r in df.select(types.decode_decimal(F.col("v"), 38, 4)).collect()]
+    types.register_decoders(spark)
+    got = [r[0] for r in df.select(sql(types.decode_decimal("v", 38, 4))).collect()]
     assert got == [Decimal(v).scaleb(-4) for v in values]
 
 
@@ -59,7 +61,7 @@ def test_envelope_fields_decode_debezium_logical_types(spark):
              "ms": 1709214301250, "ns": 1709214301250001999, "zoned": "2024-02-29T13:45:01.250001Z",
              "price": b64(-1999), "rating": "PG"}
     df = spark.createDataFrame([(json.dumps(image),)], "img STRING")
-    row = types.parse_image(df, F.col("img"), fields, "r").select("r.*").first().asDict()
+    row = types.parse_image(df, "img", fields, "r").select("r.*").first().asDict()
     assert row == {"id": 7, "day": dt.date(2024, 2, 29), "at": stamp, "ms": dt.datetime(2024, 2, 29, 13, 45, 1, 250000),
                    "ns": stamp, "zoned": stamp, "price": Decimal("-19.99"), "rating": "PG"}
 
@@ -89,7 +91,7 @@ def test_mongodb_extended_json_is_typed_by_its_wrappers_in_every_mode(spark):
     assert [(f.name, f.spark_type) for f in fields] == [
         ("_id", "STRING"), ("bin", "STRING"), ("d", "TIMESTAMP"), ("doc", "STRING"), ("i", "BIGINT"), ("m", "DECIMAL(38,18)"),
         ("n", "BIGINT"), ("s", "STRING"), ("x", "DOUBLE")]
-    rows = types.parse_image(df, F.col("img"), fields, "r").select("r.*", "_decode_problems").collect()
+    rows = types.parse_image(df, "img", fields, "r").select("r.*", "_decode_problems").collect()
     assert [r.asDict() for r in rows] == [
         {"_id": "65a1f0c2e4b0a1b2c3d4e5f1", "bin": '{"$binary":{"base64":"AQI=","subType":"00"}}',
          "d": dt.datetime(1969, 12, 31, 23, 59, 59), "doc": '{"a":1}', "i": 7, "m": Decimal("1.5"), "n": 9007199254740993,
@@ -134,7 +136,7 @@ def test_variable_scale_decimal_time_of_day_and_text_types_decode(spark):
         {"amount": vsd(1, 19), "t_ms": 0, "t_us": 86_399_999_999, "t_ns": None, "doc": None, "mood": None, "tz_time": None},
     ]
     df = spark.createDataFrame([(i, json.dumps(img)) for i, img in enumerate(images)], "i INT, img STRING")
-    got = types.parse_image(df, F.col("img"), fields, "r").orderBy("i").select("r.*", "_decode_problems").collect()
+    got = types.parse_image(df, "img", fields, "r").orderBy("i").select("r.*", "_decode_problems").collect()
     assert got[0].asDict() == {"amount": Decimal("-12.345"), "t_ms": "13:45:01.250", "t_us": "13:45:01.250001",
                                "t_ns": "13:45:01.250001999", "doc": '{"a": [1, 2]}', "mood": "happy",
                                "tz_time": "13:45:01.25Z", "_decode_problems": ""}
@@ -150,7 +152,7 @@ def test_column_overrides_type_plain_json_exactly(spark):
     assert [(f.name, f.spark_type) for f in fields] == [("born", "date"), ("n", "int"), ("price", "decimal(6,2)")]
     df = spark.createDataFrame([(0, '{"price": 12.25, "born": "2001-02-03", "n": 3}'),
                                 (1, '{"price": 12.255, "born": "not a date", "n": 3.5}')], "i INT, img STRING")
-    got = types.parse_image(df, F.col("img"), fields, "r").orderBy("i").select("r.*", "_decode_problems").collect()
+    got = types.parse_image(df, "img", fields, "r").orderBy("i").select("r.*", "_decode_problems").collect()
     assert got[0].asDict() == {"born": dt.date(2001, 2, 3), "n": 3, "price": Decimal("12.25"), "_decode_problems": ""}
     assert got[1]["_decode_problems"] == "born (not date), n (not int), price (not decimal(6,2))"
 
@@ -161,7 +163,7 @@ def test_typed_files_keep_their_column_types_through_json(spark):
     fields = types.fields_from_envelope(types.envelope_from_spark(df.schema))
     assert [f.spark_type for f in fields] == ["BIGINT", "DECIMAL(10,2)", "DATE", "TIMESTAMP"]
     text = df.select(F.to_json(F.struct(*df.columns), types.JSON_OPTIONS).alias("img"))
-    row = types.parse_image(text, F.col("img"), fields, "r").select("r.*").first()
+    row = types.parse_image(text, "img", fields, "r").select("r.*").first()
     assert tuple(row) == tuple(df.first())
 
 
@@ -170,5 +172,5 @@ def test_an_image_is_parsed_twice_whatever_its_columns(spark):
     column (a parse passed on as a Column object runs again in every expression that holds it)."""
     fields = [types.ImageField(name=f"c{i}", parse_type="BIGINT") for i in range(6)]
     df = spark.createDataFrame([('{"c0": 1}',)], "img STRING")
-    plan = types.parse_image(df, F.col("img"), fields, "r")._jdf.queryExecution().optimizedPlan().toString()
+    plan = types.parse_image(df, "img", fields, "r")._jdf.queryExecution().optimizedPlan().toString()
     assert plan.count("from_json") == 2
