@@ -26,6 +26,10 @@ SESSION_CONF = {
     "spark.sql.sources.partitionColumnTypeInference.enabled": "false",
     # Parquet written for delta-rs (the engine's scratch files) keeps microsecond timestamps, as Delta does
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    # a read of more paths than this lists them in a Spark job of its own. A whole database's pass reads a file or
+    # a few of each table's (landing lines, bronze's new files): at Spark's default, 32, reading 100 small files took
+    # 0.6-2.4 s, listed on the driver 0.08 s (tests/benchmarks/RESULTS.md, workload D)
+    "spark.sql.sources.parallelPartitionDiscovery.threshold": "1024",
 }
 
 
