@@ -47,6 +47,7 @@ from spark_jobs.service_client import JobRequest, JobStatus, ServiceConnection
 from spark_jobs.service_credentials import write_private
 from spark_jobs.service_http import HttpServer, Listener, listener
 from spark_jobs.settings import Settings, job_environment, resolve, resolve_uri, settings
+from spark_jobs.stopwatch import Spent, counting
 
 log = logger(__name__)
 
@@ -65,6 +66,7 @@ class _Job:
     started: float | None = None
     finished: float | None = None
     spark_jobs: int | None = None
+    gx_seconds: float | None = None
     chunks: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -78,7 +80,7 @@ class _Job:
             self.chunks = [text]
         seconds = None if self.started is None else round((self.finished or time.time()) - self.started, 3)
         return JobStatus(self.id, self.state, self.exit_code, self.cause, text[offset:], len(text), seconds,
-                         self.spark_jobs)
+                         self.spark_jobs, self.gx_seconds)
 
 
 _current_job: contextvars.ContextVar[_Job | None] = contextvars.ContextVar("cdc_current_job", default=None)
@@ -227,8 +229,9 @@ class PipelineService:
             spark.setJobGroup(job.id, job.request.key or job.argv[0])
             counted = _SparkJobIds(spark.statusTracker(), job.id)
         variables = {Settings.variable(name): value for name, value in job.request.settings}
+        gx = Spent()
         try:
-            with job_environment({**variables, Settings.variable("failure_file"): str(failure)}):
+            with job_environment({**variables, Settings.variable("failure_file"): str(failure)}), counting() as gx:
                 code = self.run_job(job.argv)
         except SystemExit as exc:  # argparse refusing the arguments, as a process would exit
             code = exc.code if isinstance(exc.code, int) else 2
@@ -237,6 +240,7 @@ class PipelineService:
             code = 1
         finally:
             _current_job.reset(token)
+        job.gx_seconds = round(gx.seconds, 3)
         if counted is not None:
             try:
                 job.spark_jobs = counted.finish()

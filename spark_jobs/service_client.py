@@ -37,6 +37,7 @@ class JobStatus:
     offset: int = 0
     seconds: float | None = None
     spark_jobs: int | None = None  # the Spark jobs the job ran (its job group's), once it ended
+    gx_seconds: float | None = None  # its time in Great Expectations' validations and Data Docs, once it ended
 
     @property
     def done(self) -> bool:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spark_jobs.lake import Lake
+from spark_jobs.stopwatch import in_gx
 
 MAX_PROJECTS = 1024  # a whole database's tables: a smaller cache would make each of them anew every cycle
 LAKE_BACKEND = {"class_name": "LakeStoreBackend", "module_name": "spark_jobs.quality.gx_store"}
@@ -113,12 +114,18 @@ class Project:
         )
 
         run = {"batch_parameters": {"dataframe": df}, "run_id": run_id, "expectation_parameters": parameters}
-        try:
-            outcome = self.checkpoint(frame).run(**run)
-        except (ResourceFreshnessAggregateError, ResourceFreshnessError):  # GX checks them before it validates
-            del self.checkpoints[frame.bound]
-            outcome = self.checkpoint(frame).run(**run)
+        with in_gx():
+            try:
+                outcome = self.checkpoint(frame).run(**run)
+            except (ResourceFreshnessAggregateError, ResourceFreshnessError):  # GX checks them before it validates
+                del self.checkpoints[frame.bound]
+                outcome = self.checkpoint(frame).run(**run)
         return next(iter(outcome.run_results.items()))
+
+    def build_docs(self, validated: list[Any]) -> None:
+        """The Data Docs pages of the `validated` results, and the site's index."""
+        with in_gx():
+            self.context.build_data_docs(site_names=["reports"], resource_identifiers=validated)
 
     def _source(self, where: str) -> Any:
         """The data source, added once: adding it again would replace it, and the assets the checkpoints made

@@ -99,6 +99,7 @@ def test_jobs_run_as_the_cli_would_each_with_its_own_log(deployment):
     for table, status in done.items():
         assert (status.state, status.exit_code, status.cause) == ("succeeded", 0, None), status.log
         assert status.spark_jobs and status.spark_jobs > 0  # counted in the job's own Spark job group
+        assert status.gx_seconds and 0 < status.gx_seconds < (status.seconds or 0)  # its gates' validations and docs
         other = next(t for t in generated if t != table)
         assert summary_line(status.log, "bronze", table)["gate"] == summary_line(status.log, "silver", table)["gate"] == "passed"
         assert f" {other} " not in status.log
@@ -155,7 +156,7 @@ def test_a_jobs_spark_jobs_are_all_counted_though_spark_keeps_only_its_last_ones
 def test_failures_keep_the_processs_exit_codes_and_cause(deployment):
     service, _ = deployment
     unknown = wait(service, submit(service, run("--tables", "nope")))
-    assert (unknown.state, unknown.exit_code, unknown.spark_jobs) == ("failed", 2, 0)  # refused before any Spark
+    assert (unknown.state, unknown.exit_code, unknown.spark_jobs, unknown.gx_seconds) == ("failed", 2, 0, 0.0)  # refused first
     assert unknown.cause is not None and unknown.cause.startswith("config error: unknown table(s) nope; known: ")
     with pytest.raises(ValueError, match="the service runs run and maintain, not 'generate'"):
         JobRequest(command="generate").check()

@@ -60,13 +60,14 @@ def land(source: Path, landing: Path, files: list[str]) -> list[str]:
     return landed
 
 
-def cycle(bench: Bench, config: Path, landing: Path, lake: Path) -> tuple[float, int]:
-    """One `run` of bronze and silver over every table on the warm service: (seconds, Spark jobs)."""
+def cycle(bench: Bench, config: Path, landing: Path, lake: Path) -> tuple[float, int, float]:
+    """One `run` of bronze and silver over every table on the warm service: (seconds, Spark jobs, seconds in Great
+    Expectations)."""
     assert bench.services is not None
     seconds, status = service_job(bench.services(landing, lake, config),
                                   ["run", "--config", str(config), "--landing", str(landing), "--lake", str(lake),
                                    "--layers", "bronze,silver"], bench.engine)
-    return seconds, status.spark_jobs or 0
+    return seconds, status.spark_jobs or 0, status.gx_seconds or 0.0
 
 
 def floor_seconds(bench: Bench, step: str, source: Path, floor_lake: Path, tables: list[tuple[Any, Any]],
@@ -115,18 +116,18 @@ def database(bench: Bench) -> None:
     config = registry(work / "tables-d.yaml", TABLES)
     tables = generate(source, TABLES)
     land(source, landing, [f for _, g in tables for f in g.batches[0]])
-    load_s, load_jobs = cycle(bench, config, landing, lake)
+    load_s, load_jobs, load_gx = cycle(bench, config, landing, lake)
     warm_load = floor_seconds(bench, "load", source, floor_lake, tables, 0, lake)
     check_all(lake, floor_lake, tables, snapshot=True)
     figures = [Figure("D", f"initial load of {TABLES} tables x {ROWS} rows (one run), on the pipeline service",
                       load_s, target="<= 6x warm floor", warm_floor=warm_load)]
     land(source, landing, [f for _, g in tables for f in g.batches[1]])
-    change_s, change_jobs = cycle(bench, config, landing, lake)
+    change_s, change_jobs, change_gx = cycle(bench, config, landing, lake)
     warm_apply = floor_seconds(bench, "apply", source, floor_lake, tables, 1, lake)
     check_all(lake, floor_lake, tables, snapshot=False)
     figures.append(Figure("D", f"cycle with {EVENTS} events landed for each of {TABLES} tables, on the pipeline service",
                           change_s, target="<= 4x warm floor", warm_floor=warm_apply))
-    idle_s, idle_jobs = cycle(bench, config, landing, lake)
+    idle_s, idle_jobs, _ = cycle(bench, config, landing, lake)
     check_all(lake, floor_lake, tables, snapshot=False)
     figures.append(Figure("D", f"cycle with nothing landed for {TABLES} tables, on the pipeline service", idle_s,
                           target="<= 3 s"))
@@ -134,6 +135,10 @@ def database(bench: Bench) -> None:
         figures.append(Figure("D", f"Spark jobs of the {what}, {TABLES} tables", jobs,
                               note="a count of Spark jobs, not seconds (the service reads them while the job runs: "
                                    "Spark's status tracker keeps only its last 1000)"))
+    for what, gx, total in (("initial load", load_gx, load_s), ("change cycle", change_gx, change_s)):
+        figures.append(Figure("D", f"Great Expectations' share of the {what}, {TABLES} tables", 100 * gx / total,
+                              target="<= 10 %", note="a share in percent, not seconds (its validations and Data Docs "
+                                                   "builds, as the service times them in the job)"))
     parse = Figure("D", f"DAG files parsed with {PARSE_TABLES} tables registered (Airflow DagBag)",
                    dag_parse_seconds(registry(work / "tables-d-parse.yaml", PARSE_TABLES), landing, lake),
                    target="<= 5 s")

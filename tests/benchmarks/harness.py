@@ -101,7 +101,7 @@ class Bench:
         warm = f"  warm floor {figure.warm_floor:7.3f}s  ratio {figure.warm_ratio:6.1f}" if figure.warm_ratio else ""
         warm += f"  Spark floor {figure.spark_floor:7.3f}s  ratio {figure.spark_ratio:5.1f}" if figure.spark_ratio else ""
         verdict = "" if figure.met is None else f"  target {figure.target}: {'met' if figure.met else 'MISSED'}"
-        unit = "" if "count" in figure.note else "s"
+        unit = "%" if "percent" in figure.note else "" if "count" in figure.note else "s"
         print(f"{figure.workload} {figure.name:<44} project {figure.project:8.2f}{unit}{floor}{ratio}{warm}{verdict}", flush=True)
 
 

@@ -10,11 +10,13 @@ from typing import Any
 
 
 def _seconds(value: float | None, note: str) -> str:
-    """Seconds, or what the figure's note says it is: a ratio, or a count."""
+    """Seconds, or what the figure's note says it is: a ratio, a count or a share in percent."""
     if value is None:
         return ""
     if not note:
         return f"{value:.2f} s"
+    if "percent" in note:
+        return f"{value:.1f} %"
     return f"{value:.0f}" if "count" in note else f"{value:.2f}x"
 
 

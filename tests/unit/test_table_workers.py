@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from spark_jobs.steps import each_table
+from spark_jobs.stopwatch import counting, in_gx
 
 JOB = contextvars.ContextVar("job", default=None)
 
@@ -30,6 +31,22 @@ def test_each_table_runs_in_worker_threads_with_the_callers_context_and_job_grou
     finally:
         spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
     assert seen == {n: ("job-1", "group-1", True) for n in "abcd"}
+
+
+def test_a_jobs_time_in_great_expectations_sums_its_worker_threads_and_no_other_jobs(spark):
+    """stopwatch: time inside `in_gx` on the threads a job runs its tables in adds to that job's count; a job
+    counting beside it (the service runs two at once) and code outside any job count nothing of it."""
+    def work(table):
+        with in_gx():
+            time.sleep(0.1)
+
+    with in_gx():  # no job counting: nowhere to add it
+        time.sleep(0.05)
+    with counting() as spent:
+        with counting() as other:
+            pass
+        each_table(spark, [SimpleNamespace(name=n) for n in "abcd"], work, 2)
+    assert 0.4 <= spent.seconds < 1.0 and other.seconds == 0.0
 
 
 def test_the_first_failure_stops_the_tables_not_started_and_is_raised_once_the_running_ones_end(spark):
