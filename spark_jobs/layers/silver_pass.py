@@ -4,8 +4,8 @@ collect, split by table on the driver (layers/silver_arrow.py finishes each tabl
 costs a small table most of its silver step (tests/benchmarks/RESULTS.md, workload D).
 
 Each table's typing is one branch of a CASE over `_table`, its typed row carried as a VARIANT so that every table's
-rows share one column. A branch is built once per table shape and kept: building its columns over py4j costs more
-than Spark's analysis of the whole plan (about 65 ms a table against 5 ms)."""
+rows share one column. The branches are SQL text, and the CASE of a pass's tables is parsed once and kept: built
+through pyspark's Column API, a table's first typing cost about 250 py4j round trips (tests/benchmarks/RESULTS.md)."""
 
 from __future__ import annotations
 
