@@ -376,10 +376,15 @@ def decoded_fields(parsed: str, fields: list[ImageField]) -> dict[str, str]:
 
 
 @cache
+def parsed_type(ddl: str) -> T.DataType:
+    """A Spark type from its DDL (parsed by the JVM, one call over py4j: a few types recur in every table)."""
+    return T.DataType.fromDDL(ddl)
+
+
 def type_sql(ddl: str) -> str:
     """A type's DDL as SQL text, parsed by Spark first (a Parquet file's envelope names its columns' types): text that
     is not one type fails here, never reaching a query's text."""
-    return sql_type(T.DataType.fromDDL(ddl))
+    return sql_type(parsed_type(ddl))
 
 
 def decode_problems(text: str, decoded: str, fields: list[ImageField], variant: str | None = None) -> str:
@@ -438,17 +443,17 @@ def aligned_row(row: str, row_type: T.StructType, target: T.StructType) -> tuple
     """`align` as SQL text: the row (SQL text, of `row_type`) with its fields cast to the target's types, and the
     fields whose values would not fit ('' when all fit). A cast loses nothing when its value casts back equal."""
     existing = {f.name: f.dataType for f in target.fields}
-    parts, problems = [], {}
+    parts, problems = {}, {}
     for f in row_type.fields:
         value = f"({row}).{ident(f.name)}"
         target_type = existing.get(f.name)
         if target_type is None or target_type == f.dataType:
-            parts.append(f"{literal(f.name)}, {value}")
+            parts[f.name] = value
             continue
         cast = f"try_cast({value} AS {sql_type(target_type)})"
         lost = f"{value} IS NOT NULL AND ({cast} IS NULL OR try_cast({cast} AS {sql_type(f.dataType)}) <> {value})"
         if isinstance(target_type, T.StringType) and isinstance(f.dataType, (T.NumericType, T.BooleanType)):
             lost = f"{value} IS NOT NULL"  # a number or a boolean is never kept as its text (unless `columns:` says text)
-        parts.append(f"{literal(f.name)}, {cast}")
+        parts[f.name] = cast
         problems[f"{f.name} ({f.dataType.simpleString()} -> {target_type.simpleString()})"] = lost
-    return f"named_struct({', '.join(parts)})", labels_where(problems)
+    return named_struct(parts), labels_where(problems)

@@ -7,7 +7,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from spark_jobs.sql_text import ident, sql
+from spark_jobs.sql_text import ident, named_struct, sql
 
 # What an event says (op and both images): two events at one position with different content tie
 EVENT_CONTENT = "concat_ws('\\u0001', op, coalesce(before, ''), coalesce(after, ''))"
@@ -33,7 +33,7 @@ def latest_per_key(events: DataFrame, keys: tuple[str, ...]) -> DataFrame:
     content = "xxhash64(op, coalesce(before, ''), coalesce(after, ''))"
 
     def at_top(value: str) -> str:
-        return f"max(named_struct('_seq', _seq, 'v', {value})).v"
+        return f"max({named_struct({'_seq': '_seq', 'v': value})}).v"
 
     picked = events.groupBy(*[sql(ident(k)) for k in keys]).agg(
         sql(f"max(struct({', '.join(ident(c) for c in (*position, *carried))})) AS _newest"),

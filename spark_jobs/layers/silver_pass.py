@@ -43,7 +43,7 @@ class TableTyping:
     @cached_property
     def decoded_type(self) -> T.StructType:
         """The image's type as decoded, before alignment."""
-        return T.StructType([T.StructField(f.name, _parsed(f.spark_type)) for f in self.fields])
+        return T.StructType([T.StructField(f.name, types.parsed_type(f.spark_type)) for f in self.fields])
 
     @cached_property
     def row_type(self) -> T.StructType:
@@ -65,12 +65,6 @@ class TableTyping:
         row, target = self.row_type, self.target_schema
         present = {f.name for f in row.fields} | set(silver_plan.SILVER_META)
         return T.StructType([*row.fields, *[f for f in (target.fields if target else []) if f.name not in present]])
-
-
-@cache
-def _parsed(ddl: str) -> T.DataType:
-    """A Spark type from its DDL (parsed by the JVM, one call over py4j: a few types recur in every table)."""
-    return T.DataType.fromDDL(ddl)
 
 
 @dataclass(frozen=True)
@@ -100,8 +94,7 @@ def branch(typing: TableTyping) -> Branch:
                           else (decoded, "''"))
     typed = f"CAST(_row AS {sql_type(typing.row_type)})"
     missing = silver_plan.missing_key_parts(table.keys, typed)
-    parts = ", ".join(f"{literal(k)}, ({typed}).{ident(k)}" for k in table.keys)
-    key = f"CASE WHEN {missing} = '' THEN to_json(named_struct({parts})) END"
+    key = f"CASE WHEN {missing} = '' THEN to_json({named_struct({k: f'({typed}).{ident(k)}' for k in table.keys})}) END"
     return Branch(f"to_variant_object({named_struct(decoded_fields)})", decode_problems, f"to_variant_object({row})",
                   type_problems, key, silver_plan.quarantine_reason(table, missing))
 

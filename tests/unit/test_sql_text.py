@@ -6,7 +6,7 @@ from __future__ import annotations
 from pyspark.sql import types as T
 
 from spark_jobs.layers.common import lookup
-from spark_jobs.sql_text import ident, labels_where, literal, per_table, sql, sql_type
+from spark_jobs.sql_text import ident, labels_where, literal, named_struct, per_table, sql, sql_type
 
 AWKWARD = ("plain", "it's", 'say "hi"', "back\\slash", "tick`s", "two`` ticks", "new\nline", "caf\u00e9", "\\'",
            "' OR 1 = 1 --", "a\\u0041", "$.key", "")
@@ -25,6 +25,12 @@ def test_a_type_names_its_struct_fields_of_any_characters(spark):
     shape = T.StructType([T.StructField("a b`c:d", T.DecimalType(10, 2)), T.StructField("nested", inner),
                           T.StructField("many", T.ArrayType(T.MapType(T.StringType(), inner)))])
     assert spark.range(1).select(sql(f"CAST(NULL AS {sql_type(shape)}) AS v")).schema["v"].dataType == shape
+
+
+def test_a_struct_names_its_fields_of_any_characters_in_order(spark):
+    fields = {name: f"{n} + 1" for n, name in enumerate(AWKWARD)}
+    got = spark.range(1).select(sql(f"{named_struct(fields)} AS v")).first()["v"]
+    assert list(got.asDict().items()) == [(name, n + 1) for n, name in enumerate(AWKWARD)]
 
 
 def test_labels_are_listed_in_order_where_their_conditions_hold(spark):
