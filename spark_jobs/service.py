@@ -48,6 +48,7 @@ from spark_jobs.service_credentials import write_private
 from spark_jobs.service_http import HttpServer, Listener, listener
 from spark_jobs.settings import Settings, job_environment, resolve, resolve_uri, settings
 from spark_jobs.stopwatch import Spent, counting
+from spark_jobs.warm_up import warm_up
 
 log = logger(__name__)
 
@@ -318,11 +319,15 @@ def serve(run_job: Callable[[list[str]], int], host: str, port: int, workers: in
     try:
         started = time.monotonic()
         master = service.start_spark()
+        # on a cluster the samples would have to be where its executors read: its jobs pay their own warm-up
+        warmed = (f", warmed up in {warm_up(run_job, service.scratch):.1f}s"
+                  if service.deployment.service_warm_up and master.startswith("local") else "")
         server = HttpServer(service, own)
         own = server.listener
         target = resolve(connection_file or settings().service_connection_file)
         log.info(f"pipeline service on {own.scheme}://{host}:{own.port} ({workers} job threads, Spark {master}, "
-                 f"ready in {time.monotonic() - started:.1f}s) for the lake {resolve_uri(service.deployment.lake_uri)}; "
+                 f"ready in {time.monotonic() - started:.1f}s{warmed}) for the lake "
+                 f"{resolve_uri(service.deployment.lake_uri)}; "
                  f"its Airflow connection (address and secret) is in {target}")
         server.start()
         write_connection(target, own)

@@ -37,6 +37,9 @@ class Settings:
     service_token: str = ""
     # CDC_SERVICE_CONNECTION_FILE: where the service writes its Airflow connection (address and secret, mode 600)
     service_connection_file: str = ".service-connection.json"
+    # CDC_SERVICE_WARM_UP: the service runs a small sample load through its pipeline before it takes jobs (a local
+    # master only), so that its first job pays no JVM warm-up (spark_jobs/warm_up.py)
+    service_warm_up: bool = True
     spark_master: str = "local[*]"  # CDC_SPARK_MASTER: the master of a session of its own (the service's, a CLI run's)
     spark_ui: bool = False  # CDC_SPARK_UI: a run that starts its own Spark serves its UI (the URL in its first line)
     spark_log_level: str = "ERROR"  # CDC_SPARK_LOG_LEVEL: Spark's log level in a session of its own

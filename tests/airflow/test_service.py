@@ -87,6 +87,19 @@ def jobs_known(service: ServiceConnection) -> int:
                ["jobs_known"])
 
 
+def test_the_service_warmed_up_before_it_took_jobs_and_kept_nothing_of_it(deployment):
+    """Its first job pays no JVM warm-up: the pipeline ran over the sample tables before the service said it was
+    ready, in a folder of its scratch that is gone, and nothing of it reached the deployment's lake."""
+    service, workdir = deployment
+    log = (workdir / "service.log").read_text()
+    warmed, ready = log.index("warm-up: the pipeline ran over 3 sample tables"), log.index("pipeline service on ")
+    assert warmed < ready and "warmed up in " in log[ready:]
+    for table in ("warm_actor", "warm_customers", "warm_products"):
+        assert summary_line(log, "silver", table)["gate"] == "passed"
+    assert list((workdir / "tmp").glob("cdc-service-*/warm-up-*")) == []
+    assert not any("warm_" in str(p) for p in (workdir / "lake").rglob("*"))
+
+
 def test_jobs_run_as_the_cli_would_each_with_its_own_log(deployment):
     service, workdir = deployment
     registry = load_registry(str(workdir / "tables.yaml"))

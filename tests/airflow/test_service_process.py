@@ -38,8 +38,9 @@ def test_beyond_loopback_without_tls_and_a_secret_the_service_refuses_to_start(t
 
 def test_a_stopped_or_killed_service_leaves_no_jvm_and_no_scratch(tmp_path):
     (tmp_path / "tmp").mkdir()
+    # its start and stop are what is tested, three times: without the warm-up's run (test_service.py has one)
     env = subprocess_env(CDC_LAKE_URI=str(tmp_path / "lake"), CDC_LANDING_URI=str(tmp_path / "landing"),
-                         TMPDIR=str(tmp_path / "tmp"))
+                         TMPDIR=str(tmp_path / "tmp"), CDC_SERVICE_WARM_UP="false")
 
     def jvms(pid: int) -> list[int]:
         children = Path(f"/proc/{pid}/task/{pid}/children")
@@ -60,6 +61,7 @@ def test_a_stopped_or_killed_service_leaves_no_jvm_and_no_scratch(tmp_path):
             while Path(f"/proc/{jvm[0]}").exists() and b"java" in Path(f"/proc/{jvm[0]}/cmdline").read_bytes():
                 assert time.monotonic() < deadline, f"the JVM outlived the service ({stop.name})"
                 time.sleep(0.5)
+        assert "warm-up" not in log.read_text()
         if stop == signal.SIGTERM:
             assert list((tmp_path / "tmp").iterdir()) == []  # removed on the way out, and so is its connection
             assert not log.with_suffix(".connection.json").exists()
