@@ -18,8 +18,8 @@ from spark_jobs.errors import GateFailed, PipelineError
 from spark_jobs.lake import Lake, read_columns
 from spark_jobs.layers import silver_arrow, silver_pass, transactions
 from spark_jobs.layers.common import (
-    ONE_TASK_BYTES,
-    ONE_TASK_ROWS,
+    PASS_BYTES,
+    PASS_ROWS,
     Gate,
     in_passes,
     lag_seconds,
@@ -75,7 +75,7 @@ def silver_progress(lake: Lake, table: str) -> SilverProgress:
 
 def read_pass(spark: SparkSession, engine: DeltaEngine, tables: list[TableConfig], lake: Lake) -> dict[str, TableBatch]:
     """Small tables' new bronze rows planned together (layers/silver_pass.py; one table's too, a pass of one), for their
-    own steps to take (silver_merge), in passes of at most one task's rows and bytes. Only delta-rs lists a table's
+    own steps to take (silver_merge), in passes of at most PASS_ROWS rows and PASS_BYTES bytes. Only delta-rs lists a table's
     new files without Spark. A pass that fails leaves each table to plan its own batch, which then fails or not on its
     own input."""
     if not isinstance(engine, DeltaRsEngine):
@@ -84,23 +84,23 @@ def read_pass(spark: SparkSession, engine: DeltaEngine, tables: list[TableConfig
     for table in (t for t in tables if silver_pass.may_join(t)):
         progress = silver_progress(lake, table.name)
         files = engine.new_files(lake.bronze(table.name), progress.bronze_version)
-        if files is None or not files.files or not _one_task([files]):
+        if files is None or not files.files or not _fits_a_pass([files]):
             continue  # no new rows (a commit that added no file: its own step finds none), or more than a small batch
         version, target = engine.current(lake.silver(table.name)) or (None, None)
         if progress.silver_version is not None and version != progress.silver_version:
             continue  # an interrupted run's commits: its own step recovers them
         groups.setdefault(files.schema, []).append(silver_pass.Candidate(
             table, progress.bronze_version, files, progress.truncated_at, version, target))
-    passes = [p for group in groups.values() for p in in_passes(group, lambda p: _one_task([c.files for c in p]))]
+    passes = [p for group in groups.values() for p in in_passes(group, lambda p: _fits_a_pass([c.files for c in p]))]
     return read_shared("silver", "plans its own batch", passes, partial(silver_pass.read_together, spark),
                        lambda together, planned: f"{len(planned)} of {len(together)} tables' new bronze rows planned")
 
 
-def _one_task(files: list[NewFiles]) -> bool:
-    """Do the new files hold at most one task's rows and bytes (what a pass plans in one partition and collects)? Rows
+def _fits_a_pass(files: list[NewFiles]) -> bool:
+    """Do the new files hold at most a pass's rows and bytes (what it plans in one partition and collects)? Rows
     not counted in a file's statistics count as too many."""
-    return (sum(f.size for f in files) <= ONE_TASK_BYTES
-            and sum(ONE_TASK_ROWS + 1 if f.rows is None else f.rows for f in files) <= ONE_TASK_ROWS)
+    return (sum(f.size for f in files) <= PASS_BYTES
+            and sum(PASS_ROWS + 1 if f.rows is None else f.rows for f in files) <= PASS_ROWS)
 
 
 # operation metrics as delta-rs and delta-spark name them

@@ -24,7 +24,7 @@ from spark_jobs.debezium import envelope, ordering, types
 from spark_jobs.delta import all_nullable
 from spark_jobs.delta.delta_rs import NewFiles
 from spark_jobs.layers import changes, silver_plan
-from spark_jobs.layers.common import ONE_TASK_BYTES, ONE_TASK_ROWS, QUARANTINED_COLUMNS, checkpoint, lookup
+from spark_jobs.layers.common import PASS_BYTES, PASS_ROWS, QUARANTINED_COLUMNS, checkpoint, lookup
 from spark_jobs.quality.audit import Tally, tally_by
 from spark_jobs.quality.expectations import flagged
 from spark_jobs.registry import TableConfig
@@ -263,12 +263,12 @@ _KEY_TYPES = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.StringType, 
 
 def _typing(candidate: Candidate, overview: Overview) -> TableTyping | None:
     """How the pass types the table's batch; None when its own plan must (layers/silver_plan.py): a batch with a
-    truncate, unavailable values, more than one task's rows, decimals decoded in Python, values of more than one JSON
+    truncate, unavailable values, more than a pass's rows, decimals decoded in Python, values of more than one JSON
     type in a column silver does not have yet (typed by the first: silver_plan.resolve_mixed), or columns its
     settings name and its events lack (its own plan says so)."""
     figures, table = overview.figures, candidate.table
     if (figures["rows"] != figures["changes"] or figures["unavailable"] or not figures["changes"]
-            or figures["rows"] > ONE_TASK_ROWS or (figures["bytes"] or 0) > ONE_TASK_BYTES):
+            or figures["rows"] > PASS_ROWS or (figures["bytes"] or 0) > PASS_BYTES):
         return None
     fields = overview.fields(table)
     if fields is not None:
@@ -311,7 +311,7 @@ class TableBatch:
 def read_together(spark: SparkSession, candidates: list[Candidate]) -> dict[str, TableBatch]:
     """The candidates' new bronze rows scanned, overviewed, typed, reduced to the newest event per key, counted and
     audited in one pass, and collected to the driver by table. A table the pass cannot type (`_typing`) is left out."""
-    # a pass holds one task's rows (silver.read_pass): in one partition its aggregates need no exchange, each a job
+    # a pass holds at most PASS_ROWS rows (silver.read_pass): in one partition its aggregates need no exchange, each a job
     events = scan(spark, candidates).coalesce(1)
     found = overviews(events, [c.table for c in candidates])
     by_name = {c.table.name: c for c in candidates}

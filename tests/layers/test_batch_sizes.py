@@ -22,15 +22,15 @@ CONFIG = "tables:\n  customers:\n    topic: burst.burst_bank.customers\n    keys
 
 
 def one_task_bounds(monkeypatch, rows: int) -> int:
-    """The one-task bounds (layers/common.py) set to `rows` rows and the same share of the bytes bound, in every
-    module that reads them; returns the rows bound."""
+    """The one-task bounds (layers/common.py) set to `rows` rows and the same share of the bytes bound, and a pass's
+    bounds in the same share, in every module that reads them; returns the rows bound."""
     from spark_jobs.layers import bronze, silver, silver_pass
 
     share = rows / ONE_TASK_ROWS
     for module in (common, silver_plan, silver, silver_pass, bronze):
-        if hasattr(module, "ONE_TASK_ROWS"):
-            monkeypatch.setattr(module, "ONE_TASK_ROWS", rows)
-        monkeypatch.setattr(module, "ONE_TASK_BYTES", int(ONE_TASK_BYTES * share))
+        for bound in ("ONE_TASK_ROWS", "ONE_TASK_BYTES", "PASS_ROWS", "PASS_BYTES"):
+            if hasattr(module, bound):
+                monkeypatch.setattr(module, bound, int(getattr(common, bound) * share))
     monkeypatch.setattr(bronze, "READ_AHEAD_BYTES", int(bronze.READ_AHEAD_BYTES * share))
     return rows
 
@@ -38,13 +38,13 @@ def one_task_bounds(monkeypatch, rows: int) -> int:
 @pytest.mark.scale
 def test_a_batch_over_the_one_task_threshold_between_small_ones_applies_exactly(spark, engine, tmp_path, capsys,
                                                                                 monkeypatch, soak):
-    """Twice the one-task bounds between batches within them: 20,000 events at the default 10,000 rows (make soak),
-    800 at 400 (make test), with the bytes bound set in the same proportion."""
+    """Three times the one-task bounds (over a pass's, twice them) between batches within them: 30,000 events at
+    the default 10,000 rows (make soak), 1,200 at 400 (make test), with the bytes bounds set in the same proportion."""
     bound = ONE_TASK_ROWS if soak else one_task_bounds(monkeypatch, 400)
     config = tmp_path / "tables.yaml"
     config.write_text(CONFIG)
     first = bound // 2
-    rows = first + 2 * bound  # the first file alone, then a batch of twice the bound in events and keys
+    rows = first + 3 * bound  # the first file alone, then a batch of three times the bound in events and keys
     (g,) = generate(load_registry(str(config)).select(None), tmp_path / "sink",
                     Options(rows=rows, changes=bound * 3 // 100, records_per_file=first, batches=1, seed=3))
     snapshot, changes = g.batches[0], g.batches[1]
@@ -58,7 +58,7 @@ def test_a_batch_over_the_one_task_threshold_between_small_ones_applies_exactly(
         assert (code, err) == (0, ""), (phase, out)
         assert summary_line(out, "bronze", "customers")["gate"] == summary_line(out, "silver", "customers")["gate"] == "passed"
         if phase == 1:
-            assert int(summary_line(out, "bronze", "customers")["events"]) == 2 * bound
+            assert int(summary_line(out, "bronze", "customers")["events"]) == 3 * bound
             assert silver_rows(spark, engine, lake, "customers", ("custkey",)) == g.snapshot_rows
     assert silver_rows(spark, engine, lake, "customers", ("custkey",)) == g.final_rows
 
@@ -143,8 +143,9 @@ def test_a_small_batchs_rows_are_written_from_the_driver_and_a_bigger_ones_by_sp
                         or rows(self, df))
     for number, files in enumerate(g.batches):
         if number == 2:
-            for module in (common, silver, silver_pass, silver_plan):  # the bound, where each path reads it
-                monkeypatch.setattr(module, "ONE_TASK_BYTES", one_task_bytes)
+            for module, bound in ((common, "ONE_TASK_BYTES"), (silver_plan, "ONE_TASK_BYTES"), (silver, "PASS_BYTES"),
+                                  (silver_pass, "PASS_BYTES")):  # the bound, where each path reads it
+                monkeypatch.setattr(module, bound, one_task_bytes)
         _land(tmp_path / "sink", landing, files)
         if number:  # a bad line in each change batch: the first makes the quarantine table, the second merges into it
             landed = landing / Path(files[0]).relative_to(tmp_path / "sink")

@@ -252,7 +252,7 @@ def _ledger_entry_behind(spark, engine, lake: Lake, table: str, key: int) -> Non
 
 
 def test_a_pass_holds_at_most_one_tasks_rows(spark, engine, tmp_path, capsys, monkeypatch):
-    """More new rows than one task's go in several passes, each within the bound (a `--layers silver` run over many
+    """More new rows than a pass's go in several passes, each within the bound (a `--layers silver` run over many
     tables would otherwise plan all of them in one partition and collect them at once); each table still publishes
     its own rows."""
     names = ["one", "two", "three"]
@@ -264,7 +264,7 @@ def test_a_pass_holds_at_most_one_tasks_rows(spark, engine, tmp_path, capsys, mo
     code, out, err = run(capsys, config, landing, lake, "--layers", "bronze")
     assert code == 0, out + err
     assert {n: engine.new_files(Lake(str(lake)).bronze(n), -1).rows for n in names} == dict.fromkeys(names, 3)
-    monkeypatch.setattr(silver, "ONE_TASK_ROWS", 6)  # two tables' new rows fit in a pass, not three
+    monkeypatch.setattr(silver, "PASS_ROWS", 6)  # two tables' new rows fit in a pass, not three
     passes, real = [], silver_pass.read_together
 
     def recorded(spark, candidates):
