@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +13,7 @@ from spark_jobs.storage import LocalFiles, S3Files, arrow_path, arrow_s3, delta_
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    import pyarrow.compute as pc
 
 # A run id names a folder of the reports: a strict name, never a path (Airflow's run ids, `manual__2026-11-25T08:00:00+00:00`,
 # and the pipeline's own batch ids fit it; Airflow's default pattern for run ids given by hand is the same set of characters)
@@ -173,13 +174,17 @@ def read_columns(path: str, columns: list[str] | None = None,
     return None if table is None else table.to_pydict()
 
 
-def read_arrow(path: str, columns: list[str] | None = None, env: Mapping[str, str] = environ) -> pa.Table | None:
+def read_arrow(path: str, columns: list[str] | None = None, env: Mapping[str, str] = environ,
+               where: Callable[[pa.Schema], pc.Expression] | None = None) -> pa.Table | None:
     """A Delta table's columns (all when None), read without Spark (the sensor, status, the silver pass) and without
-    delta-rs' dataset readers: pyarrow.parquet over the snapshot's files, or delta-rs' DataFusion provider where
-    deletion vectors make a plain Parquet read wrong. None when the table is absent. `env` holds an S3 lake's AWS_*
-    settings (spark_jobs/storage.py). A partitioned table's partition columns are not in its files: read others."""
+    delta-rs' dataset readers: pyarrow over the snapshot's files, or delta-rs' DataFusion provider where deletion
+    vectors make a plain Parquet read wrong. None when the table is absent. `env` holds an S3 lake's AWS_* settings
+    (spark_jobs/storage.py). A partitioned table's partition columns are not in its files: read others. `where`
+    makes, from the schema read (of `columns`, strings as strings), the filter its rows must pass: applied to each
+    batch as the files are read, so that memory holds the rows kept, not the table (a big silver table's keys, of
+    which a batch touches a few)."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
+    import pyarrow.dataset as ds
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
@@ -190,10 +195,19 @@ def read_arrow(path: str, columns: list[str] | None = None, env: Mapping[str, st
     except TableNotFoundError:
         return None
     if unplain_features(table):
-        return pa.table(query(table, f"SELECT {', '.join(columns) if columns else '*'} FROM t"))
+        read = pa.table(query(table, f"SELECT {', '.join(columns) if columns else '*'} FROM t"))
+        return read if where is None else read.filter(where(read.schema))
     files = table.file_uris()
     if not files:
         schema = pa.schema(table.schema().to_arrow())
         return schema.empty_table().select(columns) if columns else schema.empty_table()
     filesystem = arrow_s3(env) if is_s3(path) else None
-    return pq.read_table([arrow_path(f) for f in files], columns=columns, filesystem=filesystem)
+    dataset = ds.dataset([arrow_path(f) for f in files], format="parquet", filesystem=filesystem)
+    if where is None:
+        return dataset.to_table(columns=columns)
+    # filtered batch by batch, as strings: delta-rs writes them as views, which Arrow's filter and comparisons do not
+    # take (nor the statistics a dataset's own filter prunes files by)
+    plain = {pa.string_view(): pa.string(), pa.binary_view(): pa.binary()}
+    schema = pa.schema([f.with_type(plain.get(f.type, f.type)) for f in dataset.schema if not columns or f.name in columns])
+    keep = where(schema)
+    return pa.Table.from_batches([b.cast(schema).filter(keep) for b in dataset.to_batches(columns=schema.names)], schema)

@@ -7,7 +7,9 @@ tests/layers/test_silver_pass.py holds every table's outcome equal to its own pl
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import reduce
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -53,6 +55,20 @@ def _key_columns(rows: pa.Table, keys: tuple[str, ...]) -> pa.Table:
     return pa.table({k: pc.struct_field(rows.column("_row"), k) for k in keys})
 
 
+def _among(keys: pa.Table, or_equal: tuple[str, str] | None = None) -> Callable[[pa.Schema], pc.Expression]:
+    """`lake.read_arrow`'s filter: rows whose every key column holds one of `keys`' values in it (a superset of the
+    rows of `keys`, which a join then takes), or whose column `or_equal[0]` is `or_equal[1]`. Values are cast to the
+    table's types (Spark's keys may be narrower)."""
+    def where(schema: pa.Schema) -> pc.Expression:
+        among = reduce(lambda a, b: a & b, [
+            pc.field(k).isin(pc.unique(keys.column(k)).cast(schema.field(k).type)) for k in keys.column_names])
+        if or_equal is None:
+            return among
+        column, value = or_equal
+        return among | (pc.field(column) == pa.scalar(value, schema.field(column).type))
+    return where
+
+
 def _aligned_state(lake: Lake, table: TableConfig, latest: pa.Table) -> pa.Table:
     """silver_plan.current_state of each of `latest`'s keys, in its order: `_state_seq` and `_live` (null: the key has
     no state), `_ledger_behind` (false then)."""
@@ -60,7 +76,7 @@ def _aligned_state(lake: Lake, table: TableConfig, latest: pa.Table) -> pa.Table
     wanted = _key_columns(latest, table.keys).append_column("_at", pa.array(range(latest.num_rows), pa.int64()))
     entries = []
     for path, live in ((lake.silver(table.name), True), (lake.tombstones(table.name), False)):
-        current = read_arrow(path, [*keys, "_seq"])
+        current = read_arrow(path, [*keys, "_seq"], where=_among(wanted.select(keys)))
         if current is not None and current.num_rows:
             current = current.select([*keys, "_seq"]).cast(pa.schema([*wanted.select(keys).schema, pa.field(
                 "_seq", latest.schema.field("_seq").type)]))
@@ -133,7 +149,8 @@ def merged_audit(lake: Lake, table: TableConfig, batch: TableBatch, batch_id: st
     keys = list(table.keys)
     touched = _key_columns(batch.latest, table.keys)
     received = _key_columns(batch.deletes, table.keys).append_column("_seq", batch.deletes.column("_seq"))
-    silver = read_arrow(lake.silver(table.name), [*keys, "_seq", "_batch_id"])
+    silver = read_arrow(lake.silver(table.name), [*keys, "_seq", "_batch_id"], where=_among(
+        pa.concat_tables([touched, received.select(keys)]), ("_batch_id", batch_id)))
     if silver is None:
         rows = touched.slice(0, 0).append_column("_seq", batch.latest.column("_seq").slice(0, 0))
         live_seq = pa.array([None] * received.num_rows, batch.deletes.schema.field("_seq").type)
