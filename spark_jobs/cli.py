@@ -20,7 +20,7 @@ from spark_jobs.logs import logger, set_level
 from spark_jobs.quality.config import parse_share
 from spark_jobs.registry import GoldModel, Registry, TableConfig, load_registry
 from spark_jobs.settings import Settings, environ, resolve_uri, settings
-from spark_jobs.steps import Steps, each_table
+from spark_jobs.steps import Steps
 
 log = logger(__name__)
 
@@ -43,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from spark_jobs.landing import LandingWindow
     from spark_jobs.layers import bronze
     from spark_jobs.quality.user_expectations import validate, validate_actions
+    from spark_jobs.run_plan import RunPlan, execute
     from spark_jobs.session import build_session
     from spark_jobs.state import check_lock_timeout, new_batch_id
 
@@ -69,97 +70,20 @@ def run(args: argparse.Namespace) -> int:
     if "://" in lake.root and not lake.on_s3:
         raise ConfigError(f"lake {lake.root}: use a filesystem path (local or shared) or s3://bucket/prefix")
     check_lock_timeout(lake)
-    batch_id = args.run_id or new_batch_id()
+    plan = RunPlan(tuple(tables), tuple(models), tuple(args.layers), args.mode, landing, lake,
+                   args.run_id or new_batch_id(), selection, args.reason)
     started = time.monotonic()
     # Great Expectations takes seconds to import: let that overlap the JVM's start instead of following it
     threading.Thread(target=importlib.import_module, args=("great_expectations",), daemon=True).start()
     spark = build_session(f"cdc-{'-'.join(args.layers)}")
     engine = make_engine(spark)
     ui = spark.sparkContext.uiWebUrl
-    log.info(f"run {batch_id}: mode={args.mode} engine={engine.name} landing={landing} lake={lake.root} "
+    log.info(f"run {plan.batch_id}: mode={plan.mode} engine={engine.name} landing={landing} lake={lake.root} "
              f"window={window.describe()} session_s={time.monotonic() - started:.3f} session_ready_at={time.time():.3f}"
              + (f" spark_ui={ui}" if ui else ""))
-    with Steps(spark, engine, lake, batch_id) as steps:
-        _run_steps(steps, args, tables, models, landing, lake, batch_id, selection)
+    with Steps(spark, engine, lake, plan.batch_id) as steps:
+        execute(plan, steps)
     return 0
-
-
-def _run_steps(steps: Steps, args: argparse.Namespace, tables: list[TableConfig], models: list[GoldModel],
-               landing: str, lake: Any, batch_id: str, selection: Any) -> None:
-    from spark_jobs.layers import bronze, gold, silver
-    from spark_jobs.quality.gates import answer_gates
-
-    reads: dict[str, Any] = {}  # bronze's shared passes' reads, by table
-    planned: dict[str, Any] = {}  # silver's
-    passes = args.mode == "incremental"  # one table too: a single table's small batch is a pass of one
-    bronze_done: set[str] = set()
-    took_files: set[str] = set()  # tables whose bronze took files this run: what silver's pass looks at
-
-    def ingest(spark: Any, engine: Any, table: TableConfig, *rest: Any) -> Any:
-        summary = yield from bronze.bronze_ingest(spark, engine, table, *rest)  # its gate's question passed on
-        if summary.files or summary.recovered_files:
-            took_files.add(table.name)
-        return summary
-
-    def bronze_step(table: TableConfig) -> None:  # a failed gate or bad input fails this table only (Steps)
-        ok = True
-        if args.mode == "skip":
-            ok = steps.run(table.name, "bronze", table.name, bronze.skip_files, table, landing, lake, batch_id,
-                           selection, args.reason)
-        elif "bronze" in args.layers and args.mode != "rebuild":
-            ok = steps.run(table.name, "bronze", table.name, ingest, table, landing, lake, batch_id, selection,
-                           reads.pop(table.name, None))
-        if ok:  # a table whose bronze failed this run goes no further in it
-            bronze_done.add(table.name)
-
-    def silver_step(table: TableConfig) -> None:
-        if args.mode == "rebuild":
-            steps.run(table.name, "silver", table.name, silver.silver_rebuild, table, lake, batch_id)
-        else:
-            steps.run(table.name, "silver", table.name, silver.silver_merge, table, lake, batch_id,
-                      planned.pop(table.name, None))
-
-    def table_steps(table: TableConfig) -> None:
-        bronze_step(table)
-        if "silver" in args.layers and table.name in bronze_done:
-            silver_step(table)
-
-    def round_steps(members: list[TableConfig]) -> None:
-        """Bronze for every table of the round (the tables a shared pass read gated together before they commit), then
-        silver's shared pass over those it left to apply, then silver."""
-        if "bronze" in args.layers:
-            steps.run_together([(t.name, "bronze", t.name, ingest, (t, landing, lake, batch_id, selection,
-                                                                     reads.pop(t.name, None))) for t in members],
-                               lambda asked: answer_gates(asked, batch_id), settings().table_workers)
-        # a table whose bronze failed this run goes no further in it
-        bronze_done.update(t.name for t in members if t.name not in steps.failed_tables)
-        if "silver" in args.layers:
-            ready = [t for t in members if t.name in bronze_done]
-            # an idle table costs no more than its own step's reads: after bronze, only tables it gave rows are looked at
-            changed = [t for t in ready if t.name in took_files or "bronze" not in args.layers]
-            planned.update(silver.read_pass(steps.spark, steps.engine, changed, lake))
-            # the pass's tables merge side by side, then their merged rows are tallied and gated together, then each ends
-            steps.run_together([(t.name, "silver", t.name, silver.silver_merge, (t, lake, batch_id, planned.pop(t.name, None)))
-                                for t in ready], lambda asked: silver.answer_merged(asked, batch_id),
-                               settings().table_workers)
-
-    if "bronze" in args.layers and passes:
-        # many small tables' new files are read in shared passes, a round at a time; each table's step takes its own
-        for members, round_reads in bronze.read_rounds(steps.spark, steps.engine, tables, landing, lake, batch_id, selection):
-            reads.update(round_reads)
-            round_steps(members)
-    elif passes:
-        round_steps(tables)
-    else:
-        each_table(steps.spark, tables, table_steps, settings().table_workers)
-    if "gold" in args.layers:
-        for model in models:
-            failed = sorted(set(model.sources) & steps.failed_tables)
-            if failed:  # its SQL would join a failed table's silver with the others' newer state
-                log.warning(f"gold   {model.name:<22} skipped: source(s) {', '.join(failed)} failed in this run")
-                continue
-            steps.run(model.name, "gold", f"gold.{model.name}", gold.gold_refresh, model, lake, batch_id, landing)
-    steps.raise_failures()
 
 
 def maintain(args: argparse.Namespace) -> int:

@@ -35,7 +35,8 @@ def test_a_backlog_of_several_batches_lands_in_bounded_batches_with_every_line_a
     assert len(landed.files) > 5 * batch  # one line a file: a record or a tombstone
     deployment = {"CDC_CONFIG": str(config), "CDC_LANDING_URI": str(landing), "CDC_LAKE_URI": str(lake),
                   **({} if soak else {"CDC_BRONZE_BATCH_FILES": str(batch)})}
-    with pipeline_service(subprocess_env(**deployment), tmp_path / "service.log") as service:
+    # what is tested is not its first job's speed: no warm-up (test_service.py has one)
+    with pipeline_service(subprocess_env(**deployment, CDC_SERVICE_WARM_UP="false"), tmp_path / "service.log") as service:
         env = subprocess_env(
             **service_airflow_env(service),
             AIRFLOW_HOME=str(tmp_path / "airflow"), AIRFLOW__CORE__DAGS_FOLDER=str(ROOT / "dags"),

@@ -39,8 +39,9 @@ def test_a_file_landed_starts_bronze_through_the_bucket_notification_queue_witho
     boto3.client("s3", **aws).put_bucket_notification_configuration(Bucket="landing", NotificationConfiguration={
         "QueueConfigurations": [{"QueueArn": arn, "Events": ["s3:ObjectCreated:*"]}]})
     deployment = {"CDC_CONFIG": str(config), "CDC_LANDING_URI": landing, "CDC_LAKE_URI": str(lake)}
-    with postgres() as database, pipeline_service(subprocess_env(**deployment, **s3_environment(s3_endpoint)),
-                                                  tmp_path / "service.log") as service:
+    # what is tested is not its first job's speed: no warm-up (test_service.py has one)
+    service_env = subprocess_env(**deployment, **s3_environment(s3_endpoint), CDC_SERVICE_WARM_UP="false")
+    with postgres() as database, pipeline_service(service_env, tmp_path / "service.log") as service:
         env = airflow_env(tmp_path / "airflow", database, service, s3_endpoint, deployment, CDC_LANDING_QUEUE=queue,
                           CDC_SENSOR_TIMEOUT="1", CDC_SENSOR_POKE_INTERVAL="1")
         airflow = Airflow(env, tmp_path / "airflow")

@@ -90,7 +90,8 @@ def test_a_file_of_a_tenth_of_the_heap_ingests_and_a_job_beside_it_succeeds(tmp_
     (small,) = generate(registry.select(["products"]), landing, Options(rows=50, changes=50))
     env = {"CDC_CONFIG": str(config), "CDC_LANDING_URI": str(landing), "CDC_LAKE_URI": str(lake),
            **({} if soak else {"CDC_DRIVER_MEMORY": "512m"})}
-    with pipeline_service(subprocess_env(**env), tmp_path / "service.log") as service:
+    # what is tested is not its first job's speed: no warm-up (test_service.py has one)
+    with pipeline_service(subprocess_env(**env, CDC_SERVICE_WARM_UP="false"), tmp_path / "service.log") as service:
         heavy = submit(service, JobRequest(tables=("customers",), layers=("bronze",)))
         while poll(service, heavy, 0).state == "queued":  # the big file is being read once it runs
             time.sleep(0.2)
@@ -129,7 +130,8 @@ def test_a_job_that_runs_out_of_memory_fails_alone_naming_its_file_and_the_setti
     (small,) = generate(load_registry(str(config)).select(["products"]), landing, Options(rows=50, changes=50))
     env = {"CDC_CONFIG": str(config), "CDC_LANDING_URI": str(landing), "CDC_LAKE_URI": str(lake),
            "CDC_DRIVER_MEMORY": "512m"}
-    with pipeline_service(subprocess_env(**env), tmp_path / "service.log") as service:
+    # what is tested is not its first job's speed: no warm-up (test_service.py has one)
+    with pipeline_service(subprocess_env(**env, CDC_SERVICE_WARM_UP="false"), tmp_path / "service.log") as service:
         heavy = submit(service, JobRequest(tables=("customers",), layers=("bronze",)))
         beside = submit(service, JobRequest(tables=("products",), layers=("bronze", "silver")))
         failed, done = wait(service, heavy), wait(service, beside)
