@@ -19,25 +19,28 @@ from spark_jobs.logs import logger
 
 log = logger(__name__)
 
-# one source of each envelope the connectors write (PostgreSQL, MySQL, pagila's plain JSON): their typing differs
-SAMPLES = {"warm_actor": ("pagila.public.actor", "actor_id"), "warm_customers": ("burst.burst_bank.customers", "custkey"),
-           "warm_products": ("dbserver1.inventory.products", "id")}
+# one source of each envelope the connectors write (PostgreSQL, MySQL, pagila's plain JSON): their typing differs;
+# each table's topic names the generator's profile, which holds its keys
+SAMPLES = {"warm_actor": "pagila.public.actor", "warm_customers": "burst.burst_bank.customers",
+           "warm_products": "dbserver1.inventory.products"}
 SAMPLE_ROWS = 5  # rows a sample's snapshot holds, and changes to them (updates, deletes) landed with it
 
 
 def warm_up(run_job: Callable[[list[str]], int], scratch: Path) -> float:
     """Runs the samples' load through `run_job` (the command line's main) in a folder under `scratch`, deletes it and
     returns the seconds it took. A warm-up that fails is an error: the same run would fail the users' first job."""
+    import yaml
+
     from spark_jobs.generate import PROFILES, Options, write_table
 
     started = time.monotonic()
     folder = Path(tempfile.mkdtemp(prefix="warm-up-", dir=scratch))
     try:
         landing, lake, registry = folder / "landing", folder / "lake", folder / "tables.yaml"
-        registry.write_text("tables:\n" + "".join(f"  {name}:\n    topic: {topic}\n    keys: [{key}]\n"
-                                                  for name, (topic, key) in SAMPLES.items()))
+        registry.write_text(yaml.safe_dump({"tables": {name: {"topic": topic, "keys": list(PROFILES[topic].keys)}
+                                                       for name, topic in SAMPLES.items()}}))
         options = Options(rows=SAMPLE_ROWS, changes=SAMPLE_ROWS, records_per_file=SAMPLE_ROWS, start_ms=int(time.time() * 1000))
-        for index, (name, (topic, _)) in enumerate(SAMPLES.items()):
+        for index, (name, topic) in enumerate(SAMPLES.items()):
             write_table(PROFILES[topic], name, str(landing), options, index)
         code = run_job(["run", "--config", str(registry), "--landing", str(landing), "--lake", str(lake),
                         "--layers", "bronze,silver"])

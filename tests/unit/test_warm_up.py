@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from spark_jobs.generate import PROFILES
 from spark_jobs.warm_up import SAMPLES, warm_up
 
 
@@ -20,9 +21,12 @@ def test_the_run_reads_and_writes_only_its_own_folder_which_is_then_gone(tmp_pat
             str(folder / "tables.yaml"), str(folder / "landing"), str(folder / "lake")}
         registry = yaml.safe_load((folder / "tables.yaml").read_text())["tables"]
         assert {name: (t["topic"], t["keys"]) for name, t in registry.items()} == {
-            name: (topic, [key]) for name, (topic, key) in SAMPLES.items()}
+            "warm_actor": ("pagila.public.actor", ["actor_id"]),
+            "warm_customers": ("burst.burst_bank.customers", ["custkey"]),
+            "warm_products": ("dbserver1.inventory.products", ["id"])}
+        assert all(list(PROFILES[t["topic"]].keys) == t["keys"] for t in registry.values())
         topics = {p.name for p in (folder / "landing" / "topics").iterdir()}
-        assert topics == {topic for topic, _ in SAMPLES.values()}
+        assert topics == set(SAMPLES.values())
         asked.append(argv)
         return 0
 
