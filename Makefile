@@ -19,10 +19,10 @@ export TZ := UTC
 demo: export CDC_SENSOR_TIMEOUT ?= 5
 demo: export CDC_SENSOR_POKE_INTERVAL ?= 2
 
-# the layer DAGs in the order assets would run them: cdc_bronze, cdc_silver_<table>..., cdc_gold_<model>...
+# the layer DAGs in the order assets would run them: cdc_bronze, cdc_silver, cdc_gold_<model>...
 export LAYER_DAGS := from spark_jobs.registry import load_registry; from spark_jobs.settings import settings; \
 r = load_registry(settings().config); \
-print(" ".join(["cdc_bronze", *("cdc_silver_" + t for t in r.tables), *("cdc_gold_" + m for m in r.gold)]))
+print(" ".join(["cdc_bronze", "cdc_silver", *("cdc_gold_" + m for m in r.gold)]))
 
 .PHONY: demo serve test soak e2e lint bench venv java jars assets debs clean-demo compose-env
 

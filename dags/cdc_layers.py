@@ -1,16 +1,19 @@
 """CDC medallion pipeline, one DAG per layer, linked by assets (docs/architecture.md):
 
 - `cdc_bronze` (every 15 minutes, at once when CDC_LANDING_QUEUE notifies a landing, or backfilled over a date
-  range): one deferrable sensor waits for landing
-  files bronze has not taken, of any table, and hands each table's exact list to its bronze task; a branch
-  skips the bronze tasks of tables with none, which start no process. A backfill run takes the files whose
-  landing time falls in its data interval. Each bronze task updates the asset `cdc.bronze.<table>`.
-- `cdc_silver_<table>`: scheduled by `cdc.bronze.<table>`; applies the new bronze rows to silver.
+  range): one deferrable sensor waits for landing files bronze has not taken, of any table, and hands their exact
+  lists to one bronze task, which ingests every such table in one pass on the pipeline service. A backfill run
+  takes the files whose landing time falls in its data interval. The task updates the asset `cdc.bronze.<table>`
+  of each table it advanced (through the alias `cdc.bronze.advanced`); `bronze_verdicts` then fails the run if a
+  table could not be advanced.
+- `cdc_silver`: scheduled by any table's `cdc.bronze.<table>`; applies the new bronze rows of every table the run's
+  events name to silver in one pass, updating `cdc.silver.<table>` of each table it advanced.
 - `cdc_gold_<model>`: scheduled by any of its sources' `cdc.silver.<table>` (and every 15 minutes when its sources
   publish their transactions: it takes the transaction topic's files); refreshes the model.
 
-Every layer job is `python -m spark_jobs run` through spark-submit, gated inside (a failed gate fails the
-task with one line naming table, layer and reason). Wiring only: Spark, Great Expectations and deltalake
+Every layer job is `python -m spark_jobs run` on the pipeline service (or through spark-submit), gated inside (a
+failed gate fails the task, or for a pass the run's verdicts task, with one line naming table, layer and reason).
+Wiring only: Spark, Great Expectations and deltalake
 are imported by the tasks when they run, never here.
 """
 
@@ -18,11 +21,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from airflow.sdk import DAG, AssetAny, AssetOrTimeSchedule, DeltaDataIntervalTimetable, get_parsing_context, task
+from airflow.sdk import DAG, AssetAny, AssetOrTimeSchedule, DeltaDataIntervalTimetable, get_parsing_context
 
 from cdc_airflow.callbacks import run_deadline
-from cdc_airflow.operators import CdcSparkJob
-from cdc_airflow.params import window_params
+from cdc_airflow.operators import CdcSparkJob, TableVerdicts
+from cdc_airflow.params import pass_params, window_params
 from cdc_airflow.sensors import LandingSensor
 from cdc_airflow.wiring import default_args, wiring, writer_pool
 
@@ -63,43 +66,48 @@ if wanted("cdc_bronze"):
             doc_md="Waits (deferred, on the triggerer) for landing files bronze has not taken, of any table; returns "
                    "each such table's paths. A backfill run takes its data interval's files without waiting. Skips "
                    "the run when nothing arrives.")
+        # one pass for every table with files: a task per table cost a task process per table (Airflow at 500 tables
+        # never finished a cycle: tests/benchmarks/RESULTS.md, DA). Another writer of a table (a replay, maintenance)
+        # is kept apart by the table's writer lock in the lake, which the job waits for
+        ingest = CdcSparkJob(
+            task_id="bronze_ingest", landing=W.landing, files_from=sense.task_id, cli_args=W.cli_args("--layers", "bronze"),
+            announces=W.pass_outlets("bronze"), outlets=[W.advanced("bronze")],
+            doc_md="Ingests exactly the sensor's files, every table's in one pass: bad lines to quarantine with a "
+                   "reason, the rest appended to each table's bronze when its gate passes. Emits `cdc.bronze.<table>` "
+                   "for each table it advanced, even when another table failed.")
+        sense >> ingest >> TableVerdicts(
+            task_id="bronze_verdicts", of=ingest.task_id, retries=0,
+            doc_md="Fails the run with the failure line of the tables bronze_ingest could not advance (the others' "
+                   "assets are updated already).")
 
-        @task.branch(task_id="changed_tables", retries=0,
-                     doc_md="Picks the bronze tasks of the tables the sensor found files for; the others are skipped "
-                            "without starting.")
-        def changed_tables(found: dict[str, list[str]]) -> list[str]:
-            return [f"bronze_ingest_{table}" for table in sorted(found)]
-
-        changed = changed_tables(sense.output)  # type: ignore[arg-type]  # the sensor's XCom, resolved at run time
-        for table in W.registry.tables.values():
-            changed >> CdcSparkJob(
-                task_id=f"bronze_ingest_{table.name}", landing=W.landing, files_from=(sense.task_id, table.name),
-                cli_args=W.cli_args("--layers", "bronze", "--tables", table.name),
-                inlets=W.reads("bronze", table.name), outlets=[W.asset("bronze", table.name)],
-                pool=writer_pool(table.name),  # one writer per table: others wait queued (cdc_airflow.wiring)
-                doc_md="Ingests exactly the sensor's files of its table: bad lines to quarantine with a reason, the "
-                       "rest appended to bronze when the bronze gate passes.")
-
-for table in W.registry.tables.values():
-    if not wanted(f"cdc_silver_{table.name}"):
-        continue
+if wanted("cdc_silver"):
+    bronze_of = {W.asset("bronze", t).name: t for t in W.registry.tables}
     with DAG(
-        dag_id=f"cdc_silver_{table.name}",
-        doc_md=f"Silver `{table.name}`: current state per key `{', '.join(table.keys)}` from the new bronze rows "
-               "(order by log position, duplicates and stale events dropped, deletes applied), gated. Runs when "
-               f"`cdc.bronze.{table.name}` is updated; trigger it by hand to apply what bronze holds.",
-        schedule=[W.asset("bronze", table.name)],
+        dag_id="cdc_silver",
+        doc_md="Silver: each table's current state per key from its new bronze rows (ordered by log position, "
+               "duplicates and stale events dropped, deletes applied), gated, every table whose `cdc.bronze.<table>` "
+               "was updated in one pass. Trigger it by hand to apply what bronze holds (param `tables`; none: every "
+               "table).",
+        schedule=AssetAny(*[W.asset("bronze", t) for t in W.registry.tables]),
         start_date=START,
         catchup=False,
-        max_active_runs=1,  # one writer per Delta table
-        tags=["cdc", "silver", f"source:{table.topic.split('.')[0]}"],
+        # one pass at a time: bronze's events meanwhile start the next one, which takes all of them
+        max_active_runs=1,
+        params=pass_params(list(W.registry.tables)),
+        tags=["cdc", "silver"],
         deadline=run_deadline(),
         default_args=default_args(),
     ):
-        CdcSparkJob(task_id=f"silver_merge_{table.name}", landing=W.landing, pool=writer_pool(table.name),
-                    cli_args=W.cli_args("--layers", "silver", "--tables", table.name),
-                    inlets=W.reads("silver", table.name), outlets=[W.asset("silver", table.name)],
-                    doc_md="Applies the bronze rows silver has not seen; the gate's report is in Browse > CDC data quality.")
+        merge = CdcSparkJob(
+            task_id="silver_merge", landing=W.landing, tables_from=bronze_of, cli_args=W.cli_args("--layers", "silver"),
+            announces=W.pass_outlets("silver"), outlets=[W.advanced("silver")],
+            doc_md="Applies the bronze rows silver has not seen, of every table the run's asset events name, in one "
+                   "pass; emits `cdc.silver.<table>` for each table it advanced. The gates' reports are in Browse > "
+                   "CDC data quality.")
+        merge >> TableVerdicts(
+            task_id="silver_verdicts", of=merge.task_id, retries=0,
+            doc_md="Fails the run with the failure line of the tables silver_merge could not advance (the others' "
+                   "assets are updated already).")
 
 for model in W.registry.gold.values():
     if not wanted(f"cdc_gold_{model.name}"):

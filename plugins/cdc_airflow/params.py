@@ -23,6 +23,12 @@ def window_params(what: str) -> dict[str, Param]:
                            description=f"landing time before which files are {what}")}
 
 
+def pass_params(tables: list[str]) -> dict[str, Param]:
+    """A layer pass's run by hand: the tables it takes (none: every table; a run asset events started takes theirs)."""
+    return {"tables": Param([], type="array", items={"type": "string", "enum": list(tables)}, uniqueItems=True,
+                            title="Tables", description="Tables to apply, in one pass (default: every table)")}
+
+
 def replay_params(tables: list[str]) -> dict[str, Param]:
     """Validated when the run is created (the UI form, the API, `dags test -c`)."""
     return {

@@ -7,9 +7,10 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from airflow.sdk import Asset
+from airflow.sdk import Asset, AssetAlias
 
 from cdc_airflow.callbacks import failure_callbacks
+from cdc_airflow.operators import PassOutlets
 from spark_jobs.lake import Lake
 from spark_jobs.registry import Registry, load_registry
 from spark_jobs.settings import resolve, resolve_uri, settings
@@ -44,6 +45,16 @@ class Wiring:
     def asset(self, layer: str, name: str) -> Asset:
         """A table (or gold model) of a layer; its URI is the Delta table's location."""
         return Asset(name=f"cdc.{layer}.{name}", uri=Lake(self.lake).table_uri(layer, name), group="cdc")
+
+    def advanced(self, layer: str) -> AssetAlias:
+        """What a pass task of a layer declares as its outlet: it resolves to the assets of the tables it advanced."""
+        return AssetAlias(name=f"cdc.{layer}.advanced", group="cdc")
+
+    def pass_outlets(self, layer: str) -> PassOutlets:
+        """A pass task's per-table assets of `layer`, and what each table's step reads (cdc_airflow.operators)."""
+        tables = list(self.registry.tables)
+        return PassOutlets(layer, self.lake, self.advanced(layer), {t: self.asset(layer, t) for t in tables},
+                           {t: self.reads(layer, t) for t in tables})
 
     def landing_asset(self, table: str) -> Asset:
         """A table's landing folder (what bronze reads): an input in lineage, no DAG is scheduled by it."""

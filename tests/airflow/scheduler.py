@@ -115,19 +115,6 @@ class Airflow:
                 return []
             raise
 
-    def dags_with_runs(self, dag_ids: list[str], states: list[str]) -> set[str]:
-        """Those of `dag_ids` with a run in one of `states`, asked in pages of the API's batch listing (one call for
-        hundreds of DAGs, where `runs` is one each)."""
-        found: set[str] = set()
-        offset = 0
-        while True:
-            page = self.api("POST", "/dags/~/dagRuns/list", {"dag_ids": dag_ids, "states": states, "page_offset": offset,
-                                                             "page_limit": 100})["dag_runs"]
-            found |= {r["dag_id"] for r in page}
-            if len(page) < 100:
-                return found
-            offset += len(page)
-
     def task_instances(self, dag_id: str, run_id: str) -> dict[str, dict]:
         from urllib.parse import quote
 
@@ -153,6 +140,18 @@ class Airflow:
             (r for r in self.runs(dag_id) if r["dag_run_id"] == run_id and r["state"] in ("success", "failed")), None))
         assert run["state"] == "success", (run, self.task_instances(dag_id, run_id), self.logs())
         return run
+
+    def advanced(self, dag_id: str) -> set[str]:
+        """The tables whose asset the DAG's pass tasks have updated (each event's `table`), in pages of the API's
+        listing."""
+        found: set[str] = set()
+        offset = 0
+        while True:
+            page = self.api("GET", f"/assets/events?source_dag_id={dag_id}&limit=100&offset={offset}")["asset_events"]
+            found |= {e["extra"].get("table") for e in page if e.get("extra")}
+            if len(page) < 100:
+                return found
+            offset += len(page)
 
     def unpause(self, dag_id_pattern: str, count: int, timeout_s: float = 600) -> None:
         """Unpauses the DAGs whose ids match the SQL LIKE pattern, once the dag-processor has parsed `count` of them."""

@@ -77,7 +77,7 @@ def parse_each(tmp_path: Path, *variants: dict[str, str]) -> list[dict]:
 
 
 def test_dag_folder_parses_in_a_fresh_home_without_errors_or_heavy_imports(tmp_path):
-    task_dags = ("cdc_silver_customers", "cdc_bronze", "cdc_gold_customers_by_state")
+    task_dags = ("cdc_silver", "cdc_bronze", "cdc_gold_customers_by_state")
     parsed, notified, *own_dags = parse_each(
         tmp_path, {}, {"CDC_LANDING_QUEUE": "https://sqs.us-east-1.amazonaws.com/1/landing", "CDC_LANDING_URI": "s3://landing/cdc"},
         *({"_AIRFLOW_PARSING_CONTEXT_DAG_ID": dag_id} for dag_id in task_dags))
@@ -85,7 +85,8 @@ def test_dag_folder_parses_in_a_fresh_home_without_errors_or_heavy_imports(tmp_p
     dags = parsed["dags"]
     tables = ["actor", "customers", "film", "film_actor", "inventory_customers", "products"]
     models = ["customer_email_domains", "customers_by_state", "films_per_actor", "products_by_weight"]
-    assert sorted(dags) == sorted(["cdc_bronze", "cdc_replay", "cdc_maintenance", *[f"cdc_silver_{t}" for t in tables],
+    # a DAG per layer pass (bronze, silver), whatever the number of tables; gold's per model
+    assert sorted(dags) == sorted(["cdc_bronze", "cdc_silver", "cdc_replay", "cdc_maintenance",
                                    *[f"cdc_gold_{m}" for m in models]])
     assert {dag_id: d["deadlines"] for dag_id, d in dags.items()} == {dag_id: ["2:00:00"] for dag_id in dags}  # CDC_RUN_DEADLINE
 
@@ -93,17 +94,19 @@ def test_dag_folder_parses_in_a_fresh_home_without_errors_or_heavy_imports(tmp_p
     assert bronze["schedule"] == "0:15:00" and bronze["tags"] == ["bronze", "cdc", "landing"]
     # a run's sensor never starts while an earlier run's bronze tasks wait: it would hand them the same files
     assert bronze["max_active_runs"] == 1
-    # one sensor for every table; the branch starts the bronze tasks of the tables it found files for
+    # one sensor for every table, one bronze task for every table it found files for (a pass), whatever their number:
+    # its outlet is an alias, resolved to the tables it advanced; then the verdicts of those it could not
     assert bronze["tasks"]["landing_sense"] == {
-        "down": ["changed_tables"], "outlets": [], "doc": True, "retries": 1, "timeout": "1:00:00",
+        "down": ["bronze_ingest"], "outlets": [], "doc": True, "retries": 1, "timeout": "1:00:00",
         "on_failure": True, "type": "LandingSensor", "pool": "default_pool", "inlets": [],
         "params": ["since", "until"]}
-    assert bronze["tasks"]["changed_tables"]["down"] == sorted(f"bronze_ingest_{t}" for t in tables)
-    assert bronze["tasks"]["bronze_ingest_customers"] == {
-        "down": [], "outlets": ["cdc.bronze.customers"], "doc": True, "retries": 3, "timeout": "1:00:00",
-        "on_failure": True, "type": "CdcSparkJob", "pool": "cdc_table_customers", "inlets": ["cdc.landing.customers"],
+    assert bronze["tasks"]["bronze_ingest"] == {
+        "down": ["bronze_verdicts"], "outlets": ["cdc.bronze.advanced"], "doc": True, "retries": 3,
+        "timeout": "1:00:00", "on_failure": True, "type": "CdcSparkJob", "pool": "default_pool", "inlets": [],
         "params": ["since", "until"]}
-    assert len(bronze["tasks"]) == len(tables) + 2
+    assert bronze["tasks"]["bronze_verdicts"]["type"] == "TableVerdicts"
+    assert (bronze["tasks"]["bronze_verdicts"]["down"], bronze["tasks"]["bronze_verdicts"]["retries"]) == ([], 0)
+    assert len(bronze["tasks"]) == 3
     # with the landing bucket's notifications on a queue, a notified landing starts it too
     assert notified["dags"]["cdc_bronze"]["schedule"] == ["cdc.landing.notified", "0:15:00"]
     # a task's process parses for its own DAG (Airflow's parsing context): the layers' file builds only that one
@@ -112,12 +115,16 @@ def test_dag_folder_parses_in_a_fresh_home_without_errors_or_heavy_imports(tmp_p
         assert sorted(own) == sorted([dag_id, "cdc_replay", "cdc_maintenance"]), dag_id
         assert own[dag_id] == dags[dag_id]
 
-    # each layer's DAG is scheduled by the asset it reads, and updates the one it writes
-    silver = dags["cdc_silver_film"]
+    # each layer's DAG is scheduled by the assets it reads, and updates those it writes: silver's pass by any table's
+    # bronze, its outlet the alias its run resolves to the silver tables it advanced
+    silver = dags["cdc_silver"]
     assert (silver["schedule"], silver["max_active_runs"], silver["tags"]) == (
-        ["cdc.bronze.film"], 1, ["cdc", "silver", "source:pagila"])
-    assert silver["tasks"]["silver_merge_film"]["outlets"] == ["cdc.silver.film"]
-    assert silver["tasks"]["silver_merge_film"]["inlets"] == ["cdc.bronze.film"]  # lineage inputs (OpenLineage)
+        [f"cdc.bronze.{t}" for t in tables], 1, ["cdc", "silver"])
+    assert silver["tasks"]["silver_merge"] == {
+        "down": ["silver_verdicts"], "outlets": ["cdc.silver.advanced"], "doc": True, "retries": 3,
+        "timeout": "1:00:00", "on_failure": True, "type": "CdcSparkJob", "pool": "default_pool", "inlets": [],
+        "params": ["tables"]}
+    assert silver["tasks"]["silver_verdicts"]["type"] == "TableVerdicts"
     gold = dags["cdc_gold_films_per_actor"]
     assert gold["schedule"] == ["cdc.silver.actor", "cdc.silver.film", "cdc.silver.film_actor"]
     assert gold["tasks"]["gold_refresh_films_per_actor"]["outlets"] == ["cdc.gold.films_per_actor"]
@@ -135,14 +142,15 @@ def test_dag_folder_parses_in_a_fresh_home_without_errors_or_heavy_imports(tmp_p
     assert all(t["doc"] and t["on_failure"] for d in dags.values() for t in d["tasks"].values())
     assert all(d["doc"] for d in dags.values())
 
-    # every task writing a table or gold model, in any DAG, waits in that table's pool of one slot
+    # every task writing one table or gold model, in any DAG, waits in that table's pool of one slot (a layer's pass
+    # writes many: the tables' writer locks keep it apart from their other writers)
     writers = {(dag_id, task_id): t["pool"] for dag_id, d in dags.items() for task_id, t in d["tasks"].items()
-               if t["type"] == "CdcSparkJob" and task_id != "expire_reports"}
+               if t["type"] == "CdcSparkJob" and task_id not in ("expire_reports", "bronze_ingest", "silver_merge")}
     for (dag_id, task_id), pool in writers.items():
         name = max((n for n in [*tables, *models] if task_id.endswith(f"_{n}")), key=len)  # film_actor, not actor
         assert pool == (f"cdc_gold_{name}" if name in models else f"cdc_table_{name}"), (dag_id, task_id)
-    # bronze, silver, replay, maintenance per table; gold, replay's gold, maintenance per model
-    assert len(writers) == 4 * len(tables) + 3 * len(models)
+    # replay, maintenance per table; gold, replay's gold, maintenance per model
+    assert len(writers) == 2 * len(tables) + 3 * len(models)
 
     upkeep = dags["cdc_maintenance"]
     assert (upkeep["schedule"], upkeep["max_active_runs"]) == ("0 0 * * *", 1)
@@ -157,10 +165,9 @@ def test_dags_follow_the_cdc_config_environment(tmp_path):
     parsed = parse_dags(tmp_path, CDC_CONFIG=str(config))
     assert parsed["errors"] == {}
     # a table with `freshness` is watched: cdc_freshness appears (the demo's tables have none: no such DAG)
-    assert sorted(parsed["dags"]) == ["cdc_bronze", "cdc_freshness", "cdc_maintenance", "cdc_replay",
-                                      "cdc_silver_orders"]
+    assert sorted(parsed["dags"]) == ["cdc_bronze", "cdc_freshness", "cdc_maintenance", "cdc_replay", "cdc_silver"]
     assert parsed["dags"]["cdc_freshness"]["tasks"]["fresh_silver_orders"]["type"] == "FreshnessCheck"
-    assert sorted(parsed["dags"]["cdc_bronze"]["tasks"]) == ["bronze_ingest_orders", "changed_tables", "landing_sense"]
+    assert sorted(parsed["dags"]["cdc_bronze"]["tasks"]) == ["bronze_ingest", "bronze_verdicts", "landing_sense"]
 
 
 def test_a_gold_model_read_at_a_transaction_watermark_also_runs_on_the_clock(tmp_path):

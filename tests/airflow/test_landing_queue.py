@@ -61,7 +61,7 @@ def test_a_file_landed_starts_bronze_through_the_bucket_notification_queue_witho
 
             def ingested() -> list[dict]:  # each notification may start a run: one of them ingests
                 return [r for r in airflow.runs("cdc_bronze") if airflow.task_instances("cdc_bronze", r["dag_run_id"])
-                        .get("bronze_ingest_customers", {}).get("state") == "success"]
+                        .get("bronze_ingest", {}).get("state") == "success"]
 
             runs = airflow.wait("bronze to ingest the landed files", ingested)
             print(f"landed to bronze through the queue: {time.monotonic() - landed:.1f}s")

@@ -112,18 +112,85 @@ def test_a_failed_layer_job_fails_its_task_with_the_cause_and_only_transient_one
                          AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[1]"}')
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    job = CdcSparkJob(task_id="bronze_ingest_t", landing=str(tmp_path / "landing"), files_from=("landing_sense", "t"),
-                      cli_args=["--layers", "bronze", "--tables", "t"])
+    job = CdcSparkJob(task_id="bronze_ingest", landing=str(tmp_path / "landing"), files_from="landing_sense",
+                      cli_args=["--layers", "bronze"])
     # a backlog after an outage: as one argument its list would be over Linux's 128 KiB per argument
     backlog = [f"topics/t/partition=0/t+0+{n:019d}.json" for n in range(5_000, 0, -1)]
-    ti = SimpleNamespace(xcom_pull=lambda task_ids: {"t": backlog, "other": ["topics/o/partition=0/o+0+0.json"]})
+    other = ["topics/o/partition=0/o+0+0.json"]
+    ti = SimpleNamespace(xcom_pull=lambda task_ids: {"t": backlog, "other": other} if task_ids == "landing_sense" else None)
     with pytest.raises(raised) as failed:
         job.execute({"ti": ti})
     assert type(failed.value) is raised and str(failed.value).startswith(message)
     args = (tmp_path / "args").read_text()
     assert str(ROOT / "spark_jobs" / "__main__.py") in args
-    assert re.search(r"--files @\S+/files\.json$", args.rstrip())
-    assert json.loads((tmp_path / "files.json").read_text()) == sorted(backlog)
+    # every table the sensor found files for, with exactly those files
+    assert re.search(r"--tables other,t --files @\S+/files\.json$", args.rstrip())
+    assert json.loads((tmp_path / "files.json").read_text()) == sorted(backlog + other)
+
+
+@pytest.mark.parametrize("exit_code, failure_line", [(0, None), (1, "gate failed: table=u layer=bronze expectation=x")])
+def test_a_pass_task_announces_each_table_it_advanced_and_hands_on_the_others_failure(tmp_path, monkeypatch, exit_code,
+                                                                                       failure_line):
+    """One job for many tables: each table whose bronze took files through a passing gate gets its asset event (and
+    lineage), whether or not another table failed; the failure line goes to the verdicts task, which fails the run."""
+    from airflow.sdk import Asset, AssetAlias
+    from airflow.sdk.execution_time.context import OutletEventAccessors
+
+    from cdc_airflow.operators import PassOutlets, TableVerdicts
+    from spark_jobs import report
+    from spark_jobs.lake import Lake
+
+    lake = Lake(str(tmp_path / "lake"))
+    for table, summary in {"t": {"files": 2, "events": 7, "gate": "passed"},
+                           "w": {"files": 1, "events": 0, "gate": "passed-with-warnings"},
+                           "u": {"files": 3, "gate": "failed"},  # its gate let nothing through
+                           "v": {"files": 0, "gate": "passed"}}.items():  # nothing taken
+        report.publish(lake, "r1", {"table": table, "layer": "bronze", "batch_id": "r1", **summary})
+    report.publish(lake, "r0", {"table": "v", "layer": "bronze", "batch_id": "r0", "files": 1, "gate": "passed"})
+    report.publish(lake, "r1", {"table": "t", "layer": "silver", "batch_id": "r1", "gate": "passed"})
+    fake = tmp_path / "bin" / "spark-submit"
+    fake.parent.mkdir()
+    write = f'echo "{failure_line}" > "$CDC_FAILURE_FILE"; ' if failure_line else ""
+    fake.write_text(f"#!/bin/sh\n{write}exit {exit_code}\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    for name, value in subprocess_env(PATH=f"{fake.parent}:{os.environ['PATH']}",
+                                      AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[1]"}').items():
+        monkeypatch.setenv(name, value)
+    alias = AssetAlias(name="cdc.bronze.advanced")
+    assets = {t: Asset(name=f"cdc.bronze.{t}", uri=f"file://{lake.bronze(t)}") for t in "tuvw"}
+    landing = {t: [Asset(name=f"cdc.landing.{t}", uri=f"file:///landing/topics/{t}")] for t in "tuvw"}
+    job = CdcSparkJob(task_id="bronze_ingest", landing=str(tmp_path / "landing"), files_from="landing_sense",
+                      cli_args=["--layers", "bronze"], announces=PassOutlets("bronze", lake.root, alias, assets, landing))
+    sensed = {t: [f"topics/{t}/partition=0/{t}+0+0.json"] for t in "tuvw"}
+    outlets = OutletEventAccessors()
+    ti = SimpleNamespace(xcom_pull=lambda task_ids: sensed)
+    handed_on = job.execute({"ti": ti, "run_id": "r1", "outlet_events": outlets})
+    assert handed_on == failure_line
+    events = outlets[alias].asset_alias_events
+    assert [(e.dest_asset_key.name, e.extra) for e in events] == [
+        ("cdc.bronze.t", {"run_id": "r1", "table": "t", "gate": "passed", "files": 2, "events": 7}),
+        ("cdc.bronze.w", {"run_id": "r1", "table": "w", "gate": "passed-with-warnings", "files": 1, "events": 0})]
+    lineage = job.get_openlineage_facets_on_complete(None)  # OpenLineage: what those tables read and wrote
+    assert [(d.namespace, d.name) for d in lineage.inputs] == [("file", "/landing/topics/t"), ("file", "/landing/topics/w")]
+    assert [d.name for d in lineage.outputs] == [lake.bronze("t"), lake.bronze("w")]
+
+    verdicts = TableVerdicts(task_id="bronze_verdicts", of="bronze_ingest")
+    handed = SimpleNamespace(xcom_pull=lambda task_ids: handed_on if task_ids == "bronze_ingest" else None)
+    if failure_line:
+        with pytest.raises(AirflowFailException, match="table=u layer=bronze"):
+            verdicts.execute({"ti": handed})
+    else:
+        verdicts.execute({"ti": handed})
+
+    # a transient failure is the task's, retried (no events: Airflow emits none for a failed try); the retry runs under
+    # the same run id, its job finds nothing left to do, and it announces from the run's report what the first try did
+    fake.write_text("#!/bin/sh\nexit 75\n")
+    with pytest.raises(AirflowException):
+        job.execute({"ti": ti, "run_id": "r1", "outlet_events": OutletEventAccessors()})
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    retried = OutletEventAccessors()
+    assert job.execute({"ti": ti, "run_id": "r1", "outlet_events": retried}) is None
+    assert [e.dest_asset_key.name for e in retried[alias].asset_alias_events] == ["cdc.bronze.t", "cdc.bronze.w"]
 
 
 CALLED: list[dict] = []

@@ -2,7 +2,8 @@
 LocalExecutor on a PostgreSQL metadata database (Debian's `postgresql`, started here), no `dags test`.
 Files land on a local S3 server while the scheduled run's sensor waits deferred in the triggerer; bronze's
 asset event schedules silver, silver's schedules gold; then a backfill and a replay created through the
-REST API, and a replay beside a manual silver run, which Airflow queues behind it (the table's pool)."""
+REST API, and a replay beside a manual silver run while a writer outside Airflow holds the table: both wait on the
+table's writer lock, deferred, holding no worker slot."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import pytest
 from spark_jobs.generate import Options, generate
 from spark_jobs.lake import Lake, row_count
 from spark_jobs.registry import load_registry
+from spark_jobs.report import load_run
 from tests.airflow.scheduler import Airflow, airflow_env, postgres
 from tests.conftest import ROOT, s3_environment, subprocess_env, upload_landing
 from tests.support import pipeline_service, smtp_connection, smtp_sink
@@ -50,6 +52,13 @@ def test_the_scheduler_triggerer_and_assets_run_landing_to_gold_then_a_backfill_
             scheduled = airflow.wait("the sensor to defer", airflow.deferred_sensor, 300)
             upload_landing(s3_endpoint, tmp_path / "sink", landing)  # files land: the trigger wakes the sensor
             assert airflow.finished("cdc_bronze", scheduled)["run_type"] == "scheduled"
+            # one bronze task for the tables found (a pass); its alias resolved to the table's asset, with the run's figures
+            assert {t: ti["state"] for t, ti in airflow.task_instances("cdc_bronze", scheduled).items()} == {
+                "landing_sense": "success", "bronze_ingest": "success", "bronze_verdicts": "success"}
+            (event,) = airflow.api("GET", "/assets/events?source_dag_id=cdc_bronze")["asset_events"]
+            (summary,) = [s for s in load_run(Lake(str(lake)), scheduled) if s["layer"] == "bronze"]
+            assert (event["name"], event["extra"]["table"], event["extra"]["gate"], event["extra"]["files"]) == (
+                "cdc.bronze.customers", "customers", "passed", summary["files"])
             # it waited past its deadline: the triggerer mailed it through the SMTP connection
             missed = airflow.wait("the deadline alert's mail", lambda: [
                 m for m in mails if m["Subject"] == "CDC run past its deadline: cdc_bronze"] or None)
@@ -57,9 +66,11 @@ def test_the_scheduler_triggerer_and_assets_run_landing_to_gold_then_a_backfill_
             assert scheduled in next(p.get_payload(decode=True).decode() for p in missed[0].walk()
                                      if p.get_content_type() == "text/html")
             silver_run = airflow.wait("silver from bronze's asset event", lambda: next(
-                (r["dag_run_id"] for r in airflow.runs("cdc_silver_customers") if r["run_type"] == "asset_triggered"),
-                None))
-            airflow.finished("cdc_silver_customers", silver_run)
+                (r["dag_run_id"] for r in airflow.runs("cdc_silver") if r["run_type"] == "asset_triggered"), None))
+            airflow.finished("cdc_silver", silver_run)
+            (event,) = airflow.api("GET", "/assets/events?source_dag_id=cdc_silver")["asset_events"]
+            assert (event["name"], event["extra"]["table"], event["extra"]["gate"]) == (
+                "cdc.silver.customers", "customers", "passed")
             gold_run = airflow.wait("gold from silver's asset event", lambda: next(
                 (r["dag_run_id"] for r in airflow.runs("cdc_gold_customers_by_state")
                  if r["run_type"] == "asset_triggered"), None))
@@ -87,39 +98,32 @@ def test_the_scheduler_triggerer_and_assets_run_landing_to_gold_then_a_backfill_
                 and r["state"] in ("success", "failed")] or None)
             assert backfill["dag_id"] == "cdc_bronze" and {r["state"] for r in backfilled} == {"success"}
             for run in backfilled:
-                assert airflow.task_instances("cdc_bronze", run["dag_run_id"])["bronze_ingest_customers"]["state"] == \
-                    "skipped"
+                assert airflow.task_instances("cdc_bronze", run["dag_run_id"])["bronze_ingest"]["state"] == "skipped"
 
             # a replay through the REST API with params, beside a manual silver run of the same table, while a
-            # writer outside Airflow holds the table: the first Airflow writer waits deferred on its job (the
-            # lock is the guard outside Airflow), and the table's pool of one slot keeps the second queued in
-            # Airflow, holding nothing, until the first is done
+            # writer outside Airflow holds the table: both Airflow writers wait deferred on their jobs (silver's is a
+            # pass of every table it is given: no pool of one table holds it back), and the table's writer lock keeps
+            # them apart from the outside writer and from each other
             from spark_jobs.state import writer_lock
 
             with writer_lock(tables, "customers", "e2e-outside-writer"):
                 replay = airflow.api("POST", "/dags/cdc_replay/dagRuns", {
                     "logical_date": None, "conf": {"tables": ["customers"], "mode": "rebuild"}})["dag_run_id"]
-                manual = airflow.api("POST", "/dags/cdc_silver_customers/dagRuns", {"logical_date": None})["dag_run_id"]
+                manual = airflow.api("POST", "/dags/cdc_silver/dagRuns", {
+                    "logical_date": None, "conf": {"tables": ["customers"]}})["dag_run_id"]
 
                 def writers() -> dict[str, str | None]:
                     return {"replay": airflow.task_instances("cdc_replay", replay).get("replay_customers", {})
-                            .get("state"), "manual": airflow.task_instances("cdc_silver_customers", manual)
-                            ["silver_merge_customers"].get("state")}
+                            .get("state"), "manual": airflow.task_instances("cdc_silver", manual)
+                            .get("silver_merge", {}).get("state")}
 
-                airflow.wait("one writer deferred on its job, the other ready to run", lambda: (
-                    "deferred" in writers().values() and all(writers().values())))
-                time.sleep(8)  # scheduler loops every 2 s: with the slot free, the second would run by now
-                assert sorted(map(str, writers().values())) == ["deferred", "scheduled"], writers()
+                airflow.wait("both writers deferred on their jobs", lambda: set(writers().values()) == {"deferred"})
+                time.sleep(4)
+                assert set(writers().values()) == {"deferred"}, writers()  # neither could write: the lock is held
             airflow.finished("cdc_replay", replay)
-            airflow.finished("cdc_silver_customers", manual)
-            assert {airflow.task_instances("cdc_replay", replay)["replay_customers"]["pool"],
-                    airflow.task_instances("cdc_silver_customers", manual)["silver_merge_customers"]["pool"]} == {
-                "cdc_table_customers"}
-            # and the jobs themselves never ran at once: the second was submitted once the first had ended
+            airflow.finished("cdc_silver", manual)
             jobs = service_jobs(tmp_path / "service.log")
-            first, second = sorted((jobs[f"cdc_replay/replay_customers/{replay}"],
-                                    jobs[f"cdc_silver_customers/silver_merge_customers/{manual}"]))
-            assert second[0] >= first[1], jobs
+            assert {f"cdc_replay/replay_customers/{replay}", f"cdc_silver/silver_merge/{manual}"} <= set(jobs)
             assert silver_rows(tables) == generated.final_rows
 
 

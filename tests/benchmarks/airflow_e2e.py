@@ -4,7 +4,7 @@ start-up and compute.
 
 Each run starts `cdc_bronze` first; its sensor finds nothing and defers, polling every POKE_S seconds.
 Then a batch of change files lands (t0). The run ends when `cdc_gold_<model>`'s task has written gold;
-`cdc_silver_<table>` and `cdc_gold_<model>` are started one after the other, as their assets would start
+`cdc_silver` and `cdc_gold_<model>` are started one after the other, as their assets would start
 them. From the Airflow database and the jobs' own output:
 
 - detection: t0 to the sensor handing over the files (the poll interval, the listing);
@@ -45,7 +45,6 @@ from tests.benchmarks.harness import (
 from tests.support import service_airflow_env
 
 POKE_S = 5
-SPARK_TASKS = ("bronze_ingest", "silver_merge", "gold_refresh")
 
 
 def airflow_env(home: Path, landing: Path, lake: Path) -> dict[str, str]:
@@ -114,12 +113,12 @@ def one_landing(home: Path, environ: dict[str, str], staging: Path, landing: Pat
     t0 = land(staging, landing, files)
     outputs = [finish(bronze, "cdc_bronze")]
     dags = ["cdc_bronze"]
-    for dag_id in (f"cdc_silver_{TABLE}", f"cdc_gold_{MODEL}"):
+    for dag_id in ("cdc_silver", f"cdc_gold_{MODEL}"):
         outputs.append(finish(airflow("dags", "test", dag_id, environ=environ), dag_id))
         dags.append(dag_id)
     tasks = {task: times for dag_id in dags for task, times in task_times(home, dag_id).items()}
     ready = [float(v) for out in outputs for v in re.findall(r"session_ready_at=([0-9.]+)", out)]
-    spark = [tasks[t] for t in (f"bronze_ingest_{TABLE}", f"silver_merge_{TABLE}", f"gold_refresh_{MODEL}")]
+    spark = [tasks[t] for t in ("bronze_ingest", "silver_merge", f"gold_refresh_{MODEL}")]
     if len(ready) != len(spark) or any(s[2] != "success" for s in spark):
         raise RuntimeError(f"expected {len(spark)} successful Spark tasks, got {spark} and sessions {ready}")
     total = spark[-1][1] - t0  # type: ignore[operator]
@@ -142,7 +141,7 @@ def w5(bench: Bench) -> None:
     subprocess.run([sys.executable, "-m", "cdc_airflow.pools"], cwd=ROOT, env=environ, check=True, capture_output=True)
     # the first landing (the snapshot) creates the tables; not measured
     land(staging, landing, generated.batches[0])
-    for dag_id in ("cdc_bronze", f"cdc_silver_{TABLE}", f"cdc_gold_{MODEL}"):
+    for dag_id in ("cdc_bronze", "cdc_silver", f"cdc_gold_{MODEL}"):
         finish(airflow("dags", "test", dag_id, environ=environ), dag_id)
     batches = iter(generated.batches[1:])
     for mode, how in modes:
