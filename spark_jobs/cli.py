@@ -40,7 +40,7 @@ def _selected(registry: Registry, args: argparse.Namespace) -> tuple[list[TableC
 def run(args: argparse.Namespace) -> int:
     from spark_jobs.delta.engines import make_engine
     from spark_jobs.lake import Lake
-    from spark_jobs.landing import LandingWindow
+    from spark_jobs.landing import LandingWindow, in_topic
     from spark_jobs.layers import bronze
     from spark_jobs.quality.user_expectations import validate, validate_actions
     from spark_jobs.run_plan import RunPlan, execute
@@ -54,6 +54,11 @@ def run(args: argparse.Namespace) -> int:
         models = [replace(m, quality=replace(m.quality, max_quarantined=limit)) for m in models]
     if args.mode == "skip" and (args.files is None or args.layers != ["bronze"]):
         raise ConfigError("--mode skip sets landing files aside: it takes --files and --layers bronze")
+    if args.files is not None:  # each table takes the named files of its topic: one no table takes would be lost
+        unclaimed = sorted(f for f in args.files if not any(in_topic(f, t.topic) for t in tables))
+        if unclaimed:
+            raise ConfigError(f"{len(unclaimed)} landing file(s) in --files are of no selected table's topic: "
+                              f"{', '.join(unclaimed[:5])}")
     # GX checks the user's expectations and actions before any work (and any JVM) starts
     for declared in [*(t.expectations for t in tables), *(m.expectations for m in models)]:
         validate(declared)

@@ -55,6 +55,11 @@ def check_landing_path(path: str) -> str:
     return path
 
 
+def in_topic(path: str, topic: str) -> bool:
+    """Is the landing file (a path as the sensor names it) one of the topic's?"""
+    return path.startswith(f"topics/{topic}/")
+
+
 @dataclass(frozen=True)
 class LandingWindow:
     """Landing times [since, until) in epoch milliseconds; None is unbounded."""

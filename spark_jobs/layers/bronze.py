@@ -17,7 +17,7 @@ from spark_jobs.debezium import envelope
 from spark_jobs.delta import DeltaEngine, driver_rows
 from spark_jobs.errors import ConcurrentWrite, OutOfMemory, PipelineError
 from spark_jobs.lake import Lake
-from spark_jobs.landing import LandingFile, LandingWindow, list_topic, spark_paths
+from spark_jobs.landing import LandingFile, LandingWindow, in_topic, list_topic, spark_paths
 from spark_jobs.layers.bronze_pass import (
     Candidate,
     LineTally,
@@ -107,12 +107,14 @@ def _select(landing: str, lake: Lake, table: TableConfig, selection: Selection, 
     listed = list_topic(landing, table.topic, marks=marks)
     chosen = listed
     if selection.files is not None:
-        # named files bronze has taken since (another run of the table) are not gone: they are done
-        gone = sorted(selection.files - {f.path for f in listed} - done)
+        # of the files named to the run (the sensor's, of every table it found), the table's own; those bronze has
+        # taken since (another run of the table) are not gone: they are done
+        named = {path for path in selection.files if in_topic(path, table.topic)}
+        gone = sorted(named - {f.path for f in listed} - done)
         if gone:
             raise PipelineError(table.name, "bronze", f"{len(gone)} landing file(s) handed to this run are no longer "
                                 f"in {landing}: {', '.join(gone[:5])}")
-        chosen = [f for f in listed if f.path in selection.files]
+        chosen = [f for f in listed if f.path in named]
     skip = set() if selection.reprocess else done
     chosen = [f for f in chosen if f in selection.window and f.path not in skip]
     # the sink commits a value file, then its key file: one listed alone is taken once its keys are there too

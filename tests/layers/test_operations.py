@@ -212,6 +212,34 @@ def test_landing_files_on_a_local_s3_server_are_listed_and_read_through_s3a(spar
                                             bronze.Selection(files=frozenset(["topics/gone.json"]))))
 
 
+def test_the_sensors_list_of_several_tables_gives_each_its_own_files_and_names_a_file_no_table_takes(
+        spark, engine, tmp_path, capsys):
+    """Bronze's pass task hands one list (every table the sensor found files for) to one run: each table takes exactly
+    the listed files of its topic, the rest staying pending; a listed file of no selected table's topic fails the run
+    before any work, naming it (it would be taken by nobody)."""
+    config = tmp_path / "tables.yaml"
+    config.write_text("tables:\n  customers: {topic: burst.burst_bank.customers, keys: [custkey]}\n"
+                      "  actor: {topic: pagila.public.actor, keys: [actor_id]}\n")
+    landing, lake = tmp_path / "landing", Lake(str(tmp_path / "lake"))
+    generated = {g.table: g for g in generate(load_registry(str(config)).select(None), landing,
+                                              Options(rows=20, changes=20, records_per_file=10, partitions=1, seed=8))}
+    files = {t: [f.path for f in list_topic(str(landing), g.topic)] for t, g in generated.items()}
+    named = [*files["customers"], *files["actor"][:1]]  # every customers file, actor's first
+    code, out, err = run(capsys, config, landing, lake.root, "--layers", "bronze", "--tables", "actor,customers",
+                         "--files", json.dumps(named))
+    assert (code, err) == (0, "")
+    taken = {t: sorted(engine.read(spark, lake.bronze(t)).select("_source_file").distinct().toPandas()["_source_file"])
+             for t in generated}
+    assert taken == {"customers": sorted(files["customers"]), "actor": files["actor"][:1]}
+    assert row_count(lake.bronze("customers")) == generated["customers"].events
+
+    code, out, err = run(capsys, config, landing, lake.root, "--layers", "bronze", "--tables", "actor",
+                         "--files", json.dumps(files["actor"][1:] + files["customers"][:1]))
+    assert (code, err) == (2, f"config error: 1 landing file(s) in --files are of no selected table's topic: "
+                              f"{files['customers'][0]}\n")
+    assert row_count(lake.bronze("actor")) < generated["actor"].events  # nothing was taken
+
+
 def test_a_lake_on_another_store_and_a_bad_window_are_config_errors_the_task_reads(tmp_path, capsys, monkeypatch):
     config = write_config(tmp_path, gold=False)
     failure = tmp_path / "failure.txt"
