@@ -4,6 +4,7 @@ plugins, and its REST API as the admin user. The real-scheduler tests and worklo
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import shutil
@@ -141,13 +142,16 @@ class Airflow:
         assert run["state"] == "success", (run, self.task_instances(dag_id, run_id), self.logs())
         return run
 
-    def advanced(self, dag_id: str) -> set[str]:
-        """The tables whose asset the DAG's pass tasks have updated (each event's `table`), in pages of the API's
-        listing."""
+    def advanced(self, dag_id: str, since: dt.datetime | None = None) -> set[str]:
+        """The tables whose asset the DAG's pass tasks have updated (each event's `table`; `since`: at or after), in
+        pages of the API's listing."""
+        from urllib.parse import quote
+
         found: set[str] = set()
         offset = 0
+        after = f"&timestamp_gte={quote(since.isoformat())}" if since else ""
         while True:
-            page = self.api("GET", f"/assets/events?source_dag_id={dag_id}&limit=100&offset={offset}")["asset_events"]
+            page = self.api("GET", f"/assets/events?source_dag_id={dag_id}&limit=100&offset={offset}{after}")["asset_events"]
             found |= {e["extra"].get("table") for e in page if e.get("extra")}
             if len(page) < 100:
                 return found
