@@ -35,7 +35,9 @@ def test_the_scheduler_triggerer_and_assets_run_landing_to_gold_then_a_backfill_
     config.write_text("tables:\n  customers:\n    topic: burst.burst_bank.customers\n    keys: [custkey]\n")
     shutil.copy(ROOT / "include" / "gold" / "customers_by_state.sql", tmp_path / "include" / "gold")
     landing, lake = "s3://landing/cdc", tmp_path / "lake"
-    (generated,) = generate(load_registry(str(config)).select(None), tmp_path / "sink", Options(rows=40, changes=40))
+    # the snapshot lands first, the changes later (batches[1])
+    (generated,) = generate(load_registry(str(config)).select(None), tmp_path / "sink",
+                            Options(rows=40, changes=40, batches=1))
     home = tmp_path / "airflow"
     # the tasks submit their jobs to the pipeline service, the default way to run (docs/operations.md); they wait deferred
     deployment = {"CDC_CONFIG": str(config), "CDC_LANDING_URI": landing, "CDC_LAKE_URI": str(lake)}
@@ -50,7 +52,8 @@ def test_the_scheduler_triggerer_and_assets_run_landing_to_gold_then_a_backfill_
         with airflow.running():
             # the scheduled run's sensor finds nothing and waits deferred, in the triggerer
             scheduled = airflow.wait("the sensor to defer", airflow.deferred_sensor, 300)
-            upload_landing(s3_endpoint, tmp_path / "sink", landing)  # files land: the trigger wakes the sensor
+            # files land: the trigger wakes the sensor
+            upload_landing(s3_endpoint, tmp_path / "sink", landing, generated.batches[0])
             assert airflow.finished("cdc_bronze", scheduled)["run_type"] == "scheduled"
             # one bronze task for the tables found (a pass); its alias resolved to the table's asset, with the run's figures
             assert {t: ti["state"] for t, ti in airflow.task_instances("cdc_bronze", scheduled).items()} == {
@@ -83,6 +86,10 @@ def test_the_scheduler_triggerer_and_assets_run_landing_to_gold_then_a_backfill_
                     service_form["standard_fields"]["login"]["hidden"]) == ("CDC pipeline service", "Secret", True)
             assert service_form["extra_fields"]["verify"]["schema"]["title"] == "CA file"
             tables = Lake(str(lake))
+            assert silver_rows(tables) == generated.snapshot_rows
+            assert row_count(tables.gold("customers_by_state")) == len({r["state"] for r in generated.snapshot_rows.values()})
+
+            work_done_is_not_lost_to_the_scheduler(airflow, s3_endpoint, tmp_path, landing, generated)
             assert row_count(tables.bronze("customers")) == generated.events
             assert silver_rows(tables) == generated.final_rows
             assert row_count(tables.gold("customers_by_state")) == len({r["state"] for r in generated.final_rows.values()})
@@ -125,6 +132,46 @@ def test_the_scheduler_triggerer_and_assets_run_landing_to_gold_then_a_backfill_
             jobs = service_jobs(tmp_path / "service.log")
             assert {f"cdc_replay/replay_customers/{replay}", f"cdc_silver/silver_merge/{manual}"} <= set(jobs)
             assert silver_rows(tables) == generated.final_rows
+
+
+def work_done_is_not_lost_to_the_scheduler(airflow: Airflow, s3_endpoint: str, tmp_path: Path, landing: str,
+                                           generated) -> None:  # noqa: ANN001
+    """The changes land while another writer holds the table: bronze's job waits for the lock, and its task is failed
+    meanwhile (a scheduler losing it, an operator's mistake). The job still does its work once the lock is free, but
+    no asset event follows a failed task: silver waits. Cleared, the task's next try finds its work done (the same
+    run's report) and announces it: silver and gold follow, with no new landing."""
+    from urllib.parse import quote
+
+    from spark_jobs.state import writer_lock
+
+    tables = Lake(str(tmp_path / "lake"))
+    events = len(airflow.api("GET", "/assets/events?source_dag_id=cdc_bronze")["asset_events"])
+    with writer_lock(tables, "customers", "e2e-outside-writer"):
+        airflow.api("POST", "/dags/cdc_bronze/dagRuns", {"logical_date": None})
+        run = airflow.wait("a cdc_bronze run's sensor to defer", airflow.deferred_sensor)
+        upload_landing(s3_endpoint, tmp_path / "sink", landing, generated.batches[1])
+        airflow.wait("bronze's job to wait for the lock", lambda: airflow.task_instances("cdc_bronze", run)
+                     .get("bronze_ingest", {}).get("state") == "deferred")
+        airflow.api("PATCH", f"/dags/cdc_bronze/dagRuns/{quote(run, safe='')}/taskInstances/bronze_ingest",
+                    {"new_state": "failed"})
+    key = f"cdc_bronze/bronze_ingest/{run}"
+    airflow.wait("the failed task's job to succeed", lambda: key in service_jobs(tmp_path / "service.log"))
+    assert row_count(tables.bronze("customers")) == generated.events  # the work is done
+    time.sleep(4)
+    assert len(airflow.api("GET", "/assets/events?source_dag_id=cdc_bronze")["asset_events"]) == events  # unannounced
+    silver_runs = {r["dag_run_id"] for r in airflow.runs("cdc_silver")}
+    gold_runs = {r["dag_run_id"] for r in airflow.runs("cdc_gold_customers_by_state")}
+
+    airflow.api("POST", "/dags/cdc_bronze/clearTaskInstances", {
+        "dry_run": False, "dag_run_id": run, "task_ids": ["bronze_ingest"], "include_downstream": True,
+        "only_failed": False, "reset_dag_runs": True})
+    airflow.finished("cdc_bronze", run)
+    announced = airflow.api("GET", "/assets/events?source_dag_id=cdc_bronze")["asset_events"]
+    assert (len(announced), announced[-1]["extra"]["run_id"]) == (events + 1, run)
+    for dag_id, before in (("cdc_silver", silver_runs), ("cdc_gold_customers_by_state", gold_runs)):
+        new = airflow.wait(f"{dag_id} to follow", lambda dag_id=dag_id, before=before: next(
+            (r["dag_run_id"] for r in airflow.runs(dag_id) if r["dag_run_id"] not in before), None))
+        airflow.finished(dag_id, new)
 
 
 def compose_healthchecks_pass(airflow: Airflow) -> None:

@@ -209,7 +209,7 @@ def test_landing_files_on_a_local_s3_server_are_listed_and_read_through_s3a(spar
 
     with pytest.raises(PipelineError, match="1 landing file\\(s\\) handed to this run are no longer in"):
         answered_alone(bronze.bronze_ingest(spark, engine, registry.tables["customers"], "s3://landing/cdc", lake, "b3",
-                                            bronze.Selection(files=frozenset(["topics/gone.json"]))))
+                                            bronze.Selection(files=frozenset([f"topics/{generated.topic}/gone.json"]))))
 
 
 def test_the_sensors_list_of_several_tables_gives_each_its_own_files_and_names_a_file_no_table_takes(
