@@ -163,16 +163,15 @@ def s3_endpoint(tmp_path_factory):
         server.wait(timeout=30)
 
 
-def upload_landing(endpoint: str, local: Path, uri: str, only: list[str] | None = None) -> list[str]:
-    """Land local sink files in S3 as the S3 sink would: same keys under the URI's prefix (`only`: those files)."""
+def upload_landing(endpoint: str, local: Path, uri: str) -> list[str]:
+    """Land local sink files in S3 as the S3 sink would: same keys under the URI's prefix."""
     import boto3
 
     bucket, _, prefix = uri.removeprefix("s3://").partition("/")
     client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="test", aws_secret_access_key="test",
                           region_name="us-east-1")
     keys = []
-    chosen = None if only is None else {Path(f) for f in only}
-    for path in sorted(p for p in local.rglob("*") if p.is_file() and (chosen is None or p in chosen)):
+    for path in sorted(p for p in local.rglob("*") if p.is_file()):
         keys.append(f"{prefix}/{path.relative_to(local).as_posix()}")
         client.upload_file(str(path), bucket, keys[-1])
     return keys

@@ -62,7 +62,8 @@ def advanced(layer: str, summary: Mapping[str, Any]) -> bool:
 
 
 class CdcSparkJob(SparkSubmitOperator):
-    """`python -m spark_jobs run ...` (or `maintain ...`) for one table (or gold model) and layer:
+    """`python -m spark_jobs run ...` (or `maintain ...`) for one table (or gold model) and layer, or for a layer's
+    pass over many tables:
     - with CDC_SERVICE_CONN_ID (the embedded default, `make demo`), submitted to the long-lived pipeline service
       that connection names; the task then waits deferred, holding no worker slot, while the job's log comes into
       its own (the service reads and writes its own deployment: only the table, layer, window, files and run id go);
