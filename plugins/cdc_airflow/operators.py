@@ -20,6 +20,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 import spark_jobs
 from cdc_airflow.hooks import s3_environment, s3_settings
 from cdc_airflow.triggers import ServiceJobTrigger
+from spark_jobs.event_log import PASSED
 from spark_jobs.landing import is_remote
 from spark_jobs.settings import PROJECT_ROOT, Settings, job_environment, settings
 from spark_jobs.storage import is_s3
@@ -54,7 +55,7 @@ class PassOutlets:
 def advanced(layer: str, summary: Mapping[str, Any]) -> bool:
     """Did the run's step (its report's summary) advance the table's layer? Bronze: it took files and its gate let
     them through (a failed gate writes nothing)."""
-    if summary.get("gate") not in ("passed", "passed-with-warnings"):
+    if summary.get("gate") not in PASSED:
         return False
     if layer == "bronze":
         return bool(summary.get("files") or summary.get("recovered_files"))

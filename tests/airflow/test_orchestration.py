@@ -128,6 +128,30 @@ def test_a_failed_layer_job_fails_its_task_with_the_cause_and_only_transient_one
     assert json.loads((tmp_path / "files.json").read_text()) == sorted(backlog + other)
 
 
+@pytest.mark.parametrize("events, params, tables", [
+    (["cdc.bronze.b", "cdc.bronze.a", "elsewhere"], {"tables": ["c"]}, "--tables a,b"),  # the events' tables, known ones
+    ([], {"tables": ["c", "a"]}, "--tables c,a"),  # by hand: the param's
+    ([], {"tables": []}, None),  # by hand, none named: every table
+])
+def test_silvers_pass_takes_the_tables_whose_bronze_started_its_run_else_the_param(tmp_path, monkeypatch, events,
+                                                                                    params, tables):
+    from airflow.sdk import Asset
+
+    fake = tmp_path / "bin" / "spark-submit"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path}/args\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    for name, value in subprocess_env(PATH=f"{fake.parent}:{os.environ['PATH']}",
+                                      AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[1]"}').items():
+        monkeypatch.setenv(name, value)
+    job = CdcSparkJob(task_id="silver_merge", landing=str(tmp_path / "landing"), cli_args=["--layers", "silver"],
+                      tables_from={f"cdc.bronze.{t}": t for t in "abc"})
+    triggering = {Asset(name=name, uri=f"file:///lake/{name}"): [] for name in events}
+    assert job.execute({"ti": SimpleNamespace(), "triggering_asset_events": triggering, "params": params}) is None
+    after_run_id = (tmp_path / "args").read_text().split("--run-id {{ run_id }}", 1)[1].split()  # (not rendered here)
+    assert after_run_id == ([] if tables is None else tables.split())
+
+
 @pytest.mark.parametrize("exit_code, failure_line", [(0, None), (1, "gate failed: table=u layer=bronze expectation=x")])
 def test_a_pass_task_announces_each_table_it_advanced_and_hands_on_the_others_failure(tmp_path, monkeypatch, exit_code,
                                                                                        failure_line):
