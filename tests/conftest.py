@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.support import aws_connection, free_port, subprocess_env  # noqa: F401  (the tests import them from here)
+from tests.support import aws_connection, free_port, s3_environment, s3_server, subprocess_env  # noqa: F401  (the tests import them from here)
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
@@ -134,33 +132,9 @@ def engine(spark):
 
 @pytest.fixture()
 def s3_endpoint(tmp_path_factory):
-    """A local S3 endpoint: moto's server mode in a process of its own (as MinIO would be: nothing shared
-    with the test's process, no GIL to wait on) on a free loopback port, with a `landing` and a `lake` bucket."""
-    import boto3
-
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = tmp_path_factory.mktemp("moto") / "server.log"
-    with log.open("w") as out:
-        server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                                  stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/moto-api/", timeout=5).close()
-                break
-            except OSError:
-                assert server.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-                time.sleep(0.2)
-        client = boto3.client("s3", endpoint_url=url, aws_access_key_id="test", aws_secret_access_key="test",
-                              region_name="us-east-1")
-        for bucket in ("landing", "lake"):
-            client.create_bucket(Bucket=bucket)
+    """A local S3 endpoint (tests/support.py's moto server) with a `landing` and a `lake` bucket."""
+    with s3_server(tmp_path_factory.mktemp("moto") / "server.log") as url:
         yield url
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 def upload_landing(endpoint: str, local: Path, uri: str) -> list[str]:
@@ -175,9 +149,3 @@ def upload_landing(endpoint: str, local: Path, uri: str) -> list[str]:
         keys.append(f"{prefix}/{path.relative_to(local).as_posix()}")
         client.upload_file(str(path), bucket, keys[-1])
     return keys
-
-
-def s3_environment(endpoint: str) -> dict[str, str]:
-    """The AWS_* variables of the local endpoint, as a job reads them (spark_jobs/storage.py)."""
-    return {"AWS_ENDPOINT_URL_S3": endpoint, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
-            "AWS_DEFAULT_REGION": "us-east-1"}

@@ -198,6 +198,58 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     return env
 
 
+@contextmanager
+def s3_server(log: Path, buckets: tuple[str, ...] = ("landing", "lake")) -> Iterator[str]:
+    """A local S3 (and SQS) endpoint: moto's server mode in a process of its own (as MinIO would be: nothing shared
+    with the caller's process, no GIL to wait on) on a free loopback port, with `buckets`; yields its URL."""
+    import urllib.request
+
+    import boto3
+
+    url = f"http://127.0.0.1:{free_port()}"
+    with log.open("w") as out:
+        server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", url.rsplit(":", 1)[1]],
+                                  stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/moto-api/", timeout=5).close()
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.2)
+        client = boto3.client("s3", endpoint_url=url, aws_access_key_id="test", aws_secret_access_key="test",
+                              region_name="us-east-1")
+        for bucket in buckets:
+            client.create_bucket(Bucket=bucket)
+        yield url
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def landing_notifications(endpoint: str, bucket: str = "landing") -> str:
+    """The bucket's object-created notifications to a new SQS queue of the local endpoint, as its owner sets them up
+    (docs/operations.md, "Event-driven runs"); the queue's URL (CDC_LANDING_QUEUE)."""
+    import boto3
+
+    aws = {"endpoint_url": endpoint, "aws_access_key_id": "test", "aws_secret_access_key": "test",
+           "region_name": "us-east-1"}
+    sqs = boto3.client("sqs", **aws)
+    queue = sqs.create_queue(QueueName=f"{bucket}-created")["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    boto3.client("s3", **aws).put_bucket_notification_configuration(Bucket=bucket, NotificationConfiguration={
+        "QueueConfigurations": [{"QueueArn": arn, "Events": ["s3:ObjectCreated:*"]}]})
+    return str(queue)
+
+
+def s3_environment(endpoint: str) -> dict[str, str]:
+    """The AWS_* variables of the local endpoint, as a job reads them (spark_jobs/storage.py)."""
+    return {"AWS_ENDPOINT_URL_S3": endpoint, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+            "AWS_DEFAULT_REGION": "us-east-1"}
+
+
 def aws_connection(endpoint: str) -> str:
     """`aws_default` as Airflow reads it from the environment, pointing at the local endpoint."""
     return json.dumps({"conn_type": "aws", "login": "test", "password": "test",

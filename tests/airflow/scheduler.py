@@ -122,7 +122,7 @@ class Airflow:
         found = self.api("GET", f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances")["task_instances"]
         return {t["task_id"]: t for t in found}
 
-    def wait(self, what: str, condition, timeout_s: float = 600):  # noqa: ANN001
+    def wait(self, what: str, condition, timeout_s: float = 600, poll_s: float = 2):  # noqa: ANN001
         """`condition()`'s first true value; a REST call that times out (an API server on a loaded machine) is asked
         again at the next poll, until `timeout_s`."""
         deadline = time.monotonic() + timeout_s
@@ -134,7 +134,7 @@ class Airflow:
             if found:
                 return found
             assert time.monotonic() < deadline, f"timed out waiting for {what}\n{self.logs()}"
-            time.sleep(2)
+            time.sleep(poll_s)
 
     def finished(self, dag_id: str, run_id: str) -> dict:
         run = self.wait(f"{dag_id} {run_id}", lambda: next(
@@ -196,6 +196,7 @@ def airflow_env(home: Path, database: str, service, s3_endpoint: str | None, dep
         AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS="admin:admin",
         AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE=str(home / "passwords.json"),
         AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL="5", AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC="2",
+        AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME="0.25",
         AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[1]"}',
         **({"AIRFLOW_CONN_AWS_DEFAULT": aws_connection(s3_endpoint)} if s3_endpoint else {}), **deployment)
     env = subprocess_env(**{**settings, **extra})
