@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import quote, urlparse
 
 from spark_jobs.settings import Settings, resolve, resolve_uri, setting_value
 
@@ -260,4 +260,4 @@ def health(service: ServiceConnection) -> dict[str, Any]:
 
 
 def poll(service: ServiceConnection, job_id: str, offset: int = 0) -> JobStatus:
-    return JobStatus(**_request(service, f"/jobs/{job_id}?offset={offset}"))
+    return JobStatus(**_request(service, f"/jobs/{quote(job_id, safe='')}?offset={offset}"))

@@ -250,7 +250,7 @@ def test_a_refused_request_whose_body_is_still_coming_gets_its_answer(served):
 
 
 def test_the_hook_submits_and_polls_through_its_connection(served, monkeypatch):
-    """PipelineServiceHook (the HTTP provider's hook with the service's secret as a bearer token): a job submitted
+    """PipelineServiceHook (the service's Airflow connection, its secret sent as a bearer token): a job submitted
     and polled; a wrong secret is a permanent refusal, an unreachable service worth a retry; the UI's Test button."""
     from cdc_airflow.service_hook import PipelineServiceHook
     from spark_jobs.service_client import ServiceError
