@@ -2,8 +2,9 @@
 
 - `cdc_bronze` (every 15 minutes, at once when CDC_LANDING_QUEUE notifies a landing, or backfilled over a date
   range): one deferrable sensor waits for landing files bronze has not taken, of any table, and hands their exact
-  lists to one bronze task, which ingests every such table in one pass on the pipeline service. A backfill run
-  takes the files whose landing time falls in its data interval. The task updates the asset `cdc.bronze.<table>`
+  lists to one bronze task, which ingests every such table in one pass on the pipeline service; with notified
+  landings there is no sensor, and the bronze task's pass lists the landing itself. A backfill run takes the files
+  whose landing time falls in its data interval. The task updates the asset `cdc.bronze.<table>`
   of each table it advanced (through the alias `cdc.bronze.advanced`); `bronze_verdicts` then fails the run if a
   table could not be advanced.
 - `cdc_silver`: scheduled by any table's `cdc.bronze.<table>`; applies the new bronze rows of every table the run's
@@ -60,22 +61,36 @@ if wanted("cdc_bronze"):
         deadline=run_deadline(),
         default_args=default_args(),
     ):
-        sense = LandingSensor(
-            task_id="landing_sense", tables={t.name: t.topic for t in W.registry.tables.values()}, landing=W.landing,
-            lake=W.lake, timeout=W.sensor_timeout_s, poke_interval=W.sensor_poke_s, retries=1,
-            doc_md="Waits (deferred, on the triggerer) for landing files bronze has not taken, of any table; returns "
-                   "each such table's paths. A backfill run takes its data interval's files without waiting. Skips "
-                   "the run when nothing arrives.")
-        # one pass for every table with files: a task per table cost a task process per table (Airflow at 500 tables
-        # never finished a cycle: tests/benchmarks/RESULTS.md, DA). Another writer of a table (a replay, maintenance)
-        # is kept apart by the table's writer lock in the lake, which the job waits for
-        ingest = CdcSparkJob(
-            task_id="bronze_ingest", landing=W.landing, files_from=sense.task_id, cli_args=W.cli_args("--layers", "bronze"),
-            announces=W.pass_outlets("bronze"), outlets=[W.advanced("bronze")],
-            doc_md="Ingests exactly the sensor's files, every table's in one pass: bad lines to quarantine with a "
-                   "reason, the rest appended to each table's bronze when its gate passes. Emits `cdc.bronze.<table>` "
-                   "for each table it advanced, even when another table failed.")
-        sense >> ingest >> TableVerdicts(
+        if W.landing_queue:
+            # a notified landing starts a run at once: its pass lists the landing itself, on the warm service, where a
+            # sensor's task process would add a second or two to every landing (tests/benchmarks/RESULTS.md, W5)
+            ingest = CdcSparkJob(
+                task_id="bronze_ingest", landing=W.landing, lists_landing=True,
+                cli_args=W.cli_args("--layers", "bronze"),
+                announces=W.pass_outlets("bronze"), outlets=[W.advanced("bronze")],
+                doc_md="Ingests the landing files bronze has not taken (a backfill run: those of its data interval), "
+                       "every table's in one pass: bad lines to quarantine with a reason, the rest appended to each "
+                       "table's bronze when its gate passes. Emits `cdc.bronze.<table>` for each table it advanced, "
+                       "even when another table failed.")
+        else:
+            sense = LandingSensor(
+                task_id="landing_sense", tables={t.name: t.topic for t in W.registry.tables.values()},
+                landing=W.landing, lake=W.lake, timeout=W.sensor_timeout_s, poke_interval=W.sensor_poke_s, retries=1,
+                doc_md="Waits (deferred, on the triggerer) for landing files bronze has not taken, of any table; "
+                       "returns each such table's paths. A backfill run takes its data interval's files without "
+                       "waiting. Skips the run when nothing arrives.")
+            # one pass for every table with files: a task per table cost a task process per table (Airflow at 500
+            # tables never finished a cycle: tests/benchmarks/RESULTS.md, DA). Another writer of a table (a replay,
+            # maintenance) is kept apart by the table's writer lock in the lake, which the job waits for
+            ingest = CdcSparkJob(
+                task_id="bronze_ingest", landing=W.landing, files_from=sense.task_id,
+                cli_args=W.cli_args("--layers", "bronze"),
+                announces=W.pass_outlets("bronze"), outlets=[W.advanced("bronze")],
+                doc_md="Ingests exactly the sensor's files, every table's in one pass: bad lines to quarantine with a "
+                       "reason, the rest appended to each table's bronze when its gate passes. Emits "
+                       "`cdc.bronze.<table>` for each table it advanced, even when another table failed.")
+            sense >> ingest
+        ingest >> TableVerdicts(
             task_id="bronze_verdicts", of=ingest.task_id, retries=0,
             doc_md="Fails the run with the failure line of the tables bronze_ingest could not advance (the others' "
                    "assets are updated already).")
@@ -91,8 +106,10 @@ if wanted("cdc_silver"):
         schedule=AssetAny(*[W.asset("bronze", t) for t in W.registry.tables]),
         start_date=START,
         catchup=False,
-        # one pass at a time: bronze's events meanwhile start the next one, which takes all of them
-        max_active_runs=1,
+        # no max_active_runs: a pass that bronze's events start while another runs waits for each table's writer lock
+        # in the service. A limit would stall silver for up to half a minute now and then: Airflow 3.3 caches "at
+        # max_active_runs" on the DAG, and when its dag-processor writes the flag just after a run has ended, it stays
+        # set until the next parse (apache/airflow#56050); measured in W5 (tests/benchmarks/RESULTS.md)
         params=pass_params(list(W.registry.tables)),
         tags=["cdc", "silver"],
         deadline=run_deadline(),
@@ -123,7 +140,7 @@ for model in W.registry.gold.values():
         else sources_changed,
         start_date=START,
         catchup=False,
-        max_active_runs=1,
+        # runs queue in the model's writer pool, not in max_active_runs (why: cdc_silver's)
         tags=["cdc", "gold", *[f"source:{W.registry.tables[s].topic.split('.')[0]}" for s in model.sources]],
         deadline=run_deadline(),
         default_args=default_args(),

@@ -33,6 +33,10 @@ class Settings:
     # CDC_SERVICE_CONN_ID: the Airflow connection (address and secret) of the pipeline service (`python -m spark_jobs
     # serve`) the Airflow tasks submit their jobs to; empty: each task starts its own Spark through spark-submit
     service_conn_id: str = ""
+    # CDC_TASK_WAIT: seconds a task waits on its worker for its service job before it defers: a job that ends by then
+    # (a change batch's usually does) spares the task a deferral and a resume, each a scheduler round trip and a task
+    # process (about 3 s of a 5 s task: tests/benchmarks/RESULTS.md, W5); 0: defer at once
+    task_wait: float = 30.0
     # CDC_SERVICE_TOKEN: the service's secret, required of every request; unset, the service makes one at each start
     service_token: str = ""
     # CDC_SERVICE_CONNECTION_FILE: where the service writes its Airflow connection (address and secret, mode 600)
@@ -76,7 +80,7 @@ class Settings:
 
 # the least value of a number setting (a count or a time); none is ever NaN or infinite
 _LEAST: dict[str, float] = {
-    "sensor_timeout": 0, "sensor_poke_interval": 0.1, "max_gzip_bytes": 1, "shuffle_partitions": 1,
+    "sensor_timeout": 0, "sensor_poke_interval": 0.1, "task_wait": 0, "max_gzip_bytes": 1, "shuffle_partitions": 1,
     "merge_source_mb": 0, "max_line_bytes": 1, "bronze_batch_files": 1, "table_workers": 1, "lock_timeout": 0,
     "run_deadline": 0}
 _CHOICES = {"delta_engine": ("delta-rs", "delta-spark"), "log_level": ("DEBUG", "INFO", "WARNING", "ERROR")}

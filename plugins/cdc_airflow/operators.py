@@ -8,17 +8,18 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import Asset, AssetAlias, BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 import spark_jobs
 from cdc_airflow.hooks import s3_environment, s3_settings
+from cdc_airflow.params import landing_window_args
 from cdc_airflow.triggers import ServiceJobTrigger
 from spark_jobs.event_log import PASSED
 from spark_jobs.landing import is_remote
@@ -62,20 +63,23 @@ def advanced(layer: str, summary: Mapping[str, Any]) -> bool:
     return True
 
 
-class CdcSparkJob(SparkSubmitOperator):
+class CdcSparkJob(BaseOperator):
     """`python -m spark_jobs run ...` (or `maintain ...`) for one table (or gold model) and layer, or for a layer's
     pass over many tables:
     - with CDC_SERVICE_CONN_ID (the embedded default, `make demo`), submitted to the long-lived pipeline service
       that connection names; the task then waits deferred, holding no worker slot, while the job's log comes into
       its own (the service reads and writes its own deployment: only the table, layer, window, files and run id go);
     - otherwise through spark-submit, a Spark of its own (a deployment with no long-lived driver, or one that wants
-      a JVM per job).
+      a JVM per job), by the Spark provider's hook with the `conn_id` connection, in client mode. The hook, imported
+      when the task runs, and not the provider's operator as a base class: its module's imports (OpenLineage's
+      listener, Airflow's ORM) cost 0.3 s of every task start's DAG parse, on the path from a landing to gold (W5).
 
     S3 credentials go to the job as AWS_* variables from the Airflow connection (set at run time, never
     rendered in the UI). The bronze task takes every table the sensor found files for, with exactly those files
-    (`files_from`: the sensor's task id; its XCom maps each table to its paths). A failing job fails the task with
-    its one-line cause (table, layer, reason); only transient failures (a busy table, an unreachable store, a
-    killed process) are retried.
+    (`files_from`: the sensor's task id; its XCom maps each table to its paths); with no sensor (`lists_landing`:
+    landings notified), every table, the job listing the files bronze has not taken in the run's window itself. A
+    failing job fails the task with its one-line cause (table, layer, reason); only transient failures (a busy table,
+    an unreachable store, a killed process) are retried.
 
     A pass task (`announces`) runs one job for many tables: once the job has run, it emits an asset event for each
     table the run advanced, whether or not another table failed (Airflow emits a task's events only when it
@@ -83,23 +87,28 @@ class CdcSparkJob(SparkSubmitOperator):
     which its `TableVerdicts` task turns into the run's failure; a transient failure is retried as above, and the
     retry (same run id, same report) emits the events the first try owed."""
 
-    def __init__(self, *, cli_args: list[str], landing: str, files_from: str | None = None,
-                 tables_from: Mapping[str, str] | None = None, announces: PassOutlets | None = None,
-                 aws_conn_id: str | None = None, command: str = "run", **kwargs: Any):
-        kwargs.setdefault("conn_id", "spark_default")
-        # the Spark UI while the job runs: its URL is in the task log's first line (`spark_ui=`)
-        kwargs.setdefault("conf", {"spark.ui.enabled": "true", "spark.ui.showConsoleProgress": "false"})
-        kwargs.setdefault("env_vars", {"GX_ANALYTICS_ENABLED": "false", Settings.variable("spark_ui"): "true"})
-        super().__init__(application=ENTRY_POINT, application_args=[command, *cli_args, "--run-id", "{{ run_id }}"],
-                         name=f"cdc-{kwargs['task_id']}", **kwargs)
-        self.landing, self.files_from, self.aws_conn_id = landing, files_from, aws_conn_id or settings().aws_conn_id
-        self.tables_from, self.announces = tables_from, announces
-        self._lineage: tuple[list[Asset], list[Asset]] = ([], [])  # what the tables a pass advanced read, and wrote
+    template_fields: Sequence[str] = ("application_args",)
 
-    def execute(self, context: Any) -> str | None:  # type: ignore[override]  # a pass task hands on its failure line
+    def __init__(self, *, cli_args: list[str], landing: str, files_from: str | None = None, lists_landing: bool = False,
+                 tables_from: Mapping[str, str] | None = None, announces: PassOutlets | None = None,
+                 aws_conn_id: str | None = None, command: str = "run", conn_id: str = "spark_default",
+                 conf: dict[str, str] | None = None, env_vars: dict[str, str] | None = None, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.application_args = [command, *cli_args, "--run-id", "{{ run_id }}"]
+        # spark-submit's: the Spark UI while the job runs (its URL is in the task log's first line, `spark_ui=`)
+        self.conn_id = conn_id
+        self.conf = {"spark.ui.enabled": "true", "spark.ui.showConsoleProgress": "false"} if conf is None else conf
+        self.env_vars = {"GX_ANALYTICS_ENABLED": "false", Settings.variable("spark_ui"): "true"} if env_vars is None \
+            else env_vars
+        self.landing, self.files_from, self.aws_conn_id = landing, files_from, aws_conn_id or settings().aws_conn_id
+        self.tables_from, self.announces, self.lists_landing = tables_from, announces, lists_landing
+        self._lineage: tuple[list[Asset], list[Asset]] = ([], [])  # what the tables a pass advanced read, and wrote
+        self._process: subprocess.Popen[str] | None = None
+        self._spark: Any = None  # the Spark provider's SparkSubmitHook, while spark-submit runs
+
+    def execute(self, context: Any) -> str | None:  # a pass task hands on its failure line
         if settings().service_conn_id:
-            self._submit(context)  # defers
-            return None
+            return self._submit(context)  # waits, or defers
         env = dict(self.env_vars or {})
         if is_remote(self.landing) or is_s3(settings().lake_uri):
             env.update(s3_environment(s3_settings(self.aws_conn_id)))
@@ -118,24 +127,20 @@ class CdcSparkJob(SparkSubmitOperator):
                 code = self._plain_process()
                 exited = f"the job exited {code}"
             else:
-                self._with_jvm_dependencies()
-                try:
-                    super().execute(context)
-                    code = 0
-                except AirflowException as exc:
-                    code = getattr(getattr(self._hook, "_submit_sp", None), "returncode", None) or -1
-                    exited = f"spark-submit exited {code}: {exc}"
+                code, exited = self._spark_submit()
             return self._ended(context, code, (failure.read_text().strip() if failure.exists() else exited) if code else "")
 
     def _selection(self, context: Any) -> tuple[list[str], list[str] | None]:
         """The job's arguments with the tables it takes, and the landing files it takes (None: those it finds):
-        the tables the sensor found files for, with those files (`files_from`); or the tables whose assets
-        started the run (`tables_from`: asset name -> table), and in a run no asset event started (by hand, a
-        test) the `tables` param's, else every table."""
-        args = list(self.application_args or [])
+        the tables the sensor found files for, with those files (`files_from`); every table, in the run's landing
+        window (`lists_landing`); or the tables whose assets started the run (`tables_from`: asset name -> table),
+        and in a run no asset event started (by hand, a test) the `tables` param's, else every table."""
+        args = list(self.application_args)
         if self.files_from:
             found: dict[str, list[str]] = context["ti"].xcom_pull(task_ids=self.files_from)
             return [*args, "--tables", ",".join(sorted(found))], sorted(p for paths in found.values() for p in paths)
+        if self.lists_landing:
+            return [*args, *landing_window_args(context)], None
         if self.tables_from is not None:
             triggered = {self.tables_from[a.name] for a in context.get("triggering_asset_events") or {}
                          if isinstance(a, Asset) and a.name in self.tables_from}
@@ -154,10 +159,10 @@ class CdcSparkJob(SparkSubmitOperator):
         self._announce(context)
         return cause or None
 
-    def _submit(self, context: Any) -> None:
+    def _submit(self, context: Any) -> str | None:
         """The job goes to the pipeline service: the task's selection (tables, layers, window, run id), the sensor's
-        list and the settings a job may bring; the task defers until the job ends. A retry is a new job (the key
-        names the try); a resubmitted try gets its first job back."""
+        list and the settings a job may bring; the task waits for it up to CDC_TASK_WAIT seconds, then defers until
+        it ends. A retry is a new job (the key names the try); a resubmitted try gets its first job back."""
         from cdc_airflow.service_hook import PipelineServiceHook
         from spark_jobs.service_client import JOB_SETTINGS, JobRequest, ServiceError
 
@@ -178,8 +183,32 @@ class CdcSparkJob(SparkSubmitOperator):
             raise (AirflowFailException if exc.permanent else AirflowException)(str(exc)) from None
         self.log.info("job %s submitted to the pipeline service %s (connection %s); its log follows", job_id,
                       service.url, conn_id)
-        self.defer(trigger=ServiceJobTrigger(conn_id=conn_id, job_id=job_id), method_name="execute_complete",
-                   timeout=self.execution_timeout)
+        ended, offset = self._wait(service, job_id)
+        if ended is not None:
+            return self.execute_complete(context, ended)
+        self.defer(trigger=ServiceJobTrigger(conn_id=conn_id, job_id=job_id, offset=offset),
+                   method_name="execute_complete", timeout=self.execution_timeout)
+        raise AssertionError("defer() raises")  # pragma: no cover
+
+    def _wait(self, service: Any, job_id: str) -> tuple[dict[str, Any] | None, int]:
+        """Polls the job from the worker for up to CDC_TASK_WAIT seconds, its log copied into the task's: how it
+        ended (the trigger's event), or None and the log offset reached, for the trigger to go on from. The
+        service unreachable: the trigger waits that out."""
+        from spark_jobs.service_client import ServiceError
+
+        deadline, offset = time.monotonic() + settings().task_wait, 0
+        while time.monotonic() < deadline:
+            try:
+                status = service.poll(job_id, offset)
+            except ServiceError:
+                break
+            for line in status.log.splitlines():
+                self.log.info("%s", line)
+            offset = status.offset
+            if status.done:
+                return {"exit_code": status.exit_code, "cause": status.cause, "seconds": status.seconds}, offset
+            time.sleep(0.1)
+        return None, offset
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> str | None:
         if "error" in event:
@@ -227,23 +256,34 @@ class CdcSparkJob(SparkSubmitOperator):
                            for assets in self._lineage)
         return OperatorLineage(inputs=inputs, outputs=outputs)
 
-    def _with_jvm_dependencies(self) -> None:
-        """spark-submit gets the pinned jars (the provider's `jars`, shipped to the executors) and Delta's SQL
-        extension: the job's JVM is started by spark-submit, not by the job (spark_jobs/session.py)."""
+    def _spark_submit(self) -> tuple[int, str]:
+        """The job through spark-submit (the provider's hook): its exit code, and what to say when it failed. It gets
+        the pinned jars (shipped to the executors) and Delta's SQL extension: the job's JVM is started by
+        spark-submit, not by the job (spark_jobs/session.py)."""
+        from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
         from spark_jobs.session import jvm_conf
 
         conf = jvm_conf()
-        self.jars = conf.pop("spark.jars")
-        self.conf = {**conf, **(self.conf or {})}
+        jars = conf.pop("spark.jars")
+        self._spark = SparkSubmitHook(conf={**conf, **self.conf}, conn_id=self.conn_id, jars=jars,
+                                      name=f"cdc-{self.task_id}", application_args=self.application_args,
+                                      env_vars=self.env_vars)
+        try:
+            self._spark.submit(ENTRY_POINT)
+        except AirflowException as exc:
+            code = getattr(getattr(self._spark, "_submit_sp", None), "returncode", None) or -1
+            return code, f"spark-submit exited {code}: {exc}"
+        return 0, ""
 
     def _needs_no_spark(self) -> bool:
         """Maintenance with delta-rs is Delta's own commands in-process: no JVM to start."""
-        return (self.application_args or [None])[0] == "maintain" and settings().delta_engine == "delta-rs"
+        return self.application_args[0] == "maintain" and settings().delta_engine == "delta-rs"
 
     def _plain_process(self) -> int:
         """The job as a plain Python process, for a job that needs no Spark (no spark-submit, no JVM); its output
         goes to the task's log. Returns its exit code."""
-        self._process = subprocess.Popen([sys.executable, ENTRY_POINT, *(self.application_args or [])],
+        self._process = subprocess.Popen([sys.executable, ENTRY_POINT, *self.application_args],
                                          env={**os.environ, **(self.env_vars or {})}, cwd=PROJECT_ROOT,
                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         assert self._process.stdout is not None
@@ -252,11 +292,10 @@ class CdcSparkJob(SparkSubmitOperator):
         return self._process.wait()
 
     def on_kill(self) -> None:
-        process = getattr(self, "_process", None)
-        if process is not None and process.poll() is None:
-            process.terminate()
-        else:
-            super().on_kill()
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+        elif self._spark is not None:
+            self._spark.on_kill()
 
 
 class TableVerdicts(BaseOperator):

@@ -69,3 +69,30 @@ def check_replay(params: dict[str, Any], known: Sequence[str]) -> dict[str, Any]
     if params["mode"] == "rebuild" and (window.since_ms or window.until_ms):
         raise AirflowFailException("param since/until: a rebuild recomputes from all of bronze; a window is for reprocess")
     return {"tables": list(params["tables"]), "mode": params["mode"], "window": window.describe()}
+
+
+def landing_window(context: Any) -> tuple[int | None, int | None]:
+    """A backfill run takes the files that landed in its data interval; any run may name a window in its
+    params (`since`, `until`); other runs take every file not yet in bronze."""
+    from spark_jobs.landing import LandingWindow
+
+    params = context["params"]
+    if params.get("since") or params.get("until"):
+        window = LandingWindow.parse(params.get("since"), params.get("until"))
+        return window.since_ms, window.until_ms
+    run = context["dag_run"]
+    if str(getattr(run.run_type, "value", run.run_type)) == "backfill":
+        start, end = context["data_interval_start"], context["data_interval_end"]
+        return int(start.timestamp() * 1000), int(end.timestamp() * 1000)
+    return None, None
+
+
+def landing_window_args(context: Any) -> list[str]:
+    """The run's landing window (landing_window) as the job's --since/--until: [] when the run has none."""
+    import datetime as dt
+
+    def iso(ms: int | None) -> str:
+        return "" if ms is None else (dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(milliseconds=ms)).isoformat()
+
+    since_ms, until_ms = landing_window(context)
+    return [] if since_ms is None and until_ms is None else ["--since", iso(since_ms), "--until", iso(until_ms)]

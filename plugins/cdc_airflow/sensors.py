@@ -11,26 +11,11 @@ from airflow.sdk import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowException, AirflowSkipException
 
 from cdc_airflow.hooks import pending_by_table, s3_client, s3_settings
+from cdc_airflow.params import landing_window
 from cdc_airflow.triggers import LandingTrigger
 from spark_jobs.landing import is_remote
 from spark_jobs.settings import settings
 from spark_jobs.storage import is_s3
-
-
-def landing_window(context: Any) -> tuple[int | None, int | None]:
-    """A backfill run takes the files that landed in its data interval; any run may name a window in its
-    params (`since`, `until`); other runs take every file not yet in bronze."""
-    from spark_jobs.landing import LandingWindow
-
-    params = context["params"]
-    if params.get("since") or params.get("until"):
-        window = LandingWindow.parse(params.get("since"), params.get("until"))
-        return window.since_ms, window.until_ms
-    run = context["dag_run"]
-    if str(getattr(run.run_type, "value", run.run_type)) == "backfill":
-        start, end = context["data_interval_start"], context["data_interval_end"]
-        return int(start.timestamp() * 1000), int(end.timestamp() * 1000)
-    return None, None
 
 
 class LandingSensor(BaseSensorOperator):

@@ -72,6 +72,9 @@ def landed_keys(body: str, landing: str) -> list[str]:
     return keys
 
 
+SETTLE_S, SETTLE_MAX_S = 0.1, 5.0  # the landing queue's: a burst of notifications (a flush's uploads) is one event
+
+
 class LandingQueueTrigger(BaseEventTrigger):
     """An asset watcher's trigger (cdc_layers: cdc_bronze's schedule with CDC_LANDING_QUEUE): long-polls the SQS
     queue that receives the landing bucket's object-created notifications, deletes what it received, and fires
@@ -91,13 +94,24 @@ class LandingQueueTrigger(BaseEventTrigger):
                  "wait_s": self.wait_s, "retry_s": self.retry_s})
 
     def _receive(self, client: Any) -> list[str]:
-        """One long poll (up to `wait_s`): the landed keys it brought; every message it brought is deleted."""
-        messages = client.receive_message(QueueUrl=self.queue_url, MaxNumberOfMessages=10,
-                                          WaitTimeSeconds=self.wait_s).get("Messages", [])
-        if messages:
-            client.delete_message_batch(QueueUrl=self.queue_url, Entries=[
-                {"Id": str(n), "ReceiptHandle": m["ReceiptHandle"]} for n, m in enumerate(messages)])
-        return [key for m in messages for key in landed_keys(m.get("Body", ""), self.landing)]
+        """One long poll (up to `wait_s`), then short polls SETTLE_S apart while notifications keep coming (up to
+        SETTLE_MAX_S): the landed keys they brought; every message they brought is deleted. A sink's flush lands a
+        file per table and partition within moments: one event for them all starts one run, where an event per file
+        started runs that found their files taken, each still task starts, and each holding back the next landing's
+        run (cdc_bronze runs one at a time)."""
+        keys: list[str] = []
+        wait, settled_by = self.wait_s, time.monotonic() + SETTLE_MAX_S
+        while True:
+            messages = client.receive_message(QueueUrl=self.queue_url, MaxNumberOfMessages=10,
+                                              WaitTimeSeconds=wait).get("Messages", [])
+            if messages:
+                client.delete_message_batch(QueueUrl=self.queue_url, Entries=[
+                    {"Id": str(n), "ReceiptHandle": m["ReceiptHandle"]} for n, m in enumerate(messages)])
+            keys += [key for m in messages for key in landed_keys(m.get("Body", ""), self.landing)]
+            if not messages or time.monotonic() >= settled_by:
+                return keys
+            wait = 0
+            time.sleep(SETTLE_S)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         import boto3
@@ -119,16 +133,17 @@ class LandingQueueTrigger(BaseEventTrigger):
 
 
 class ServiceJobTrigger(BaseTrigger):
-    """Runs on the triggerer while the pipeline service computes a task's job (spark_jobs/service.py): polls it,
-    copies its new log lines into the task's log as they come, and hands back how the job ended."""
+    """Runs on the triggerer while the pipeline service computes a task's job (spark_jobs/service.py) that outlasted
+    the task's wait on its worker: polls it, copies its new log lines into the task's log as they come, and hands
+    back how the job ended."""
 
-    def __init__(self, *, conn_id: str, job_id: str, poll_s: float = 1.0):
+    def __init__(self, *, conn_id: str, job_id: str, poll_s: float = 1.0, offset: int = 0):
         super().__init__()
-        self.conn_id, self.job_id, self.poll_s = conn_id, job_id, poll_s
+        self.conn_id, self.job_id, self.poll_s, self.offset = conn_id, job_id, poll_s, offset
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}",
-                {"conn_id": self.conn_id, "job_id": self.job_id, "poll_s": self.poll_s})
+                {"conn_id": self.conn_id, "job_id": self.job_id, "poll_s": self.poll_s, "offset": self.offset})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from asgiref.sync import sync_to_async
@@ -142,7 +157,7 @@ class ServiceJobTrigger(BaseTrigger):
         except Exception as exc:
             yield TriggerEvent({"error": f"pipeline service connection {self.conn_id!r}: {type(exc).__name__}: {exc}"})
             return
-        offset, unreachable_since = 0, None
+        offset, unreachable_since = self.offset, None  # the log up to `offset` is in the task's already
         while True:
             try:
                 status = await asyncio.to_thread(service.poll, self.job_id, offset)

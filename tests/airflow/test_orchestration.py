@@ -21,8 +21,7 @@ from airflow.sdk import ParamsDict  # noqa: E402
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, ParamValidationError  # noqa: E402
 
 from cdc_airflow.operators import CdcSparkJob  # noqa: E402
-from cdc_airflow.params import check_replay, replay_params  # noqa: E402
-from cdc_airflow.sensors import landing_window  # noqa: E402
+from cdc_airflow.params import check_replay, landing_window, landing_window_args, replay_params  # noqa: E402
 from cdc_airflow.triggers import LandingTrigger  # noqa: E402
 
 T0 = dt.datetime(2026, 3, 1, tzinfo=dt.UTC)
@@ -43,6 +42,12 @@ def test_a_backfill_run_takes_its_data_interval_and_other_runs_everything_pendin
     assert landing_window(context("manual")) == (None, None)
     assert landing_window(context("scheduled", since="2026-03-01", until=None)) == (ms(T0), None)
     assert landing_window(context("backfill", since=None, until="2026-03-01T00:00:00Z")) == (None, ms(T0))
+    # with no sensor (landings notified), the bronze job takes the same window as its own --since/--until
+    assert landing_window_args(context("backfill")) == [
+        "--since", "2026-03-01T00:00:00+00:00", "--until", "2026-03-01T00:15:00+00:00"]
+    assert landing_window_args(context("asset_triggered")) == []
+    assert landing_window_args(context("manual", since="2026-03-01 00:00:00.123")) == [
+        "--since", "2026-03-01T00:00:00.123000+00:00", "--until", ""]
 
 
 def test_replay_params_are_checked_before_any_work_naming_the_param():
@@ -152,6 +157,25 @@ def test_silvers_pass_takes_the_tables_whose_bronze_started_its_run_else_the_par
     assert after_run_id == ([] if tables is None else tables.split())
 
 
+@pytest.mark.parametrize("run_type, window", [
+    ("backfill", "--since 2026-03-01T00:00:00+00:00 --until 2026-03-01T00:15:00+00:00"),  # its data interval
+    ("asset_triggered", ""),  # a notified landing: every file bronze has not taken
+])
+def test_with_no_sensor_bronzes_pass_lists_every_table_in_the_runs_window(tmp_path, monkeypatch, run_type, window):
+    fake = tmp_path / "bin" / "spark-submit"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path}/args\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    for name, value in subprocess_env(PATH=f"{fake.parent}:{os.environ['PATH']}",
+                                      AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[1]"}').items():
+        monkeypatch.setenv(name, value)
+    job = CdcSparkJob(task_id="bronze_ingest", landing=str(tmp_path / "landing"), cli_args=["--layers", "bronze"],
+                      lists_landing=True)
+    job.execute({**context(run_type), "ti": SimpleNamespace()})
+    after_run_id = (tmp_path / "args").read_text().split("--run-id {{ run_id }}", 1)[1].split()  # (not rendered here)
+    assert after_run_id == window.split()  # no --tables, no --files: the job lists the landing itself
+
+
 @pytest.mark.parametrize("exit_code, failure_line", [(0, None), (1, "gate failed: table=u layer=bronze expectation=x")])
 def test_a_pass_task_announces_each_table_it_advanced_and_hands_on_the_others_failure(tmp_path, monkeypatch, exit_code,
                                                                                        failure_line):
@@ -215,6 +239,63 @@ def test_a_pass_task_announces_each_table_it_advanced_and_hands_on_the_others_fa
     retried = OutletEventAccessors()
     assert job.execute({"ti": ti, "run_id": "r1", "outlet_events": retried}) is None
     assert [e.dest_asset_key.name for e in retried[alias].asset_alias_events] == ["cdc.bronze.t", "cdc.bronze.w"]
+
+
+class FakeService:
+    """The pipeline service as the operator's hook sees it: a job that runs for `runs_for` polls, its log a line longer
+    at each poll; the offsets the polls asked from are in `asked`."""
+
+    runs_for, asked = 0, []
+
+    def __init__(self, conn_id: str):
+        self.url = "http://127.0.0.1:1"
+
+    def get_conn(self) -> None:
+        pass
+
+    def submit(self, request) -> str:  # noqa: ANN001
+        FakeService.asked = []
+        return "job-1"
+
+    def poll(self, job_id: str, offset: int):  # noqa: ANN201
+        from spark_jobs.service_client import JobStatus
+
+        self.asked.append(offset)
+        text = "".join(f"line {n}\n" for n in range(len(self.asked)))
+        if len(self.asked) > self.runs_for:
+            return JobStatus(job_id, "succeeded", 0, None, text[offset:], len(text), 1.5)
+        return JobStatus(job_id, "running", None, None, text[offset:], len(text))
+
+
+def test_a_service_job_that_ends_within_the_wait_ends_its_task_on_the_worker_and_a_longer_one_defers(monkeypatch):
+    """CDC_TASK_WAIT: a job that ends while its task still polls it from the worker needs no deferral and resume (each
+    a scheduler round trip and a task process); one that outlasts the wait defers, its trigger going on from the log
+    the task has copied already."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    import cdc_airflow.service_hook
+
+    monkeypatch.setattr(cdc_airflow.service_hook, "PipelineServiceHook", FakeService)
+    monkeypatch.setenv("CDC_SERVICE_CONN_ID", "cdc_service")
+    ti = SimpleNamespace(dag_id="cdc_silver", task_id="silver_merge", run_id="r1", map_index=-1, try_number=1)
+    job = CdcSparkJob(task_id="silver_merge", landing="data/landing", cli_args=["--layers", "silver"])
+    job.application_args = ["run", "--layers", "silver", "--run-id", "r1"]  # as Airflow renders them
+    line = len("line 0\n")
+    FakeService.runs_for = 3
+    assert job.execute({"ti": ti, "params": {}}) is None  # ended on the worker: no deferral
+    assert FakeService.asked == [0, line, 2 * line, 3 * line]  # each poll from where the last one's log ended
+
+    monkeypatch.setenv("CDC_TASK_WAIT", "0.5")
+    FakeService.runs_for = 10**6
+    with pytest.raises(TaskDeferred) as deferred:
+        job.execute({"ti": ti, "params": {}})
+    assert len(FakeService.asked) >= 2
+    assert (deferred.value.trigger.job_id, deferred.value.trigger.offset) == ("job-1", len(FakeService.asked) * line)
+
+    monkeypatch.setenv("CDC_TASK_WAIT", "0")  # defers at once, from the start of the log
+    with pytest.raises(TaskDeferred) as deferred:
+        job.execute({"ti": ti, "params": {}})
+    assert (FakeService.asked, deferred.value.trigger.offset) == ([], 0)
 
 
 CALLED: list[dict] = []
@@ -286,3 +367,34 @@ def test_the_landing_queue_watcher_takes_created_landing_files_from_s3_notificat
                     json.dumps({"Service": "Amazon S3", "Event": "s3:TestEvent", "Bucket": "landing"}),
                     "not json", "[1, 2]", json.dumps({"Records": [None, {"s3": None}]})):
         assert landed_keys(ignored, landing) == []
+
+
+def test_the_landing_queue_watcher_gathers_a_burst_of_notifications_into_one_event():
+    """A flush lands a file per table within moments: the notifications that keep coming after the first are one
+    event (one cdc_bronze run), and each received message is deleted once."""
+    import json
+
+    from cdc_airflow.triggers import LandingQueueTrigger
+
+    def notification(n: int) -> dict:
+        body = {"Records": [{"eventName": "ObjectCreated:Put", "s3": {"bucket": {"name": "landing"},
+                                                                      "object": {"key": f"cdc/topics/t/f{n}.json"}}}]}
+        return {"Body": json.dumps(body), "ReceiptHandle": f"h{n}"}
+
+    class Queue:
+        def __init__(self, batches: list[list[dict]]):
+            self.batches, self.waits, self.deleted = batches, [], []
+
+        def receive_message(self, QueueUrl: str, MaxNumberOfMessages: int, WaitTimeSeconds: int) -> dict:  # noqa: N803
+            self.waits.append(WaitTimeSeconds)
+            return {"Messages": self.batches.pop(0)} if self.batches else {}
+
+        def delete_message_batch(self, QueueUrl: str, Entries: list[dict]) -> None:  # noqa: N803
+            self.deleted += [e["ReceiptHandle"] for e in Entries]
+
+    trigger = LandingQueueTrigger(queue_url="https://sqs/q", landing="s3://landing/cdc", aws_conn_id="aws_default")
+    queue = Queue([[notification(0)], [notification(1), notification(2)], [], [notification(3)]])
+    assert trigger._receive(queue) == [f"cdc/topics/t/f{n}.json" for n in range(3)]
+    assert (queue.waits, queue.deleted) == ([20, 0, 0], ["h0", "h1", "h2"])  # long poll, then short ones until quiet
+    assert trigger._receive(queue) == ["cdc/topics/t/f3.json"]  # the next burst: the next event
+

@@ -43,6 +43,8 @@ def test_the_scheduler_triggerer_and_assets_run_landing_to_gold_then_a_backfill_
                                                   tmp_path / "service.log") as service, smtp_sink() as (smtp, mails):
         env = airflow_env(home, database, service, s3_endpoint, deployment,
                           CDC_SENSOR_TIMEOUT="240", CDC_SENSOR_POKE_INTERVAL="2",
+                          # a job held back by a table's writer lock outlasts its task's wait on the worker: it defers
+                          CDC_TASK_WAIT="2",
                           # alerts through the SMTP provider's notifier; a deadline the waiting bronze run is sure to pass
                           AIRFLOW_CONN_SMTP_ALERTS=smtp_connection(smtp), CDC_ALERT_SMTP_CONN_ID="smtp_alerts",
                           CDC_ALERT_TO="ops@example.com", CDC_RUN_DEADLINE="10")
