@@ -20,8 +20,8 @@ def _seconds(value: float | None, note: str) -> str:
     return f"{value:.0f}" if "count" in note else f"{value:.2f}x"
 
 
-# workloads whose sizes --scale does not change (tests/benchmarks/database.py): their rows have no scale
-UNSCALED = ("D", "DA")
+# workloads whose sizes --scale does not change (database.py, airflow_e2e.py): their rows have no scale
+UNSCALED = ("D", "DA", "W5")
 
 
 def _scale(workload: str, scale: Any) -> Any:
@@ -58,7 +58,7 @@ def write_results(path: Path, bench: Any, info: dict[str, str], workloads: list[
         "Project: `python -m spark_jobs run` as a fresh process (spark-submit-like: the JVM and the imports each time), "
         "or as a job on the warm pipeline service, as each row says (rows attached to a Spark Connect server measure "
         "the mode the project dropped on 2026-11-25: docs/architecture.md, \"One execution model\"), "
-        "with the Delta engine each row names (W5: the embedded default). "
+        "with the Delta engine each row names (W5: the first of the run's engines). "
         "Floor: DuckDB + a delta-rs merge with the same conditions (L: DuckDB + a delta-rs write; `tests/benchmarks/floor.py`), "
         "also a fresh process; the warm floor is the same step called inside the long-lived benchmark process, its "
         "imports done, as the project's jobs run on the warm service. The Spark floor is the least a warm PySpark "
