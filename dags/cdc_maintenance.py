@@ -3,18 +3,20 @@ and per gold model, Delta's OPTIMIZE once small files have piled up (silver and 
 checkpoint, and VACUUM keeping every version of the time-travel window readable; then run reports, GX
 validation results and their Data Docs pages past their retention go. Settings: tables.yaml `maintenance:`.
 
-Each task waits in its table's pool like every other writer of that table, so it never compacts under a run.
+One task for every table and model, a pass like the layers' (a task per table cost a task process per table, daily):
+each table's upkeep holds that table's writer lock, so it never compacts under a run, and a table that fails does
+not stop the others; the task then fails naming it.
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from airflow.sdk import DAG
 
 from cdc_airflow.callbacks import run_deadline
 from cdc_airflow.operators import CdcSparkJob
-from cdc_airflow.wiring import default_args, wiring, writer_pool
+from cdc_airflow.wiring import default_args, wiring
 
 W = wiring()
 
@@ -29,17 +31,9 @@ with DAG(
     deadline=run_deadline(),
     default_args=default_args(),
 ):
-    upkeep = [
-        *(CdcSparkJob(task_id=f"maintain_{t}", command="maintain", landing=W.landing, pool=writer_pool(t),
-                      cli_args=W.maintain_args("--tables", t),
-                      doc_md=f"Compacts, checkpoints and vacuums the Delta tables of `{t}` (bronze, silver, its state, "
-                             "quarantine); drops its GX results past their retention.")
-          for t in W.registry.tables),
-        *(CdcSparkJob(task_id=f"maintain_gold_{m}", command="maintain", landing=W.landing,
-                      pool=writer_pool(m, gold=True), cli_args=W.maintain_args("--models", m),
-                      doc_md=f"Compacts, checkpoints and vacuums gold `{m}`.")
-          for m in W.registry.gold),
-    ]
-    upkeep >> CdcSparkJob(task_id="expire_reports", command="maintain", landing=W.landing,
-                          cli_args=W.maintain_args("--reports"),
-                          doc_md="Removes run reports past the report retention and renders the pages again.")
+    CdcSparkJob(task_id="maintain", command="maintain", landing=W.landing, cli_args=W.maintain_args(),
+                # every table's upkeep in one job: at a thousand tables, more than the hour other tasks are given
+                execution_timeout=timedelta(hours=12),
+                doc_md="Compacts, checkpoints and vacuums every table's Delta tables (bronze, silver, its state, "
+                       "quarantine) and every gold model's, each under its writer lock; drops GX results and run "
+                       "reports past their retention and renders the pages again.")

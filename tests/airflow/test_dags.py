@@ -154,18 +154,19 @@ def test_dag_folder_parses_in_a_fresh_home_without_errors_or_heavy_imports(tmp_p
     # every task writing one table or gold model, in any DAG, waits in that table's pool of one slot (a layer's pass
     # writes many: the tables' writer locks keep it apart from their other writers)
     writers = {(dag_id, task_id): t["pool"] for dag_id, d in dags.items() for task_id, t in d["tasks"].items()
-               if t["type"] == "CdcSparkJob" and task_id not in ("expire_reports", "bronze_ingest", "silver_merge")}
+               if t["type"] == "CdcSparkJob" and task_id not in ("maintain", "bronze_ingest", "silver_merge")}
     for (dag_id, task_id), pool in writers.items():
         name = max((n for n in [*tables, *models] if task_id.endswith(f"_{n}")), key=len)  # film_actor, not actor
         assert pool == (f"cdc_gold_{name}" if name in models else f"cdc_table_{name}"), (dag_id, task_id)
-    # replay, maintenance per table; gold, replay's gold, maintenance per model
-    assert len(writers) == 2 * len(tables) + 3 * len(models)
+    # replay per table; gold and replay's gold per model
+    assert len(writers) == len(tables) + 2 * len(models)
 
+    # maintenance is one pass over every table and model (each under its writer lock), then the reports' retention
     upkeep = dags["cdc_maintenance"]
     assert (upkeep["schedule"], upkeep["max_active_runs"]) == ("0 0 * * *", 1)
-    assert upkeep["tasks"]["maintain_customers"]["down"] == ["expire_reports"]
-    assert sorted(upkeep["tasks"]) == sorted(["expire_reports", *[f"maintain_{t}" for t in tables],
-                                              *[f"maintain_gold_{m}" for m in models]])
+    assert upkeep["tasks"] == {"maintain": {
+        "down": [], "outlets": [], "doc": True, "retries": 3, "timeout": "12:00:00", "on_failure": True,
+        "type": "CdcSparkJob", "pool": "default_pool", "inlets": [], "params": []}}
 
 
 def test_dags_follow_the_cdc_config_environment(tmp_path):
