@@ -133,15 +133,10 @@ def test_a_failed_layer_job_fails_its_task_with_the_cause_and_only_transient_one
     assert json.loads((tmp_path / "files.json").read_text()) == sorted(backlog + other)
 
 
-@pytest.mark.parametrize("events, params, tables", [
-    (["cdc.bronze.b", "cdc.bronze.a", "elsewhere"], {"tables": ["c"]}, "--tables a,b"),  # the events' tables, known ones
-    ([], {"tables": ["c", "a"]}, "--tables c,a"),  # by hand: the param's
-    ([], {"tables": []}, None),  # by hand, none named: every table
-])
-def test_silvers_pass_takes_the_tables_whose_bronze_started_its_run_else_the_param(tmp_path, monkeypatch, events,
-                                                                                    params, tables):
-    from airflow.sdk import Asset
-
+@pytest.fixture()
+def submitted(tmp_path, monkeypatch):
+    """A spark-submit on PATH that records its arguments: what the job was given after its run id (not rendered
+    here, outside a run)."""
     fake = tmp_path / "bin" / "spark-submit"
     fake.parent.mkdir()
     fake.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path}/args\n")
@@ -149,31 +144,34 @@ def test_silvers_pass_takes_the_tables_whose_bronze_started_its_run_else_the_par
     for name, value in subprocess_env(PATH=f"{fake.parent}:{os.environ['PATH']}",
                                       AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[1]"}').items():
         monkeypatch.setenv(name, value)
+    return lambda: (tmp_path / "args").read_text().split("--run-id {{ run_id }}", 1)[1].split()
+
+
+@pytest.mark.parametrize("events, params, tables", [
+    (["cdc.bronze.b", "cdc.bronze.a", "elsewhere"], {"tables": ["c"]}, "--tables a,b"),  # the events' tables, known ones
+    ([], {"tables": ["c", "a"]}, "--tables c,a"),  # by hand: the param's
+    ([], {"tables": []}, None),  # by hand, none named: every table
+])
+def test_silvers_pass_takes_the_tables_whose_bronze_started_its_run_else_the_param(tmp_path, submitted, events, params,
+                                                                                    tables):
+    from airflow.sdk import Asset
+
     job = CdcSparkJob(task_id="silver_merge", landing=str(tmp_path / "landing"), cli_args=["--layers", "silver"],
                       tables_from={f"cdc.bronze.{t}": t for t in "abc"})
     triggering = {Asset(name=name, uri=f"file:///lake/{name}"): [] for name in events}
     assert job.execute({"ti": SimpleNamespace(), "triggering_asset_events": triggering, "params": params}) is None
-    after_run_id = (tmp_path / "args").read_text().split("--run-id {{ run_id }}", 1)[1].split()  # (not rendered here)
-    assert after_run_id == ([] if tables is None else tables.split())
+    assert submitted() == ([] if tables is None else tables.split())
 
 
 @pytest.mark.parametrize("run_type, window", [
     ("backfill", "--since 2026-03-01T00:00:00+00:00 --until 2026-03-01T00:15:00+00:00"),  # its data interval
     ("asset_triggered", ""),  # a notified landing: every file bronze has not taken
 ])
-def test_with_no_sensor_bronzes_pass_lists_every_table_in_the_runs_window(tmp_path, monkeypatch, run_type, window):
-    fake = tmp_path / "bin" / "spark-submit"
-    fake.parent.mkdir()
-    fake.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path}/args\n")
-    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    for name, value in subprocess_env(PATH=f"{fake.parent}:{os.environ['PATH']}",
-                                      AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[1]"}').items():
-        monkeypatch.setenv(name, value)
+def test_with_no_sensor_bronzes_pass_lists_every_table_in_the_runs_window(tmp_path, submitted, run_type, window):
     job = CdcSparkJob(task_id="bronze_ingest", landing=str(tmp_path / "landing"), cli_args=["--layers", "bronze"],
                       lists_landing=True)
     job.execute({**context(run_type), "ti": SimpleNamespace()})
-    after_run_id = (tmp_path / "args").read_text().split("--run-id {{ run_id }}", 1)[1].split()  # (not rendered here)
-    assert after_run_id == window.split()  # no --tables, no --files: the job lists the landing itself
+    assert submitted() == window.split()  # no --tables, no --files: the job lists the landing itself
 
 
 @pytest.mark.parametrize("exit_code, failure_line", [(0, None), (1, "gate failed: table=u layer=bronze expectation=x")])
