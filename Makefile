@@ -78,7 +78,7 @@ demo: venv java jars assets
 	service=$$!; trap 'kill $$service 2>/dev/null; wait $$service' EXIT; \
 	echo "pipeline service starting (pid $$service, log $(AIRFLOW_HOME)-service.log)"; \
 	$(BIN)/airflow db migrate > $(AIRFLOW_HOME)-migrate.log 2>&1 || { cat $(AIRFLOW_HOME)-migrate.log; exit 1; }; \
-	: "one pool of one slot per table and gold model: a second writer of a table waits queued (docs/operations.md)"; \
+	: "one pool of one slot per gold model: a second refresh of a model waits queued (docs/operations.md)"; \
 	$(BIN)/python -m cdc_airflow.pools 2>> $(AIRFLOW_HOME)-migrate.log || exit 1; \
 	until [ -s $(SERVICE_CONNECTION) ]; do kill -0 $$service 2>/dev/null || { cat $(AIRFLOW_HOME)-service.log; exit 1; }; \
 	  sleep 0.5; done; export CDC_SERVICE_CONN_ID=cdc_service AIRFLOW_CONN_CDC_SERVICE="$$(cat $(SERVICE_CONNECTION))"; \

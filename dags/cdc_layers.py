@@ -28,7 +28,7 @@ from cdc_airflow.callbacks import run_deadline
 from cdc_airflow.operators import CdcSparkJob, TableVerdicts
 from cdc_airflow.params import pass_params, window_params
 from cdc_airflow.sensors import LandingSensor
-from cdc_airflow.wiring import default_args, wiring, writer_pool
+from cdc_airflow.wiring import default_args, gold_pool, wiring
 
 W = wiring()
 START = datetime(2024, 1, 1, tzinfo=UTC)
@@ -67,7 +67,7 @@ if wanted("cdc_bronze"):
             ingest = CdcSparkJob(
                 task_id="bronze_ingest", landing=W.landing, lists_landing=True,
                 cli_args=W.cli_args("--layers", "bronze"),
-                announces=W.pass_outlets("bronze"), outlets=[W.advanced("bronze")],
+                announces=[W.pass_outlets("bronze")], outlets=[W.advanced("bronze")],
                 doc_md="Ingests the landing files bronze has not taken (a backfill run: those of its data interval), "
                        "every table's in one pass: bad lines to quarantine with a reason, the rest appended to each "
                        "table's bronze when its gate passes. Emits `cdc.bronze.<table>` for each table it advanced, "
@@ -85,7 +85,7 @@ if wanted("cdc_bronze"):
             ingest = CdcSparkJob(
                 task_id="bronze_ingest", landing=W.landing, files_from=sense.task_id,
                 cli_args=W.cli_args("--layers", "bronze"),
-                announces=W.pass_outlets("bronze"), outlets=[W.advanced("bronze")],
+                announces=[W.pass_outlets("bronze")], outlets=[W.advanced("bronze")],
                 doc_md="Ingests exactly the sensor's files, every table's in one pass: bad lines to quarantine with a "
                        "reason, the rest appended to each table's bronze when its gate passes. Emits "
                        "`cdc.bronze.<table>` for each table it advanced, even when another table failed.")
@@ -117,7 +117,7 @@ if wanted("cdc_silver"):
     ):
         merge = CdcSparkJob(
             task_id="silver_merge", landing=W.landing, tables_from=bronze_of, cli_args=W.cli_args("--layers", "silver"),
-            announces=W.pass_outlets("silver"), outlets=[W.advanced("silver")],
+            announces=[W.pass_outlets("silver")], outlets=[W.advanced("silver")],
             doc_md="Applies the bronze rows silver has not seen, of every table the run's asset events name, in one "
                    "pass; emits `cdc.silver.<table>` for each table it advanced. The gates' reports are in Browse > "
                    "CDC data quality.")
@@ -145,7 +145,7 @@ for model in W.registry.gold.values():
         deadline=run_deadline(),
         default_args=default_args(),
     ):
-        CdcSparkJob(task_id=f"gold_refresh_{model.name}", landing=W.landing, pool=writer_pool(model.name, gold=True),
+        CdcSparkJob(task_id=f"gold_refresh_{model.name}", landing=W.landing, pool=gold_pool(model.name),
                     cli_args=W.cli_args("--layers", "gold", "--models", model.name),
                     inlets=W.reads("gold", model.name), outlets=[W.asset("gold", model.name)],
                     doc_md="Runs the model's SQL over silver; publishes it when the gold gate passes.")

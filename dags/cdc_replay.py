@@ -8,21 +8,22 @@
 - `max_quarantined`: for this replay only, the share of a batch that may be quarantined (e.g. `20%`):
   one way on after a gate failed on a batch with more bad records than the table allows.
 
-Then the gold models reading those tables are refreshed. Bad params fail the run before any work, naming
-the param. A replay of unchanged data and code leaves silver and gold as they were; it writes one table
-at a time with the other DAGs (each task waits in its table's pool, queued by Airflow; a lock per table
-guards writers outside Airflow), so it is safe to trigger at any time.
+The tables are replayed in one task, a pass like the layers' (a task per table cost a task process per table: a
+replay of every table of a 500-table database started 500); then the gold models reading those tables are
+refreshed. Bad params fail the run before any work, naming the param. A replay of unchanged data and code leaves
+silver and gold as they were; each table is written under its writer lock, apart from the other DAGs' passes and
+from writers outside Airflow, so it is safe to trigger at any time.
 """
 
 from __future__ import annotations
 
 # ParamsDict is public in airflow.sdk; the Task SDK's __init__.pyi, which type checkers read, does not list it yet
-from airflow.sdk import DAG, ParamsDict, TriggerRule, get_current_context, task  # type: ignore[attr-defined]
+from airflow.sdk import DAG, ParamsDict, get_current_context, task  # type: ignore[attr-defined]
 
 from cdc_airflow.callbacks import run_deadline
-from cdc_airflow.operators import CdcSparkJob
+from cdc_airflow.operators import CdcSparkJob, TableVerdicts
 from cdc_airflow.params import check_replay, replay_params
-from cdc_airflow.wiring import default_args, wiring, writer_pool
+from cdc_airflow.wiring import default_args, gold_pool, wiring
 
 W = wiring()
 TABLES = list(W.registry.tables)
@@ -38,30 +39,35 @@ with DAG(
 ) as dag:
 
     @task.branch(task_id="replay_plan", retries=0,
-                 doc_md="Checks the params (window order, a window only with reprocess) and picks the tasks to run.")
+                 doc_md="Checks the params (window order, a window only with reprocess) and picks the gold models "
+                        "whose sources are replayed.")
     def replay_plan() -> list[str]:
         plan = check_replay(dict(get_current_context()["params"]), TABLES)
         print(f"replay: {plan}")
-        return [f"replay_{t}" for t in plan["tables"]]
+        replayed = set(plan["tables"])
+        return ["replay", *(f"gold_refresh_{m.name}" for m in W.registry.gold.values() if replayed & set(m.sources))]
 
     plan = replay_plan()
-    replayed = {}
     window = ["--since", "{{ params.since or '' }}", "--until", "{{ params.until or '' }}"]
     limit = ["--max-quarantined", "{{ params.max_quarantined or '' }}"]
-    # one task per table (a rebuild skips bronze)
-    for name in TABLES:
-        replayed[name] = CdcSparkJob(
-            task_id=f"replay_{name}", landing=W.landing, pool=writer_pool(name),
-            cli_args=W.cli_args("--layers", "bronze,silver", "--tables", name, "--mode", "{{ params.mode }}", *window,
-                                *limit),
-            inlets=W.reads("bronze", name), outlets=[W.asset("bronze", name), W.asset("silver", name)],
-            doc_md="reprocess: reads the window's landing files again, replaces their bronze rows in one commit and "
-                   "applies them to silver; rebuild: recomputes silver from all of bronze.")
-        plan >> replayed[name]
+    # one pass over the tables (a rebuild skips bronze); each table's assets updated if the replay advanced it
+    replay = CdcSparkJob(
+        task_id="replay", landing=W.landing,
+        cli_args=W.cli_args("--layers", "bronze,silver", "--tables", "{{ params.tables | join(',') }}",
+                            "--mode", "{{ params.mode }}", *window, *limit),
+        announces=[W.pass_outlets("bronze"), W.pass_outlets("silver")],
+        outlets=[W.advanced("bronze"), W.advanced("silver")],
+        doc_md="reprocess: reads the window's landing files again, replaces their bronze rows in one commit and "
+               "applies them to silver; rebuild: recomputes silver from all of bronze. Every table of the param in "
+               "one pass; emits `cdc.bronze.<table>` and `cdc.silver.<table>` for each table it advanced.")
+    plan >> replay >> TableVerdicts(
+        task_id="replay_verdicts", of=replay.task_id, retries=0,
+        doc_md="Fails the run with the failure line of the tables the replay could not advance (the others' assets "
+               "are updated, and their gold refreshed).")
     for model in W.registry.gold.values():
-        [replayed[s] for s in model.sources] >> CdcSparkJob(
-            task_id=f"gold_refresh_{model.name}", landing=W.landing, pool=writer_pool(model.name, gold=True),
-            trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS,
+        # the plan's branch skips the models of no replayed table; the others wait for the replay
+        [plan, replay] >> CdcSparkJob(
+            task_id=f"gold_refresh_{model.name}", landing=W.landing, pool=gold_pool(model.name),
             cli_args=W.cli_args("--layers", "gold", "--models", model.name),
             inlets=W.reads("gold", model.name), outlets=[W.asset("gold", model.name)],
             doc_md="Refreshes the model from the replayed silver tables.")

@@ -90,7 +90,7 @@ class CdcSparkJob(BaseOperator):
     template_fields: Sequence[str] = ("application_args",)
 
     def __init__(self, *, cli_args: list[str], landing: str, files_from: str | None = None, lists_landing: bool = False,
-                 tables_from: Mapping[str, str] | None = None, announces: PassOutlets | None = None,
+                 tables_from: Mapping[str, str] | None = None, announces: Sequence[PassOutlets] = (),
                  aws_conn_id: str | None = None, command: str = "run", conn_id: str = "spark_default",
                  conf: dict[str, str] | None = None, env_vars: dict[str, str] | None = None, **kwargs: Any):
         super().__init__(**kwargs)
@@ -101,7 +101,7 @@ class CdcSparkJob(BaseOperator):
         self.env_vars = {"GX_ANALYTICS_ENABLED": "false", Settings.variable("spark_ui"): "true"} if env_vars is None \
             else env_vars
         self.landing, self.files_from, self.aws_conn_id = landing, files_from, aws_conn_id or settings().aws_conn_id
-        self.tables_from, self.announces, self.lists_landing = tables_from, announces, lists_landing
+        self.tables_from, self.announces, self.lists_landing = tables_from, tuple(announces), lists_landing
         self._lineage: tuple[list[Asset], list[Asset]] = ([], [])  # what the tables a pass advanced read, and wrote
         self._process: subprocess.Popen[str] | None = None
         self._spark: Any = None  # the Spark provider's SparkSubmitHook, while spark-submit runs
@@ -152,7 +152,7 @@ class CdcSparkJob(BaseOperator):
     def _ended(self, context: Any, code: int, cause: str) -> str | None:
         """The job has run: a pass task announces what it advanced and hands its failure on (`PassOutlets`); a
         failed job fails its task, a transient failure (of any task) to be retried."""
-        if self.announces is None or code not in (0, *PERMANENT):
+        if not self.announces or code not in (0, *PERMANENT):
             if code != 0:
                 _fail(code, cause)
             return None
@@ -218,32 +218,31 @@ class CdcSparkJob(BaseOperator):
         return self._ended(context, code, (event["cause"] or f"the job exited {code}") if code else "")
 
     def _announce(self, context: Any) -> None:
-        """An asset event (with the run's figures) and lineage for each table of the pass the run advanced, from
-        the run's report in the lake: every try of the run writes there, so a retry also announces what an
-        earlier try did."""
+        """An asset event (with the run's figures) and lineage for each table of the pass the run advanced, in each
+        layer it announces, from the run's report in the lake: every try of the run writes there, so a retry also
+        announces what an earlier try did."""
         from spark_jobs import report
         from spark_jobs.lake import Lake
 
-        announces = self.announces
-        assert announces is not None
-        run_id = context["run_id"]
-        remote = s3_environment(s3_settings(self.aws_conn_id)) if is_s3(announces.lake) else {}
+        run_id, lake = context["run_id"], self.announces[0].lake
+        remote = s3_environment(s3_settings(self.aws_conn_id)) if is_s3(lake) else {}
         with job_environment(remote):
-            summaries = report.load_run(Lake(announces.lake), run_id)
-        outlet = context["outlet_events"][announces.alias]
-        for summary in summaries:
-            table = summary.get("table", "")
-            if summary.get("layer") != announces.layer or table not in announces.assets or \
-                    not advanced(announces.layer, summary):
-                continue
-            asset = announces.assets[table]
-            extra: dict[str, Any] = {"run_id": run_id, "table": table, "gate": summary["gate"]}
-            extra.update({k: summary[k] for k in FIGURES if k in summary})
-            outlet.add(asset, extra=extra)
-            self._lineage[0].extend(announces.reads.get(table, ()))
-            self._lineage[1].append(asset)
-            self.log.info("table=%s layer=%s: advanced (gate %s); asset event %s", table, announces.layer,
-                          summary["gate"], asset.name)
+            summaries = report.load_run(Lake(lake), run_id)
+        for announces in self.announces:
+            outlet = context["outlet_events"][announces.alias]
+            for summary in summaries:
+                table = summary.get("table", "")
+                if summary.get("layer") != announces.layer or table not in announces.assets or \
+                        not advanced(announces.layer, summary):
+                    continue
+                asset = announces.assets[table]
+                extra: dict[str, Any] = {"run_id": run_id, "table": table, "gate": summary["gate"]}
+                extra.update({k: summary[k] for k in FIGURES if k in summary})
+                outlet.add(asset, extra=extra)
+                self._lineage[0].extend(announces.reads.get(table, ()))
+                self._lineage[1].append(asset)
+                self.log.info("table=%s layer=%s: advanced (gate %s); asset event %s", table, announces.layer,
+                              summary["gate"], asset.name)
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """OpenLineage's operator protocol (its provider calls it as the task ends): a pass task's inputs and outputs

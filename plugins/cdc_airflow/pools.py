@@ -1,6 +1,6 @@
-"""`python -m cdc_airflow.pools`: creates (or sets back to one slot) the writer pools the DAGs put every
-writing task in, one per table and per gold model (cdc_airflow.wiring). Run it after `airflow db migrate`
-and whenever tables.yaml gains a table: Airflow does not schedule a task whose pool does not exist."""
+"""`python -m cdc_airflow.pools`: creates (or sets back to one slot) the writer pools the DAGs put every gold
+refresh in, one per gold model (cdc_airflow.wiring). Run it after `airflow db migrate` and whenever tables.yaml
+gains a gold model: Airflow does not schedule a task whose pool does not exist."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ def ensure_pools() -> dict[str, str]:
 
     pools = wiring().pools()
     for name, description in pools.items():
-        # a writer waiting deferred on the pipeline service is still writing its table: it keeps the slot
-        # (a deferred task holds no worker slot either way), so a second writer stays queued in Airflow
+        # a refresh waiting deferred on the pipeline service is still writing its model: it keeps the slot
+        # (a deferred task holds no worker slot either way), so a second refresh stays queued in Airflow
         Pool.create_or_update_pool(name, slots=1, description=description, include_deferred=True)
     return pools
 

@@ -36,11 +36,10 @@ class Wiring:
         return ["--config", self.config, "--lake", self.lake, "--landing", self.landing, *selection]
 
     def pools(self) -> dict[str, str]:
-        """One Airflow pool of one slot per table and per gold model, every task writing it in that pool: a second
-        writer (a replay beside a scheduled run, two backfill intervals, maintenance) waits in Airflow's queue,
-        holding no worker slot and no JVM. The lake's writer lock stays the guard for writers outside Airflow."""
-        return {**{writer_pool(t): f"one writer at a time of table {t} (all its layers)" for t in self.registry.tables},
-                **{writer_pool(m, gold=True): f"one writer at a time of gold model {m}" for m in self.registry.gold}}
+        """One Airflow pool of one slot per gold model, every task refreshing it in that pool: a second refresh (a
+        replay's beside an asset-triggered one) waits in Airflow's queue, holding no worker slot. Tables need none:
+        each table is written by passes over many tables, kept apart by the lake's writer lock of each table."""
+        return {gold_pool(m): f"one writer at a time of gold model {m}" for m in self.registry.gold}
 
     def asset(self, layer: str, name: str) -> Asset:
         """A table (or gold model) of a layer; its URI is the Delta table's location."""
@@ -82,8 +81,8 @@ class Wiring:
         return [self.asset("silver", source) for source in self.registry.gold[name].sources]
 
 
-def writer_pool(name: str, gold: bool = False) -> str:
-    return f"cdc_{'gold_' if gold else 'table_'}{name}"
+def gold_pool(model: str) -> str:
+    return f"cdc_gold_{model}"
 
 
 def wiring() -> Wiring:

@@ -478,7 +478,7 @@ def test_the_airflow_init_fails_when_a_step_fails_and_sets_everything_up_when_no
         assert all(oct((auth / name).stat().st_mode)[-3:] == "600" for name in secrets)
         pools = subprocess.run(["airflow", "pools", "list", "-o", "json"], capture_output=True, text=True, timeout=300,
                                env={**base, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": database})
-        assert {"cdc_table_customers", "cdc_gold_customers_by_state"} <= {p["pool"] for p in json.loads(pools.stdout)}
+        assert "cdc_gold_customers_by_state" in {p["pool"] for p in json.loads(pools.stdout)}
         # the connection as Airflow stores it (encrypted) and gives it to the tasks and the triggerer
         stored = subprocess.run(["airflow", "connections", "get", "cdc_service", "-o", "json"], capture_output=True,
                                 text=True, timeout=300, env={**base, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": database})

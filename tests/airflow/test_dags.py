@@ -142,24 +142,26 @@ def test_dag_folder_parses_in_a_fresh_home_without_errors_or_heavy_imports(tmp_p
 
     replay = dags["cdc_replay"]
     assert (replay["schedule"], replay["max_active_runs"]) == ("None", 1)
-    assert replay["tasks"]["replay_plan"]["down"] == sorted(f"replay_{t}" for t in tables)
-    assert replay["tasks"]["replay_customers"]["down"] == ["gold_refresh_customers_by_state"]
-    # a replay updates the assets of what it rewrote, as the scheduled DAGs do
-    assert replay["tasks"]["replay_customers"]["outlets"] == ["cdc.bronze.customers", "cdc.silver.customers"]
+    # one pass over the param's tables, whatever their number; the plan's branch picks the models to refresh after it
+    assert replay["tasks"]["replay_plan"]["down"] == sorted(["replay", *(f"gold_refresh_{m}" for m in models)])
+    assert replay["tasks"]["replay"]["down"] == sorted(["replay_verdicts", *(f"gold_refresh_{m}" for m in models)])
+    assert replay["tasks"]["replay_verdicts"]["type"] == "TableVerdicts"
+    # a replay updates the assets of what it rewrote, as the scheduled DAGs do: its aliases resolve to them
+    assert replay["tasks"]["replay"]["outlets"] == ["cdc.bronze.advanced", "cdc.silver.advanced"]
+    assert len(replay["tasks"]) == 3 + len(models)
     # set on the DAG after its tasks are made (none of them copies them), its params are still what each task reads
     assert {t["params"] == ["max_quarantined", "mode", "since", "tables", "until"] for t in replay["tasks"].values()} == {True}
     assert all(t["doc"] and t["on_failure"] for d in dags.values() for t in d["tasks"].values())
     assert all(d["doc"] for d in dags.values())
 
-    # every task writing one table or gold model, in any DAG, waits in that table's pool of one slot (a layer's pass
-    # writes many: the tables' writer locks keep it apart from their other writers)
+    # every task refreshing a gold model, in any DAG, waits in that model's pool of one slot (tables are written by
+    # passes over many: the tables' writer locks keep them apart)
     writers = {(dag_id, task_id): t["pool"] for dag_id, d in dags.items() for task_id, t in d["tasks"].items()
-               if t["type"] == "CdcSparkJob" and task_id not in ("maintain", "bronze_ingest", "silver_merge")}
+               if t["type"] == "CdcSparkJob" and task_id not in ("maintain", "bronze_ingest", "silver_merge", "replay")}
     for (dag_id, task_id), pool in writers.items():
-        name = max((n for n in [*tables, *models] if task_id.endswith(f"_{n}")), key=len)  # film_actor, not actor
-        assert pool == (f"cdc_gold_{name}" if name in models else f"cdc_table_{name}"), (dag_id, task_id)
-    # replay per table; gold and replay's gold per model
-    assert len(writers) == len(tables) + 2 * len(models)
+        assert pool == f"cdc_gold_{task_id.removeprefix('gold_refresh_')}", (dag_id, task_id)
+    # gold and replay's gold per model
+    assert len(writers) == 2 * len(models)
 
     # maintenance is one pass over every table and model (each under its writer lock), then the reports' retention
     upkeep = dags["cdc_maintenance"]

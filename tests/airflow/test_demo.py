@@ -296,7 +296,7 @@ def test_airflow_runs_the_pipeline_from_s3_and_replays_leave_it_unchanged(tmp_pa
         airflow = Airflow(env, tmp_path / "dags-test.log")
         airflow_home(tmp_path / "airflow")  # `airflow db migrate`'s database
         pools = airflow.sh(str(BIN / "python"), "-m", "cdc_airflow.pools")  # the writer pools, as the README sets them up
-        assert "2 writer pools of one slot: cdc_table_customers, cdc_gold_customers_by_state" in pools.stdout
+        assert "1 writer pools of one slot: cdc_gold_customers_by_state" in pools.stdout
         silver = first_run_reaches_gold(airflow, config, lake, generated[0].final_rows)
         lineage_names_the_delta_tables(tmp_path / "lineage.jsonl", lake)
 

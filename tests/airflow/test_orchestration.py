@@ -206,7 +206,7 @@ def test_a_pass_task_announces_each_table_it_advanced_and_hands_on_the_others_fa
     assets = {t: Asset(name=f"cdc.bronze.{t}", uri=f"file://{lake.bronze(t)}") for t in "tuvw"}
     landing = {t: [Asset(name=f"cdc.landing.{t}", uri=f"file:///landing/topics/{t}")] for t in "tuvw"}
     job = CdcSparkJob(task_id="bronze_ingest", landing=str(tmp_path / "landing"), files_from="landing_sense",
-                      cli_args=["--layers", "bronze"], announces=PassOutlets("bronze", lake.root, alias, assets, landing))
+                      cli_args=["--layers", "bronze"], announces=[PassOutlets("bronze", lake.root, alias, assets, landing)])
     sensed = {t: [f"topics/{t}/partition=0/{t}+0+0.json"] for t in "tuvw"}
     outlets = OutletEventAccessors()
     ti = SimpleNamespace(xcom_pull=lambda task_ids: sensed)
@@ -227,6 +227,17 @@ def test_a_pass_task_announces_each_table_it_advanced_and_hands_on_the_others_fa
             verdicts.execute({"ti": handed})
     else:
         verdicts.execute({"ti": handed})
+
+    # a replay announces both layers it rewrote, each through its own alias
+    silver_alias = AssetAlias(name="cdc.silver.advanced")
+    silver_assets = {t: Asset(name=f"cdc.silver.{t}", uri=f"file://{lake.silver(t)}") for t in "tuvw"}
+    replay = CdcSparkJob(task_id="replay", landing=str(tmp_path / "landing"), cli_args=["--layers", "bronze,silver"],
+                         announces=[PassOutlets("bronze", lake.root, alias, assets, landing),
+                                    PassOutlets("silver", lake.root, silver_alias, silver_assets, {})])
+    replayed = OutletEventAccessors()
+    assert replay.execute({"ti": ti, "run_id": "r1", "outlet_events": replayed}) == failure_line
+    assert [e.dest_asset_key.name for e in replayed[alias].asset_alias_events] == ["cdc.bronze.t", "cdc.bronze.w"]
+    assert [e.dest_asset_key.name for e in replayed[silver_alias].asset_alias_events] == ["cdc.silver.t"]
 
     # a transient failure is the task's, retried (no events: Airflow emits none for a failed try); the retry runs under
     # the same run id, its job finds nothing left to do, and it announces from the run's report what the first try did

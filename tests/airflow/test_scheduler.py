@@ -104,9 +104,9 @@ def test_the_scheduler_triggerer_and_assets_run_landing_to_gold_then_a_backfill_
                 assert airflow.task_instances("cdc_bronze", run["dag_run_id"])["bronze_ingest"]["state"] == "skipped"
 
             # a replay through the REST API with params, beside a manual silver run of the same table, while a
-            # writer outside Airflow holds the table: both Airflow writers wait deferred on their jobs (silver's is a
-            # pass of every table it is given: no pool of one table holds it back), and the table's writer lock keeps
-            # them apart from the outside writer and from each other
+            # writer outside Airflow holds the table: both Airflow writers wait deferred on their jobs (each a pass of
+            # the tables it is given: no pool of one table holds it back), and the table's writer lock keeps them
+            # apart from the outside writer and from each other
             from spark_jobs.state import writer_lock
 
             with writer_lock(tables, "customers", "e2e-outside-writer"):
@@ -116,7 +116,7 @@ def test_the_scheduler_triggerer_and_assets_run_landing_to_gold_then_a_backfill_
                     "logical_date": None, "conf": {"tables": ["customers"]}})["dag_run_id"]
 
                 def writers() -> dict[str, str | None]:
-                    return {"replay": airflow.task_instances("cdc_replay", replay).get("replay_customers", {})
+                    return {"replay": airflow.task_instances("cdc_replay", replay).get("replay", {})
                             .get("state"), "manual": airflow.task_instances("cdc_silver", manual)
                             .get("silver_merge", {}).get("state")}
 
@@ -126,7 +126,7 @@ def test_the_scheduler_triggerer_and_assets_run_landing_to_gold_then_a_backfill_
             airflow.finished("cdc_replay", replay)
             airflow.finished("cdc_silver", manual)
             jobs = service_jobs(tmp_path / "service.log")
-            assert {f"cdc_replay/replay_customers/{replay}", f"cdc_silver/silver_merge/{manual}"} <= set(jobs)
+            assert {f"cdc_replay/replay/{replay}", f"cdc_silver/silver_merge/{manual}"} <= set(jobs)
             assert silver_rows(tables) == generated.final_rows
 
 
