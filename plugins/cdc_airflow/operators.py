@@ -77,7 +77,8 @@ class CdcSparkJob(BaseOperator):
     S3 credentials go to the job as AWS_* variables from the Airflow connection (set at run time, never
     rendered in the UI). The bronze task takes every table the sensor found files for, with exactly those files
     (`files_from`: the sensor's task id; its XCom maps each table to its paths); with no sensor (`lists_landing`:
-    landings notified), every table, the job listing the files bronze has not taken in the run's window itself. A
+    landings notified), the tables of the topics the notifications named (every table in a run no notification
+    started), the job listing the files bronze has not taken in the run's window itself. A
     failing job fails the task with its one-line cause (table, layer, reason); only transient failures (a busy table,
     an unreachable store, a killed process) are retried.
 
@@ -89,7 +90,8 @@ class CdcSparkJob(BaseOperator):
 
     template_fields: Sequence[str] = ("application_args",)
 
-    def __init__(self, *, cli_args: list[str], landing: str, files_from: str | None = None, lists_landing: bool = False,
+    def __init__(self, *, cli_args: list[str], landing: str, files_from: str | None = None,
+                 lists_landing: Mapping[str, str] | None = None,
                  tables_from: Mapping[str, str] | None = None, announces: Sequence[PassOutlets] = (),
                  aws_conn_id: str | None = None, command: str = "run", conn_id: str = "spark_default",
                  conf: dict[str, str] | None = None, env_vars: dict[str, str] | None = None, **kwargs: Any):
@@ -132,15 +134,16 @@ class CdcSparkJob(BaseOperator):
 
     def _selection(self, context: Any) -> tuple[list[str], list[str] | None]:
         """The job's arguments with the tables it takes, and the landing files it takes (None: those it finds):
-        the tables the sensor found files for, with those files (`files_from`); every table, in the run's landing
-        window (`lists_landing`); or the tables whose assets started the run (`tables_from`: asset name -> table),
-        and in a run no asset event started (by hand, a test) the `tables` param's, else every table."""
+        the tables the sensor found files for, with those files (`files_from`); the notified tables (or every
+        table), in the run's landing window (`lists_landing`); or the tables whose assets started the run
+        (`tables_from`: asset name -> table), and in a run no asset event started (by hand, a test) the `tables`
+        param's, else every table."""
         args = list(self.application_args)
         if self.files_from:
             found: dict[str, list[str]] = context["ti"].xcom_pull(task_ids=self.files_from)
             return [*args, "--tables", ",".join(sorted(found))], sorted(p for paths in found.values() for p in paths)
-        if self.lists_landing:
-            return [*args, *landing_window_args(context)], None
+        if self.lists_landing is not None:
+            return [*args, *self._notified_tables(context), *landing_window_args(context)], None
         if self.tables_from is not None:
             triggered = {self.tables_from[a.name] for a in context.get("triggering_asset_events") or {}
                          if isinstance(a, Asset) and a.name in self.tables_from}
@@ -148,6 +151,21 @@ class CdcSparkJob(BaseOperator):
             if tables:
                 return [*args, "--tables", ",".join(tables)], None
         return args, None
+
+    def _notified_tables(self, context: Any) -> list[str]:
+        """`--tables` of a run the landing queue started: the registered tables of the topics its notifications name
+        (`lists_landing`: topic -> table), so that its pass lists only those; [] (every table) for any other run, or
+        when an event does not name its topics."""
+        assert self.lists_landing is not None
+        topics: set[str] = set()
+        for events in (context.get("triggering_asset_events") or {}).values():
+            for event in events:
+                named = ((event.extra or {}).get("payload") or {}).get("topics")
+                if not isinstance(named, list):
+                    return []
+                topics.update(str(t) for t in named)
+        tables = sorted({self.lists_landing[t] for t in topics if t in self.lists_landing})
+        return ["--tables", ",".join(tables)] if tables else []
 
     def _ended(self, context: Any, code: int, cause: str) -> str | None:
         """The job has run: a pass task announces what it advanced and hands its failure on (`PassOutlets`); a
@@ -181,8 +199,8 @@ class CdcSparkJob(BaseOperator):
             job_id = service.submit(request)
         except ServiceError as exc:
             raise (AirflowFailException if exc.permanent else AirflowException)(str(exc)) from None
-        self.log.info("job %s submitted to the pipeline service %s (connection %s); its log follows", job_id,
-                      service.url, conn_id)
+        self.log.info("job %s submitted to the pipeline service %s (connection %s): %s%s; its log follows", job_id,
+                      service.url, conn_id, " ".join(args), f" and {len(files)} landing file(s)" if files else "")
         ended, offset = self._wait(service, job_id)
         if ended is not None:
             return self.execute_complete(context, ended)

@@ -72,6 +72,14 @@ def landed_keys(body: str, landing: str) -> list[str]:
     return keys
 
 
+def landed_topic(key: str, landing: str) -> str:
+    """The topic of a landed object key (`<prefix>/topics/<topic>/...`, as landed_keys returns them)."""
+    from spark_jobs.storage import split_s3
+
+    prefix = f"{split_s3(landing)[1].rstrip('/')}/topics/".lstrip("/")
+    return key.removeprefix(prefix).split("/", 1)[0]
+
+
 SETTLE_S, SETTLE_MAX_S = 0.1, 5.0  # the landing queue's: a burst of notifications (a flush's uploads) is one event
 
 
@@ -128,7 +136,8 @@ class LandingQueueTrigger(BaseEventTrigger):
                 await asyncio.sleep(self.retry_s)
                 continue
             if keys:
-                yield TriggerEvent({"landed": len(keys), "keys": sorted(keys)[:100]})
+                yield TriggerEvent({"landed": len(keys), "keys": sorted(keys)[:100],
+                                    "topics": sorted({landed_topic(key, self.landing) for key in keys})})
                 return
 
 

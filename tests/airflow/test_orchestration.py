@@ -163,15 +163,26 @@ def test_silvers_pass_takes_the_tables_whose_bronze_started_its_run_else_the_par
     assert submitted() == ([] if tables is None else tables.split())
 
 
-@pytest.mark.parametrize("run_type, window", [
-    ("backfill", "--since 2026-03-01T00:00:00+00:00 --until 2026-03-01T00:15:00+00:00"),  # its data interval
-    ("asset_triggered", ""),  # a notified landing: every file bronze has not taken
+@pytest.mark.parametrize("run_type, payloads, expected", [
+    # its data interval, every table
+    ("backfill", [], "--since 2026-03-01T00:00:00+00:00 --until 2026-03-01T00:15:00+00:00"),
+    # a notified landing: the tables of the topics its notifications named (an unregistered topic's files are no
+    # table's), their files bronze has not taken
+    ("asset_triggered", [{"landed": 3, "topics": ["db.a"]}, {"landed": 1, "topics": ["db.c", "db.other"]}],
+     "--tables a,c"),
+    ("asset_triggered", [{"landed": 1, "topics": ["db.other"]}], ""),  # no registered table named: every table
+    ("asset_triggered", [{"landed": 1, "topics": ["db.a"]}, {"landed": 1}], ""),  # an event that names none
 ])
-def test_with_no_sensor_bronzes_pass_lists_every_table_in_the_runs_window(tmp_path, submitted, run_type, window):
-    job = CdcSparkJob(task_id="bronze_ingest", landing=str(tmp_path / "landing"), cli_args=["--layers", "bronze"],
-                      lists_landing=True)
-    job.execute({**context(run_type), "ti": SimpleNamespace()})
-    assert submitted() == window.split()  # no --tables, no --files: the job lists the landing itself
+def test_with_no_sensor_bronzes_pass_lists_the_notified_tables_in_the_runs_window(submitted, run_type, payloads,
+                                                                                  expected):
+    from airflow.sdk import Asset
+
+    job = CdcSparkJob(task_id="bronze_ingest", landing="data/landing", cli_args=["--layers", "bronze"],
+                      lists_landing={f"db.{t}": t for t in "abc"})
+    notified = {Asset(name="cdc.landing.notified", uri="x-cdc://landing/notified"): [
+        SimpleNamespace(extra={"from_trigger": True, "payload": p}) for p in payloads]} if payloads else {}
+    job.execute({**context(run_type), "ti": SimpleNamespace(), "triggering_asset_events": notified})
+    assert submitted() == expected.split()  # no --files: the job lists the landing itself
 
 
 @pytest.mark.parametrize("exit_code, failure_line", [(0, None), (1, "gate failed: table=u layer=bronze expectation=x")])
@@ -358,7 +369,7 @@ def test_the_freshness_check_fails_naming_the_table_when_its_newest_change_is_to
 def test_the_landing_queue_watcher_takes_created_landing_files_from_s3_notifications_and_nothing_else():
     import json
 
-    from cdc_airflow.triggers import landed_keys
+    from cdc_airflow.triggers import landed_keys, landed_topic
 
     def notification(event: str, bucket: str, key: str) -> str:
         return json.dumps({"Records": [{"eventName": event, "s3": {"bucket": {"name": bucket}, "object": {"key": key}}}]})
@@ -370,6 +381,9 @@ def test_the_landing_queue_watcher_takes_created_landing_files_from_s3_notificat
         "cdc/topics/shop.orders/partition=0/shop.orders+0+0000000000.json"]
     assert landed_keys(notification("ObjectCreated:CompleteMultipartUpload", "landing", "cdc/topics/a/b+c.json"),
                        landing) == ["cdc/topics/a/b c.json"]
+    # the event names each key's topic: the run's pass lists only those tables
+    assert landed_topic("cdc/topics/shop.orders/partition=0/shop.orders+0+0000000000.json", landing) == "shop.orders"
+    assert landed_topic("topics/shop.orders/year=2026/x.json", "s3://landing") == "shop.orders"
     for ignored in (notification("ObjectRemoved:Delete", "landing", "cdc/topics/a/x.json"),
                     notification("ObjectCreated:Put", "other", "cdc/topics/a/x.json"),
                     notification("ObjectCreated:Put", "landing", "elsewhere/topics/a/x.json"),
