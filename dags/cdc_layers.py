@@ -66,7 +66,7 @@ if wanted("cdc_bronze"):
             # sensor's task process would add a second or two to every landing (tests/benchmarks/RESULTS.md, W5)
             ingest = CdcSparkJob(
                 task_id="bronze_ingest", landing=W.landing,
-                lists_landing={t.topic: t.name for t in W.registry.tables.values()},
+                topic_tables={t.topic: t.name for t in W.registry.tables.values()},
                 cli_args=W.cli_args("--layers", "bronze"),
                 announces=[W.pass_outlets("bronze")], outlets=[W.advanced("bronze")],
                 doc_md="Ingests the landing files bronze has not taken (a backfill run: those of its data interval), "

@@ -20,7 +20,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 import spark_jobs
 from cdc_airflow.hooks import s3_environment, s3_settings
 from cdc_airflow.params import landing_window_args
-from cdc_airflow.triggers import ServiceJobTrigger
+from cdc_airflow.triggers import ServiceJobTrigger, job_ended
 from spark_jobs.event_log import PASSED
 from spark_jobs.landing import is_remote
 from spark_jobs.settings import PROJECT_ROOT, Settings, job_environment, settings
@@ -67,8 +67,9 @@ class CdcSparkJob(BaseOperator):
     """`python -m spark_jobs run ...` (or `maintain ...`) for one table (or gold model) and layer, or for a layer's
     pass over many tables:
     - with CDC_SERVICE_CONN_ID (the embedded default, `make demo`), submitted to the long-lived pipeline service
-      that connection names; the task then waits deferred, holding no worker slot, while the job's log comes into
-      its own (the service reads and writes its own deployment: only the table, layer, window, files and run id go);
+      that connection names; the task then waits for it on its worker for up to CDC_TASK_WAIT seconds, and after
+      that deferred, holding no worker slot, while the job's log comes into its own (the service reads and writes
+      its own deployment: only the table, layer, window, files and run id go);
     - otherwise through spark-submit, a Spark of its own (a deployment with no long-lived driver, or one that wants
       a JVM per job), by the Spark provider's hook with the `conn_id` connection, in client mode. The hook, imported
       when the task runs, and not the provider's operator as a base class: its module's imports (OpenLineage's
@@ -76,7 +77,7 @@ class CdcSparkJob(BaseOperator):
 
     S3 credentials go to the job as AWS_* variables from the Airflow connection (set at run time, never
     rendered in the UI). The bronze task takes every table the sensor found files for, with exactly those files
-    (`files_from`: the sensor's task id; its XCom maps each table to its paths); with no sensor (`lists_landing`:
+    (`files_from`: the sensor's task id; its XCom maps each table to its paths); with no sensor (`topic_tables`:
     landings notified), the tables of the topics the notifications named (every table in a run no notification
     started), the job listing the files bronze has not taken in the run's window itself. A
     failing job fails the task with its one-line cause (table, layer, reason); only transient failures (a busy table,
@@ -91,7 +92,7 @@ class CdcSparkJob(BaseOperator):
     template_fields: Sequence[str] = ("application_args",)
 
     def __init__(self, *, cli_args: list[str], landing: str, files_from: str | None = None,
-                 lists_landing: Mapping[str, str] | None = None,
+                 topic_tables: Mapping[str, str] | None = None,
                  tables_from: Mapping[str, str] | None = None, announces: Sequence[PassOutlets] = (),
                  aws_conn_id: str | None = None, command: str = "run", conn_id: str = "spark_default",
                  conf: dict[str, str] | None = None, env_vars: dict[str, str] | None = None, **kwargs: Any):
@@ -103,7 +104,7 @@ class CdcSparkJob(BaseOperator):
         self.env_vars = {"GX_ANALYTICS_ENABLED": "false", Settings.variable("spark_ui"): "true"} if env_vars is None \
             else env_vars
         self.landing, self.files_from, self.aws_conn_id = landing, files_from, aws_conn_id or settings().aws_conn_id
-        self.tables_from, self.announces, self.lists_landing = tables_from, tuple(announces), lists_landing
+        self.tables_from, self.announces, self.topic_tables = tables_from, tuple(announces), topic_tables
         self._lineage: tuple[list[Asset], list[Asset]] = ([], [])  # what the tables a pass advanced read, and wrote
         self._process: subprocess.Popen[str] | None = None
         self._spark: Any = None  # the Spark provider's SparkSubmitHook, while spark-submit runs
@@ -111,7 +112,7 @@ class CdcSparkJob(BaseOperator):
     def execute(self, context: Any) -> str | None:  # a pass task hands on its failure line
         if settings().service_conn_id:
             return self._submit(context)  # waits, or defers
-        env = dict(self.env_vars or {})
+        env = dict(self.env_vars)
         if is_remote(self.landing) or is_s3(settings().lake_uri):
             env.update(s3_environment(s3_settings(self.aws_conn_id)))
         with tempfile.TemporaryDirectory(prefix="cdc-task-") as scratch:
@@ -135,14 +136,14 @@ class CdcSparkJob(BaseOperator):
     def _selection(self, context: Any) -> tuple[list[str], list[str] | None]:
         """The job's arguments with the tables it takes, and the landing files it takes (None: those it finds):
         the tables the sensor found files for, with those files (`files_from`); the notified tables (or every
-        table), in the run's landing window (`lists_landing`); or the tables whose assets started the run
+        table), in the run's landing window (`topic_tables`); or the tables whose assets started the run
         (`tables_from`: asset name -> table), and in a run no asset event started (by hand, a test) the `tables`
         param's, else every table."""
         args = list(self.application_args)
         if self.files_from:
             found: dict[str, list[str]] = context["ti"].xcom_pull(task_ids=self.files_from)
             return [*args, "--tables", ",".join(sorted(found))], sorted(p for paths in found.values() for p in paths)
-        if self.lists_landing is not None:
+        if self.topic_tables is not None:
             return [*args, *self._notified_tables(context), *landing_window_args(context)], None
         if self.tables_from is not None:
             triggered = {self.tables_from[a.name] for a in context.get("triggering_asset_events") or {}
@@ -154,9 +155,9 @@ class CdcSparkJob(BaseOperator):
 
     def _notified_tables(self, context: Any) -> list[str]:
         """`--tables` of a run the landing queue started: the registered tables of the topics its notifications name
-        (`lists_landing`: topic -> table), so that its pass lists only those; [] (every table) for any other run, or
+        (`topic_tables`: topic -> table), so that its pass lists only those; [] (every table) for any other run, or
         when an event does not name its topics."""
-        assert self.lists_landing is not None
+        assert self.topic_tables is not None
         topics: set[str] = set()
         for events in (context.get("triggering_asset_events") or {}).values():
             for event in events:
@@ -164,7 +165,7 @@ class CdcSparkJob(BaseOperator):
                 if not isinstance(named, list):
                     return []
                 topics.update(str(t) for t in named)
-        tables = sorted({self.lists_landing[t] for t in topics if t in self.lists_landing})
+        tables = sorted({self.topic_tables[t] for t in topics if t in self.topic_tables})
         return ["--tables", ",".join(tables)] if tables else []
 
     def _ended(self, context: Any, code: int, cause: str) -> str | None:
@@ -224,7 +225,7 @@ class CdcSparkJob(BaseOperator):
                 self.log.info("%s", line)
             offset = status.offset
             if status.done:
-                return {"exit_code": status.exit_code, "cause": status.cause, "seconds": status.seconds}, offset
+                return job_ended(status), offset
             time.sleep(0.1)
         return None, offset
 
@@ -301,7 +302,7 @@ class CdcSparkJob(BaseOperator):
         """The job as a plain Python process, for a job that needs no Spark (no spark-submit, no JVM); its output
         goes to the task's log. Returns its exit code."""
         self._process = subprocess.Popen([sys.executable, ENTRY_POINT, *self.application_args],
-                                         env={**os.environ, **(self.env_vars or {})}, cwd=PROJECT_ROOT,
+                                         env={**os.environ, **self.env_vars}, cwd=PROJECT_ROOT,
                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         assert self._process.stdout is not None
         for line in self._process.stdout:

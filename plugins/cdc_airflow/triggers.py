@@ -6,13 +6,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 
 from cdc_airflow.hooks import pending_by_table, s3_client, s3_settings
 from spark_jobs.landing import is_remote
 from spark_jobs.storage import is_s3
+
+if TYPE_CHECKING:
+    from spark_jobs.service_client import JobStatus
 
 
 class LandingTrigger(BaseTrigger):
@@ -58,8 +61,8 @@ def landed_keys(body: str, landing: str) -> list[str]:
 
     from spark_jobs.storage import split_s3
 
-    bucket, prefix = split_s3(landing)
-    topics = f"{prefix.rstrip('/')}/topics/".lstrip("/")
+    bucket = split_s3(landing)[0]
+    topics = _topics_prefix(landing)
     keys = []
     try:
         for record in json.loads(body).get("Records") or []:
@@ -72,12 +75,16 @@ def landed_keys(body: str, landing: str) -> list[str]:
     return keys
 
 
-def landed_topic(key: str, landing: str) -> str:
-    """The topic of a landed object key (`<prefix>/topics/<topic>/...`, as landed_keys returns them)."""
+def _topics_prefix(landing: str) -> str:
+    """Where the landing's topics are in its bucket: `<prefix>/topics/`."""
     from spark_jobs.storage import split_s3
 
-    prefix = f"{split_s3(landing)[1].rstrip('/')}/topics/".lstrip("/")
-    return key.removeprefix(prefix).split("/", 1)[0]
+    return f"{split_s3(landing)[1].rstrip('/')}/topics/".lstrip("/")
+
+
+def landed_topic(key: str, landing: str) -> str:
+    """The topic of a landed object key (`<prefix>/topics/<topic>/...`, as landed_keys returns them)."""
+    return key.removeprefix(_topics_prefix(landing)).split("/", 1)[0]
 
 
 SETTLE_S, SETTLE_MAX_S = 0.1, 5.0  # the landing queue's: a burst of notifications (a flush's uploads) is one event
@@ -141,6 +148,12 @@ class LandingQueueTrigger(BaseEventTrigger):
                 return
 
 
+def job_ended(status: JobStatus) -> dict[str, Any]:
+    """How a service job ended, as `CdcSparkJob.execute_complete` takes it (the trigger's event, or the task's own
+    wait)."""
+    return {"exit_code": status.exit_code, "cause": status.cause, "seconds": status.seconds}
+
+
 class ServiceJobTrigger(BaseTrigger):
     """Runs on the triggerer while the pipeline service computes a task's job (spark_jobs/service.py) that outlasted
     the task's wait on its worker: polls it, copies its new log lines into the task's log as they come, and hands
@@ -183,6 +196,6 @@ class ServiceJobTrigger(BaseTrigger):
                 self.log.info("%s", line)
             offset = status.offset
             if status.done:
-                yield TriggerEvent({"exit_code": status.exit_code, "cause": status.cause, "seconds": status.seconds})
+                yield TriggerEvent(job_ended(status))
                 return
             await asyncio.sleep(self.poll_s)

@@ -178,7 +178,7 @@ def test_with_no_sensor_bronzes_pass_lists_the_notified_tables_in_the_runs_windo
     from airflow.sdk import Asset
 
     job = CdcSparkJob(task_id="bronze_ingest", landing="data/landing", cli_args=["--layers", "bronze"],
-                      lists_landing={f"db.{t}": t for t in "abc"})
+                      topic_tables={f"db.{t}": t for t in "abc"})
     notified = {Asset(name="cdc.landing.notified", uri="x-cdc://landing/notified"): [
         SimpleNamespace(extra={"from_trigger": True, "payload": p}) for p in payloads]} if payloads else {}
     job.execute({**context(run_type), "ti": SimpleNamespace(), "triggering_asset_events": notified})
