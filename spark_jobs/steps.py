@@ -21,8 +21,10 @@ log = logger(__name__)
 
 
 def _flat(value: Any) -> Any:
-    """Quarantine counts on one line by kind (`missing_key:2,malformed_json:1`); the JSON summary and the
-    quarantine table keep the full reasons."""
+    """Quarantine counts on one line by kind (`missing_key:2,malformed_json:1`), lists as one token; the JSON summary
+    and the quarantine table keep the full reasons."""
+    if isinstance(value, list):  # a step's changes (silver's widened columns), one token
+        return ";".join(map(str, value))
     if not isinstance(value, dict):
         return value
     kinds: dict[str, int] = {}

@@ -349,11 +349,14 @@ def _bson_field(name: str, kinds: set[str]) -> ImageField:
 
 
 def merge_fields(field_lists: list[list[ImageField]]) -> list[ImageField]:
-    """Union by name in first-seen order; a later schema of the same column wins (newest in the batch)."""
+    """Union by name in first-seen order; a later schema of the same column wins, unless the earlier one's type is
+    wider (`widens`): a batch across a widening DDL holds its values of both types in the wider."""
     merged: dict[str, ImageField] = {}
     for fields in field_lists:
         for f in fields:
-            merged[f.name] = f
+            seen = merged.get(f.name)
+            if seen is None or not widens(parsed_type(f.spark_type), parsed_type(seen.spark_type)):
+                merged[f.name] = f
     return list(merged.values())
 
 
@@ -423,6 +426,60 @@ def parse_image(df: DataFrame, image: str, fields: list[ImageField], alias: str)
             .withColumn("_decode_problems", sql(decode_problems("_image_text", ident(alias), fields,
                                                                 "_image_variant" if mixed else None)))
             .drop("_image_parsed", "_image_text", "_image_variant"))
+
+
+# Delta's type widening (PROTOCOL.md, "Type Widening"): the changes of a column's type that every old value survives
+_INTEGRAL_RANK: dict[type[T.DataType], int] = {T.ByteType: 0, T.ShortType: 1, T.IntegerType: 2, T.LongType: 3}
+# the integer digits a decimal needs to hold every value of an integer type
+_INTEGRAL_DIGITS: dict[type[T.DataType], int] = {T.ByteType: 10, T.ShortType: 10, T.IntegerType: 10, T.LongType: 20}
+
+
+def widens(old: T.DataType, new: T.DataType) -> bool:
+    """Is `old` -> `new` one of Delta's type widenings: byte -> short -> int -> long, float or a smaller integer ->
+    double, a decimal with at least as many integer and fraction digits (from a decimal or an integer), date ->
+    timestamp without time zone."""
+    old_rank, new_rank = _INTEGRAL_RANK.get(type(old)), _INTEGRAL_RANK.get(type(new))
+    if old_rank is not None and new_rank is not None:
+        return new_rank > old_rank
+    if isinstance(new, T.DoubleType):
+        return isinstance(old, T.FloatType) or old_rank is not None and old_rank < _INTEGRAL_RANK[T.LongType]
+    if isinstance(new, T.DecimalType):
+        if isinstance(old, T.DecimalType):
+            return (new.precision, new.scale) != (old.precision, old.scale) and \
+                new.precision - old.precision >= new.scale - old.scale >= 0
+        return old_rank is not None and new.precision - new.scale >= _INTEGRAL_DIGITS[type(old)]
+    return isinstance(old, T.DateType) and isinstance(new, T.TimestampNTZType)
+
+
+@dataclass(frozen=True)
+class Widening:
+    """A silver column whose source type became wider (`widens`): silver takes the new type."""
+
+    column: str
+    old: T.DataType
+    new: T.DataType
+
+    def __str__(self) -> str:
+        return f"{self.column}:{self.old.simpleString()}->{self.new.simpleString()}"
+
+
+def widened(target: T.StructType | None, row_type: T.StructType) -> tuple[T.StructType | None, tuple[Widening, ...]]:
+    """Silver's schema (`target`; None before its first commit) with each column the batch's typed image
+    (`row_type`) holds in a wider type (`widens`) taken at that type, and those changes. Any other difference is left
+    to `align`: values that fit are cast, the rest quarantined naming both types."""
+    if target is None:
+        return None, ()
+    batch = {f.name: f.dataType for f in row_type.fields}
+    changes = tuple(Widening(f.name, f.dataType, batch[f.name]) for f in target.fields
+                    if f.name in batch and widens(f.dataType, batch[f.name]))
+    wider = {w.column: w.new for w in changes}
+    return T.StructType([T.StructField(f.name, wider.get(f.name, f.dataType), f.nullable, f.metadata)
+                         for f in target.fields]), changes
+
+
+def fields_type(fields: list[ImageField]) -> T.StructType:
+    """The typed image's type: each field at its decoded type."""
+    return T.StructType([T.StructField(f.name, parsed_type(f.spark_type)) for f in fields])
 
 
 def align(df: DataFrame, struct_col: str, target: T.StructType | None) -> DataFrame:

@@ -12,6 +12,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from spark_jobs.debezium import types
 from spark_jobs.delta import DeltaEngine, MergeSpec, driver_rows, spark_frame
 from spark_jobs.delta.delta_rs import DeltaRsEngine, NewFiles
 from spark_jobs.errors import GateFailed, PipelineError
@@ -291,6 +292,7 @@ def apply_planned(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     gates = _Gates(check, {}, table, lake, summary, checks)
     gates.before(audit, table.quality.breaker_trips(quarantined, summary.quarantined_share or 0))
 
+    _widen(spark, engine, table, lake, read.widened, summary)
     # into no table, delta-rs creates it empty and merges (two commits), where a Spark DataFrame's insert clause would
     # be a Spark job of its own (DeltaEngine.merge): a whole database's initial load paid it twice a table
     target_path, ledger_path = lake.silver(table.name), lake.tombstones(table.name)
@@ -370,6 +372,7 @@ def _publish(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake:
              summary: SilverSummary) -> None:
     """Write the plan: the truncate log and what a new truncate removes, then silver, the ledger, history;
     expire old ledger entries."""
+    _widen(spark, engine, table, lake, plan.widened, summary)
     target_path, ledger_path = lake.silver(table.name), lake.tombstones(table.name)
     new_truncates = 0  # truncates history has not seen: they close versions of every key
     if table.history and plan.truncate_count:
@@ -400,6 +403,26 @@ def _publish(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake:
     summary.deleted = removed + deleted_by_truncate
     summary.tombstones_expired = _expire_tombstones(engine, lake, table)
     summary.deletes = {**plan.delete_counts, "removed": removed}
+
+
+def _widen(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake: Lake, widened: tuple[types.Widening, ...],
+           summary: SilverSummary) -> None:
+    """Silver's tables (silver, its ledger, history) take the batch's wider column types before its rows are written,
+    in one commit each: the table rewritten with the columns cast (every old value fits, types.widens). Not Delta's
+    type-widening feature: delta-rs, the project's reader outside Spark and one of its engines, can neither read nor
+    write a table that has it (deltalake 1.6: "Unsupported table features required: [TypeWidening]"). A failed gate
+    restores each table to its version before the batch, the narrower type with it."""
+    if not widened:
+        return
+    summary.widened = [str(w) for w in widened]
+    for name, path in lake.silver_tables(table.name).items():
+        schema = engine.schema(path)
+        casts = {w.column: F.col(w.column).cast(w.new) for w in widened
+                 if schema is not None and w.column in schema.fieldNames() and schema[w.column].dataType != w.new}
+        current = engine.read(spark, path) if casts else None
+        if current is not None:
+            engine.overwrite(current.withColumns(casts), path, table.partition_by if name in ("silver", "history") else ())
+            log.info(f"silver: {table.name}'s {name} widened: {', '.join(str(w) for w in widened if w.column in casts)}")
 
 
 def _merge_ledger(engine: DeltaEngine, table: TableConfig, ledger_path: str, rows: DataFrame, state: DataFrame,

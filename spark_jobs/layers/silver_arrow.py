@@ -61,7 +61,8 @@ def _among(keys: pa.Table, or_equal: tuple[str, str] | None = None) -> Callable[
     table's types (Spark's keys may be narrower)."""
     def where(schema: pa.Schema) -> pc.Expression:
         among = reduce(lambda a, b: a & b, [
-            pc.field(k).isin(pc.unique(keys.column(k)).cast(schema.field(k).type)) for k in keys.column_names])
+            # unsafe: a value the table's type cannot hold (its column narrower than the batch's) is in none of its rows
+            pc.field(k).isin(pc.unique(keys.column(k)).cast(schema.field(k).type, safe=False)) for k in keys.column_names])
         if or_equal is None:
             return among
         column, value = or_equal

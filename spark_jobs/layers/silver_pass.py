@@ -37,13 +37,18 @@ class TableTyping:
 
     table: TableConfig
     fields: tuple[types.ImageField, ...]
-    target: str | None  # silver's schema as JSON (hashable); None before its first commit
+    target: str | None  # silver's schema as JSON (hashable), as the pass found it; None before its first commit
 
     # each type made once: a field's type is parsed by the JVM, and a table's branch reads them many times
     @cached_property
     def decoded_type(self) -> T.StructType:
         """The image's type as decoded, before alignment."""
-        return T.StructType([T.StructField(f.name, types.parsed_type(f.spark_type)) for f in self.fields])
+        return types.fields_type(list(self.fields))
+
+    @cached_property
+    def widening(self) -> tuple[T.StructType | None, tuple[types.Widening, ...]]:
+        """Silver's schema with the columns the batch widens at their new types, and those changes."""
+        return types.widened(_schema(self.target), self.decoded_type)
 
     @cached_property
     def row_type(self) -> T.StructType:
@@ -56,7 +61,8 @@ class TableTyping:
 
     @property
     def target_schema(self) -> T.StructType | None:
-        return _schema(self.target)
+        """Silver's schema as the batch leaves it (its widenings taken)."""
+        return self.widening[0]
 
     @cached_property
     def silver_type(self) -> T.StructType:
@@ -300,6 +306,7 @@ class TableBatch:
     # silver's source columns (TableTyping.silver_type)
     latest: pa.Table
     deletes: pa.Table  # each delete received, once per key and position: `_key`, `_seq`, `_row`
+    widened: tuple[types.Widening, ...] = ()  # silver's columns the batch widens (silver takes them first)
 
     def holds(self, applied: int, truncated_at: str | None, silver_version: int | None, bronze_version: int) -> bool:
         """Is silver as the pass found it, and bronze where it read to? (Another run of the table may have applied
@@ -332,7 +339,7 @@ def read_together(spark: SparkSession, candidates: list[Candidate]) -> dict[str,
     return {name: TableBatch(
         by_name[name].applied, by_name[name].truncated_at, by_name[name].silver_version, by_name[name].files.version,
         found[name].figures, counted.get(name, none).figures(latest[name]), counted.get(name, none).audit,
-        quarantine[name], latest[name], received[name]) for name in typings}
+        quarantine[name], latest[name], received[name], typings[name].widening[1]) for name in typings}
 
 
 def _collect(typed: DataFrame, newest: DataFrame, typings: dict[str, TableTyping]

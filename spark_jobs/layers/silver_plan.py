@@ -87,9 +87,10 @@ class BatchPlan:
     bytes_in: int  # their change events' bytes as they landed
     newest_ts_ms: int | None
     quarantine: DataFrame  # (_source_file, _line, _raw, reason)
-    target_schema: T.StructType | None  # silver's schema, None before its first commit
+    target_schema: T.StructType | None  # silver's schema (with the batch's widenings), None before its first commit
     typed: DataFrame | None = None  # row events, typed (`_row`, key columns), with a quarantine `reason`
     fields: list[types.ImageField] = field(default_factory=list)
+    widened: tuple[types.Widening, ...] = ()  # silver's columns the batch's types widen (silver takes them first)
     audited: dict[str, DataFrame] = field(default_factory=dict)  # the rows the expectations' flags read, by name
     frames: dict[str, DataFrame] = field(default_factory=dict)  # the rows a user's expectations read, by name
     events: int = 0  # row events without a quarantine reason
@@ -163,7 +164,11 @@ def overview_columns(holds_placeholder: str) -> list[Column]:
 def _plan_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake: Lake, changes_in: DataFrame,
                   has_plain: bool, unavailable: bool, plan: BatchPlan) -> None:
     """The row events' part of the plan: typed, the newest per key, the merge's rows, the deletes."""
-    typed, plan.fields = typed_changes(spark, table, changes_in, plan.target_schema, has_plain, unavailable)
+    if unavailable:
+        changes_in = envelope.mark_unavailable(changes_in, table.unavailable_value_placeholder)
+    plan.fields = resolve_mixed(image_fields(spark, table, changes_in, has_plain), plan.target_schema, changes_in)
+    plan.target_schema, plan.widened = types.widened(plan.target_schema, types.fields_type(plan.fields))
+    typed = typed_changes(table, changes_in, plan.fields, plan.target_schema)
     if unavailable:
         typed = fill_unavailable(spark, engine, lake, table, checkpoint(typed, plan.one_task))
     plan.typed = typed = _quarantine_by_expectations(table, checkpoint(typed.withColumn(
@@ -245,14 +250,11 @@ def combined_fields(table: TableConfig, envelope_schemas: list[str], inferred: l
     return [f for f in types.merge_fields(lists) if not f.name.startswith("__") and (not f.untyped or f.name in named)]
 
 
-def typed_changes(spark: SparkSession, table: TableConfig, changes: DataFrame, target: T.StructType | None,
-                   has_plain: bool, unavailable: bool) -> tuple[DataFrame, list[types.ImageField]]:
-    """Row events (with `_seq`) plus the typed image in `_row`, typed key columns and a quarantine `reason`.
-    With `unavailable`, placeholders of unchanged TOASTed values are listed in `_unavailable` and typed as
-    null (envelope.mark_unavailable), to be filled in by `fill_unavailable`."""
-    if unavailable:
-        changes = envelope.mark_unavailable(changes, table.unavailable_value_placeholder)
-    fields = resolve_mixed(image_fields(spark, table, changes, has_plain), target, changes)
+def typed_changes(table: TableConfig, changes: DataFrame, fields: list[types.ImageField], target: T.StructType | None
+                  ) -> DataFrame:
+    """Row events (with `_seq`) plus the typed image (`fields`) in `_row`, aligned to silver's columns (`target`), typed
+    key columns and a quarantine `reason`. Placeholders of unchanged TOASTed values (envelope.mark_unavailable) are
+    typed as null, to be filled in by `fill_unavailable`."""
     names = {f.name for f in fields}
     # a field of tables.yaml naming a column the events do not have: the configuration is wrong, not the batch
     for field_name, absent in absent_row_columns(table, names):
@@ -262,7 +264,7 @@ def typed_changes(spark: SparkSession, table: TableConfig, changes: DataFrame, t
     typed = types.align(typed, "_row", target)
     for k in table.keys:
         typed = typed.withColumn(k, F.col("_row")[k])
-    return typed.withColumn("reason", sql(quarantine_reason(table, missing_key_parts(table.keys)))), fields
+    return typed.withColumn("reason", sql(quarantine_reason(table, missing_key_parts(table.keys))))
 
 
 def resolve_mixed(fields: list[types.ImageField], target: T.StructType | None, events: DataFrame

@@ -102,6 +102,7 @@ class SilverSummary(LayerSummary):
     deletes: Counts | None = None  # where each delete went (layers/silver_plan.classify_deletes)
     history_rows: int | None = None
     recovered_commits: int | None = None  # applied by an interrupted run, counted here
+    widened: list[str] | None = None  # columns whose source type widened, silver's tables widened with them
 
     AFTER_GATE = ("recovered_commits", "bronze_version")
 

@@ -1,0 +1,163 @@
+"""A source column widened by DDL, as MySQL's connector reports it in the schema envelope: silver (its ledger and
+history too) takes the wider type and keeps every row; a narrowing quarantines the values that do not fit, naming both
+types. Both engines, the silver pass and a table's own plan."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from pyspark.sql import types as T
+
+from spark_jobs.lake import Lake
+from tests.support import own_steps, run, silver_rows, summary_line
+
+RECORDED = (Path(__file__).resolve().parents[1] / "fixtures" / "debezium" / "mysql" / "topics"
+            / "dbserver1.inventory.customers" / "partition=0" / "dbserver1.inventory.customers+0+0000000000.json")
+TOPIC = "dbserver1.inventory.customers"
+BIG = 3_000_000_000  # over 2^31: no INT holds it
+
+
+def _decimal_field(precision: int, scale: int) -> dict:
+    return {"type": "bytes", "optional": True, "name": "org.apache.kafka.connect.data.Decimal", "version": 1,
+            "parameters": {"scale": str(scale), "connect.decimal.precision": str(precision)}, "field": "credit"}
+
+
+def _encoded(value: str, scale: int) -> str:
+    """Kafka Connect's Decimal: the unscaled value's big-endian two's complement, base64."""
+    unscaled = int(Decimal(value).scaleb(scale))
+    return base64.b64encode(unscaled.to_bytes((unscaled.bit_length() + 8) // 8, "big", signed=True)).decode()
+
+
+def _event(op: str, row: dict, pos: int, id_type: str, credit: tuple[int, int]) -> str:
+    """A change as MySQL's connector writes it (the recorded envelope), with `id` of `id_type` and a `credit`
+    DECIMAL(precision, scale) column."""
+    template = json.loads(RECORDED.read_text().splitlines()[0])
+    event = copy.deepcopy(template)
+    for image in event["schema"]["fields"][:2]:  # before, after
+        image["fields"][0]["type"] = id_type
+        image["fields"].append(_decimal_field(*credit))
+    payload = event["payload"]
+    image = {"id": row["id"], "first_name": "F", "last_name": "L", "email": f"{row['id']}@x.org",
+             "credit": _encoded(row["credit"], credit[1]) if row.get("credit") is not None else None}
+    payload["before"], payload["after"] = (image, None) if op == "d" else (None, image)
+    payload["op"], payload["source"]["pos"], payload["source"]["row"] = op, pos, 0
+    return json.dumps(event)
+
+
+def _schema(spark, engine_name: str, path: str) -> dict[str, str]:
+    from spark_jobs.delta.engines import make_engine
+
+    schema = make_engine(spark, engine_name).schema(path)
+    assert schema is not None
+    return {f.name: f.dataType.simpleString() for f in schema.fields if not f.name.startswith("_")}
+
+
+@pytest.mark.parametrize("engine_name, own_plan", [("delta-rs", False), ("delta-rs", True), ("delta-spark", True)],
+                         ids=["delta-rs-pass", "delta-rs-own-plan", "delta-spark-own-plan"])
+def test_a_widened_source_column_widens_silver_and_a_narrowed_one_quarantines(spark, tmp_path, capsys, monkeypatch,
+                                                                              engine_name, own_plan):
+    monkeypatch.setenv("CDC_DELTA_ENGINE", engine_name)
+    config = tmp_path / "tables.yaml"
+    # history: true takes a table's own plan; the pass takes the rest
+    config.write_text(f"tables:\n  customers:\n    topic: {TOPIC}\n    keys: [id]\n"
+                      f"    quality: {{max_quarantined: 100%}}\n{'    history: true' if own_plan else ''}\n")
+    landing, lake = tmp_path / "landing", Lake(str(tmp_path / "lake"))
+    folder = landing / "topics" / TOPIC / "partition=0"
+    folder.mkdir(parents=True)
+
+    def land(offset: int, *events: str) -> str:
+        (folder / f"{TOPIC}+0+{offset:010d}.json").write_text("\n".join(events) + "\n")
+        if own_plan:
+            code, out, err = own_steps(monkeypatch, capsys, config, landing, lake.root)
+        else:
+            code, out, err = run(capsys, config, landing, lake.root)
+        assert (code, err) == (0, "")
+        return out
+
+    land(0, *[_event("c", {"id": i, "credit": "10.50"}, 100 + i, "int32", (10, 2)) for i in (1, 2, 3)])
+    assert _schema(spark, engine_name, lake.silver("customers"))["id"] == "int"
+
+    # ALTER TABLE customers MODIFY id BIGINT, MODIFY credit DECIMAL(14,2): the envelope's types widen
+    out = land(3, _event("c", {"id": BIG, "credit": "123456789012.25"}, 200, "int64", (14, 2)),
+               _event("u", {"id": 1, "credit": "1.25"}, 201, "int64", (14, 2)),
+               _event("d", {"id": 2, "credit": None}, 202, "int64", (14, 2)))
+    line = summary_line(out, "silver", "customers")
+    assert line["widened"] == "id:int->bigint;credit:decimal(10,2)->decimal(14,2)"
+    assert "quarantined" not in line
+    wide = {"id": "bigint", "first_name": "string", "last_name": "string", "email": "string", "credit": "decimal(14,2)"}
+    assert _schema(spark, engine_name, lake.silver("customers")) == wide
+    assert _schema(spark, engine_name, lake.tombstones("customers")) == {"id": "bigint"}
+    expected = {(1,): Decimal("1.25"), (3,): Decimal("10.50"), (BIG,): Decimal("123456789012.25")}
+    from spark_jobs.delta.engines import make_engine
+
+    engine = make_engine(spark, engine_name)
+    assert {k: r["credit"] for k, r in silver_rows(spark, engine, lake.root, "customers", ("id",)).items()} == expected
+    if own_plan:  # every version kept, at the wider types
+        assert _schema(spark, engine_name, lake.history("customers")) == wide
+        history = engine.read(spark, lake.history("customers"))
+        assert sorted((r["id"], r["_op"], r["credit"]) for r in history.collect()) == [
+            (1, "c", Decimal("10.50")), (1, "u", Decimal("1.25")), (2, "c", Decimal("10.50")), (2, "d", None),
+            (3, "c", Decimal("10.50")), (BIG, "c", Decimal("123456789012.25"))]
+
+    # a batch across the DDL (a first run, a backfill): its values of both types in the wider
+    one_run = Lake(str(tmp_path / "one_run"))
+    code, out, _ = run(capsys, config, landing, one_run.root)
+    assert code == 0 and "quarantined" not in summary_line(out, "silver", "customers")
+    assert _schema(spark, engine_name, one_run.silver("customers")) == wide
+    assert {k: r["credit"] for k, r in silver_rows(spark, engine, one_run.root, "customers", ("id",)).items()} == expected
+
+    # MODIFY credit DECIMAL(14,4): two more fraction digits, two fewer integer ones; not a widening. A value that fits
+    # silver's DECIMAL(14,2) is kept; one that does not is quarantined naming both types. `id` back to INT: it fits
+    out = land(6, _event("u", {"id": 3, "credit": "5.5000"}, 300, "int32", (14, 4)),
+               _event("u", {"id": BIG, "credit": "1.2345"}, 301, "int64", (14, 4)))
+    assert "widened" not in summary_line(out, "silver", "customers")
+    quarantine = engine.read(spark, lake.quarantine("customers"))
+    assert [r["reason"] for r in quarantine.collect()] == ["incompatible_type: credit (decimal(14,4) -> decimal(14,2))"]
+    expected[(3,)] = Decimal("5.50")
+    assert {k: r["credit"] for k, r in silver_rows(spark, engine, lake.root, "customers", ("id",)).items()} == expected
+    assert _schema(spark, engine_name, lake.silver("customers")) == wide
+
+    # the same files again: nothing changes
+    land(6, _event("u", {"id": 3, "credit": "5.5000"}, 300, "int32", (14, 4)),
+         _event("u", {"id": BIG, "credit": "1.2345"}, 301, "int64", (14, 4)))
+    assert {k: r["credit"] for k, r in silver_rows(spark, engine, lake.root, "customers", ("id",)).items()} == expected
+
+
+def test_widening_follows_deltas_type_widening_rules():
+    from spark_jobs.debezium.types import widened, widens
+
+    allowed = [(T.ByteType(), T.ShortType()), (T.IntegerType(), T.LongType()), (T.FloatType(), T.DoubleType()),
+               (T.IntegerType(), T.DoubleType()), (T.DecimalType(10, 2), T.DecimalType(12, 4)),
+               (T.IntegerType(), T.DecimalType(12, 2)), (T.LongType(), T.DecimalType(20, 0)),
+               (T.DateType(), T.TimestampNTZType())]
+    refused = [(T.LongType(), T.IntegerType()), (T.LongType(), T.DoubleType()), (T.DoubleType(), T.FloatType()),
+               (T.DecimalType(10, 2), T.DecimalType(10, 4)), (T.DecimalType(10, 2), T.DecimalType(10, 2)),
+               (T.IntegerType(), T.DecimalType(11, 2)), (T.LongType(), T.DecimalType(19, 0)),
+               (T.DateType(), T.TimestampType()), (T.IntegerType(), T.StringType()), (T.StringType(), T.LongType())]
+    assert [widens(old, new) for old, new in allowed] == [True] * len(allowed)
+    assert [widens(old, new) for old, new in refused] == [False] * len(refused)
+    target = T.StructType([T.StructField("id", T.IntegerType()), T.StructField("v", T.DoubleType()),
+                           T.StructField("kept", T.StringType())])
+    batch = T.StructType([T.StructField("id", T.LongType()), T.StructField("v", T.LongType())])
+    schema, changes = widened(target, batch)
+    assert [str(c) for c in changes] == ["id:int->bigint"]
+    assert schema is not None and [f.dataType for f in schema.fields] == [T.LongType(), T.DoubleType(), T.StringType()]
+    assert widened(None, batch) == (None, ())
+
+
+def test_a_batch_across_a_widening_types_each_column_by_its_wider_schema(spark):  # types parse in the JVM
+    """Whichever order a batch's envelope schemas come in (combined_fields sorts them by their text), a column's
+    wider type wins: precision 9 sorts after 10 as text."""
+    from spark_jobs.debezium.types import DECIMAL_LOGICAL, ImageField, merge_fields
+
+    wide = [ImageField("id", "BIGINT"), ImageField("credit", "STRING", DECIMAL_LOGICAL, scale=2, precision=10)]
+    narrow = [ImageField("id", "INT"), ImageField("credit", "STRING", DECIMAL_LOGICAL, scale=2, precision=9),
+              ImageField("note", "STRING")]
+    assert [(f.name, f.spark_type) for f in merge_fields([narrow, wide])] == [
+        ("id", "BIGINT"), ("credit", "DECIMAL(10,2)"), ("note", "STRING")]
+    assert [f.spark_type for f in merge_fields([wide, narrow])] == ["BIGINT", "DECIMAL(10,2)", "STRING"]
