@@ -147,6 +147,6 @@ for model in W.registry.gold.values():
         default_args=default_args(),
     ):
         CdcSparkJob(task_id=f"gold_refresh_{model.name}", landing=W.landing, pool=gold_pool(model.name),
-                    cli_args=W.cli_args("--layers", "gold", "--models", model.name),
+                    cli_args=W.cli_args("--layers", "gold", "--models", model.name), traces=model.name,
                     inlets=W.reads("gold", model.name), outlets=[W.asset("gold", model.name)],
                     doc_md="Runs the model's SQL over silver; publishes it when the gold gate passes.")

@@ -68,7 +68,7 @@ with DAG(
         # the plan's branch skips the models of no replayed table; the others wait for the replay
         [plan, replay] >> CdcSparkJob(
             task_id=f"gold_refresh_{model.name}", landing=W.landing, pool=gold_pool(model.name),
-            cli_args=W.cli_args("--layers", "gold", "--models", model.name),
+            cli_args=W.cli_args("--layers", "gold", "--models", model.name), traces=model.name,
             inlets=W.reads("gold", model.name), outlets=[W.asset("gold", model.name)],
             doc_md="Refreshes the model from the replayed silver tables.")
 

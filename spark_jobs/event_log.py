@@ -177,6 +177,19 @@ def failed_checks(lake: Lake, run_ids: list[str]) -> dict[tuple[str, str, str], 
     return found
 
 
+def column_lineage(lake: Lake, models: list[str]) -> dict[str, dict[str, list[str]]]:
+    """Each of `models`' column lineage as its newest refresh recorded it (GoldSummary.lineage); a model no refresh
+    has recorded one for is left out."""
+    if not models:
+        return {}
+    found: dict[str, dict[str, list[str]]] = {}
+    for r in _query(lake, f"SELECT table_name, summary FROM t WHERE kind = '{STEP}' AND layer = 'gold' AND table_name IN "
+                          f"({', '.join(_literal(m) for m in sorted(set(models)))}) AND summary LIKE '%\"lineage\"%' "
+                          "ORDER BY published_at"):
+        found[r["table_name"]] = json.loads(r["summary"])["lineage"]
+    return found
+
+
 @dataclass(frozen=True)
 class Standing:
     """A table's (or model's) layer as of its newest step: that step, its newest passed step, and the newest source

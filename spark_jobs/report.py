@@ -60,8 +60,9 @@ def render_history(lake: Lake, names: list[str]) -> None:
     steps = event_log.recent_steps(lake)
     render_index(lake, steps)
     failed = event_log.failed_checks(lake, [s.run_id for s in steps if s.table in names])
+    lineage = event_log.column_lineage(lake, [s.table for s in steps if s.layer == "gold" and s.table in names])
     for name in dict.fromkeys(names):
-        render_table(lake, name, steps, failed)
+        render_table(lake, name, steps, failed, lineage.get(name))
 
 
 def human_seconds(value: Any) -> str:
@@ -151,6 +152,7 @@ def _section(s: dict[str, Any]) -> str:
         rows = "".join("<tr>" + "".join(f"<td>{_e(t.get(k))}</td>" for k in UPKEEP) + "</tr>" for t in s["tables"])
         parts.append("<h3>Delta tables</h3><table><tr>" + "".join(f"<th>{k}</th>" for k in UPKEEP)
                      + f"</tr>{rows}</table>")
+    parts.append(_lineage(s.get("lineage")))
     if s.get("checks"):
         rows = "".join(_check_row(c) for c in s["checks"])
         parts.append("<h3>Expectations</h3><table><tr><th>expectation</th><th>action</th><th>result</th>"
@@ -158,6 +160,16 @@ def _section(s: dict[str, Any]) -> str:
     if s.get("docs"):
         parts.append(f"<p><a href='../../data_docs/{_e(s['table'])}/index.html'>Great Expectations Data Docs</a></p>")
     return "".join(parts)
+
+
+def _lineage(lineage: dict[str, list[str]] | None) -> str:
+    """A gold model's column lineage: each column, and the silver columns it is computed from."""
+    if not lineage:
+        return ""
+    none = "(no column: rows counted, or a constant)"
+    rows = "".join(f"<tr><td><code>{_e(column)}</code></td><td>{_e(', '.join(sources) or none)}</td></tr>"
+                   for column, sources in lineage.items())
+    return f"<h2>Column lineage</h2><table><tr><th>column</th><th>computed from (silver)</th></tr>{rows}</table>"
 
 
 def render_run(lake: Lake, run_id: str) -> str:
@@ -240,10 +252,11 @@ def _percent(value: float) -> str:
     return f"{value:.1%}"
 
 
-def render_table(lake: Lake, table: str, steps: list[Step], failed: dict[tuple[str, str, str], list[str]]) -> str:
+def render_table(lake: Lake, table: str, steps: list[Step], failed: dict[tuple[str, str, str], list[str]],
+                 lineage: dict[str, list[str]] | None = None) -> str:
     """`reports/tables/<table>.html`: the table's (or gold model's) runs among `steps` (the event log's, oldest
-    first), oldest left, as charts of lag, rows per run and the quarantined share, and each run's verdicts and
-    the checks that did not pass (`failed`, by run, table and layer)."""
+    first), oldest left, as charts of lag, rows per run and the quarantined share, each run's verdicts and the
+    checks that did not pass (`failed`, by run, table and layer), and a gold model's column lineage."""
     mine = [(run_id, {s.layer: s for s in run}) for run_id, run in reversed(_by_run([s for s in steps if s.table == table]))]
     labels = [next(iter(layers.values())).published_at.isoformat()[:16].replace("T", " ") for _, layers in mine]
 
@@ -271,7 +284,7 @@ def render_table(lake: Lake, table: str, steps: list[Step], failed: dict[tuple[s
         verdicts.append(f"<tr><td><a href='../runs/{_e(run_id)}/index.html'>{_e(run_id)}</a></td><td>{_e(when)}</td>"
                         f"{cells}<td>{_e(', '.join(failing))}</td></tr>")
     body = (f"<p><a href='../index.html'>← all runs</a> · <a href='../data_docs/{_e(table)}/index.html'>Data Docs</a>"
-            f"</p><h1>{_e(table)}</h1>" + "".join(f"<div>{c}</div>" for c in charts)
+            f"</p><h1>{_e(table)}</h1>" + "".join(f"<div>{c}</div>" for c in charts) + _lineage(lineage)
             + "<h2>Runs, newest first</h2><table><tr><th>run</th><th>published</th><th>bronze</th><th>silver</th>"
               "<th>gold</th><th>checks not passed</th></tr>" + "".join(verdicts) + "</table>")
     path = f"{lake.reports}/tables/{table}.html"

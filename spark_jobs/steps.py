@@ -35,7 +35,7 @@ def _flat(value: Any) -> Any:
 
 
 def format_summary(s: dict[str, Any]) -> str:
-    skip = {"table", "layer", "batch_id", "docs", "sources", "checks", "deletes", "tables", "newest_change_ms"}
+    skip = {"table", "layer", "batch_id", "docs", "sources", "checks", "deletes", "tables", "newest_change_ms", "lineage"}
     fields = " ".join(f"{k}={_flat(v)}" for k, v in s.items() if k not in skip and v not in (None, {}))
     return f"{s['layer']:<6} {s['table']:<22} {fields}"
 

@@ -23,7 +23,7 @@ from cdc_airflow.params import landing_window_args
 from cdc_airflow.triggers import ServiceJobTrigger, job_ended
 from spark_jobs.event_log import PASSED
 from spark_jobs.landing import is_remote
-from spark_jobs.settings import PROJECT_ROOT, Settings, job_environment, settings
+from spark_jobs.settings import PROJECT_ROOT, Settings, job_environment, resolve_uri, settings
 from spark_jobs.storage import is_s3
 
 # spark-submit runs the package's entry point as a script
@@ -94,7 +94,8 @@ class CdcSparkJob(BaseOperator):
     def __init__(self, *, cli_args: list[str], landing: str, files_from: str | None = None,
                  topic_tables: Mapping[str, str] | None = None,
                  tables_from: Mapping[str, str] | None = None, announces: Sequence[PassOutlets] = (),
-                 aws_conn_id: str | None = None, command: str = "run", conn_id: str = "spark_default",
+                 traces: str | None = None, aws_conn_id: str | None = None, command: str = "run",
+                 conn_id: str = "spark_default",
                  conf: dict[str, str] | None = None, env_vars: dict[str, str] | None = None, **kwargs: Any):
         super().__init__(**kwargs)
         self.application_args = [command, *cli_args, "--run-id", "{{ run_id }}"]
@@ -106,6 +107,9 @@ class CdcSparkJob(BaseOperator):
         self.landing, self.files_from, self.aws_conn_id = landing, files_from, aws_conn_id or settings().aws_conn_id
         self.tables_from, self.announces, self.topic_tables = tables_from, tuple(announces), topic_tables
         self._lineage: tuple[list[Asset], list[Asset]] = ([], [])  # what the tables a pass advanced read, and wrote
+        # a gold model's task: the model whose column lineage (its run's summary) goes to OpenLineage with its outlet
+        self.traces = traces
+        self._columns: dict[str, list[str]] | None = None
         self._process: subprocess.Popen[str] | None = None
         self._spark: Any = None  # the Spark provider's SparkSubmitHook, while spark-submit runs
 
@@ -171,6 +175,9 @@ class CdcSparkJob(BaseOperator):
     def _ended(self, context: Any, code: int, cause: str) -> str | None:
         """The job has run: a pass task announces what it advanced and hands its failure on (`PassOutlets`); a
         failed job fails its task, a transient failure (of any task) to be retried."""
+        if self.traces and code == 0:
+            self._columns = next((s["lineage"] for s in self._summaries(context, self.traces)
+                                  if s.get("layer") == "gold" and s.get("table") == self.traces and s.get("lineage")), None)
         if not self.announces or code not in (0, *PERMANENT):
             if code != 0:
                 _fail(code, cause)
@@ -240,13 +247,7 @@ class CdcSparkJob(BaseOperator):
         """An asset event (with the run's figures) and lineage for each table of the pass the run advanced, in each
         layer it announces, from the run's report in the lake: every try of the run writes there, so a retry also
         announces what an earlier try did."""
-        from spark_jobs import report
-        from spark_jobs.lake import Lake
-
-        run_id, lake = context["run_id"], self.announces[0].lake
-        remote = s3_environment(s3_settings(self.aws_conn_id)) if is_s3(lake) else {}
-        with job_environment(remote):
-            summaries = report.load_run(Lake(lake), run_id)
+        run_id, summaries = context["run_id"], self._summaries(context)
         for announces in self.announces:
             outlet = context["outlet_events"][announces.alias]
             for summary in summaries:
@@ -263,6 +264,17 @@ class CdcSparkJob(BaseOperator):
                 self.log.info("table=%s layer=%s: advanced (gate %s); asset event %s", table, announces.layer,
                               summary["gate"], asset.name)
 
+    def _summaries(self, context: Any, only: str | None = None) -> list[dict[str, Any]]:
+        """The run's report (every step's summary; `only`: one table's or model's) from the lake."""
+        from spark_jobs import report
+        from spark_jobs.lake import Lake
+
+        lake = self.announces[0].lake if self.announces else resolve_uri(settings().lake_uri)
+        remote = s3_environment(s3_settings(self.aws_conn_id)) if is_s3(lake) else {}
+        with job_environment(remote):
+            summaries = report.load_run(Lake(lake), context["run_id"])
+        return [s for s in summaries if only is None or s.get("table") == only]
+
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """OpenLineage's operator protocol (its provider calls it as the task ends): a pass task's inputs and outputs
         are those of the tables it advanced. Nothing here (another task, or a pass that advanced none): the provider
@@ -270,9 +282,30 @@ class CdcSparkJob(BaseOperator):
         from airflow.providers.openlineage.extractors import OperatorLineage
         from airflow.providers.openlineage.utils.utils import translate_airflow_asset
 
+        if self._columns is not None:
+            return self._column_lineage()
         inputs, outputs = ([d for a in assets if (d := translate_airflow_asset(a, None)) is not None]
                            for assets in self._lineage)
         return OperatorLineage(inputs=inputs, outputs=outputs)
+
+    def _column_lineage(self) -> Any:
+        """A gold model's inputs (its silver sources) and its output with OpenLineage's column-lineage facet: each
+        column and the source columns it is computed from (its summary's `lineage`, from the model's SQL)."""
+        from airflow.providers.openlineage.extractors import OperatorLineage
+        from airflow.providers.openlineage.utils.utils import translate_airflow_asset
+        from openlineage.client.facet_v2 import column_lineage_dataset as facet
+
+        assert self._columns is not None
+        sources = {a.name.removeprefix("cdc.silver."): d for a in self.inlets
+                   if isinstance(a, Asset) and (d := translate_airflow_asset(a, None)) is not None}
+        outputs = [d for a in self.outlets if isinstance(a, Asset) and (d := translate_airflow_asset(a, None)) is not None]
+        fields = {column: facet.Fields(inputFields=[
+            facet.InputField(sources[table].namespace, sources[table].name, name)
+            for table, _, name in (source.partition(".") for source in traced) if table in sources])
+            for column, traced in self._columns.items()}
+        for output in outputs:
+            output.facets = {**(output.facets or {}), "columnLineage": facet.ColumnLineageDatasetFacet(fields=fields)}
+        return OperatorLineage(inputs=list(sources.values()), outputs=outputs)
 
     def _spark_submit(self) -> tuple[int, str]:
         """The job through spark-submit (the provider's hook): its exit code, and what to say when it failed. It gets

@@ -18,6 +18,7 @@ from spark_jobs.lake import Lake
 from spark_jobs.layers import transactions
 from spark_jobs.layers.common import gate, lag_seconds, one_row, share, write_quarantine
 from spark_jobs.layers.summary import GoldSummary
+from spark_jobs.lineage import model_lineage
 from spark_jobs.quality.audit import Audit, Figures, tally
 from spark_jobs.quality.expectations import QUARANTINE, flagged
 from spark_jobs.quality.gates import gold_checks
@@ -64,8 +65,10 @@ def gold_refresh(spark: SparkSession, engine: DeltaEngine, model: GoldModel, lak
         newest = source_newest if newest is None or (source_newest or 0) > newest else newest
     result = spark.sql(model.sql).localCheckpoint()
     rows = result.count()
+    traced = model_lineage(model.sql)
     summary = GoldSummary(table=model.name, batch_id=batch_id, sources=list(model.sources), rows=rows,
-                          lag_s=lag_seconds(newest), newest_change_ms=newest)
+                          lag_s=lag_seconds(newest), newest_change_ms=newest,
+                          lineage={c: traced.get(c, []) for c in result.columns})
     if ingested is not None:
         summary.transaction_files, summary.transactions_ended = ingested.files, ingested.ends
         summary.transactions_quarantined = sum(ingested.quarantined.values()) or None

@@ -130,3 +130,4 @@ class GoldSummary(LayerSummary):
     waiting_for: str | None = None  # the first of them, and what its sources lack of it
     # that one's END id beside an event's whose transaction no END names: the ids do not match (transactions.py)
     transaction_ids_unmatched: str | None = None
+    lineage: dict[str, list[str]] | None = None  # each column -> the `table.column`s it is computed from (lineage.py)

@@ -353,6 +353,14 @@ def lineage_names_the_delta_tables(events_file: Path, lake: Path) -> None:
         ("file", f"{lake}/silver/customers")]
     assert datasets("cdc_gold_customers_by_state.gold_refresh_customers_by_state", "outputs") == [
         ("file", f"{lake}/gold/customers_by_state")]
+    # the model's columns, each traced to the silver columns its SQL computes it from
+    output = done["cdc_gold_customers_by_state.gold_refresh_customers_by_state"]["outputs"][0]
+    silver = ("file", f"{lake}/silver/customers")
+    assert {column: [(f["namespace"], f["name"], f["field"]) for f in traced["inputFields"]]
+            for column, traced in output["facets"]["columnLineage"]["fields"].items()} == {
+        "state": [(*silver, "state")], "customers": [], "avg_fico": [(*silver, "fico")],
+        "first_registration": [(*silver, "registration_date")]}
+    assert "<h2>Column lineage</h2>" in (lake / "reports" / "tables" / "customers_by_state.html").read_text()
     assert {e["job"]["namespace"] for e in events} == {"cdc-test"}
 
 

@@ -19,7 +19,7 @@ from spark_jobs.lake import Lake
 from spark_jobs.layers import silver, silver_pass
 from spark_jobs.layers.common import one_row
 from spark_jobs.layers.silver import silver_progress
-from spark_jobs.layers.silver_plan import image_fields, overview_columns, plan_batch, typed_changes
+from spark_jobs.layers.silver_plan import image_fields, overview_columns, plan_batch, resolve_mixed, typed_changes
 from spark_jobs.quality.audit import tally
 from spark_jobs.quality.expectations import flagged
 from spark_jobs.registry import load_registry
@@ -102,7 +102,8 @@ def test_events_typed_together_come_out_as_each_alone(spark, engine, tmp_path, c
         changes = own.where("op <> 't'")
         has_plain = overviews[name].figures["plain"] > 0
         target = engine.schema(lake.silver(name))
-        typed, fields = typed_changes(spark, table, changes, target, has_plain, False)
+        fields = resolve_mixed(image_fields(spark, table, changes, has_plain), target, changes)
+        typed = typed_changes(table, changes, fields, types.widened(target, types.fields_type(fields))[0])
         seen = overviews[name].fields(table)
         assert seen == image_fields(spark, table, changes, has_plain), name
         assert types.mixed_typed_by_silver(seen, target) == fields, name  # qty's text and double in orders: bigint
