@@ -152,7 +152,8 @@ def _section(s: dict[str, Any]) -> str:
         rows = "".join("<tr>" + "".join(f"<td>{_e(t.get(k))}</td>" for k in UPKEEP) + "</tr>" for t in s["tables"])
         parts.append("<h3>Delta tables</h3><table><tr>" + "".join(f"<th>{k}</th>" for k in UPKEEP)
                      + f"</tr>{rows}</table>")
-    parts.append(_lineage(s.get("lineage")))
+    if s.get("layer") == "gold":
+        parts.append(_lineage(s.get("lineage")))
     if s.get("checks"):
         rows = "".join(_check_row(c) for c in s["checks"])
         parts.append("<h3>Expectations</h3><table><tr><th>expectation</th><th>action</th><th>result</th>"

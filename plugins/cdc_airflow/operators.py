@@ -107,9 +107,9 @@ class CdcSparkJob(BaseOperator):
         self.landing, self.files_from, self.aws_conn_id = landing, files_from, aws_conn_id or settings().aws_conn_id
         self.tables_from, self.announces, self.topic_tables = tables_from, tuple(announces), topic_tables
         self._lineage: tuple[list[Asset], list[Asset]] = ([], [])  # what the tables a pass advanced read, and wrote
-        # a gold model's task: the model whose column lineage (its run's summary) goes to OpenLineage with its outlet
-        self.traces = traces
-        self._columns: dict[str, list[str]] | None = None
+        self.traces = traces  # a gold model's task: the model whose column lineage goes with its outlet
+        # each output's column lineage, as its step's summary traced it (`table.field`s), and what the step read
+        self._columns: dict[str, tuple[dict[str, list[str]], Sequence[Asset]]] = {}
         self._process: subprocess.Popen[str] | None = None
         self._spark: Any = None  # the Spark provider's SparkSubmitHook, while spark-submit runs
 
@@ -176,8 +176,12 @@ class CdcSparkJob(BaseOperator):
         """The job has run: a pass task announces what it advanced and hands its failure on (`PassOutlets`); a
         failed job fails its task, a transient failure (of any task) to be retried."""
         if self.traces and code == 0:
-            self._columns = next((s["lineage"] for s in self._summaries(context, self.traces)
-                                  if s.get("layer") == "gold" and s.get("table") == self.traces and s.get("lineage")), None)
+            traced = next((s["lineage"] for s in self._summaries(context, self.traces)
+                           if s.get("layer") == "gold" and s.get("lineage")), None)
+            reads, writes = ([a for a in assets if isinstance(a, Asset)] for assets in (self.inlets, self.outlets))
+            self._lineage = (reads, writes)
+            if traced is not None:
+                self._columns.update({a.name: (traced, reads) for a in writes})
         if not self.announces or code not in (0, *PERMANENT):
             if code != 0:
                 _fail(code, cause)
@@ -261,6 +265,8 @@ class CdcSparkJob(BaseOperator):
                 outlet.add(asset, extra=extra)
                 self._lineage[0].extend(announces.reads.get(table, ()))
                 self._lineage[1].append(asset)
+                if summary.get("lineage"):
+                    self._columns[asset.name] = (summary["lineage"], announces.reads.get(table, ()))
                 self.log.info("table=%s layer=%s: advanced (gate %s); asset event %s", table, announces.layer,
                               summary["gate"], asset.name)
 
@@ -277,35 +283,21 @@ class CdcSparkJob(BaseOperator):
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """OpenLineage's operator protocol (its provider calls it as the task ends): a pass task's inputs and outputs
-        are those of the tables it advanced. Nothing here (another task, or a pass that advanced none): the provider
-        takes the task's inlets and outlets."""
+        are those of the tables it advanced, a gold task's its model's sources and table; each output with its
+        column-lineage facet (the columns its step traced to the fields it read). Nothing here (another task, or a
+        pass that advanced none): the provider takes the task's inlets and outlets."""
         from airflow.providers.openlineage.extractors import OperatorLineage
         from airflow.providers.openlineage.utils.utils import translate_airflow_asset
 
-        if self._columns is not None:
-            return self._column_lineage()
-        inputs, outputs = ([d for a in assets if (d := translate_airflow_asset(a, None)) is not None]
-                           for assets in self._lineage)
+        inputs = [d for a in self._lineage[0] if (d := translate_airflow_asset(a, None)) is not None]
+        outputs = []
+        for asset in self._lineage[1]:
+            dataset = translate_airflow_asset(asset, None)
+            if dataset is not None and asset.name in self._columns:
+                dataset.facets = {**(dataset.facets or {}), "columnLineage": _column_facet(*self._columns[asset.name])}
+            if dataset is not None:
+                outputs.append(dataset)
         return OperatorLineage(inputs=inputs, outputs=outputs)
-
-    def _column_lineage(self) -> Any:
-        """A gold model's inputs (its silver sources) and its output with OpenLineage's column-lineage facet: each
-        column and the source columns it is computed from (its summary's `lineage`, from the model's SQL)."""
-        from airflow.providers.openlineage.extractors import OperatorLineage
-        from airflow.providers.openlineage.utils.utils import translate_airflow_asset
-        from openlineage.client.facet_v2 import column_lineage_dataset as facet
-
-        assert self._columns is not None
-        sources = {a.name.removeprefix("cdc.silver."): d for a in self.inlets
-                   if isinstance(a, Asset) and (d := translate_airflow_asset(a, None)) is not None}
-        outputs = [d for a in self.outlets if isinstance(a, Asset) and (d := translate_airflow_asset(a, None)) is not None]
-        fields = {column: facet.Fields(inputFields=[
-            facet.InputField(sources[table].namespace, sources[table].name, name)
-            for table, _, name in (source.partition(".") for source in traced) if table in sources])
-            for column, traced in self._columns.items()}
-        for output in outputs:
-            output.facets = {**(output.facets or {}), "columnLineage": facet.ColumnLineageDatasetFacet(fields=fields)}
-        return OperatorLineage(inputs=list(sources.values()), outputs=outputs)
 
     def _spark_submit(self) -> tuple[int, str]:
         """The job through spark-submit (the provider's hook): its exit code, and what to say when it failed. It gets
@@ -347,6 +339,20 @@ class CdcSparkJob(BaseOperator):
             self._process.terminate()
         elif self._spark is not None:
             self._spark.on_kill()
+
+
+def _column_facet(traced: Mapping[str, list[str]], reads: Sequence[Asset]) -> Any:
+    """OpenLineage's column-lineage facet of an output: each column and the fields it is made from (`traced`:
+    `table.field`s), each named in the dataset of that table among what the step read (`reads`: assets named
+    `cdc.<layer>.<table>`)."""
+    from airflow.providers.openlineage.utils.utils import translate_airflow_asset
+    from openlineage.client.facet_v2 import column_lineage_dataset as facet
+
+    datasets = {a.name.split(".", 2)[-1]: d for a in reads if (d := translate_airflow_asset(a, None)) is not None}
+    return facet.ColumnLineageDatasetFacet(fields={column: facet.Fields(inputFields=[
+        facet.InputField(datasets[table].namespace, datasets[table].name, field)
+        for table, _, field in (source.partition(".") for source in sources) if table in datasets])
+        for column, sources in traced.items()})
 
 
 class TableVerdicts(BaseOperator):

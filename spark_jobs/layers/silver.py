@@ -35,6 +35,7 @@ from spark_jobs.layers.history import TRUNCATE_LOG_MERGE, apply_history
 from spark_jobs.layers.silver_pass import TableBatch
 from spark_jobs.layers.silver_plan import BatchPlan, PlanCounts, merged_audit, plan_batch
 from spark_jobs.layers.summary import SilverSummary
+from spark_jobs.lineage import silver_lineage
 from spark_jobs.logs import logger
 from spark_jobs.quality.audit import Audit, Figures, Tally, tally, tally_tables
 from spark_jobs.quality.expectations import flagged
@@ -303,6 +304,7 @@ def apply_planned(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     removed = result.deleted if result else 0
     summary.inserted, summary.updated = (result.inserted, result.updated) if result else (0, 0)
     summary.deleted = removed
+    summary.lineage = silver_lineage(table.name, plan.rows.column_names, table.sequence_by)
     summary.tombstones_expired = _expire_tombstones(engine, lake, table)
     summary.deletes = {**plan.delete_counts, "removed": removed}
 
@@ -401,6 +403,8 @@ def _publish(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake:
     removed = result.deleted if result else 0
     summary.inserted, summary.updated = (result.inserted, result.updated) if result else (0, 0)
     summary.deleted = removed + deleted_by_truncate
+    if plan.rows is not None:
+        summary.lineage = silver_lineage(table.name, plan.rows.columns, table.sequence_by)
     summary.tombstones_expired = _expire_tombstones(engine, lake, table)
     summary.deletes = {**plan.delete_counts, "removed": removed}
 

@@ -103,6 +103,7 @@ class SilverSummary(LayerSummary):
     history_rows: int | None = None
     recovered_commits: int | None = None  # applied by an interrupted run, counted here
     widened: list[str] | None = None  # columns whose source type widened, silver's tables widened with them
+    lineage: dict[str, list[str]] | None = None  # each column -> the bronze fields it is made from (lineage.py)
 
     AFTER_GATE = ("recovered_commits", "bronze_version")
 

@@ -353,6 +353,13 @@ def lineage_names_the_delta_tables(events_file: Path, lake: Path) -> None:
         ("file", f"{lake}/silver/customers")]
     assert datasets("cdc_gold_customers_by_state.gold_refresh_customers_by_state", "outputs") == [
         ("file", f"{lake}/gold/customers_by_state")]
+    # silver's columns, each traced to the fields of the change events (bronze's envelope) it is made from
+    bronze = ("file", f"{lake}/bronze/customers")
+    silver_columns = {column: [(f["namespace"], f["name"], f["field"]) for f in traced["inputFields"]] for column, traced
+                      in done["cdc_silver.silver_merge"]["outputs"][0]["facets"]["columnLineage"]["fields"].items()}
+    assert set(silver_columns) == set(silver_table(f"{lake}/silver/customers")[0])
+    assert silver_columns["state"] == [(*bronze, "after.state"), (*bronze, "before.state")]
+    assert (silver_columns["_op"], silver_columns["_seq"]) == ([(*bronze, "op")], [(*bronze, "source")])
     # the model's columns, each traced to the silver columns its SQL computes it from
     output = done["cdc_gold_customers_by_state.gold_refresh_customers_by_state"]["outputs"][0]
     silver = ("file", f"{lake}/silver/customers")

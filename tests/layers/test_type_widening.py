@@ -93,6 +93,12 @@ def test_a_widened_source_column_widens_silver_and_a_narrowed_one_quarantines(sp
     assert _schema(spark, engine_name, lake.silver("customers")) == wide
     assert _schema(spark, engine_name, lake.tombstones("customers")) == {"id": "bigint"}
     expected = {(1,): Decimal("1.25"), (3,): Decimal("10.50"), (BIG,): Decimal("123456789012.25")}
+    # the step's column lineage: each of silver's columns, traced to the envelope's fields (OpenLineage's facet)
+    from spark_jobs.report import load_runs
+
+    step = next(s for s in load_runs(lake, 1)[0][1] if s["layer"] == "silver")
+    assert step["lineage"]["credit"] == ["customers.after.credit", "customers.before.credit"]
+    assert set(step["lineage"]) == set(wide) | {"_op", "_seq", "_source_ts_ms", "_ingested_at", "_batch_id"}
     from spark_jobs.delta.engines import make_engine
 
     engine = make_engine(spark, engine_name)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spark_jobs.lineage import model_lineage
+from spark_jobs.lineage import model_lineage, silver_lineage
 from spark_jobs.registry import load_registry
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,6 +29,15 @@ def test_a_join_and_an_expression_trace_each_column_to_every_source_column():
            "JOIN products p ON p.id = o.pid GROUP BY o.id, c.name, o.qty, p.price")
     assert model_lineage(sql) == {"id": ["orders.id"], "name": ["customers.name"],
                                   "total": ["orders.qty", "products.price"]}
+
+
+def test_silvers_columns_trace_to_the_envelope_fields_they_are_made_from():
+    columns = ["id", "name", "_op", "_seq", "_source_ts_ms", "_ingested_at", "_batch_id"]
+    expected = {"id": ["t.after.id", "t.before.id"], "name": ["t.after.name", "t.before.name"], "_op": ["t.op"],
+                "_seq": ["t.source"], "_source_ts_ms": ["t.source.ts_ms"], "_ingested_at": ["t._ingested_at"],
+                "_batch_id": []}
+    assert silver_lineage("t", columns, None) == expected
+    assert silver_lineage("t", ["_seq"], ("updated_at", "source.lsn")) == {"_seq": ["t.after.updated_at", "t.source.lsn"]}
 
 
 def test_the_models_report_page_shows_its_column_lineage(tmp_path):
