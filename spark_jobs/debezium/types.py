@@ -4,6 +4,7 @@ JSON (JSON types kept), then aligned with the silver table's existing columns wi
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from dataclasses import dataclass, replace
 from decimal import Decimal
@@ -55,6 +56,9 @@ class ImageField:
     # column, or else by its first value (silver_plan.resolve_mixed); `kinds` then names the JSON types that fit
     mixed: bool = False
     kinds: tuple[str, ...] = ()
+    # the batch's envelope schemas disagree on how to decode the field (a DDL between its events: a decimal's scale, a
+    # date become a timestamp): each schema's own field, by the md5 of the schema's text; the field's type holds all
+    by_schema: tuple[tuple[str, ImageField], ...] = ()
 
     @property
     def spark_type(self) -> str:
@@ -102,7 +106,8 @@ class ImageField:
     @property
     def in_python(self) -> bool:
         """Decoded by a Python function (`register_decoders`): Spark's SQL has no exact decode of its encoding."""
-        return self.logical == VARIABLE_DECIMAL or (self.logical == DECIMAL_LOGICAL and self.precision > 18)
+        return self.logical == VARIABLE_DECIMAL or (self.logical == DECIMAL_LOGICAL and self.precision > 18) or any(
+            own.in_python for _, own in self.by_schema)
 
 
 def _unwrap(value: str, wrapper: str) -> str:
@@ -360,6 +365,48 @@ def merge_fields(field_lists: list[list[ImageField]]) -> list[ImageField]:
     return list(merged.values())
 
 
+_DECODES_ALIKE = ("parse_type", "logical", "scale", "precision", "target")
+
+
+def by_schema(merged: list[ImageField], described: dict[str, list[ImageField]]) -> list[ImageField]:
+    """`merged` (merge_fields over the envelope schemas `described`, by their text) with each field the schemas
+    decode differently (a DDL between the batch's events) decoded by each event's own schema (`ImageField.by_schema`):
+    decoded by one, a Connect decimal's unscaled value takes the wrong scale, a date's days read as a timestamp's
+    milliseconds, silently. Its type is one that holds every schema's values (a decimal: the most integer and fraction
+    digits), parsed as BIGINT when the schemas' integers differ in size. Fields the schemas parse as different JSON
+    types are left as merged: the other schemas' values do not parse and are quarantined, not misread."""
+    out = []
+    for f in merged:
+        own = {hashlib.md5(text.encode()).hexdigest(): g for text, fields in described.items() for g in fields
+               if g.name == f.name}
+        if len({tuple(getattr(g, a) for a in _DECODES_ALIKE) for g in own.values()}) < 2:
+            out.append(f)
+            continue
+        parse_types = {g.parse_type for g in own.values()}
+        if len(parse_types) > 1 and not parse_types <= set(_INTEGER_DDL):
+            out.append(f)
+            continue
+        decimals = [g for g in own.values() if g.logical == DECIMAL_LOGICAL]
+        if len(decimals) == len(own):
+            scale = max(g.scale for g in decimals)
+            wide: ImageField | None = replace(f, scale=scale, precision=min(
+                38, max(g.precision - g.scale for g in decimals) + scale))
+        else:  # the schema whose type holds every other's values exactly (a date's in a timestamp), if one does
+            typed = [parsed_type(g.spark_type) for g in own.values()]
+            wide = next((g for g, held in zip(own.values(), typed, strict=True) if all(
+                t == held or widens(t, held) or (isinstance(t, T.DateType) and isinstance(held, T.TimestampType))
+                for t in typed)), None)
+        if wide is None:
+            out.append(f)
+            continue
+        out.append(replace(wide, parse_type="BIGINT" if len(parse_types) > 1 else wide.parse_type,
+                           by_schema=tuple(sorted(own.items()))))
+    return out
+
+
+_INTEGER_DDL = ("TINYINT", "SMALLINT", "INT", "BIGINT")
+
+
 def parsed_image(image: str, fields: list[ImageField]) -> str:
     """The image's JSON (SQL text) parsed to its fields' physical types (what `decoded_fields` reads), as SQL text."""
     ddl = ", ".join(f"{ident(f.name)} {f.parse_type}" for f in fields)
@@ -374,8 +421,17 @@ def image_text(image: str) -> str:
 
 def decoded_fields(parsed: str, fields: list[ImageField]) -> dict[str, str]:
     """Each field of a `parsed_image` (SQL text) decoded to its Spark type, as SQL text; null where the value does not
-    fit it."""
-    return {f.name: f"try_cast({f.decode(f'({parsed}).{ident(f.name)}')} AS {type_sql(f.spark_type)})" for f in fields}
+    fit it. A field whose decoding differs between the batch's schemas (`ImageField.by_schema`) is decoded by each
+    event's own schema (`_schema`, the envelope's text)."""
+    def decoded(f: ImageField) -> str:
+        value = f"({parsed}).{ident(f.name)}"
+        if not f.by_schema:
+            return f.decode(value)
+        branches = " ".join(f"WHEN {literal(digest)} THEN try_cast({own.decode(value)} AS {type_sql(f.spark_type)})"
+                            for digest, own in f.by_schema)
+        return f"CASE md5(_schema) {branches} ELSE {f.decode(value)} END"
+
+    return {f.name: f"try_cast({decoded(f)} AS {type_sql(f.spark_type)})" for f in fields}
 
 
 @cache
@@ -451,6 +507,22 @@ def widens(old: T.DataType, new: T.DataType) -> bool:
     return isinstance(old, T.DateType) and isinstance(new, T.TimestampNTZType)
 
 
+def widening_to(old: T.DataType, new: T.DataType) -> T.DataType | None:
+    """The type a column of `old` widens to (`widens`) to hold the values of `new` too: `new` itself, or for decimals
+    (from a decimal or an integer) the decimal with the most integer and fraction digits of the two (DECIMAL(10,2)
+    meeting DECIMAL(10,4): DECIMAL(12,4)); None when there is none."""
+    if widens(old, new):
+        return new
+    if isinstance(new, T.DecimalType) and (isinstance(old, T.DecimalType) or type(old) in _INTEGRAL_DIGITS):
+        digits, scale = ((old.precision - old.scale, old.scale) if isinstance(old, T.DecimalType)
+                         else (_INTEGRAL_DIGITS[type(old)], 0))
+        scale = max(scale, new.scale)
+        both = T.DecimalType(max(digits, new.precision - new.scale) + scale, scale)
+        if both.precision <= 38 and widens(old, both):
+            return both
+    return None
+
+
 @dataclass(frozen=True)
 class Widening:
     """A silver column whose source type became wider (`widens`): silver takes the new type."""
@@ -464,16 +536,16 @@ class Widening:
 
 
 def widened(target: T.StructType | None, row_type: T.StructType) -> tuple[T.StructType | None, tuple[Widening, ...]]:
-    """Silver's schema (`target`; None before its first commit) with each column the batch's typed image
-    (`row_type`) holds in a wider type (`widens`) taken at that type, and those changes. Any other difference is left
+    """Silver's schema (`target`; None before its first commit) with each column whose values in the batch's typed image
+    (`row_type`) need a wider type (`widening_to`) taken at that type, and those changes. Any other difference is left
     to `align`: values that fit are cast, the rest quarantined naming both types."""
     if target is None:
         return None, ()
     batch = {f.name: f.dataType for f in row_type.fields}
-    changes = tuple(Widening(f.name, f.dataType, batch[f.name]) for f in target.fields
-                    if f.name in batch and widens(f.dataType, batch[f.name]))
-    wider = {w.column: w.new for w in changes}
-    return T.StructType([T.StructField(f.name, wider.get(f.name, f.dataType), f.nullable, f.metadata)
+    changes = tuple(Widening(f.name, f.dataType, wider) for f in target.fields
+                    if f.name in batch and (wider := widening_to(f.dataType, batch[f.name])) is not None)
+    new_types = {w.column: w.new for w in changes}
+    return T.StructType([T.StructField(f.name, new_types.get(f.name, f.dataType), f.nullable, f.metadata)
                          for f in target.fields]), changes
 
 

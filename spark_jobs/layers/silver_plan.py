@@ -247,7 +247,8 @@ def combined_fields(table: TableConfig, envelope_schemas: list[str], inferred: l
         lists.insert(0, types.with_overrides(inferred, table.columns))
     named = {c for _, columns in _row_columns(table) for c in columns} | {
         c for user in table.layer_expectations("silver") for c in named_columns(user)}
-    return [f for f in types.merge_fields(lists) if not f.name.startswith("__") and (not f.untyped or f.name in named)]
+    merged = types.by_schema(types.merge_fields(lists), described)
+    return [f for f in merged if not f.name.startswith("__") and (not f.untyped or f.name in named)]
 
 
 def typed_changes(table: TableConfig, changes: DataFrame, fields: list[types.ImageField], target: T.StructType | None

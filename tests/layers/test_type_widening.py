@@ -1,6 +1,6 @@
 """A source column widened by DDL, as MySQL's connector reports it in the schema envelope: silver (its ledger and
-history too) takes the wider type and keeps every row; a narrowing quarantines the values that do not fit, naming both
-types. Both engines, the silver pass and a table's own plan."""
+history too) takes a type that holds the old and the new values and keeps every row; a change no type widens to
+quarantines the values that do not fit, naming both types. Both engines, the silver pass and a table's own plan."""
 
 from __future__ import annotations
 
@@ -22,7 +22,11 @@ TOPIC = "dbserver1.inventory.customers"
 BIG = 3_000_000_000  # over 2^31: no INT holds it
 
 
-def _decimal_field(precision: int, scale: int) -> dict:
+def _credit_field(credit: tuple[int, int] | str) -> dict:
+    """The `credit` column's schema: DECIMAL(precision, scale), or a plain Connect type."""
+    if isinstance(credit, str):
+        return {"type": credit, "optional": True, "field": "credit"}
+    precision, scale = credit
     return {"type": "bytes", "optional": True, "name": "org.apache.kafka.connect.data.Decimal", "version": 1,
             "parameters": {"scale": str(scale), "connect.decimal.precision": str(precision)}, "field": "credit"}
 
@@ -33,17 +37,18 @@ def _encoded(value: str, scale: int) -> str:
     return base64.b64encode(unscaled.to_bytes((unscaled.bit_length() + 8) // 8, "big", signed=True)).decode()
 
 
-def _event(op: str, row: dict, pos: int, id_type: str, credit: tuple[int, int]) -> str:
-    """A change as MySQL's connector writes it (the recorded envelope), with `id` of `id_type` and a `credit`
-    DECIMAL(precision, scale) column."""
+def _event(op: str, row: dict, pos: int, id_type: str, credit: tuple[int, int] | str) -> str:
+    """A change as MySQL's connector writes it (the recorded envelope), with `id` of `id_type` and a `credit` column
+    (`_credit_field`)."""
     template = json.loads(RECORDED.read_text().splitlines()[0])
     event = copy.deepcopy(template)
     for image in event["schema"]["fields"][:2]:  # before, after
         image["fields"][0]["type"] = id_type
-        image["fields"].append(_decimal_field(*credit))
+        image["fields"].append(_credit_field(credit))
     payload = event["payload"]
     image = {"id": row["id"], "first_name": "F", "last_name": "L", "email": f"{row['id']}@x.org",
-             "credit": _encoded(row["credit"], credit[1]) if row.get("credit") is not None else None}
+             "credit": None if row.get("credit") is None else float(row["credit"]) if isinstance(credit, str)
+             else _encoded(row["credit"], credit[1])}
     payload["before"], payload["after"] = (image, None) if op == "d" else (None, image)
     payload["op"], payload["source"]["pos"], payload["source"]["row"] = op, pos, 0
     return json.dumps(event)
@@ -59,7 +64,7 @@ def _schema(spark, engine_name: str, path: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("engine_name, own_plan", [("delta-rs", False), ("delta-rs", True), ("delta-spark", True)],
                          ids=["delta-rs-pass", "delta-rs-own-plan", "delta-spark-own-plan"])
-def test_a_widened_source_column_widens_silver_and_a_narrowed_one_quarantines(spark, tmp_path, capsys, monkeypatch,
+def test_a_widened_source_column_widens_silver_and_an_incompatible_one_quarantines(spark, tmp_path, capsys, monkeypatch,
                                                                               engine_name, own_plan):
     monkeypatch.setenv("CDC_DELTA_ENGINE", engine_name)
     config = tmp_path / "tables.yaml"
@@ -110,32 +115,44 @@ def test_a_widened_source_column_widens_silver_and_a_narrowed_one_quarantines(sp
             (1, "c", Decimal("10.50")), (1, "u", Decimal("1.25")), (2, "c", Decimal("10.50")), (2, "d", None),
             (3, "c", Decimal("10.50")), (BIG, "c", Decimal("123456789012.25"))]
 
-    # a batch across the DDL (a first run, a backfill): its values of both types in the wider
+    # MODIFY credit DECIMAL(14,4): two more fraction digits, two fewer integer ones. Neither type holds the other's
+    # values; DECIMAL(16,4) holds both, and silver widens to it. `id` back to INT: it fits silver's BIGINT
+    out = land(6, _event("u", {"id": 3, "credit": "5.5000"}, 300, "int32", (14, 4)),
+               _event("u", {"id": BIG, "credit": "1.2345"}, 301, "int64", (14, 4)))
+    line = summary_line(out, "silver", "customers")
+    assert line["widened"] == "credit:decimal(14,2)->decimal(16,4)" and "quarantined" not in line
+    wide["credit"] = "decimal(16,4)"
+    assert _schema(spark, engine_name, lake.silver("customers")) == wide
+    expected.update({(3,): Decimal("5.5000"), (BIG,): Decimal("1.2345")})
+    assert {k: r["credit"] for k, r in silver_rows(spark, engine, lake.root, "customers", ("id",)).items()} == expected
+
+    # one batch across the three schemas (a first run, a backfill): each event decoded by its own schema (10.50 at
+    # scale 2 is not 0.1050 at scale 4), the column typed to hold them all: the same table
     one_run = Lake(str(tmp_path / "one_run"))
     code, out, _ = run(capsys, config, landing, one_run.root)
     assert code == 0 and "quarantined" not in summary_line(out, "silver", "customers")
     assert _schema(spark, engine_name, one_run.silver("customers")) == wide
     assert {k: r["credit"] for k, r in silver_rows(spark, engine, one_run.root, "customers", ("id",)).items()} == expected
 
-    # MODIFY credit DECIMAL(14,4): two more fraction digits, two fewer integer ones; not a widening. A value that fits
-    # silver's DECIMAL(14,2) is kept; one that does not is quarantined naming both types. `id` back to INT: it fits
-    out = land(6, _event("u", {"id": 3, "credit": "5.5000"}, 300, "int32", (14, 4)),
-               _event("u", {"id": BIG, "credit": "1.2345"}, 301, "int64", (14, 4)))
+    # MODIFY credit DOUBLE: Delta widens no decimal to a double. A value the decimal holds exactly is kept; one it does
+    # not is quarantined, naming both types
+    out = land(9, _event("u", {"id": 3, "credit": "2.5"}, 400, "int64", "float64"),
+               _event("u", {"id": 1, "credit": "1.23456789"}, 401, "int64", "float64"))
     assert "widened" not in summary_line(out, "silver", "customers")
     quarantine = engine.read(spark, lake.quarantine("customers"))
-    assert [r["reason"] for r in quarantine.collect()] == ["incompatible_type: credit (decimal(14,4) -> decimal(14,2))"]
-    expected[(3,)] = Decimal("5.50")
+    assert [r["reason"] for r in quarantine.collect()] == ["incompatible_type: credit (double -> decimal(16,4))"]
+    expected[(3,)] = Decimal("2.5000")
     assert {k: r["credit"] for k, r in silver_rows(spark, engine, lake.root, "customers", ("id",)).items()} == expected
     assert _schema(spark, engine_name, lake.silver("customers")) == wide
 
     # the same files again: nothing changes
-    land(6, _event("u", {"id": 3, "credit": "5.5000"}, 300, "int32", (14, 4)),
-         _event("u", {"id": BIG, "credit": "1.2345"}, 301, "int64", (14, 4)))
+    land(9, _event("u", {"id": 3, "credit": "2.5"}, 400, "int64", "float64"),
+         _event("u", {"id": 1, "credit": "1.23456789"}, 401, "int64", "float64"))
     assert {k: r["credit"] for k, r in silver_rows(spark, engine, lake.root, "customers", ("id",)).items()} == expected
 
 
 def test_widening_follows_deltas_type_widening_rules():
-    from spark_jobs.debezium.types import widened, widens
+    from spark_jobs.debezium.types import widened, widening_to, widens
 
     allowed = [(T.ByteType(), T.ShortType()), (T.IntegerType(), T.LongType()), (T.FloatType(), T.DoubleType()),
                (T.IntegerType(), T.DoubleType()), (T.DecimalType(10, 2), T.DecimalType(12, 4)),
@@ -147,6 +164,12 @@ def test_widening_follows_deltas_type_widening_rules():
                (T.DateType(), T.TimestampType()), (T.IntegerType(), T.StringType()), (T.StringType(), T.LongType())]
     assert [widens(old, new) for old, new in allowed] == [True] * len(allowed)
     assert [widens(old, new) for old, new in refused] == [False] * len(refused)
+    # no widening to the batch's type, but to one holding both
+    assert widening_to(T.DecimalType(10, 2), T.DecimalType(10, 4)) == T.DecimalType(12, 4)
+    assert widening_to(T.IntegerType(), T.DecimalType(5, 2)) == T.DecimalType(12, 2)
+    assert widening_to(T.DecimalType(38, 2), T.DecimalType(38, 10)) is None  # 46 digits: none holds both
+    assert widening_to(T.DecimalType(16, 4), T.DoubleType()) is None
+    assert widening_to(T.LongType(), T.IntegerType()) is None  # narrower: silver's type holds it already
     target = T.StructType([T.StructField("id", T.IntegerType()), T.StructField("v", T.DoubleType()),
                            T.StructField("kept", T.StringType())])
     batch = T.StructType([T.StructField("id", T.LongType()), T.StructField("v", T.LongType())])
