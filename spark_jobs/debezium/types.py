@@ -106,8 +106,7 @@ class ImageField:
     @property
     def in_python(self) -> bool:
         """Decoded by a Python function (`register_decoders`): Spark's SQL has no exact decode of its encoding."""
-        return self.logical == VARIABLE_DECIMAL or (self.logical == DECIMAL_LOGICAL and self.precision > 18) or any(
-            own.in_python for _, own in self.by_schema)
+        return self.logical == VARIABLE_DECIMAL or (self.logical == DECIMAL_LOGICAL and self.precision > 18)
 
 
 def _unwrap(value: str, wrapper: str) -> str:
@@ -366,6 +365,7 @@ def merge_fields(field_lists: list[list[ImageField]]) -> list[ImageField]:
 
 
 _DECODES_ALIKE = ("parse_type", "logical", "scale", "precision", "target")
+_INTEGER_DDL = ("TINYINT", "SMALLINT", "INT", "BIGINT")
 
 
 def by_schema(merged: list[ImageField], described: dict[str, list[ImageField]]) -> list[ImageField]:
@@ -402,9 +402,6 @@ def by_schema(merged: list[ImageField], described: dict[str, list[ImageField]]) 
         out.append(replace(wide, parse_type="BIGINT" if len(parse_types) > 1 else wide.parse_type,
                            by_schema=tuple(sorted(own.items()))))
     return out
-
-
-_INTEGER_DDL = ("TINYINT", "SMALLINT", "INT", "BIGINT")
 
 
 def parsed_image(image: str, fields: list[ImageField]) -> str:
