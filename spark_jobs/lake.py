@@ -64,6 +64,10 @@ class Lake:
     def quarantine(self, table: str) -> str:
         return f"{self.root}/quarantine/{table}"
 
+    def gold_state(self, model: str) -> str:
+        """A model kept incrementally: its per-group state (layers/gold_state.py)."""
+        return f"{self.root}/_state/gold_state/{model}"
+
     def gold_inputs(self, model: str) -> str:
         """What the model's published version was computed from (layers/gold.py: unchanged inputs, no refresh)."""
         return f"{self.root}/_state/gold_inputs/{model}.json"

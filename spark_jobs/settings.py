@@ -64,6 +64,9 @@ class Settings:
     # CDC_TABLE_WORKERS: a run over several tables works on this many at once (each table's steps in order): a
     # small table's steps are mostly waits on Spark's scheduling and the stores, which overlap
     table_workers: int = 2
+    # CDC_GOLD_MAX_CHANGES: a gold model kept incrementally (layers/gold_plan.py) is rewritten whole when its sources
+    # changed more rows than this since its last refresh (a backfill, a rebuild): then one scan costs less
+    gold_max_changes: int = 200_000
     lock_timeout: float = 900.0  # CDC_LOCK_TIMEOUT: seconds a run waits for another writer of its table
     failure_file: str = ""  # CDC_FAILURE_FILE: where a failed run writes its one-line cause (for the task)
     on_failure_callback: str = ""  # CDC_ON_FAILURE_CALLBACK: module:function the DAGs' failure hook calls
@@ -82,6 +85,7 @@ class Settings:
 _LEAST: dict[str, float] = {
     "sensor_timeout": 0, "sensor_poke_interval": 0.1, "task_wait": 0, "max_gzip_bytes": 1, "shuffle_partitions": 1,
     "merge_source_mb": 0, "max_line_bytes": 1, "bronze_batch_files": 1, "table_workers": 1, "lock_timeout": 0,
+    "gold_max_changes": 0,
     "run_deadline": 0}
 _CHOICES = {"delta_engine": ("delta-rs", "delta-spark"), "log_level": ("DEBUG", "INFO", "WARNING", "ERROR")}
 _FIELDS = {f.name: f for f in fields(Settings)}

@@ -29,6 +29,8 @@ class MergeSpec:
     delete_when: str | None = None
     update_when: str | None = None
     insert_when: str | None = None
+    null_safe: bool = False  # keys equal when both are NULL (a gold model's group may be NULL; silver's keys never are)
+    marker: str | None = None  # a source column the conditions read that is not written to the target
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,10 @@ class DeltaEngine(Protocol):
     def delete(self, path: str, predicate: str) -> int: ...  # rows deleted
     def history(self, path: str, limit: int | None = None) -> list[dict[str, Any]]: ...
     def restore(self, path: str, version: int) -> int: ...
+    # the rows each commit after `after` up to `upto` changed (Delta's change data feed: the table's columns and
+    # `_change_type`, one of insert, delete, update_preimage, update_postimage); None when the feed was not on
+    def changes(self, spark: SparkSession, path: str, after: int, upto: int) -> DataFrame | None: ...
+    def record_changes(self, path: str) -> None: ...  # turn the change data feed on (delta.enableChangeDataFeed)
     # `value` as a string literal in the SQL dialect of the engine's predicates
     def literal(self, value: str) -> str: ...
     # maintenance (spark_jobs/maintenance.py), Delta's own commands: OPTIMIZE (Z-ordered by `zorder_by` when
@@ -127,5 +133,13 @@ def delta_jars_present(spark: SparkSession) -> bool:
         return False
 
 
-def key_predicate(keys: tuple[str, ...], quote: str) -> str:
-    return " AND ".join(f"t.{quote}{k}{quote} = s.{quote}{k}{quote}" for k in keys)
+def key_predicate(keys: tuple[str, ...], quote: str, null_safe: str | None = None) -> str:
+    """`t.k = s.k AND ...`; with `null_safe`, the engine's operator that also holds when both are NULL."""
+    return " AND ".join(f"t.{quote}{k}{quote} {null_safe or '='} s.{quote}{k}{quote}" for k in keys)
+
+
+CHANGE_FEED = "delta.enableChangeDataFeed"
+
+
+def records_changes(configuration: dict[str, str]) -> bool:
+    return configuration.get(CHANGE_FEED, "false").lower() == "true"

@@ -42,7 +42,17 @@ from pyarrow import fs as pafs
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from spark_jobs.delta import MergeResult, MergeSpec, all_nullable, key_predicate, log_retention, retention_hours
+from spark_jobs.delta import (
+    CHANGE_FEED,
+    MergeResult,
+    MergeSpec,
+    all_nullable,
+    key_predicate,
+    log_retention,
+    records_changes,
+    retention_hours,
+    spark_frame,
+)
 from spark_jobs.delta.features import unplain_features
 from spark_jobs.delta.file_stats import delta_stats
 from spark_jobs.errors import UnsupportedTable
@@ -335,14 +345,19 @@ class DeltaRsEngine:
         # in memory, delta-rs prunes the target's files by the source's key range; streamed, it cannot
         in_memory = size <= settings().merge_source_mb * 2**20
         source: Any = rows.read_all() if in_memory else rows
-        merger = table.merge(source, predicate=key_predicate(spec.keys, '"'), source_alias="s", target_alias="t",
-                             merge_schema=True, streamed_exec=not in_memory)
+        predicate = key_predicate(spec.keys, '"', "IS NOT DISTINCT FROM" if spec.null_safe else None)
+        merger = table.merge(source, predicate=predicate, source_alias="s", target_alias="t",
+                             merge_schema=spec.marker is None, streamed_exec=not in_memory)
+        # with a marker, each written column is named (delta-rs' update-all and insert-all would write the marker too)
+        written = {c: f's."{c}"' for c in source.schema.names if c != spec.marker}
         if spec.delete_when:
             merger = merger.when_matched_delete(predicate=spec.delete_when)
         if spec.update_when:
-            merger = merger.when_matched_update_all(predicate=spec.update_when)
+            merger = merger.when_matched_update(written, predicate=spec.update_when) if spec.marker \
+                else merger.when_matched_update_all(predicate=spec.update_when)
         if spec.insert_when:
-            merger = merger.when_not_matched_insert_all(predicate=spec.insert_when)
+            merger = merger.when_not_matched_insert(written, predicate=spec.insert_when) if spec.marker \
+                else merger.when_not_matched_insert_all(predicate=spec.insert_when)
         metrics = merger.execute()
         return MergeResult(version=table.version(), inserted=metrics.get("num_target_rows_inserted", 0),
                            updated=metrics.get("num_target_rows_updated", 0),
@@ -363,6 +378,26 @@ class DeltaRsEngine:
         table = self._must(path, self._writable(path))
         table.restore(version)
         return table.version()
+
+    def changes(self, spark: SparkSession, path: str, after: int, upto: int) -> DataFrame | None:
+        """delta-rs reads the feed on the driver (its DataFusion reader), as Arrow: the changes of a few batches are
+        small, and a Spark read of the feed needs Delta's jars, which the embedded default does without."""
+        since, until = self._table(path, after), self._table(path, upto)
+        if since is None or until is None or not records_changes(since.metadata().configuration) \
+                or not records_changes(until.metadata().configuration):
+            return None
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        schema = T.StructType.fromJson(json.loads(until.schema().to_json())).add("_change_type", T.StringType())
+        # its reader gives text as Arrow's string views, which Spark does not take: typed as the table's Spark schema
+        typed = to_arrow_schema(schema, timezone="UTC")
+        rows = pa.table(until.load_cdf(starting_version=after + 1, ending_version=upto).read_all())
+        return spark_frame(spark, rows.select(typed.names).cast(typed))
+
+    def record_changes(self, path: str) -> None:
+        table = self._must(path, self._writable(path))
+        if not records_changes(table.metadata().configuration):
+            table.alter.set_table_properties({CHANGE_FEED: "true"})
 
     def compact(self, path: str, target_bytes: int, zorder_by: tuple[str, ...] = ()) -> None:
         optimize = self._must(path, self._writable(path)).optimize

@@ -9,7 +9,16 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from spark_jobs.delta import MergeResult, MergeSpec, key_predicate, log_retention, retention_hours, spark_frame
+from spark_jobs.delta import (
+    CHANGE_FEED,
+    MergeResult,
+    MergeSpec,
+    key_predicate,
+    log_retention,
+    records_changes,
+    retention_hours,
+    spark_frame,
+)
 
 if TYPE_CHECKING:
     from spark_jobs.delta import Rows
@@ -73,13 +82,18 @@ class DeltaSparkEngine:
             return MergeResult(version=written["version"], inserted=inserted, updated=0, deleted=0)
         if not self._exists(path):
             df.limit(0).write.format("delta").partitionBy(*partition_by).save(path)
-        merger = self._DeltaTable.forPath(self.spark, path).alias("t").merge(df.alias("s"), key_predicate(spec.keys, "`"))
+        predicate = key_predicate(spec.keys, "`", "<=>" if spec.null_safe else None)
+        merger = self._DeltaTable.forPath(self.spark, path).alias("t").merge(df.alias("s"), predicate)
+        # with a marker, each written column is named: Delta's update-all and insert-all would write the marker too
+        written = {c: f"s.`{c}`" for c in df.columns if c != spec.marker}
         if spec.delete_when:
             merger = merger.whenMatchedDelete(condition=spec.delete_when)
         if spec.update_when:
-            merger = merger.whenMatchedUpdateAll(condition=spec.update_when)
+            merger = merger.whenMatchedUpdate(condition=spec.update_when, set=written) if spec.marker \
+                else merger.whenMatchedUpdateAll(condition=spec.update_when)
         if spec.insert_when:
-            merger = merger.whenNotMatchedInsertAll(condition=spec.insert_when)
+            merger = merger.whenNotMatchedInsert(condition=spec.insert_when, values=written) if spec.marker \
+                else merger.whenNotMatchedInsertAll(condition=spec.insert_when)
         # the merge's own counts (a merge that changes nothing makes no commit, so history would show the last one)
         counts = merger.execute().first()
         assert counts is not None  # one row, always
@@ -109,6 +123,25 @@ class DeltaSparkEngine:
     def restore(self, path: str, version: int) -> int:
         self._DeltaTable.forPath(self.spark, path).restoreToVersion(version)
         return self.version(path) or 0
+
+    def changes(self, spark: SparkSession, path: str, after: int, upto: int) -> DataFrame | None:
+        if not (self._records_changes(path, after) and self._records_changes(path, upto)):
+            return None
+        return (spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", after + 1)
+                .option("endingVersion", upto).load(path).drop("_commit_version", "_commit_timestamp"))
+
+    def _records_changes(self, path: str, version: int) -> bool:
+        # the table's settings at that version, from its log (delta-rs reads a log as well as Delta does)
+        from deltalake import DeltaTable
+
+        from spark_jobs.storage import delta_storage_options
+
+        return records_changes(DeltaTable(path, version=version, storage_options=delta_storage_options(path))
+                               .metadata().configuration)
+
+    def record_changes(self, path: str) -> None:
+        if not self._records_changes(path, self.version(path) or 0):
+            self.spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('{CHANGE_FEED}' = 'true')")
 
     def compact(self, path: str, target_bytes: int, zorder_by: tuple[str, ...] = ()) -> None:
         self.spark.conf.set("spark.databricks.delta.optimize.maxFileSize", str(target_bytes))

@@ -12,11 +12,12 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark_jobs.delta import DeltaEngine
+from spark_jobs.delta import DeltaEngine, MergeSpec
 from spark_jobs.errors import PipelineError
 from spark_jobs.lake import Lake
-from spark_jobs.layers import transactions
+from spark_jobs.layers import gold_state, transactions
 from spark_jobs.layers.common import gate, lag_seconds, one_row, share, write_quarantine
+from spark_jobs.layers.gold_plan import IncrementalPlan, plan
 from spark_jobs.layers.summary import GoldSummary
 from spark_jobs.lineage import model_lineage
 from spark_jobs.quality.audit import Audit, Figures, tally
@@ -24,6 +25,8 @@ from spark_jobs.quality.expectations import QUARANTINE, flagged
 from spark_jobs.quality.gates import gold_checks
 from spark_jobs.quality.user_expectations import check_columns, violations
 from spark_jobs.registry import GoldModel
+from spark_jobs.settings import settings
+from spark_jobs.state import writer_lock
 
 
 def gold_refresh(spark: SparkSession, engine: DeltaEngine, model: GoldModel, lake: Lake,
@@ -37,6 +40,9 @@ def gold_refresh(spark: SparkSession, engine: DeltaEngine, model: GoldModel, lak
     watermark (layers/transactions.py), after taking the transaction topic's new files from `landing`."""
     ingested = transactions.ingest(spark, engine, lake, landing, model.transactions, batch_id) \
         if model.transactions and landing is not None else None
+    planned = incremental_plan(model)
+    if isinstance(planned, IncrementalPlan):
+        _record_changes(engine, lake, planned.source, batch_id)
     inputs = refresh_inputs(engine, lake, model)
     gold_version = engine.version(lake.gold(model.name))
     recorded = _published_inputs(lake, model) or {}
@@ -52,7 +58,7 @@ def gold_refresh(spark: SparkSession, engine: DeltaEngine, model: GoldModel, lak
         logs = transactions.source_logs(spark, engine, lake, list(model.at_watermark), versions)
         mark, visible = transactions.watermark(spark, engine, lake, model.transactions,
                                                versions["transactions"][model.transactions], list(model.at_watermark), logs)
-    newest = None
+    sources: dict[str, DataFrame] = {}
     for source in model.sources:
         if source in consistent:
             silver = transactions.as_of(consistent[source], logs[source], visible)
@@ -61,14 +67,35 @@ def gold_refresh(spark: SparkSession, engine: DeltaEngine, model: GoldModel, lak
         if silver is None:
             raise PipelineError(model.name, "gold", f"source silver table {source!r} does not exist yet")
         silver.createOrReplaceTempView(source)
-        source_newest = one_row(silver.agg(F.max("_source_ts_ms").alias("ts")))["ts"]
-        newest = source_newest if newest is None or (source_newest or 0) > newest else newest
-    result = spark.sql(model.sql).localCheckpoint()
-    rows = result.count()
+        sources[source] = silver
     traced = model_lineage(model.sql)
-    summary = GoldSummary(table=model.name, batch_id=batch_id, sources=list(model.sources), rows=rows,
-                          lag_s=lag_seconds(newest), newest_change_ms=newest,
-                          lineage={c: traced.get(c, []) for c in result.columns})
+    summary = GoldSummary(table=model.name, batch_id=batch_id, sources=list(model.sources))
+    changed: DataFrame | None = None  # an incremental refresh's rows for the groups it touched (GONE: deleted)
+    state: DataFrame | None = None
+    if isinstance(planned, IncrementalPlan):
+        schema = spark.sql(model.sql).schema  # the model's column types (Spark's analysis of it: no job)
+        moved = _moved(spark, engine, lake, model, planned, sources[planned.source], recorded, inputs, gold_version)
+        if isinstance(moved, str):
+            state = gold_state.build(sources[planned.source], planned).localCheckpoint()
+            result = gold_state.model_rows(state, planned, schema, sources[planned.source]).localCheckpoint()
+            summary.refresh = f"full ({moved})"
+            newest = _newest(sources.values())
+        else:
+            state = moved.state
+            changed = gold_state.model_rows(state, planned, schema, sources[planned.source]).localCheckpoint()
+            published_rows = engine.read(spark, lake.gold(model.name), version=gold_version)
+            assert published_rows is not None
+            kept = published_rows.join(changed, _same_keys(model.keys, published_rows, changed), "left_anti")
+            result = kept.unionByName(changed.where(f"{gold_state.GONE} = 0").drop(gold_state.GONE)).localCheckpoint()
+            summary.refresh, summary.changes, summary.groups_changed = "incremental", moved.changes, moved.groups
+            newest = max(filter(None, [recorded.get("newest_change_ms"), moved.newest_change_ms]), default=None)
+    else:
+        result = spark.sql(model.sql).localCheckpoint()
+        summary.refresh = f"full ({planned})"
+        newest = _newest(sources.values())
+    rows = result.count()
+    summary.rows, summary.lag_s, summary.newest_change_ms = rows, lag_seconds(newest), newest
+    summary.lineage = {c: traced.get(c, []) for c in result.columns}
     if ingested is not None:
         summary.transaction_files, summary.transactions_ended = ingested.files, ingested.ends
         summary.transactions_quarantined = sum(ingested.quarantined.values()) or None
@@ -88,13 +115,135 @@ def gold_refresh(spark: SparkSession, engine: DeltaEngine, model: GoldModel, lak
         figures.quarantined_share = summary.quarantined_share = share(figures.quarantined, rows)
     gate(Audit(figures, tally(audited, flagged("gold"), model.keys)), {"model": result}, model.name, "gold",
          gold_checks(model), lake, summary, model.quality.actions)
-    summary.version = engine.overwrite(published, lake.gold(model.name))
+    if changed is not None and not summary.groups_changed:  # only what its references read changed: nothing to write
+        summary.version, state_version = gold_version, recorded.get("state_version")
+    else:
+        state_version = None
+        if state is not None:
+            # the state first: a run dying between the two, or before the inputs below, finds a version it did not
+            # record and rebuilds both
+            assert isinstance(planned, IncrementalPlan)
+            state_version = _publish_state(engine, lake, model, planned, state, incremental=changed is not None)
+        if changed is not None:
+            summary.version = engine.merge(changed, lake.gold(model.name), _rows_merge(model.keys)).version
+        else:
+            summary.version = engine.overwrite(published, lake.gold(model.name))
     # written after the publish: a run dying between the two refreshes again, which is harmless
     # with the watermark it was published at: the newest transaction shown, and its END's offset in the topic
     lake.files.write(lake.gold_inputs(model.name), json.dumps(
-        {**inputs, "gold_version": summary.version, "transaction_watermark": summary.transaction_watermark,
+        {**inputs, "gold_version": summary.version, "state_version": state_version, "newest_change_ms": newest,
+         "transaction_watermark": summary.transaction_watermark,
          "transaction_position": mark.position if mark is not None else None}, sort_keys=True))
     return summary
+
+
+def incremental_plan(model: GoldModel) -> IncrementalPlan | str:
+    """How the model is kept incrementally (layers/gold_plan.py), or why it is rewritten whole."""
+    if model.transactions:
+        return "its sources are read at a transaction watermark"
+    if depends_on_the_clock(model):
+        return "its rows or its gate depend on the clock"
+    if any(u.action == QUARANTINE for u in model.expectations):
+        return "a quarantine expectation judges its whole result"
+    return plan(model.sql, model.keys)
+
+
+def _record_changes(engine: DeltaEngine, lake: Lake, table: str, batch_id: str) -> None:
+    """Silver's change data feed on, for a model kept incrementally: under the table's writer lock, as any commit to
+    it is (once; a table without it is read whole until then)."""
+    path = lake.silver(table)
+    if engine.version(path) is None:
+        return
+    with writer_lock(lake, table, batch_id):
+        engine.record_changes(path)
+
+
+def _moved(spark: SparkSession, engine: DeltaEngine, lake: Lake, model: GoldModel, planned: IncrementalPlan,
+           silver: DataFrame, recorded: dict[str, Any], inputs: dict[str, Any], gold_version: int | None
+           ) -> gold_state.Moved | str:
+    """The model's state moved by its source's changes since the refresh that published `gold_version`, or why it is
+    rebuilt from all of silver instead."""
+    state_version = engine.version(lake.gold_state(model.name))
+    if gold_version is None or state_version is None:
+        return "first refresh"
+    if recorded.get("gold_version") != gold_version or recorded.get("state_version") != state_version:
+        return "gold or its state changed since its last refresh"
+    if recorded.get("model") != inputs["model"]:
+        return "its definition changed"
+    after, upto = (recorded.get("silver_versions") or {}).get(planned.source), inputs["silver_versions"][planned.source]
+    if after is None or upto is None or upto < after:
+        return f"silver {planned.source} was replaced"
+    why = _not_replayable(engine, lake.silver(planned.source), planned.source, after, upto)
+    if why:
+        return why
+    changes = engine.changes(spark, lake.silver(planned.source), after, upto) if upto > after else None
+    if changes is None and upto > after:
+        return f"silver {planned.source} kept no change feed since the last refresh"
+    state = engine.read(spark, lake.gold_state(model.name), version=state_version)
+    assert state is not None
+    if changes is None:  # only a table its references read changed: no group moves
+        changes = silver.limit(0).withColumn("_change_type", F.lit("insert"))
+    return gold_state.move(state, gold_state.signed_changes(changes), silver, planned)
+
+
+# what each commit to silver may be for its change feed to be replayed onto a model's state; anything else (a
+# rebuild's or a widening's overwrite, a restore) rewrites the model whole
+_REPLAYED = {"MERGE", "DELETE", "UPDATE", "OPTIMIZE", "SET TBLPROPERTIES", "VACUUM START", "VACUUM END"}
+# the rows a commit changed, from its metrics (delta-rs names them in snake case, Delta in camel case); an update
+# is two rows of the change feed
+_CHANGED_ROWS = {"num_target_rows_inserted": 1, "num_target_rows_updated": 2, "num_target_rows_deleted": 1,
+                 "num_deleted_rows": 1, "num_updated_rows": 2, "numTargetRowsInserted": 1, "numTargetRowsUpdated": 2,
+                 "numTargetRowsDeleted": 1, "numDeletedRows": 1, "numUpdatedRows": 2}
+_WRITTEN_ROWS = ("num_added_rows", "numOutputRows")  # an append's
+
+
+def _not_replayable(engine: DeltaEngine, path: str, table: str, after: int, upto: int) -> str | None:
+    """Why silver's commits after `after` up to `upto` are not replayed onto a model's state, if they are not."""
+    commits = {c["version"]: c for c in engine.history(path, upto - after + 1) if after < c["version"] <= upto}
+    if len(commits) != upto - after:
+        return f"silver {table}'s log no longer holds every commit since the last refresh"
+    changed = 0
+    for commit in commits.values():
+        operation, parameters = commit.get("operation"), commit.get("operationParameters") or {}
+        metrics = commit.get("operationMetrics") or {}
+        if operation == "WRITE" and str(parameters.get("mode", "")).strip('"') == "Append":
+            changed += sum(int(metrics.get(name, 0)) for name in _WRITTEN_ROWS)
+        elif operation in _REPLAYED:
+            changed += sum(int(metrics.get(name, 0)) * weight for name, weight in _CHANGED_ROWS.items())
+        else:
+            mode = f" {parameters['mode']}" if "mode" in parameters else ""
+            return f"silver {table} was rewritten ({operation}{mode}, version {commit['version']})"
+    if changed > settings().gold_max_changes:
+        return f"{changed} changes to silver {table} since the last refresh, more than CDC_GOLD_MAX_CHANGES"
+    return None
+
+
+def _publish_state(engine: DeltaEngine, lake: Lake, model: GoldModel, planned: IncrementalPlan, state: DataFrame,
+                   incremental: bool) -> int:
+    if incremental:
+        keys = tuple(gold_state.group_columns(planned))
+        return engine.merge(state, lake.gold_state(model.name), _rows_merge(keys)).version
+    return engine.overwrite(state, lake.gold_state(model.name))
+
+
+def _rows_merge(keys: tuple[str, ...]) -> MergeSpec:
+    """A group's new row replaces its old one; a group no row is left in is deleted (keys may be NULL: a group's)."""
+    return MergeSpec(keys=keys, delete_when=f"s.{gold_state.GONE} = 1", update_when=f"s.{gold_state.GONE} = 0",
+                     insert_when=f"s.{gold_state.GONE} = 0", null_safe=True, marker=gold_state.GONE)
+
+
+
+def _same_keys(keys: tuple[str, ...], left: DataFrame, right: DataFrame) -> Any:
+    return reduce(lambda a, b: a & b, [left[k].eqNullSafe(right[k]) for k in keys])
+
+
+def _newest(sources: Any) -> int | None:
+    """The newest source time of a row of the sources (a job each)."""
+    newest = None
+    for silver in sources:
+        source_newest = one_row(silver.agg(F.max("_source_ts_ms").alias("ts")))["ts"]
+        newest = source_newest if newest is None or (source_newest or 0) > newest else newest
+    return newest
 
 
 # Spark SQL functions whose value changes from one run to the next on the same data (some also without

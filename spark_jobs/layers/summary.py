@@ -132,3 +132,7 @@ class GoldSummary(LayerSummary):
     # that one's END id beside an event's whose transaction no END names: the ids do not match (transactions.py)
     transaction_ids_unmatched: str | None = None
     lineage: dict[str, list[str]] | None = None  # each column -> the `table.column`s it is computed from (lineage.py)
+    # "incremental" (silver's changes moved the groups they touched: layers/gold_plan.py), or "full (<why>)"
+    refresh: str | None = None
+    changes: int | None = None  # silver rows an incremental refresh read (a change feed's rows, an update's two)
+    groups_changed: int | None = None  # groups an incremental refresh wrote (updated, added or deleted)

@@ -1,0 +1,160 @@
+"""Which gold models refresh incrementally, and how (docs/architecture.md, "Incremental gold").
+
+A model of the form `SELECT <its keys>, <expressions over COUNT, SUM, AVG, MIN, MAX> FROM <one silver table>
+[WHERE <row filter>] GROUP BY <its keys>` is kept as a per-group state (each aggregate's running count, sum, or
+extreme) that silver's changes since the last refresh move: an inserted row adds, a deleted one subtracts, an update
+does both. Anything else is rewritten whole, and `plan` says why.
+
+The SQL is read with sqlglot (a SQL parser with Spark's dialect): the model's own text is taken apart, never
+pattern-matched by hand. No library maintains a Spark SQL aggregate from a Delta change feed outside Databricks'
+materialized views, so the rules for each aggregate are written here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import ParseError
+from sqlglot.optimizer.normalize_identifiers import normalize_identifiers
+
+# the aggregates whose value a change moves without reading the group's other rows (MIN and MAX mostly: see gold_state)
+KINDS = {exp.Count: "count", exp.Sum: "sum", exp.Avg: "avg", exp.Min: "min", exp.Max: "max"}
+# the query parts a per-group state cannot keep: each changes which rows or groups are shown as a whole
+_WHOLE = {"with_": "a WITH clause", "having": "HAVING", "limit": "LIMIT", "offset": "OFFSET", "distinct": "SELECT DISTINCT",
+          "qualify": "QUALIFY", "joins": "a join", "laterals": "a LATERAL VIEW", "cluster": "CLUSTER BY",
+          "distribute": "DISTRIBUTE BY", "sort": "SORT BY"}
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    kind: str  # "count" (of rows when `argument` is None), "sum", "avg", "min", "max"
+    argument: str | None  # Spark SQL over the source's columns
+
+
+@dataclass(frozen=True)
+class IncrementalPlan:
+    """The model as a per-group state over `source`: its rows that `where` keeps, grouped by `groups` (state columns
+    `_g0`, `_g1`, ...), each of `aggregates` kept as `_a<j>_*` columns; `outputs` are the model's columns, in order,
+    as Spark SQL over the state's columns."""
+
+    source: str
+    where: str | None
+    groups: tuple[str, ...]
+    aggregates: tuple[Aggregate, ...]
+    outputs: tuple[tuple[str, str], ...]
+
+
+def plan(sql: str, keys: tuple[str, ...]) -> IncrementalPlan | str:
+    """The model's incremental plan, or why it has none (one short sentence)."""
+    try:
+        statements = sqlglot.parse(sql, dialect="spark")
+    except ParseError as error:
+        return f"its SQL is not read by the parser ({str(error).splitlines()[0]})"
+    if len(statements) != 1 or not isinstance(statements[0], exp.Select):
+        return "it is not a single SELECT"
+    query = normalize_identifiers(statements[0], dialect="spark")
+    assert isinstance(query, exp.Select)
+    present = [what for part, what in _WHOLE.items() if query.args.get(part)]
+    if present:
+        return f"it has {present[0]}"
+    source = query.args.get("from_")
+    if source is None or not isinstance(source.this, exp.Table) or source.this.args.get("db"):
+        return "it does not read one silver table by name"
+    if any(query.find_all(exp.Window)):
+        return "it has a window function"
+    if any(node is not query for node in query.find_all(exp.Select)):
+        return "it has a subquery"
+    if any(query.find_all(exp.Star)) and not all(isinstance(s.parent, exp.Count) for s in query.find_all(exp.Star)):
+        return "it selects *"
+    for column in query.find_all(exp.Column):  # one table: a qualifier names nothing the column's name does not
+        column.set("table", None)
+    group = query.args.get("group")
+    if group is None or not group.expressions:
+        return "it has no GROUP BY"
+    if any(group.args.get(part) for part in ("rollup", "cube", "grouping_sets", "totals")):
+        return "it groups by ROLLUP, CUBE or GROUPING SETS"
+    items = query.expressions
+    groups: list[exp.Expr] = []
+    for g in group.expressions:
+        if isinstance(g, exp.Literal) and not g.is_string:  # GROUP BY 1: the first column's expression
+            position = int(g.this)
+            if not 1 <= position <= len(items):
+                return f"GROUP BY {position} names no column"
+            g = items[position - 1].unalias()
+        if any(g.find_all(exp.AggFunc)):
+            return "it groups by an aggregate"
+        if all(g != known for known in groups):
+            groups.append(g)
+    aggregates: list[Aggregate] = []
+    outputs: list[tuple[str, str]] = []
+    for item in items:
+        name = item.alias_or_name
+        if not name or not isinstance(item, (exp.Alias, exp.Column)):
+            return f"its column {item.sql('spark')!r} has no name"
+        body = item.unalias()
+        problem = _aggregate_problem(body)
+        if problem:
+            return problem
+        computed = _over_state(body.copy(), groups, aggregates)
+        state_columns = {f"_g{i}" for i in range(len(groups))} | {"_rows"} | {
+            f"_a{j}_{part}" for j in range(len(aggregates)) for part in ("n", "s", "v", "avg")}
+        stray = [c.name for c in computed.find_all(exp.Column) if c.name not in state_columns]
+        if stray:
+            return f"column {stray[0]} is neither grouped nor aggregated"
+        outputs.append((name, computed.sql("spark")))
+    names = [name for name, _ in outputs]
+    if len(set(names)) != len(names):
+        return "two of its columns have one name"
+    grouped = {name for (name, _), item in zip(outputs, items, strict=True) if any(item.unalias() == g for g in groups)}
+    if set(keys) != grouped or len(keys) != len(groups):
+        return f"its keys ({', '.join(keys)}) are not its grouped columns ({', '.join(sorted(grouped)) or 'none'})"
+    where = query.args.get("where")
+    return IncrementalPlan(source=source.this.name, where=where.this.sql("spark") if where else None,
+                           groups=tuple(g.sql("spark") for g in groups), aggregates=tuple(aggregates),
+                           outputs=tuple(outputs))
+
+
+def _aggregate_problem(body: exp.Expr) -> str | None:
+    for agg in body.find_all(exp.AggFunc):
+        kind = KINDS.get(type(agg))
+        if kind is None:
+            return f"{agg.sql('spark').split('(')[0].upper()} is not kept incrementally (COUNT, SUM, AVG, MIN and MAX are)"
+        if isinstance(agg.this, exp.Distinct) or isinstance(agg.parent, exp.Filter) or agg.args.get("expressions"):
+            return f"{agg.sql('spark')} is not a plain aggregate of one argument"
+        if any(agg.this.find_all(exp.AggFunc)) if agg.this is not None else False:
+            return "it nests aggregates"
+    return None
+
+
+def _over_state(body: exp.Expr, groups: list[exp.Expr], aggregates: list[Aggregate]) -> exp.Expr:
+    """`body` with each aggregate replaced by its value from the state (`aggregates` gains it) and each grouped
+    expression by its state column."""
+    def replace(node: exp.Expr) -> exp.Expr:
+        for i, g in enumerate(groups):
+            if node == g:
+                return exp.column(f"_g{i}")
+        if isinstance(node, exp.AggFunc):
+            kind = KINDS[type(node)]
+            argument = None if isinstance(node.this, exp.Star) else node.this.sql("spark")
+            if kind == "count" and argument is None:
+                return exp.column("_rows")
+            found = Aggregate(kind, argument)
+            if found not in aggregates:
+                aggregates.append(found)
+            return sqlglot.parse_one(state_value(found, aggregates.index(found)), dialect="spark")
+        return node
+
+    return body.transform(replace)
+
+
+def state_value(aggregate: Aggregate, j: int) -> str:
+    """The aggregate's value from its state columns: as Spark computes it over the group's rows (a sum of no value
+    is NULL; AVG divides as Spark's own Average does, the result cast to its type by the caller)."""
+    if aggregate.kind == "count":
+        return f"_a{j}_n"
+    if aggregate.kind == "sum":
+        return f"IF(_a{j}_n = 0, NULL, _a{j}_s)"
+    if aggregate.kind == "avg":
+        return f"_a{j}_avg"
+    return f"_a{j}_v"

@@ -1,0 +1,67 @@
+"""Incremental gold on both engines: the demo's customers_by_state moved by silver's change feed through inserts, an
+update of the group key, the deletion of a group's extreme (MIN read again), a NULL group, a group emptied, a
+truncate, and a rewrite of silver (rebuilt whole, with the reason in the summary). Gold equals the model's SQL over
+silver after every refresh, its types too; the refreshes are exactly the ones expected. Gold's gate is stubbed (the
+demo runs it); the properties are tests/properties/test_incremental_gold.py's."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from unittest import mock
+
+import pytest
+
+from spark_jobs.delta import MergeSpec
+from spark_jobs.delta.engines import make_engine
+from spark_jobs.lake import Lake
+from spark_jobs.layers import gold
+from spark_jobs.registry import TableConfig, parse_gold_model
+
+MODEL = Path(__file__).resolve().parents[2] / "include" / "gold" / "customers_by_state.sql"
+SILVER = "id INT, state STRING, fico INT, registration_date DATE, _op STRING, _source_ts_ms BIGINT"
+APPLY = MergeSpec(keys=("id",), delete_when="s._op = 'd'", update_when="s._op <> 'd'", insert_when="s._op <> 'd'")
+
+
+def passed(audit, frames, table, layer, checks, lake, summary, *actions):
+    summary.gate = "passed"
+
+
+@pytest.mark.parametrize("engine_name", ["delta-rs", "delta-spark"])
+def test_customers_by_state_moves_with_silvers_changes_on_both_engines(spark, tmp_path, engine_name):
+    engine, lake = make_engine(spark, engine_name), Lake(str(tmp_path / "lake"))
+    model = parse_gold_model(MODEL, {"customers": TableConfig(name="customers", topic="t", keys=("id",))})
+    day = dt.date(2020, 1, 1)
+
+    def apply(*rows):
+        engine.merge(spark.createDataFrame(list(rows), SILVER), lake.silver("customers"), APPLY)
+
+    def refresh():
+        with mock.patch.object(gold, "gate", passed):
+            summary = gold.gold_refresh(spark, engine, model, lake, "b")
+        silver = engine.read(spark, lake.silver("customers"))
+        silver.createOrReplaceTempView("customers")
+        expected = spark.sql(model.sql)
+        published = engine.read(spark, lake.gold(model.name))
+        assert sorted(map(tuple, published.collect()), key=repr) == sorted(map(tuple, expected.collect()), key=repr)
+        assert [(f.name, f.dataType) for f in published.schema] == [(f.name, f.dataType) for f in expected.schema]
+        return summary.refresh, summary.changes, summary.groups_changed
+
+    apply((1, "CA", 700, day, "c", 1), (2, "CA", 650, day.replace(day=2), "c", 1), (3, "NY", 801, day, "c", 1),
+          (4, None, 555, day, "c", 1))
+    assert refresh() == ("full (first refresh)", None, None)
+    # an insert, the group key of one row updated, CA's earliest registration deleted (its MIN read again)
+    apply((5, "TX", 720, day.replace(day=9), "c", 2), (3, "CA", 801, day.replace(day=5), "u", 2),
+          (1, "CA", 700, day, "d", 2))
+    assert refresh() == ("incremental", 4, 3)  # +TX, -NY +CA (an update: two rows), -CA; groups CA, NY, TX
+    apply((4, None, 600, day, "u", 3), (6, None, None, None, "c", 3))  # the NULL group, a NULL fico
+    assert refresh() == ("incremental", 3, 1)
+    engine.delete(lake.silver("customers"), "true")  # a truncate
+    assert refresh() == ("incremental", 5, 3)  # every row taken away: CA, TX and the NULL group emptied
+    apply((7, "WA", 640, day, "c", 4))
+    assert refresh() == ("incremental", 1, 1)
+    engine.overwrite(engine.read(spark, lake.silver("customers")), lake.silver("customers"))  # a rewrite (a rebuild)
+    refreshed = refresh()
+    assert refreshed[0].startswith("full (silver customers was rewritten (WRITE") and refreshed[1:] == (None, None)
+    apply((8, "WA", 700, day, "c", 5))
+    assert refresh() == ("incremental", 1, 1)
