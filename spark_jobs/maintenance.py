@@ -110,9 +110,13 @@ def maintain_table(engine: Any, lake: Lake, table: TableConfig, batch_id: str,
 
 def maintain_model(engine: Any, lake: Lake, model: GoldModel, batch_id: str) -> MaintenanceSummary:
     summary = MaintenanceSummary(table=model.name, batch_id=batch_id)
-    upkeep = maintain_delta(engine, "gold", lake.gold(model.name), model.maintenance, model.keys)
-    if upkeep is not None:
-        summary.add(upkeep)
+    # a model kept incrementally has its per-group state beside it (layers/gold_state.py), keyed by `_g0`, `_g1`, ...
+    state_keys = tuple(f"_g{i}" for i in range(len(model.keys)))
+    for name, path, keys in (("gold", lake.gold(model.name), model.keys),
+                             ("gold_state", lake.gold_state(model.name), state_keys)):
+        upkeep = maintain_delta(engine, name, path, model.maintenance, keys)
+        if upkeep is not None:
+            summary.add(upkeep)
     summary.results_removed = expire_gx_results(lake, model.name, model.maintenance.report_retention_s)
     return summary
 

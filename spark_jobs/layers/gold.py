@@ -116,7 +116,7 @@ def gold_refresh(spark: SparkSession, engine: DeltaEngine, model: GoldModel, lak
     gate(Audit(figures, tally(audited, flagged("gold"), model.keys)), {"model": result}, model.name, "gold",
          gold_checks(model), lake, summary, model.quality.actions)
     if changed is not None and not summary.groups_changed:  # only what its references read changed: nothing to write
-        summary.version, state_version = gold_version, recorded.get("state_version")
+        summary.version, state_version = gold_version, engine.version(lake.gold_state(model.name))
     else:
         state_version = None
         if state is not None:
@@ -166,8 +166,11 @@ def _moved(spark: SparkSession, engine: DeltaEngine, lake: Lake, model: GoldMode
     state_version = engine.version(lake.gold_state(model.name))
     if gold_version is None or state_version is None:
         return "first refresh"
-    if recorded.get("gold_version") != gold_version or recorded.get("state_version") != state_version:
-        return "gold or its state changed since its last refresh"
+    for name, path, version in (("gold", lake.gold(model.name), gold_version),
+                                ("its state", lake.gold_state(model.name), state_version)):
+        written = recorded.get("gold_version" if name == "gold" else "state_version")
+        if written is None or written > version or not _upkeep_only(engine, path, written, version):
+            return f"{name} changed since its last refresh"
     if recorded.get("model") != inputs["model"]:
         return "its definition changed"
     after, upto = (recorded.get("silver_versions") or {}).get(planned.source), inputs["silver_versions"][planned.source]
@@ -188,7 +191,7 @@ def _moved(spark: SparkSession, engine: DeltaEngine, lake: Lake, model: GoldMode
 
 # what each commit to silver may be for its change feed to be replayed onto a model's state; anything else (a
 # rebuild's or a widening's overwrite, a restore) rewrites the model whole
-_REPLAYED = {"MERGE", "DELETE", "UPDATE", "OPTIMIZE", "SET TBLPROPERTIES", "VACUUM START", "VACUUM END"}
+_REPLAYED = {"MERGE", "DELETE", "UPDATE"}
 # the rows a commit changed, from its metrics (delta-rs names them in snake case, Delta in camel case); an update
 # is two rows of the change feed
 _CHANGED_ROWS = {"num_target_rows_inserted": 1, "num_target_rows_updated": 2, "num_target_rows_deleted": 1,
@@ -197,18 +200,34 @@ _CHANGED_ROWS = {"num_target_rows_inserted": 1, "num_target_rows_updated": 2, "n
 _WRITTEN_ROWS = ("num_added_rows", "numOutputRows")  # an append's
 
 
+_UPKEEP = {"OPTIMIZE", "VACUUM START", "VACUUM END", "SET TBLPROPERTIES"}  # maintenance's: no row changes
+
+
+def _commits(engine: DeltaEngine, path: str, after: int, upto: int) -> list[dict[str, Any]] | None:
+    """The table's commits after `after` up to `upto` from its log, None when it no longer holds them all."""
+    commits = [c for c in engine.history(path, upto - after + 1) if after < c["version"] <= upto] if upto > after else []
+    return commits if len(commits) == upto - after else None
+
+
+def _upkeep_only(engine: DeltaEngine, path: str, after: int, upto: int) -> bool:
+    """Every commit to a model's own table since the refresh that wrote `after` is maintenance's (spark_jobs/
+    maintenance.py compacts, vacuums): its rows are the ones that refresh left."""
+    commits = _commits(engine, path, after, upto)
+    return commits is not None and all(c.get("operation") in _UPKEEP for c in commits)
+
+
 def _not_replayable(engine: DeltaEngine, path: str, table: str, after: int, upto: int) -> str | None:
     """Why silver's commits after `after` up to `upto` are not replayed onto a model's state, if they are not."""
-    commits = {c["version"]: c for c in engine.history(path, upto - after + 1) if after < c["version"] <= upto}
-    if len(commits) != upto - after:
+    commits = _commits(engine, path, after, upto)
+    if commits is None:
         return f"silver {table}'s log no longer holds every commit since the last refresh"
     changed = 0
-    for commit in commits.values():
+    for commit in commits:
         operation, parameters = commit.get("operation"), commit.get("operationParameters") or {}
         metrics = commit.get("operationMetrics") or {}
         if operation == "WRITE" and str(parameters.get("mode", "")).strip('"') == "Append":
             changed += sum(int(metrics.get(name, 0)) for name in _WRITTEN_ROWS)
-        elif operation in _REPLAYED:
+        elif operation in _REPLAYED | _UPKEEP:
             changed += sum(int(metrics.get(name, 0)) * weight for name, weight in _CHANGED_ROWS.items())
         else:
             mode = f" {parameters['mode']}" if "mode" in parameters else ""

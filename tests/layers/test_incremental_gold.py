@@ -1,12 +1,13 @@
 """Incremental gold on both engines: the demo's customers_by_state moved by silver's change feed through inserts, an
 update of the group key, the deletion of a group's extreme (MIN read again), a NULL group, a group emptied, a
-truncate, and a rewrite of silver (rebuilt whole, with the reason in the summary). Gold equals the model's SQL over
-silver after every refresh, its types too; the refreshes are exactly the ones expected. Gold's gate is stubbed (the
-demo runs it); the properties are tests/properties/test_incremental_gold.py's."""
+truncate, a rewrite of silver (rebuilt whole, with the reason in the summary) and maintenance's compaction. Gold
+equals the model's SQL over silver after every refresh, its types too; the refreshes are exactly the ones expected.
+Gold's gate is stubbed (the demo runs it); the properties are tests/properties/test_incremental_gold.py's."""
 
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import replace
 from pathlib import Path
 from unittest import mock
 
@@ -16,7 +17,8 @@ from spark_jobs.delta import MergeSpec
 from spark_jobs.delta.engines import make_engine
 from spark_jobs.lake import Lake
 from spark_jobs.layers import gold
-from spark_jobs.registry import TableConfig, parse_gold_model
+from spark_jobs.maintenance import maintain_delta
+from spark_jobs.registry import Maintenance, TableConfig, parse_gold_model
 
 MODEL = Path(__file__).resolve().parents[2] / "include" / "gold" / "customers_by_state.sql"
 SILVER = "id INT, state STRING, fico INT, registration_date DATE, _op STRING, _source_ts_ms BIGINT"
@@ -65,3 +67,9 @@ def test_customers_by_state_moves_with_silvers_changes_on_both_engines(spark, tm
     assert refreshed[0].startswith("full (silver customers was rewritten (WRITE") and refreshed[1:] == (None, None)
     apply((8, "WA", 700, day, "c", 5))
     assert refresh() == ("incremental", 1, 1)
+    # maintenance compacts gold and its state (new versions, the same rows): the next refresh still moves the state
+    upkeep = replace(Maintenance(), min_small_files=1)
+    assert maintain_delta(engine, "gold", lake.gold(model.name), upkeep, model.keys).compacted
+    assert maintain_delta(engine, "gold_state", lake.gold_state(model.name), upkeep, ("_g0",)).compacted
+    apply((8, "OR", 700, day, "u", 6))
+    assert refresh() == ("incremental", 2, 2)
