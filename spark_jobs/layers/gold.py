@@ -9,10 +9,11 @@ from dataclasses import fields
 from functools import reduce
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark_jobs.delta import DeltaEngine, MergeSpec
+from spark_jobs.delta import DeltaEngine, MergeSpec, spark_frame
 from spark_jobs.errors import PipelineError
 from spark_jobs.lake import Lake
 from spark_jobs.layers import gold_state, transactions
@@ -71,7 +72,8 @@ def gold_refresh(spark: SparkSession, engine: DeltaEngine, model: GoldModel, lak
     traced = model_lineage(model.sql)
     summary = GoldSummary(table=model.name, batch_id=batch_id, sources=list(model.sources))
     changed: DataFrame | None = None  # an incremental refresh's rows for the groups it touched (GONE: deleted)
-    state: DataFrame | None = None
+    changed_rows: pa.Table | None = None  # the same, on the driver (the merge takes them without a job)
+    state: DataFrame | pa.Table | None = None
     if isinstance(planned, IncrementalPlan):
         schema = spark.sql(model.sql).schema  # the model's column types (Spark's analysis of it: no job)
         moved = _moved(spark, engine, lake, model, planned, sources[planned.source], recorded, inputs, gold_version)
@@ -82,7 +84,9 @@ def gold_refresh(spark: SparkSession, engine: DeltaEngine, model: GoldModel, lak
             newest = _newest(sources.values())
         else:
             state = moved.state
-            changed = gold_state.model_rows(state, planned, schema, sources[planned.source]).localCheckpoint()
+            changed_rows = gold_state.model_rows(spark_frame(spark, state), planned, schema,
+                                                 sources[planned.source]).toArrow()
+            changed = spark_frame(spark, changed_rows)
             published_rows = engine.read(spark, lake.gold(model.name), version=gold_version)
             assert published_rows is not None
             kept = published_rows.join(changed, _same_keys(model.keys, published_rows, changed), "left_anti")
@@ -125,7 +129,7 @@ def gold_refresh(spark: SparkSession, engine: DeltaEngine, model: GoldModel, lak
             assert isinstance(planned, IncrementalPlan)
             state_version = _publish_state(engine, lake, model, planned, state, incremental=changed is not None)
         if changed is not None:
-            summary.version = engine.merge(changed, lake.gold(model.name), _rows_merge(model.keys)).version
+            summary.version = engine.merge(changed_rows, lake.gold(model.name), _rows_merge(model.keys)).version
         else:
             summary.version = engine.overwrite(published, lake.gold(model.name))
     # written after the publish: a run dying between the two refreshes again, which is harmless
@@ -237,11 +241,12 @@ def _not_replayable(engine: DeltaEngine, path: str, table: str, after: int, upto
     return None
 
 
-def _publish_state(engine: DeltaEngine, lake: Lake, model: GoldModel, planned: IncrementalPlan, state: DataFrame,
-                   incremental: bool) -> int:
+def _publish_state(engine: DeltaEngine, lake: Lake, model: GoldModel, planned: IncrementalPlan,
+                   state: DataFrame | pa.Table, incremental: bool) -> int:
     if incremental:
         keys = tuple(gold_state.group_columns(planned))
         return engine.merge(state, lake.gold_state(model.name), _rows_merge(keys)).version
+    assert isinstance(state, DataFrame)
     return engine.overwrite(state, lake.gold_state(model.name))
 
 

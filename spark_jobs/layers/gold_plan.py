@@ -72,7 +72,8 @@ def plan(sql: str, keys: tuple[str, ...]) -> IncrementalPlan | str:
     group = query.args.get("group")
     if group is None or not group.expressions:
         return "it has no GROUP BY"
-    if any(group.args.get(part) for part in ("rollup", "cube", "grouping_sets", "totals")):
+    if any(group.args.get(part) for part in ("rollup", "cube", "grouping_sets", "totals")) \
+            or any(isinstance(g, (exp.Rollup, exp.Cube, exp.GroupingSets)) for g in group.expressions):
         return "it groups by ROLLUP, CUBE or GROUPING SETS"
     items = query.expressions
     groups: list[exp.Expr] = []

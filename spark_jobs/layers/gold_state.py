@@ -12,10 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import reduce
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from spark_jobs.delta import spark_frame
 from spark_jobs.layers.gold_plan import IncrementalPlan
 
 SIGN = "_sign"
@@ -27,7 +30,7 @@ _ADDED = {"insert": 1, "update_postimage": 1, "delete": -1, "update_preimage": -
 class Moved:
     """A refresh's new state rows for the groups its changes touched (`GONE` = 1: none left)."""
 
-    state: DataFrame
+    state: pa.Table
     changes: int  # the change feed's rows the model's WHERE kept
     groups: int  # groups they touched
     recomputed: int  # of those, groups whose MIN or MAX lost its value and were read again from silver
@@ -74,19 +77,21 @@ def move(state: DataFrame, changes: DataFrame, silver: DataFrame, plan: Incremen
             unknown.append(~F.coalesce(taken.isNull() | beyond, F.lit(False))
                            & ~F.coalesce(added.isNotNull() & replaces, F.lit(False)))
     recompute = (reduce(Column.__or__, unknown) & (rows > 0)) if unknown else F.lit(False)
-    moved = joined.select(*columns, recompute.alias("_recompute"), "d._changes", "d._newest").localCheckpoint()
-    figures = moved.agg(F.count(F.lit(1)).alias("groups"), F.sum("_changes").alias("changes"),
-                        F.count(F.when(F.col("_recompute"), 1)).alias("recomputed"), F.max("_newest").alias("newest")).first()
-    assert figures is not None
-    moved = moved.drop("_changes", "_newest")
-    if figures["recomputed"]:
-        lost = moved.where("_recompute").select(*groups)
-        again = build(silver, plan).alias("a").join(lost.alias("l"), _same_groups(groups, "a", "l"), "left_semi")
-        moved = moved.where("NOT _recompute").drop("_recompute").unionByName(again.select(*moved.drop("_recompute").columns))
-    else:
-        moved = moved.drop("_recompute")
-    return Moved(state=moved.withColumn(GONE, (F.col("_rows") <= 0).cast("int")), changes=figures["changes"] or 0,
-                 groups=figures["groups"], recomputed=figures["recomputed"], newest_change_ms=figures["newest"])
+    # the touched groups are few (at most the changes): on the driver, as Arrow, which the merges take without a job
+    moved = joined.select(*columns, (rows <= 0).cast("int").alias(GONE), recompute.alias("_recompute"),
+                          "d._changes", "d._newest").toArrow()
+    lost = moved["_recompute"]
+    recomputed = pc.sum(pc.cast(lost, "int64")).as_py() or 0
+    figures = (moved.num_rows, pc.sum(moved["_changes"]).as_py() or 0, pc.max(moved["_newest"]).as_py())
+    state_rows = moved.drop_columns(["_recompute", "_changes", "_newest"])
+    if recomputed:
+        spark = silver.sparkSession
+        again = build(silver, plan).alias("a").join(spark_frame(spark, state_rows.filter(lost).select(groups)).alias("l"),
+                                                    _same_groups(groups, "a", "l"), "left_semi")
+        again_rows = again.withColumn(GONE, F.lit(0)).select(*state_rows.schema.names).toArrow()
+        state_rows = pa.concat_tables([state_rows.filter(pc.invert(lost)), again_rows.cast(state_rows.schema)])
+    return Moved(state=state_rows, changes=figures[1], groups=figures[0], recomputed=recomputed,
+                 newest_change_ms=figures[2])
 
 
 def model_rows(state: DataFrame, plan: IncrementalPlan, schema: T.StructType, silver: DataFrame) -> DataFrame:
