@@ -149,5 +149,6 @@ def gold_refresh(bench: Bench) -> None:
     second.met = inc <= whole / 5
     bench.add(first)
     bench.add(second)
+    labels = {"incremental": "incremental refresh", "full": "full rewrite", "alone": "refresh of the changed keys alone"}
     for kind, counts in jobs.items():
-        bench.add(Figure("G", f"Spark jobs per {kind} refresh, {sizes}", statistics.median(counts[1:]), note="count"))
+        bench.add(Figure("G", f"Spark jobs per {labels[kind]}, {sizes}", statistics.median(counts[1:]), note="count"))
