@@ -61,7 +61,8 @@ class DeltaEngine(Protocol):
     # the rows each commit after `after` up to `upto` changed (Delta's change data feed: the table's columns and
     # `_change_type`, one of insert, delete, update_preimage, update_postimage); None when the feed was not on
     def changes(self, spark: SparkSession, path: str, after: int, upto: int) -> DataFrame | None: ...
-    def record_changes(self, path: str) -> None: ...  # turn the change data feed on (delta.enableChangeDataFeed)
+    def changes_recorded(self, path: str) -> bool: ...  # the change data feed is on (delta.enableChangeDataFeed)
+    def record_changes(self, path: str) -> None: ...  # turn it on
     # `value` as a string literal in the SQL dialect of the engine's predicates
     def literal(self, value: str) -> str: ...
     # maintenance (spark_jobs/maintenance.py), Delta's own commands: OPTIMIZE (Z-ordered by `zorder_by` when

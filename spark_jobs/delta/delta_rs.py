@@ -394,6 +394,9 @@ class DeltaRsEngine:
         rows = pa.table(until.load_cdf(starting_version=after + 1, ending_version=upto).read_all())
         return spark_frame(spark, rows.select(typed.names).cast(typed))
 
+    def changes_recorded(self, path: str) -> bool:
+        return records_changes(self._must(path).metadata().configuration)
+
     def record_changes(self, path: str) -> None:
         table = self._must(path, self._writable(path))
         if not records_changes(table.metadata().configuration):

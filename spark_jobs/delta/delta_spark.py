@@ -139,8 +139,11 @@ class DeltaSparkEngine:
         return records_changes(DeltaTable(path, version=version, storage_options=delta_storage_options(path))
                                .metadata().configuration)
 
+    def changes_recorded(self, path: str) -> bool:
+        return self._records_changes(path, self.version(path) or 0)
+
     def record_changes(self, path: str) -> None:
-        if not self._records_changes(path, self.version(path) or 0):
+        if not self.changes_recorded(path):
             self.spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('{CHANGE_FEED}' = 'true')")
 
     def compact(self, path: str, target_bytes: int, zorder_by: tuple[str, ...] = ()) -> None:

@@ -153,10 +153,11 @@ def incremental_plan(model: GoldModel) -> IncrementalPlan | str:
 
 
 def _record_changes(engine: DeltaEngine, lake: Lake, table: str, batch_id: str) -> None:
-    """Silver's change data feed on, for a model kept incrementally: under the table's writer lock, as any commit to
-    it is (once; a table without it is read whole until then)."""
+    """Silver's change data feed on, for a model kept incrementally: turned on once, under the table's writer lock as
+    any commit to it is (a table without it is read whole until then). Looked at first without the lock: a refresh
+    never waits on the table's next batch for it."""
     path = lake.silver(table)
-    if engine.version(path) is None:
+    if engine.version(path) is None or engine.changes_recorded(path):
         return
     with writer_lock(lake, table, batch_id):
         engine.record_changes(path)

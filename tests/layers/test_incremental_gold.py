@@ -73,3 +73,25 @@ def test_customers_by_state_moves_with_silvers_changes_on_both_engines(spark, tm
     assert maintain_delta(engine, "gold_state", lake.gold_state(model.name), upkeep, ("_g0",)).compacted
     apply((8, "OR", 700, day, "u", 6))
     assert refresh() == ("incremental", 2, 2)
+
+
+def test_a_refresh_does_not_wait_for_its_sources_writer_once_the_feed_is_on(spark, tmp_path, monkeypatch):
+    """Turning the feed on commits to silver, under its writer lock; once it is on, a refresh takes no silver lock,
+    so a model's refresh never queues behind its source's next batch."""
+    from spark_jobs.errors import TableBusy
+    from spark_jobs.state import writer_lock
+
+    engine, lake = make_engine(spark, "delta-rs"), Lake(str(tmp_path / "lake"))
+    model = parse_gold_model(MODEL, {"customers": TableConfig(name="customers", topic="t", keys=("id",))})
+    engine.merge(spark.createDataFrame([(1, "CA", 700, dt.date(2020, 1, 1), "c", 1)], SILVER), lake.silver("customers"),
+                 APPLY)
+    monkeypatch.setenv("CDC_LOCK_TIMEOUT", "0")
+    with mock.patch.object(gold, "gate", passed):
+        with writer_lock(lake, "customers", "a silver batch"):  # the feed is off: turning it on needs the lock
+            with pytest.raises(TableBusy):
+                gold.gold_refresh(spark, engine, model, lake, "b")
+        assert gold.gold_refresh(spark, engine, model, lake, "b").refresh == "full (first refresh)"
+        engine.merge(spark.createDataFrame([(2, "NY", 640, dt.date(2020, 1, 2), "c", 2)], SILVER),
+                     lake.silver("customers"), APPLY)
+        with writer_lock(lake, "customers", "a silver batch"):
+            assert gold.gold_refresh(spark, engine, model, lake, "b").refresh == "incremental"
