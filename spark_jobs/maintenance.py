@@ -17,6 +17,7 @@ from functools import partial
 from typing import Any
 
 from spark_jobs.lake import Lake
+from spark_jobs.layers.gold_plan import group_columns
 from spark_jobs.layers.summary import LayerSummary
 from spark_jobs.logs import logger
 from spark_jobs.registry import GoldModel, Maintenance, Registry, TableConfig
@@ -110,8 +111,8 @@ def maintain_table(engine: Any, lake: Lake, table: TableConfig, batch_id: str,
 
 def maintain_model(engine: Any, lake: Lake, model: GoldModel, batch_id: str) -> MaintenanceSummary:
     summary = MaintenanceSummary(table=model.name, batch_id=batch_id)
-    # a model kept incrementally has its per-group state beside it (layers/gold_state.py), keyed by `_g0`, `_g1`, ...
-    state_keys = tuple(f"_g{i}" for i in range(len(model.keys)))
+    # a model kept incrementally has its per-group state beside it (layers/gold_state.py), keyed by its groups
+    state_keys = tuple(group_columns(len(model.keys)))
     for name, path, keys in (("gold", lake.gold(model.name), model.keys),
                              ("gold_state", lake.gold_state(model.name), state_keys)):
         upkeep = maintain_delta(engine, name, path, model.maintenance, keys)

@@ -18,7 +18,7 @@ from spark_jobs.errors import PipelineError
 from spark_jobs.lake import Lake
 from spark_jobs.layers import gold_state, transactions
 from spark_jobs.layers.common import gate, lag_seconds, one_row, share, write_quarantine
-from spark_jobs.layers.gold_plan import IncrementalPlan, plan
+from spark_jobs.layers.gold_plan import IncrementalPlan, group_columns, plan
 from spark_jobs.layers.summary import GoldSummary
 from spark_jobs.lineage import model_lineage
 from spark_jobs.quality.audit import Audit, Figures, tally
@@ -71,25 +71,24 @@ def gold_refresh(spark: SparkSession, engine: DeltaEngine, model: GoldModel, lak
         sources[source] = silver
     traced = model_lineage(model.sql)
     summary = GoldSummary(table=model.name, batch_id=batch_id, sources=list(model.sources))
-    changed: DataFrame | None = None  # an incremental refresh's rows for the groups it touched (GONE: deleted)
-    changed_rows: pa.Table | None = None  # the same, on the driver (the merge takes them without a job)
-    state: DataFrame | pa.Table | None = None
+    built: DataFrame | None = None  # a model kept incrementally, refreshed whole: its state, built from silver
+    moved: gold_state.Moved | str | None = None  # refreshed incrementally: its state moved (a str: why it is not)
+    changed_rows: pa.Table | None = None  # then its rows of the groups the changes touched (GONE: deleted)
     if isinstance(planned, IncrementalPlan):
         schema = spark.sql(model.sql).schema  # the model's column types (Spark's analysis of it: no job)
         moved = _moved(spark, engine, lake, model, planned, sources[planned.source], recorded, inputs, gold_version)
         if isinstance(moved, str):
-            state = gold_state.build(sources[planned.source], planned).localCheckpoint()
-            result = gold_state.model_rows(state, planned, schema, sources[planned.source]).localCheckpoint()
+            built = gold_state.build(sources[planned.source], planned).localCheckpoint()
+            result = gold_state.model_rows(built, planned, schema, sources[planned.source]).localCheckpoint()
             summary.refresh = f"full ({moved})"
             newest = _newest(sources.values())
         else:
-            state = moved.state
-            changed_rows = gold_state.model_rows(spark_frame(spark, state), planned, schema,
+            changed_rows = gold_state.model_rows(spark_frame(spark, moved.state), planned, schema,
                                                  sources[planned.source]).toArrow()
             changed = spark_frame(spark, changed_rows)
             published_rows = engine.read(spark, lake.gold(model.name), version=gold_version)
             assert published_rows is not None
-            kept = published_rows.join(changed, _same_keys(model.keys, published_rows, changed), "left_anti")
+            kept = published_rows.join(changed, gold_state.same_keys(model.keys, published_rows, changed), "left_anti")
             result = kept.unionByName(changed.where(f"{gold_state.GONE} = 0").drop(gold_state.GONE)).localCheckpoint()
             summary.refresh, summary.changes, summary.groups_changed = "incremental", moved.changes, moved.groups
             newest = max(filter(None, [recorded.get("newest_change_ms"), moved.newest_change_ms]), default=None)
@@ -119,19 +118,20 @@ def gold_refresh(spark: SparkSession, engine: DeltaEngine, model: GoldModel, lak
         figures.quarantined_share = summary.quarantined_share = share(figures.quarantined, rows)
     gate(Audit(figures, tally(audited, flagged("gold"), model.keys)), {"model": result}, model.name, "gold",
          gold_checks(model), lake, summary, model.quality.actions)
-    if changed is not None and not summary.groups_changed:  # only what its references read changed: nothing to write
-        summary.version, state_version = gold_version, engine.version(lake.gold_state(model.name))
-    else:
-        state_version = None
-        if state is not None:
-            # the state first: a run dying between the two, or before the inputs below, finds a version it did not
-            # record and rebuilds both
-            assert isinstance(planned, IncrementalPlan)
-            state_version = _publish_state(engine, lake, model, planned, state, incremental=changed is not None)
-        if changed is not None:
+    # the state first: a run dying between the two, or before the inputs below, finds a version it did not record and
+    # rebuilds both
+    state_path, state_version = lake.gold_state(model.name), None
+    if isinstance(moved, gold_state.Moved) and changed_rows is not None:
+        if moved.groups:
+            state_keys = tuple(group_columns(len(model.keys)))
+            state_version = engine.merge(moved.state, state_path, _rows_merge(state_keys)).version
             summary.version = engine.merge(changed_rows, lake.gold(model.name), _rows_merge(model.keys)).version
-        else:
-            summary.version = engine.overwrite(published, lake.gold(model.name))
+        else:  # only what its references read changed: nothing to write
+            summary.version, state_version = gold_version, engine.version(state_path)
+    else:
+        if built is not None:
+            state_version = engine.overwrite(built, state_path)
+        summary.version = engine.overwrite(published, lake.gold(model.name))
     # written after the publish: a run dying between the two refreshes again, which is harmless
     # with the watermark it was published at: the newest transaction shown, and its END's offset in the topic
     lake.files.write(lake.gold_inputs(model.name), json.dumps(
@@ -242,24 +242,11 @@ def _not_replayable(engine: DeltaEngine, path: str, table: str, after: int, upto
     return None
 
 
-def _publish_state(engine: DeltaEngine, lake: Lake, model: GoldModel, planned: IncrementalPlan,
-                   state: DataFrame | pa.Table, incremental: bool) -> int:
-    if incremental:
-        keys = tuple(gold_state.group_columns(planned))
-        return engine.merge(state, lake.gold_state(model.name), _rows_merge(keys)).version
-    assert isinstance(state, DataFrame)
-    return engine.overwrite(state, lake.gold_state(model.name))
-
-
 def _rows_merge(keys: tuple[str, ...]) -> MergeSpec:
     """A group's new row replaces its old one; a group no row is left in is deleted (keys may be NULL: a group's)."""
     return MergeSpec(keys=keys, delete_when=f"s.{gold_state.GONE} = 1", update_when=f"s.{gold_state.GONE} = 0",
                      insert_when=f"s.{gold_state.GONE} = 0", null_safe=True, marker=gold_state.GONE)
 
-
-
-def _same_keys(keys: tuple[str, ...], left: DataFrame, right: DataFrame) -> Any:
-    return reduce(lambda a, b: a & b, [left[k].eqNullSafe(right[k]) for k in keys])
 
 
 def _newest(sources: Any) -> int | None:

@@ -12,6 +12,7 @@ materialized views, so the rules for each aggregate are written here."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
 import sqlglot
 from sqlglot import exp
@@ -45,6 +46,12 @@ class IncrementalPlan:
     outputs: tuple[tuple[str, str], ...]
 
 
+def group_columns(count: int) -> list[str]:
+    """The state's columns of a model's `count` grouped values (its keys)."""
+    return [f"_g{i}" for i in range(count)]
+
+
+@cache  # a refresh asks every run; the model's text rarely changes
 def plan(sql: str, keys: tuple[str, ...]) -> IncrementalPlan | str:
     """The model's incremental plan, or why it has none (one short sentence)."""
     try:
@@ -98,7 +105,7 @@ def plan(sql: str, keys: tuple[str, ...]) -> IncrementalPlan | str:
         if problem:
             return problem
         computed = _over_state(body.copy(), groups, aggregates)
-        state_columns = {f"_g{i}" for i in range(len(groups))} | {"_rows"} | {
+        state_columns = {*group_columns(len(groups)), "_rows"} | {
             f"_a{j}_{part}" for j in range(len(aggregates)) for part in ("n", "s", "v", "avg")}
         stray = [c.name for c in computed.find_all(exp.Column) if c.name not in state_columns]
         if stray:

@@ -19,11 +19,11 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from spark_jobs.delta import spark_frame
-from spark_jobs.layers.gold_plan import IncrementalPlan
+from spark_jobs.layers.gold_plan import IncrementalPlan, group_columns
 
 SIGN = "_sign"
 GONE = "_gone"  # 1 on a group no row is left in: its gold row and state row are deleted
-_ADDED = {"insert": 1, "update_postimage": 1, "delete": -1, "update_preimage": -1}
+_ADDED, _TAKEN = ("insert", "update_postimage"), ("delete", "update_preimage")  # the change feed's row kinds
 
 
 @dataclass(frozen=True)
@@ -39,9 +39,8 @@ class Moved:
 
 def signed_changes(changes: DataFrame) -> DataFrame:
     """The change feed's rows with `SIGN`: +1 for a row a commit added, -1 for one it took away."""
-    sign = reduce(lambda acc, kv: acc.when(F.col("_change_type") == kv[0], F.lit(kv[1])),
-                  list(_ADDED.items())[1:], F.when(F.col("_change_type") == "insert", F.lit(1)))
-    return changes.withColumn(SIGN, sign).drop("_change_type")
+    kind = F.col("_change_type")
+    return changes.withColumn(SIGN, F.when(kind.isin(*_ADDED), 1).when(kind.isin(*_TAKEN), -1)).drop("_change_type")
 
 
 def build(silver: DataFrame, plan: IncrementalPlan) -> DataFrame:
@@ -52,9 +51,9 @@ def build(silver: DataFrame, plan: IncrementalPlan) -> DataFrame:
 def move(state: DataFrame, changes: DataFrame, silver: DataFrame, plan: IncrementalPlan) -> Moved:
     """The state of each group `changes` (signed: `signed_changes`) touch, from its stored `state` and the changes;
     a group whose MIN or MAX lost its value is read again from `silver` (the version the changes lead to)."""
-    groups = group_columns(plan)
+    groups = group_columns(len(plan.groups))
     delta = _aggregated(_projected(changes, plan), plan).alias("d")
-    joined = delta.join(state.alias("o"), _same_groups(groups, "d", "o"), "left")
+    joined = delta.join(state.alias("o"), same_keys(groups, delta, state), "left")
     rows = F.coalesce(F.col("o._rows"), F.lit(0)) + F.col("d._rows")
     columns: list[Column] = [F.col(f"d.{g}").alias(g) for g in groups] + [rows.alias("_rows")]
     unknown: list[Column] = []
@@ -86,8 +85,8 @@ def move(state: DataFrame, changes: DataFrame, silver: DataFrame, plan: Incremen
     state_rows = moved.drop_columns(["_recompute", "_changes", "_newest"])
     if recomputed:
         spark = silver.sparkSession
-        again = build(silver, plan).alias("a").join(spark_frame(spark, state_rows.filter(lost).select(groups)).alias("l"),
-                                                    _same_groups(groups, "a", "l"), "left_semi")
+        built, lost_groups = build(silver, plan), spark_frame(spark, state_rows.filter(lost).select(groups))
+        again = built.join(lost_groups, same_keys(groups, built, lost_groups), "left_semi")
         again_rows = again.withColumn(GONE, F.lit(0)).select(*state_rows.schema.names).toArrow()
         state_rows = pa.concat_tables([state_rows.filter(pc.invert(lost)), again_rows.cast(state_rows.schema)])
     return Moved(state=state_rows, changes=figures[1], groups=figures[0], recomputed=recomputed,
@@ -121,7 +120,7 @@ def _projected(rows: DataFrame, plan: IncrementalPlan) -> DataFrame:
     """Each row the model's WHERE keeps as its groups' values (`_g<i>`), its aggregates' arguments (`_x<j>`) and sign."""
     kept = rows.where(plan.where) if plan.where else rows
     newest = F.when(F.col(SIGN) > 0, F.col("_source_ts_ms")) if "_source_ts_ms" in rows.columns else F.lit(None)
-    return kept.select(*[F.expr(g).alias(f"_g{i}") for i, g in enumerate(plan.groups)],
+    return kept.select(*[F.expr(g).alias(name) for name, g in zip(group_columns(len(plan.groups)), plan.groups, strict=True)],
                        *[F.expr(a.argument).alias(f"_x{j}") for j, a in enumerate(plan.aggregates) if a.argument],
                        SIGN, newest.cast("long").alias("_newest"))
 
@@ -142,13 +141,13 @@ def _aggregated(projected: DataFrame, plan: IncrementalPlan) -> DataFrame:
         if agg.kind in ("min", "max"):
             extreme = F.min if agg.kind == "min" else F.max
             columns += [extreme(F.when(sign > 0, x)).alias(f"_a{j}_add"), extreme(F.when(sign < 0, x)).alias(f"_a{j}_taken")]
-    return projected.groupBy(*group_columns(plan)).agg(*columns)
+    return projected.groupBy(*group_columns(len(plan.groups))).agg(*columns)
 
 
 def _finished(aggregated: DataFrame, plan: IncrementalPlan) -> DataFrame:
     """Built state: the sums in their types (a decimal's SUM widens by 10 digits, as Spark's own SUM does once), the
     added extreme the extreme."""
-    columns = [F.col(g) for g in group_columns(plan)] + [F.col("_rows")]
+    columns = [F.col(g) for g in group_columns(len(plan.groups))] + [F.col("_rows")]
     for j, agg in enumerate(plan.aggregates):
         if agg.kind in ("count", "sum", "avg"):
             columns.append(F.col(f"_a{j}_n"))
@@ -169,9 +168,6 @@ def _sum_type(argument: T.DataType, kind: str) -> T.DataType:
     return T.DoubleType()
 
 
-def group_columns(plan: IncrementalPlan) -> list[str]:
-    return [f"_g{i}" for i in range(len(plan.groups))]
-
-
-def _same_groups(groups: list[str], left: str, right: str) -> Column:
-    return reduce(Column.__and__, [F.col(f"{left}.{g}").eqNullSafe(F.col(f"{right}.{g}")) for g in groups])
+def same_keys(keys: list[str] | tuple[str, ...], left: DataFrame, right: DataFrame) -> Column:
+    """Rows of two frames with equal keys, NULL equal to NULL (a group's value may be NULL)."""
+    return reduce(Column.__and__, [left[k].eqNullSafe(right[k]) for k in keys])
