@@ -209,8 +209,12 @@ _UPKEEP = {"OPTIMIZE", "VACUUM START", "VACUUM END", "SET TBLPROPERTIES"}  # mai
 
 
 def _commits(engine: DeltaEngine, path: str, after: int, upto: int) -> list[dict[str, Any]] | None:
-    """The table's commits after `after` up to `upto` from its log, None when it no longer holds them all."""
-    commits = [c for c in engine.history(path, upto - after + 1) if after < c["version"] <= upto] if upto > after else []
+    """The table's commits after `after` up to `upto` from its log, None when it no longer holds them all. The log is
+    read back from the table's current version, which a writer may have moved past `upto` since."""
+    if upto <= after:
+        return []
+    newest = engine.version(path) or upto
+    commits = [c for c in engine.history(path, newest - after) if after < c["version"] <= upto]
     return commits if len(commits) == upto - after else None
 
 

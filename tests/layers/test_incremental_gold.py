@@ -95,3 +95,15 @@ def test_a_refresh_does_not_wait_for_its_sources_writer_once_the_feed_is_on(spar
                      lake.silver("customers"), APPLY)
         with writer_lock(lake, "customers", "a silver batch"):
             assert gold.gold_refresh(spark, engine, model, lake, "b").refresh == "incremental"
+
+
+def test_silvers_commits_since_the_last_refresh_are_read_even_when_a_later_batch_committed(spark, tmp_path):
+    """A refresh reads silver's commits up to the version it took; the source's next batch may have committed since
+    (a refresh holds no silver lock): those commits are still all found, so the refresh stays incremental."""
+    engine, lake = make_engine(spark, "delta-rs"), Lake(str(tmp_path / "lake"))
+    for i in range(6):  # versions 0..5
+        apply_rows = spark.createDataFrame([(i, "CA", 700, dt.date(2020, 1, 1), "c", i)], SILVER)
+        engine.merge(apply_rows, lake.silver("customers"), APPLY)
+    commits = gold._commits(engine, lake.silver("customers"), 1, 3)
+    assert commits is not None and sorted(c["version"] for c in commits) == [2, 3]
+    assert gold._not_replayable(engine, lake.silver("customers"), "customers", 1, 3) is None
