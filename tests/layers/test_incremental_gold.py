@@ -107,3 +107,21 @@ def test_silvers_commits_since_the_last_refresh_are_read_even_when_a_later_batch
     commits = gold._commits(engine, lake.silver("customers"), 1, 3)
     assert commits is not None and sorted(c["version"] for c in commits) == [2, 3]
     assert gold._not_replayable(engine, lake.silver("customers"), "customers", 1, 3) is None
+
+
+def test_more_changes_than_the_setting_allows_rebuild_the_state_from_silver(spark, tmp_path, monkeypatch):
+    """A backfill's worth of changes is cheaper as one scan: past CDC_GOLD_MAX_CHANGES, the model is rebuilt whole."""
+    engine, lake = make_engine(spark, "delta-rs"), Lake(str(tmp_path / "lake"))
+    model = parse_gold_model(MODEL, {"customers": TableConfig(name="customers", topic="t", keys=("id",))})
+    day = dt.date(2020, 1, 1)
+    engine.merge(spark.createDataFrame([(1, "CA", 700, day, "c", 1)], SILVER), lake.silver("customers"), APPLY)
+    monkeypatch.setenv("CDC_GOLD_MAX_CHANGES", "2")
+    with mock.patch.object(gold, "gate", passed):
+        gold.gold_refresh(spark, engine, model, lake, "b")
+        engine.merge(spark.createDataFrame([(2, "NY", 640, day, "c", 2), (3, "NY", 650, day, "c", 2)], SILVER),
+                     lake.silver("customers"), APPLY)
+        assert gold.gold_refresh(spark, engine, model, lake, "b").refresh == "incremental"  # 2 changes: allowed
+        engine.merge(spark.createDataFrame([(4, "TX", 600, day, "c", 3), (1, "TX", 700, day, "u", 3)], SILVER),
+                     lake.silver("customers"), APPLY)
+        assert gold.gold_refresh(spark, engine, model, lake, "b").refresh == (
+            "full (3 changes to silver customers since the last refresh, more than CDC_GOLD_MAX_CHANGES)")
