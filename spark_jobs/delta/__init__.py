@@ -135,8 +135,11 @@ def delta_jars_present(spark: SparkSession) -> bool:
 
 
 def key_predicate(keys: tuple[str, ...], quote: str, null_safe: str | None = None) -> str:
-    """`t.k = s.k AND ...`; with `null_safe`, the engine's operator that also holds when both are NULL."""
-    return " AND ".join(f"t.{quote}{k}{quote} {null_safe or '='} s.{quote}{k}{quote}" for k in keys)
+    """`t.k = s.k AND ...`; with `null_safe`, the engine's operator that also holds when both are NULL (each in
+    parentheses: delta-rs's parser binds `IS NOT DISTINCT FROM` looser than AND)."""
+    if null_safe:
+        return " AND ".join(f"(t.{quote}{k}{quote} {null_safe} s.{quote}{k}{quote})" for k in keys)
+    return " AND ".join(f"t.{quote}{k}{quote} = s.{quote}{k}{quote}" for k in keys)
 
 
 CHANGE_FEED = "delta.enableChangeDataFeed"

@@ -5,20 +5,31 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from functools import reduce
 from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_schema
 
 from spark_jobs.delta import DeltaEngine, MergeSpec, spark_frame
 from spark_jobs.errors import PipelineError
 from spark_jobs.lake import Lake
 from spark_jobs.layers import gold_state, transactions
 from spark_jobs.layers.common import gate, lag_seconds, one_row, share, write_quarantine
-from spark_jobs.layers.gold_plan import IncrementalPlan, group_columns, plan
+from spark_jobs.layers.gold_plan import (
+    JOINED,
+    GroupsPlan,
+    IncrementalPlan,
+    changed_view,
+    every_view,
+    group_columns,
+    groups_plan,
+    keyed_view,
+    plan,
+)
 from spark_jobs.layers.summary import GoldSummary
 from spark_jobs.lineage import model_lineage
 from spark_jobs.quality.audit import Audit, Figures, tally
@@ -42,8 +53,9 @@ def gold_refresh(spark: SparkSession, engine: DeltaEngine, model: GoldModel, lak
     ingested = transactions.ingest(spark, engine, lake, landing, model.transactions, batch_id) \
         if model.transactions and landing is not None else None
     planned = incremental_plan(model)
-    if isinstance(planned, IncrementalPlan):
-        _record_changes(engine, lake, planned.source, batch_id)
+    for table in [] if isinstance(planned, str) else [planned.source] if isinstance(planned, IncrementalPlan) \
+            else planned.tables:
+        _record_changes(engine, lake, table, batch_id)
     inputs = refresh_inputs(engine, lake, model)
     gold_version = engine.version(lake.gold(model.name))
     recorded = _published_inputs(lake, model) or {}
@@ -72,29 +84,38 @@ def gold_refresh(spark: SparkSession, engine: DeltaEngine, model: GoldModel, lak
     traced = model_lineage(model.sql)
     summary = GoldSummary(table=model.name, batch_id=batch_id, sources=list(model.sources))
     built: DataFrame | None = None  # a model kept incrementally, refreshed whole: its state, built from silver
-    moved: gold_state.Moved | str | None = None  # refreshed incrementally: its state moved (a str: why it is not)
-    changed_rows: pa.Table | None = None  # then its rows of the groups the changes touched (GONE: deleted)
+    moved: gold_state.Moved | None = None  # refreshed incrementally: its state moved
+    changed_rows: pa.Table | None = None  # refreshed incrementally: its rows of the groups touched (GONE: deleted)
+    why_whole, newest_change = (planned if isinstance(planned, str) else None), None
     if isinstance(planned, IncrementalPlan):
         schema = spark.sql(model.sql).schema  # the model's column types (Spark's analysis of it: no job)
-        moved = _moved(spark, engine, lake, model, planned, sources[planned.source], recorded, inputs, gold_version)
-        if isinstance(moved, str):
+        found = _moved(spark, engine, lake, model, planned, sources[planned.source], recorded, inputs, gold_version)
+        if isinstance(found, str):
             built = gold_state.build(sources[planned.source], planned).localCheckpoint()
             result = gold_state.model_rows(built, planned, schema, sources[planned.source]).localCheckpoint()
-            summary.refresh = f"full ({moved})"
-            newest = _newest(sources.values())
+            why_whole = found
         else:
+            moved = found
             changed_rows = gold_state.model_rows(spark_frame(spark, moved.state), planned, schema,
                                                  sources[planned.source]).toArrow()
-            changed = spark_frame(spark, changed_rows)
-            published_rows = engine.read(spark, lake.gold(model.name), version=gold_version)
-            assert published_rows is not None
-            kept = published_rows.join(changed, gold_state.same_keys(model.keys, published_rows, changed), "left_anti")
-            result = kept.unionByName(changed.where(f"{gold_state.GONE} = 0").drop(gold_state.GONE)).localCheckpoint()
-            summary.refresh, summary.changes, summary.groups_changed = "incremental", moved.changes, moved.groups
-            newest = max(filter(None, [recorded.get("newest_change_ms"), moved.newest_change_ms]), default=None)
+            summary.changes, summary.groups_changed, newest_change = moved.changes, moved.groups, moved.newest_change_ms
+    elif isinstance(planned, GroupsPlan):
+        regrouped = _regrouped(spark, engine, lake, model, planned, sources, recorded, inputs, gold_version)
+        if isinstance(regrouped, str):
+            why_whole = regrouped
+        else:
+            changed_rows = regrouped.rows
+            summary.changes, summary.groups_changed, newest_change = \
+                regrouped.changes, regrouped.rows.num_rows, regrouped.newest_change_ms
+    if changed_rows is not None:
+        result = _patched(spark, engine.read(spark, lake.gold(model.name), version=gold_version), changed_rows,
+                          model.keys)
+        summary.refresh = "incremental"
+        newest = max(filter(None, [recorded.get("newest_change_ms"), newest_change]), default=None)
     else:
-        result = spark.sql(model.sql).localCheckpoint()
-        summary.refresh = f"full ({planned})"
+        if built is None:
+            result = spark.sql(model.sql).localCheckpoint()
+        summary.refresh = f"full ({why_whole})"
         newest = _newest(sources.values())
     rows = result.count()
     summary.rows, summary.lag_s, summary.newest_change_ms = rows, lag_seconds(newest), newest
@@ -121,13 +142,14 @@ def gold_refresh(spark: SparkSession, engine: DeltaEngine, model: GoldModel, lak
     # the state first: a run dying between the two, or before the inputs below, finds a version it did not record and
     # rebuilds both
     state_path, state_version = lake.gold_state(model.name), None
-    if isinstance(moved, gold_state.Moved) and changed_rows is not None:
-        if moved.groups:
-            state_keys = tuple(group_columns(len(model.keys)))
-            state_version = engine.merge(moved.state, state_path, _rows_merge(state_keys)).version
+    if changed_rows is not None:
+        if changed_rows.num_rows:
+            if moved is not None:
+                state_keys = tuple(group_columns(len(model.keys)))
+                state_version = engine.merge(moved.state, state_path, _rows_merge(state_keys)).version
             summary.version = engine.merge(changed_rows, lake.gold(model.name), _rows_merge(model.keys)).version
         else:  # only what its references read changed: nothing to write
-            summary.version, state_version = gold_version, engine.version(state_path)
+            summary.version, state_version = gold_version, engine.version(state_path) if moved is not None else None
     else:
         if built is not None:
             state_version = engine.overwrite(built, state_path)
@@ -141,15 +163,22 @@ def gold_refresh(spark: SparkSession, engine: DeltaEngine, model: GoldModel, lak
     return summary
 
 
-def incremental_plan(model: GoldModel) -> IncrementalPlan | str:
-    """How the model is kept incrementally (layers/gold_plan.py), or why it is rewritten whole."""
+def incremental_plan(model: GoldModel) -> IncrementalPlan | GroupsPlan | str:
+    """How the model is kept incrementally (layers/gold_plan.py), or why it is rewritten whole: a per-group state when
+    one keeps it, else its rows computed again for the keys the changes touch."""
     if model.transactions:
         return "its sources are read at a transaction watermark"
     if depends_on_the_clock(model):
         return "its rows or its gate depend on the clock"
     if any(u.action == QUARANTINE for u in model.expectations):
         return "a quarantine expectation judges its whole result"
-    return plan(model.sql, model.keys)
+    kept = plan(model.sql, model.keys)
+    if isinstance(kept, IncrementalPlan):
+        return kept
+    regrouped = groups_plan(model.sql, model.keys)
+    if isinstance(regrouped, GroupsPlan) and set(regrouped.tables) - set(model.sources):
+        return f"it reads {', '.join(sorted(set(regrouped.tables) - set(model.sources)))}, not among its sources"
+    return regrouped if isinstance(regrouped, GroupsPlan) or kept == JOINED else kept
 
 
 def _record_changes(engine: DeltaEngine, lake: Lake, table: str, batch_id: str) -> None:
@@ -163,35 +192,115 @@ def _record_changes(engine: DeltaEngine, lake: Lake, table: str, batch_id: str) 
         engine.record_changes(path)
 
 
+def _changes_since(spark: SparkSession, engine: DeltaEngine, lake: Lake, model: GoldModel, tables: tuple[str, ...],
+                   recorded: dict[str, Any], inputs: dict[str, Any], gold_version: int | None, with_state: bool
+                   ) -> dict[str, DataFrame] | str:
+    """The change feed of each of `tables` that changed since the refresh that published `gold_version` (its rows
+    with `_change_type`), or why the model is refreshed whole instead."""
+    state_version = engine.version(lake.gold_state(model.name)) if with_state else None
+    if gold_version is None or (with_state and state_version is None):
+        return "first refresh"
+    written = [("gold", lake.gold(model.name), gold_version, recorded.get("gold_version"))]
+    if with_state:
+        written.append(("its state", lake.gold_state(model.name), state_version, recorded.get("state_version")))
+    for name, path, version, was in written:
+        if was is None or version is None or was > version or not _upkeep_only(engine, path, was, version):
+            return f"{name} changed since its last refresh"
+    if recorded.get("model") != inputs["model"]:
+        return "its definition changed"
+    found = {}
+    for table in tables:
+        after, upto = (recorded.get("silver_versions") or {}).get(table), inputs["silver_versions"][table]
+        if after is None or upto is None or upto < after:
+            return f"silver {table} was replaced"
+        why = _not_replayable(engine, lake.silver(table), table, after, upto)
+        if why:
+            return why
+        if upto > after:
+            changes = engine.changes(spark, lake.silver(table), after, upto)
+            if changes is None:
+                return f"silver {table} kept no change feed since the last refresh"
+            found[table] = changes
+    return found
+
+
 def _moved(spark: SparkSession, engine: DeltaEngine, lake: Lake, model: GoldModel, planned: IncrementalPlan,
            silver: DataFrame, recorded: dict[str, Any], inputs: dict[str, Any], gold_version: int | None
            ) -> gold_state.Moved | str:
     """The model's state moved by its source's changes since the refresh that published `gold_version`, or why it is
     rebuilt from all of silver instead."""
-    state_version = engine.version(lake.gold_state(model.name))
-    if gold_version is None or state_version is None:
-        return "first refresh"
-    for name, path, version in (("gold", lake.gold(model.name), gold_version),
-                                ("its state", lake.gold_state(model.name), state_version)):
-        written = recorded.get("gold_version" if name == "gold" else "state_version")
-        if written is None or written > version or not _upkeep_only(engine, path, written, version):
-            return f"{name} changed since its last refresh"
-    if recorded.get("model") != inputs["model"]:
-        return "its definition changed"
-    after, upto = (recorded.get("silver_versions") or {}).get(planned.source), inputs["silver_versions"][planned.source]
-    if after is None or upto is None or upto < after:
-        return f"silver {planned.source} was replaced"
-    why = _not_replayable(engine, lake.silver(planned.source), planned.source, after, upto)
-    if why:
-        return why
-    changes = engine.changes(spark, lake.silver(planned.source), after, upto) if upto > after else None
-    if changes is None and upto > after:
-        return f"silver {planned.source} kept no change feed since the last refresh"
-    state = engine.read(spark, lake.gold_state(model.name), version=state_version)
+    found = _changes_since(spark, engine, lake, model, (planned.source,), recorded, inputs, gold_version, True)
+    if isinstance(found, str):
+        return found
+    state = engine.read(spark, lake.gold_state(model.name), version=engine.version(lake.gold_state(model.name)))
     assert state is not None
-    if changes is None:  # only a table its references read changed: no group moves
-        changes = silver.limit(0).withColumn("_change_type", F.lit("insert"))
+    # none: only a table its references read changed, and no group moves
+    changes = found.get(planned.source, silver.limit(0).withColumn("_change_type", F.lit("insert")))
     return gold_state.move(state, gold_state.signed_changes(changes), silver, planned)
+
+
+@dataclass(frozen=True)
+class Regrouped:
+    """A refresh's rows of the model for the keys its changes touched (`GONE` = 1: the key has no row now)."""
+
+    rows: pa.Table
+    changes: int  # the change feed's rows, of every source
+    newest_change_ms: int | None  # the newest source time of a row they added
+
+
+def _regrouped(spark: SparkSession, engine: DeltaEngine, lake: Lake, model: GoldModel, planned: GroupsPlan,
+               sources: dict[str, DataFrame], recorded: dict[str, Any], inputs: dict[str, Any],
+               gold_version: int | None) -> Regrouped | str:
+    """The model computed again for the keys its sources' changes since the refresh that published `gold_version`
+    touched (gold_plan.GroupsPlan), or why it is computed whole instead."""
+    found = _changes_since(spark, engine, lake, model, planned.tables, recorded, inputs, gold_version, False)
+    if isinstance(found, str):
+        return found
+    counted, newest, touched = 0, None, []
+    for table, changes in found.items():
+        changes.createOrReplaceTempView(changed_view(table))
+        figures = one_row(changes.agg(F.count(F.lit(1)).alias("n"), F.max(F.when(
+            F.col("_change_type").isin(*gold_state.ADDED), F.col("_source_ts_ms"))).alias("ts")))
+        counted, newest = counted + figures["n"], max(filter(None, [newest, figures["ts"]]), default=None)
+    for table in planned.tables:  # its rows now, and those its changes took away: every row a key was reached by
+        taken = found[table].where(~F.col("_change_type").isin(*gold_state.ADDED)).drop("_change_type") \
+            if table in found else None
+        every = sources[table] if taken is None else sources[table].unionByName(taken, allowMissingColumns=True)
+        every.createOrReplaceTempView(every_view(table))
+    touched = [spark.sql(reach.sql) for reach in planned.reaches if reach.table in found]
+    schema = spark.sql(model.sql).schema  # the model's column types (Spark's analysis of it: no job)
+    if not touched:
+        return Regrouped(pa.schema([*to_arrow_schema(schema), pa.field(gold_state.GONE, pa.int32())]).empty_table(),
+                         counted, newest)
+    keys = reduce(DataFrame.unionByName, touched).distinct()
+    keys_rows = keys.toArrow()
+    keys = spark_frame(spark, keys_rows)
+    named = [f"_k{i}" for i in range(len(model.keys))]
+    key_table = sources[planned.key_table]
+    key_table.join(keys, reduce(lambda a, b: a & b, [key_table[c].eqNullSafe(keys[k]) for c, k in
+                                                    zip(planned.key_columns, named, strict=True)]), "left_semi") \
+        .createOrReplaceTempView(keyed_view())
+    again_rows = spark.sql(planned.keyed_sql).toArrow()
+    again = spark_frame(spark, again_rows)
+    touched_keys = keys.select(*[F.col(k).alias(key) for k, key in zip(named, model.keys, strict=True)])
+    gone = touched_keys.join(again, gold_state.same_keys(model.keys, touched_keys, again), "left_anti")
+    gone_rows = gone.select(*[F.col(f.name) if f.name in model.keys else F.lit(None).cast(f.dataType).alias(f.name)
+                              for f in again.schema.fields]).toArrow()
+    loose = pa.schema([f.with_nullable(True) for f in again_rows.schema])  # a deleted key's row has no values
+    rows = pa.concat_tables([
+        again_rows.cast(loose).append_column(gold_state.GONE, pa.array([0] * again_rows.num_rows, pa.int32())),
+        gone_rows.cast(loose).append_column(gold_state.GONE, pa.array([1] * gone_rows.num_rows, pa.int32()))])
+    return Regrouped(rows, counted, newest)
+
+
+def _patched(spark: SparkSession, published: DataFrame | None, changed_rows: pa.Table, keys: tuple[str, ...]
+             ) -> DataFrame:
+    """The model's published rows with the changed groups' rows in place of theirs (`GONE` ones left out): what gold
+    will hold, for the gate."""
+    assert published is not None
+    changed = spark_frame(spark, changed_rows)
+    kept = published.join(changed, gold_state.same_keys(keys, published, changed), "left_anti")
+    return kept.unionByName(changed.where(f"{gold_state.GONE} = 0").drop(gold_state.GONE)).localCheckpoint()
 
 
 # what each commit to silver may be for its change feed to be replayed onto a model's state; anything else (a

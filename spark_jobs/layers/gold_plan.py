@@ -21,9 +21,10 @@ from sqlglot.optimizer.normalize_identifiers import normalize_identifiers
 
 # the aggregates whose value a change moves without reading the group's other rows (MIN and MAX mostly: see gold_state)
 KINDS = {exp.Count: "count", exp.Sum: "sum", exp.Avg: "avg", exp.Min: "min", exp.Max: "max"}
+JOINED = "it has a join"  # a state keeps one table's groups; a join's are computed again (GroupsPlan)
 # the query parts a per-group state cannot keep: each changes which rows or groups are shown as a whole
 _WHOLE = {"with_": "a WITH clause", "having": "HAVING", "limit": "LIMIT", "offset": "OFFSET", "distinct": "SELECT DISTINCT",
-          "qualify": "QUALIFY", "joins": "a join", "laterals": "a LATERAL VIEW", "cluster": "CLUSTER BY",
+          "qualify": "QUALIFY", "joins": JOINED, "laterals": "a LATERAL VIEW", "cluster": "CLUSTER BY",
           "distribute": "DISTRIBUTE BY", "sort": "SORT BY"}
 
 
@@ -166,3 +167,163 @@ def state_value(aggregate: Aggregate, j: int) -> str:
     if aggregate.kind == "avg":
         return f"_a{j}_avg"
     return f"_a{j}_v"
+
+
+@dataclass(frozen=True)
+class Reach:
+    """How the model's keys are found from the changed rows of one of its table occurrences: `sql` selects them as
+    `_k0`, `_k1`, ... from the view `changed_view(table)`, joined along the occurrence's join conditions up towards the
+    FROM table with `every_view(t)` of each table on the way (`through`)."""
+
+    table: str
+    sql: str
+    through: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class GroupsPlan:
+    """A model whose rows are computed again for the keys silver's changes touch: its keys are columns of its FROM
+    table, which every row of its result has (it joins INNER or LEFT only). A changed row touches the keys of the
+    rows it joins into, before and after the change; they are found by following its table's join conditions up to
+    the FROM table (`reaches`), a superset at worst. `keyed_sql` is the model's SQL with its FROM table read from
+    `keyed_view()`: the table's rows of those keys."""
+
+    key_table: str
+    key_columns: tuple[str, ...]  # the FROM table's columns of the model's keys, in the keys' order
+    keyed_sql: str
+    reaches: tuple[Reach, ...]  # one per table occurrence
+
+    @property
+    def tables(self) -> tuple[str, ...]:
+        return tuple(sorted({r.table for r in self.reaches}))
+
+
+def changed_view(table: str) -> str:
+    return f"_cdc_changed_{table}"  # the change feed's rows of `table`, before and after each change
+
+
+def every_view(table: str) -> str:
+    return f"_cdc_every_{table}"  # `table`'s rows now and those the changes took away
+
+
+def keyed_view() -> str:
+    return "_cdc_keyed"
+
+
+@cache
+def groups_plan(sql: str, keys: tuple[str, ...]) -> GroupsPlan | str:
+    """The model's rows computed again for the keys its sources' changes touch, or why they are not (one sentence)."""
+    try:
+        statements = sqlglot.parse(sql, dialect="spark")
+    except ParseError as error:
+        return f"its SQL is not read by the parser ({str(error).splitlines()[0]})"
+    if len(statements) != 1 or not isinstance(statements[0], exp.Select):
+        return "it is not a single SELECT"
+    query = normalize_identifiers(statements[0], dialect="spark")
+    assert isinstance(query, exp.Select)
+    # HAVING, DISTINCT and joins only decide which rows a key has, which computing the key again decides again
+    present = [what for part, what in _WHOLE.items() if part not in ("joins", "having", "distinct") and query.args.get(part)]
+    if present:
+        return f"it has {present[0]}"
+    source = query.args.get("from_")
+    joins = query.args.get("joins") or []
+    occurrences = [source.this if source else None, *(j.this for j in joins)]
+    if not all(isinstance(t, exp.Table) and not t.args.get("db") for t in occurrences):
+        return "it does not read silver tables by name"
+    if any(query.find_all(exp.Window)):
+        return "it has a window function"
+    if any(node is not query for node in query.find_all(exp.Select)):
+        return "it has a subquery"
+    for join in joins:
+        if join.args.get("side") not in (None, "", "LEFT") or join.args.get("kind") not in (None, "", "INNER", "OUTER") \
+                or join.args.get("method") or join.args.get("using") or join.args.get("on") is None:
+            return f"its join of {join.this.name} is not an INNER or LEFT join ON a condition"
+    aliases = [t.alias_or_name for t in occurrences]
+    if len(set(aliases)) != len(aliases):
+        return "two of its tables have one name"
+    group = query.args.get("group")
+    if group is None and any(query.find_all(exp.AggFunc)):
+        return "it aggregates without GROUP BY"
+    if group is not None and any(isinstance(g, (exp.Rollup, exp.Cube, exp.GroupingSets)) for g in group.expressions):
+        return "it groups by ROLLUP, CUBE or GROUPING SETS"
+    key_columns = _key_columns(query, keys, aliases)
+    if isinstance(key_columns, str):
+        return key_columns
+    parents: dict[int, tuple[int, list[tuple[str, str]]]] = {}  # occurrence -> its parent, (its column, the parent's)
+    for i, join in enumerate(joins, start=1):
+        edge = _parent(join.args["on"], i, aliases)
+        if edge is None:
+            return f"its join of {aliases[i]} has no equality with a table before it"
+        parents[i] = edge
+    keyed = query.copy()
+    keyed.args["from_"].this.set("this", exp.to_identifier(keyed_view()))
+    keyed.args["from_"].this.set("alias", exp.TableAlias(this=exp.to_identifier(aliases[0])))
+    reaches = tuple(_reach(i, [t.name for t in occurrences], aliases, parents, key_columns)
+                    for i in range(len(occurrences)))
+    return GroupsPlan(key_table=occurrences[0].name, key_columns=tuple(key_columns), keyed_sql=keyed.sql("spark"),
+                      reaches=reaches)
+
+
+def _key_columns(query: exp.Select, keys: tuple[str, ...], aliases: list[str]) -> list[str] | str:
+    """The FROM table's column each key is, or why a key is not one."""
+    items = {item.alias_or_name: item.unalias() for item in query.expressions}
+    group = query.args.get("group")
+    grouped = [] if group is None else [query.expressions[int(g.this) - 1].unalias()
+                                        if isinstance(g, exp.Literal) and not g.is_string else g for g in group.expressions]
+    found = []
+    for key in keys:
+        body = items.get(key)
+        if not isinstance(body, exp.Column) or body.table not in (aliases[0], *([""] if len(aliases) == 1 else [])):
+            return f"its key {key} is not a column of its FROM table"
+        if group is not None and not any(isinstance(g, exp.Column) and g.name == body.name and g.table in ("", body.table)
+                                         for g in grouped):
+            return f"its key {key} is not grouped"
+        found.append(body.name)
+    return found
+
+
+def _parent(on: exp.Expr, i: int, aliases: list[str]) -> tuple[int, list[tuple[str, str]]] | None:
+    """The table before occurrence `i` its ON condition equates columns with first, and each pair (its column, that
+    table's column) of those equalities."""
+    pairs: dict[int, list[tuple[str, str]]] = {}
+    for conjunct in on.flatten() if isinstance(on, exp.And) else [on]:
+        if not isinstance(conjunct, (exp.EQ, exp.NullSafeEQ)):
+            continue
+        left, right = conjunct.this, conjunct.expression
+        if not (isinstance(left, exp.Column) and isinstance(right, exp.Column)):
+            continue
+        if right.table == aliases[i]:
+            left, right = right, left
+        if left.table == aliases[i] and right.table in aliases[:i]:
+            pairs.setdefault(aliases.index(right.table), []).append((left.name, right.name))
+    if not pairs:
+        return None
+    first = next(iter(pairs))
+    return first, pairs[first]
+
+
+def _reach(i: int, tables: list[str], aliases: list[str], parents: dict[int, tuple[int, list[tuple[str, str]]]],
+           key_columns: list[str]) -> Reach:
+    """Occurrence `i`'s way to the keys: up its parents to the FROM table (each present in a joined row it is in: its
+    ON held), then down again as long as an equality names each key's column in the next table, where it stops."""
+    path = [i]
+    while path[-1] != 0:
+        path.append(parents[path[-1]][0])
+    stop, columns = len(path) - 1, list(key_columns)
+    while stop > 0:
+        child = path[stop - 1]
+        mapped = {parent_column: own for own, parent_column in parents[child][1]}
+        if not all(c in mapped for c in columns):
+            break
+        columns, stop = [mapped[c] for c in columns], stop - 1
+
+    def name(alias: str, column: str) -> str:
+        return exp.column(column, table=alias, quoted=True).sql("spark")
+
+    select = ", ".join(f"{name(aliases[path[stop]], c)} AS _k{k}" for k, c in enumerate(columns))
+    sql = f"SELECT DISTINCT {select} FROM {changed_view(tables[i])} AS {aliases[i]}"
+    for child, parent in zip(path[:stop], path[1:stop + 1], strict=True):
+        condition = " AND ".join(f"{name(aliases[child], own)} <=> {name(aliases[parent], theirs)}"
+                                 for own, theirs in parents[child][1])
+        sql += f" JOIN {every_view(tables[parent])} AS {aliases[parent]} ON {condition}"
+    return Reach(table=tables[i], sql=sql, through=tuple(tables[p] for p in path[1:stop + 1]))

@@ -23,7 +23,7 @@ from spark_jobs.layers.gold_plan import IncrementalPlan, group_columns
 
 SIGN = "_sign"
 GONE = "_gone"  # 1 on a group no row is left in: its gold row and state row are deleted
-_ADDED, _TAKEN = ("insert", "update_postimage"), ("delete", "update_preimage")  # the change feed's row kinds
+ADDED, _TAKEN = ("insert", "update_postimage"), ("delete", "update_preimage")  # the change feed's row kinds
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class Moved:
 def signed_changes(changes: DataFrame) -> DataFrame:
     """The change feed's rows with `SIGN`: +1 for a row a commit added, -1 for one it took away."""
     kind = F.col("_change_type")
-    return changes.withColumn(SIGN, F.when(kind.isin(*_ADDED), 1).when(kind.isin(*_TAKEN), -1)).drop("_change_type")
+    return changes.withColumn(SIGN, F.when(kind.isin(*ADDED), 1).when(kind.isin(*_TAKEN), -1)).drop("_change_type")
 
 
 def build(silver: DataFrame, plan: IncrementalPlan) -> DataFrame:

@@ -7,6 +7,7 @@ Gold's gate is stubbed (the demo runs it); the properties are tests/properties/t
 from __future__ import annotations
 
 import datetime as dt
+from decimal import Decimal
 from dataclasses import replace
 from pathlib import Path
 from unittest import mock
@@ -125,3 +126,56 @@ def test_more_changes_than_the_setting_allows_rebuild_the_state_from_silver(spar
                      lake.silver("customers"), APPLY)
         assert gold.gold_refresh(spark, engine, model, lake, "b").refresh == (
             "full (3 changes to silver customers since the last refresh, more than CDC_GOLD_MAX_CHANGES)")
+
+
+JOINED_MODEL = MODEL.parent / "films_per_actor.sql"
+JOINED_SILVER = {
+    "actor": ("actor_id INT, first_name STRING, last_name STRING, _op STRING, _source_ts_ms BIGINT", ("actor_id",)),
+    "film_actor": ("actor_id INT, film_id INT, _op STRING, _source_ts_ms BIGINT", ("actor_id", "film_id")),
+    "film": ("film_id INT, rental_rate DECIMAL(4,2), _op STRING, _source_ts_ms BIGINT", ("film_id",)),
+}
+
+
+@pytest.mark.parametrize("engine_name", ["delta-rs", "delta-spark"])
+def test_films_per_actor_computes_the_touched_actors_again_on_both_engines(spark, tmp_path, engine_name):
+    """The demo's join model: a change to any of its three tables computes again only the actors whose rows it
+    joined into, before or after it (a film's change reaches its actors through film_actor, as it was and as it
+    is); an actor no longer there is deleted from gold."""
+    engine, lake = make_engine(spark, engine_name), Lake(str(tmp_path / "lake"))
+    tables = {name: TableConfig(name=name, topic=name, keys=keys) for name, (_, keys) in JOINED_SILVER.items()}
+    model = parse_gold_model(JOINED_MODEL, tables)
+    rate = Decimal
+
+    def apply(table, *rows):
+        schema, keys = JOINED_SILVER[table]
+        spec = replace(APPLY, keys=keys)
+        engine.merge(spark.createDataFrame(list(rows), schema), lake.silver(table), spec)
+
+    def refresh():
+        with mock.patch.object(gold, "gate", passed):
+            summary = gold.gold_refresh(spark, engine, model, lake, "b")
+        for table in JOINED_SILVER:
+            engine.read(spark, lake.silver(table)).createOrReplaceTempView(table)
+        expected = spark.sql(model.sql)
+        published = engine.read(spark, lake.gold(model.name))
+        assert sorted(map(tuple, published.collect()), key=repr) == sorted(map(tuple, expected.collect()), key=repr)
+        assert [(f.name, f.dataType) for f in published.schema] == [(f.name, f.dataType) for f in expected.schema]
+        return summary.refresh, summary.changes, summary.groups_changed
+
+    apply("actor", (1, "PENELOPE", "GUINESS", "c", 1), (2, "NICK", "WAHLBERG", "c", 1), (3, "ED", "CHASE", "c", 1))
+    apply("film_actor", (1, 10, "c", 1), (1, 11, "c", 1), (2, 10, "c", 1))
+    apply("film", (10, rate("2.99"), "c", 1), (11, rate("4.99"), "c", 1), (12, rate("0.99"), "c", 1))
+    assert refresh() == ("full (first refresh)", None, None)
+    apply("film", (10, rate("3.99"), "u", 2))  # film 10's actors, 1 and 2, through film_actor
+    assert refresh() == ("incremental", 2, 2)
+    apply("film_actor", (3, 12, "c", 3), (1, 10, "d", 3))  # actor 3 gains a film, actor 1 loses one
+    assert refresh() == ("incremental", 2, 2)
+    apply("actor", (2, "NICK", "WAHLBERG", "d", 4), (4, "JENNIFER", "DAVIS", "c", 4))  # 2 leaves gold, 4 enters
+    assert refresh() == ("incremental", 2, 2)
+    apply("film", (11, None, "d", 5))  # actor 1 keeps the row of a film that is gone (the LEFT JOIN's NULLs)
+    assert refresh() == ("incremental", 1, 1)
+    apply("film_actor", (5, 12, "c", 6))  # an actor silver does not have: reached, and nothing to publish
+    apply("film", (12, rate("1.99"), "u", 6))  # reaches 3 and 5: film_actor as it was and as it is
+    assert refresh() == ("incremental", 3, 2)
+    engine.delete(lake.silver("film_actor"), "true")  # a truncate: every actor that had a film, 2 and 5 too
+    assert refresh() == ("incremental", 4, 4)
