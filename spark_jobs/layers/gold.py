@@ -10,7 +10,7 @@ from functools import reduce
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -256,41 +256,34 @@ def _regrouped(spark: SparkSession, engine: DeltaEngine, lake: Lake, model: Gold
     found = _changes_since(spark, engine, lake, model, planned.tables, recorded, inputs, gold_version, False)
     if isinstance(found, str):
         return found
-    counted, newest, touched = 0, None, []
     for table, changes in found.items():
         changes.createOrReplaceTempView(changed_view(table))
-        figures = one_row(changes.agg(F.count(F.lit(1)).alias("n"), F.max(F.when(
-            F.col("_change_type").isin(*gold_state.ADDED), F.col("_source_ts_ms"))).alias("ts")))
-        counted, newest = counted + figures["n"], max(filter(None, [newest, figures["ts"]]), default=None)
     for table in planned.tables:  # its rows now, and those its changes took away: every row a key was reached by
         taken = found[table].where(~F.col("_change_type").isin(*gold_state.ADDED)).drop("_change_type") \
             if table in found else None
         every = sources[table] if taken is None else sources[table].unionByName(taken, allowMissingColumns=True)
         every.createOrReplaceTempView(every_view(table))
-    touched = [spark.sql(reach.sql) for reach in planned.reaches if reach.table in found]
     schema = spark.sql(model.sql).schema  # the model's column types (Spark's analysis of it: no job)
-    if not touched:
-        return Regrouped(pa.schema([*to_arrow_schema(schema), pa.field(gold_state.GONE, pa.int32())]).empty_table(),
-                         counted, newest)
-    keys = reduce(DataFrame.unionByName, touched).distinct()
-    keys_rows = keys.toArrow()
-    keys = spark_frame(spark, keys_rows)
+    if not found:  # only a table its references read changed
+        return Regrouped(pa.schema([*to_arrow_schema(schema), pa.field(gold_state.GONE, pa.int32())]).empty_table(), 0,
+                         None)
+    added = [c.select(F.when(F.col("_change_type").isin(*gold_state.ADDED), F.col("_source_ts_ms")).alias("ts"))
+             for c in found.values()]
+    figures = one_row(reduce(DataFrame.unionByName, added).agg(F.count(F.lit(1)).alias("n"), F.max("ts").alias("ts")))
     named = [f"_k{i}" for i in range(len(model.keys))]
-    key_table = sources[planned.key_table]
-    key_table.join(keys, reduce(lambda a, b: a & b, [key_table[c].eqNullSafe(keys[k]) for c, k in
-                                                    zip(planned.key_columns, named, strict=True)]), "left_semi") \
-        .createOrReplaceTempView(keyed_view())
-    again_rows = spark.sql(planned.keyed_sql).toArrow()
-    again = spark_frame(spark, again_rows)
-    touched_keys = keys.select(*[F.col(k).alias(key) for k, key in zip(named, model.keys, strict=True)])
-    gone = touched_keys.join(again, gold_state.same_keys(model.keys, touched_keys, again), "left_anti")
-    gone_rows = gone.select(*[F.col(f.name) if f.name in model.keys else F.lit(None).cast(f.dataType).alias(f.name)
-                              for f in again.schema.fields]).toArrow()
-    loose = pa.schema([f.with_nullable(True) for f in again_rows.schema])  # a deleted key's row has no values
-    rows = pa.concat_tables([
-        again_rows.cast(loose).append_column(gold_state.GONE, pa.array([0] * again_rows.num_rows, pa.int32())),
-        gone_rows.cast(loose).append_column(gold_state.GONE, pa.array([1] * gone_rows.num_rows, pa.int32()))])
-    return Regrouped(rows, counted, newest)
+    touched = reduce(DataFrame.unionByName, [spark.sql(r.sql) for r in planned.reaches if r.table in found]).distinct()
+    for i, reach in enumerate(planned.reaches):
+        if reach.keyed_by is not None:
+            rows = sources[reach.table]
+            rows.join(F.broadcast(touched), reduce(Column.__and__, [rows[c].eqNullSafe(touched[k]) for c, k in zip(
+                reach.keyed_by, named, strict=True)]), "left_semi").createOrReplaceTempView(keyed_view(i))
+    again = spark.sql(planned.keyed_sql)
+    keys = touched.select(*[F.col(k).alias(key) for k, key in zip(named, model.keys, strict=True)])
+    gone = keys.join(again, gold_state.same_keys(model.keys, keys, again), "left_anti").select(
+        *[F.col(f.name) if f.name in model.keys else F.lit(None).cast(f.dataType).alias(f.name) for f in schema.fields])
+    # one job: Spark reuses the touched keys' and the model's exchanges for both parts
+    rows = again.withColumn(gold_state.GONE, F.lit(0)).unionByName(gone.withColumn(gold_state.GONE, F.lit(1))).toArrow()
+    return Regrouped(rows, figures["n"], figures["ts"])
 
 
 def _patched(spark: SparkSession, published: DataFrame | None, changed_rows: pa.Table, keys: tuple[str, ...]

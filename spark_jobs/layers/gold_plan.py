@@ -21,10 +21,10 @@ from sqlglot.optimizer.normalize_identifiers import normalize_identifiers
 
 # the aggregates whose value a change moves without reading the group's other rows (MIN and MAX mostly: see gold_state)
 KINDS = {exp.Count: "count", exp.Sum: "sum", exp.Avg: "avg", exp.Min: "min", exp.Max: "max"}
-JOINED = "it has a join"  # a state keeps one table's groups; a join's are computed again (GroupsPlan)
+JOINED = "it has a join"  # plan's reason for a join: a state keeps one table's groups; a join's are computed again (GroupsPlan)
 # the query parts a per-group state cannot keep: each changes which rows or groups are shown as a whole
 _WHOLE = {"with_": "a WITH clause", "having": "HAVING", "limit": "LIMIT", "offset": "OFFSET", "distinct": "SELECT DISTINCT",
-          "qualify": "QUALIFY", "joins": JOINED, "laterals": "a LATERAL VIEW", "cluster": "CLUSTER BY",
+          "qualify": "QUALIFY", "joins": "a join", "laterals": "a LATERAL VIEW", "cluster": "CLUSTER BY",
           "distribute": "DISTRIBUTE BY", "sort": "SORT BY"}
 
 
@@ -178,6 +178,7 @@ class Reach:
     table: str
     sql: str
     through: tuple[str, ...]
+    keyed_by: tuple[str, ...] | None  # its own columns that equal the keys in every row it joins into, if it has them
 
 
 @dataclass(frozen=True)
@@ -186,10 +187,9 @@ class GroupsPlan:
     table, which every row of its result has (it joins INNER or LEFT only). A changed row touches the keys of the
     rows it joins into, before and after the change; they are found by following its table's join conditions up to
     the FROM table (`reaches`), a superset at worst. `keyed_sql` is the model's SQL with its FROM table read from
-    `keyed_view()`: the table's rows of those keys."""
+    `keyed_view(i)` for each occurrence `i` with `keyed_by` columns (the FROM table's are the keys themselves): its rows
+    of those keys, the only ones that can join into their rows."""
 
-    key_table: str
-    key_columns: tuple[str, ...]  # the FROM table's columns of the model's keys, in the keys' order
     keyed_sql: str
     reaches: tuple[Reach, ...]  # one per table occurrence
 
@@ -206,8 +206,8 @@ def every_view(table: str) -> str:
     return f"_cdc_every_{table}"  # `table`'s rows now and those the changes took away
 
 
-def keyed_view() -> str:
-    return "_cdc_keyed"
+def keyed_view(occurrence: int) -> str:
+    return f"_cdc_keyed_{occurrence}"  # an occurrence's rows of the touched keys
 
 
 @cache
@@ -255,13 +255,15 @@ def groups_plan(sql: str, keys: tuple[str, ...]) -> GroupsPlan | str:
         if edge is None:
             return f"its join of {aliases[i]} has no equality with a table before it"
         parents[i] = edge
-    keyed = query.copy()
-    keyed.args["from_"].this.set("this", exp.to_identifier(keyed_view()))
-    keyed.args["from_"].this.set("alias", exp.TableAlias(this=exp.to_identifier(aliases[0])))
     reaches = tuple(_reach(i, [t.name for t in occurrences], aliases, parents, key_columns)
                     for i in range(len(occurrences)))
-    return GroupsPlan(key_table=occurrences[0].name, key_columns=tuple(key_columns), keyed_sql=keyed.sql("spark"),
-                      reaches=reaches)
+    keyed = query.copy()
+    keyed_tables = [keyed.args["from_"].this, *(j.this for j in keyed.args.get("joins") or [])]
+    for i, (table, reach) in enumerate(zip(keyed_tables, reaches, strict=True)):
+        if reach.keyed_by is not None:
+            table.set("this", exp.to_identifier(keyed_view(i)))
+            table.set("alias", exp.TableAlias(this=exp.to_identifier(aliases[i])))
+    return GroupsPlan(keyed_sql=keyed.sql("spark"), reaches=reaches)
 
 
 def _key_columns(query: exp.Select, keys: tuple[str, ...], aliases: list[str]) -> list[str] | str:
@@ -326,4 +328,5 @@ def _reach(i: int, tables: list[str], aliases: list[str], parents: dict[int, tup
         condition = " AND ".join(f"{name(aliases[child], own)} <=> {name(aliases[parent], theirs)}"
                                  for own, theirs in parents[child][1])
         sql += f" JOIN {every_view(tables[parent])} AS {aliases[parent]} ON {condition}"
-    return Reach(table=tables[i], sql=sql, through=tuple(tables[p] for p in path[1:stop + 1]))
+    return Reach(table=tables[i], sql=sql, through=tuple(tables[p] for p in path[1:stop + 1]),
+                 keyed_by=tuple(columns) if stop == 0 else None)

@@ -7,8 +7,8 @@ Gold's gate is stubbed (the demo runs it); the properties are tests/properties/t
 from __future__ import annotations
 
 import datetime as dt
-from decimal import Decimal
 from dataclasses import replace
+from decimal import Decimal
 from pathlib import Path
 from unittest import mock
 
