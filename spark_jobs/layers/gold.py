@@ -200,7 +200,8 @@ def _changes_since(spark: SparkSession, engine: DeltaEngine, lake: Lake, model: 
     state_version = engine.version(lake.gold_state(model.name)) if with_state else None
     if gold_version is None or (with_state and state_version is None):
         return "first refresh"
-    written = [("gold", lake.gold(model.name), gold_version, recorded.get("gold_version"))]
+    written: list[tuple[str, str, int | None, Any]] = [
+        ("gold", lake.gold(model.name), gold_version, recorded.get("gold_version"))]
     if with_state:
         written.append(("its state", lake.gold_state(model.name), state_version, recorded.get("state_version")))
     for name, path, version, was in written:
