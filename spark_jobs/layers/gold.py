@@ -29,6 +29,7 @@ from spark_jobs.layers.gold_plan import (
     groups_plan,
     keyed_view,
     plan,
+    source_view,
 )
 from spark_jobs.layers.summary import GoldSummary
 from spark_jobs.lineage import model_lineage
@@ -175,10 +176,15 @@ def incremental_plan(model: GoldModel) -> IncrementalPlan | GroupsPlan | str:
     kept = plan(model.sql, model.keys)
     if isinstance(kept, IncrementalPlan):
         return kept
-    regrouped = groups_plan(model.sql, model.keys)
+    regrouped = groups_plan(model.sql, model.keys, view_scope(model))
     if isinstance(regrouped, GroupsPlan) and set(regrouped.tables) - set(model.sources):
         return f"it reads {', '.join(sorted(set(regrouped.tables) - set(model.sources)))}, not among its sources"
     return regrouped if isinstance(regrouped, GroupsPlan) or kept == JOINED else kept
+
+
+def view_scope(model: GoldModel) -> str:
+    """The prefix of the temporary views a refresh of `model` registers (gold_plan.changed_view): its own."""
+    return "_cdc_" + hashlib.sha256(model.name.encode()).hexdigest()[:12]
 
 
 def _record_changes(engine: DeltaEngine, lake: Lake, table: str, batch_id: str) -> None:
@@ -257,13 +263,15 @@ def _regrouped(spark: SparkSession, engine: DeltaEngine, lake: Lake, model: Gold
     found = _changes_since(spark, engine, lake, model, planned.tables, recorded, inputs, gold_version, False)
     if isinstance(found, str):
         return found
+    scope = view_scope(model)
     for table, changes in found.items():
-        changes.createOrReplaceTempView(changed_view(table))
+        changes.createOrReplaceTempView(changed_view(scope, table))
     for table in planned.tables:  # its rows now, and those its changes took away: every row a key was reached by
         taken = found[table].where(~F.col("_change_type").isin(*gold_state.ADDED)).drop("_change_type") \
             if table in found else None
         every = sources[table] if taken is None else sources[table].unionByName(taken, allowMissingColumns=True)
-        every.createOrReplaceTempView(every_view(table))
+        every.createOrReplaceTempView(every_view(scope, table))
+        sources[table].createOrReplaceTempView(source_view(scope, table))
     schema = spark.sql(model.sql).schema  # the model's column types (Spark's analysis of it: no job)
     if not found:  # only a table its references read changed
         return Regrouped(pa.schema([*to_arrow_schema(schema), pa.field(gold_state.GONE, pa.int32())]).empty_table(), 0,
@@ -277,7 +285,7 @@ def _regrouped(spark: SparkSession, engine: DeltaEngine, lake: Lake, model: Gold
         if reach.keyed_by is not None:
             rows = sources[reach.table]
             rows.join(F.broadcast(touched), reduce(Column.__and__, [rows[c].eqNullSafe(touched[k]) for c, k in zip(
-                reach.keyed_by, named, strict=True)]), "left_semi").createOrReplaceTempView(keyed_view(i))
+                reach.keyed_by, named, strict=True)]), "left_semi").createOrReplaceTempView(keyed_view(scope, i))
     again = spark.sql(planned.keyed_sql)
     keys = touched.select(*[F.col(k).alias(key) for k, key in zip(named, model.keys, strict=True)])
     gone = keys.join(again, gold_state.same_keys(model.keys, keys, again), "left_anti").select(

@@ -188,7 +188,7 @@ class GroupsPlan:
     rows it joins into, before and after the change; they are found by following its table's join conditions up to
     the FROM table (`reaches`), a superset at worst. `keyed_sql` is the model's SQL with its FROM table read from
     `keyed_view(i)` for each occurrence `i` with `keyed_by` columns (the FROM table's are the keys themselves): its rows
-    of those keys, the only ones that can join into their rows."""
+    of those keys, the only ones that can join into their rows; any other from its `source_view`."""
 
     keyed_sql: str
     reaches: tuple[Reach, ...]  # one per table occurrence
@@ -198,21 +198,28 @@ class GroupsPlan:
         return tuple(sorted({r.table for r in self.reaches}))
 
 
-def changed_view(table: str) -> str:
-    return f"_cdc_changed_{table}"  # the change feed's rows of `table`, before and after each change
+# The views a refresh registers for the SQL below are named within `scope`, the model's own: the pipeline service runs
+# several jobs in one Spark session, whose temporary views they share.
+def changed_view(scope: str, table: str) -> str:
+    return f"{scope}_changed_{table}"  # the change feed's rows of `table`, before and after each change
 
 
-def every_view(table: str) -> str:
-    return f"_cdc_every_{table}"  # `table`'s rows now and those the changes took away
+def every_view(scope: str, table: str) -> str:
+    return f"{scope}_every_{table}"  # `table`'s rows now and those the changes took away
 
 
-def keyed_view(occurrence: int) -> str:
-    return f"_cdc_keyed_{occurrence}"  # an occurrence's rows of the touched keys
+def source_view(scope: str, table: str) -> str:
+    return f"{scope}_source_{table}"  # `table` at the version the refresh reads
+
+
+def keyed_view(scope: str, occurrence: int) -> str:
+    return f"{scope}_keyed_{occurrence}"  # an occurrence's rows of the touched keys
 
 
 @cache
-def groups_plan(sql: str, keys: tuple[str, ...]) -> GroupsPlan | str:
-    """The model's rows computed again for the keys its sources' changes touch, or why they are not (one sentence)."""
+def groups_plan(sql: str, keys: tuple[str, ...], scope: str = "_cdc") -> GroupsPlan | str:
+    """The model's rows computed again for the keys its sources' changes touch, or why they are not (one sentence);
+    its SQL reads the views of `scope`."""
     try:
         statements = sqlglot.parse(sql, dialect="spark")
     except ParseError as error:
@@ -255,14 +262,14 @@ def groups_plan(sql: str, keys: tuple[str, ...]) -> GroupsPlan | str:
         if edge is None:
             return f"its join of {aliases[i]} has no equality with a table before it"
         parents[i] = edge
-    reaches = tuple(_reach(i, [t.name for t in occurrences], aliases, parents, key_columns)
+    reaches = tuple(_reach(i, [t.name for t in occurrences], aliases, parents, key_columns, scope)
                     for i in range(len(occurrences)))
     keyed = query.copy()
     keyed_tables = [keyed.args["from_"].this, *(j.this for j in keyed.args.get("joins") or [])]
     for i, (table, reach) in enumerate(zip(keyed_tables, reaches, strict=True)):
-        if reach.keyed_by is not None:
-            table.set("this", exp.to_identifier(keyed_view(i)))
-            table.set("alias", exp.TableAlias(this=exp.to_identifier(aliases[i])))
+        table.set("this", exp.to_identifier(keyed_view(scope, i) if reach.keyed_by is not None
+                                            else source_view(scope, reach.table)))
+        table.set("alias", exp.TableAlias(this=exp.to_identifier(aliases[i])))
     return GroupsPlan(keyed_sql=keyed.sql("spark"), reaches=reaches)
 
 
@@ -305,7 +312,7 @@ def _parent(on: exp.Expr, i: int, aliases: list[str]) -> tuple[int, list[tuple[s
 
 
 def _reach(i: int, tables: list[str], aliases: list[str], parents: dict[int, tuple[int, list[tuple[str, str]]]],
-           key_columns: list[str]) -> Reach:
+           key_columns: list[str], scope: str) -> Reach:
     """Occurrence `i`'s way to the keys: up its parents to the FROM table (each present in a joined row it is in: its
     ON held), then down again as long as an equality names each key's column in the next table, where it stops."""
     path = [i]
@@ -323,10 +330,10 @@ def _reach(i: int, tables: list[str], aliases: list[str], parents: dict[int, tup
         return exp.column(column, table=alias, quoted=True).sql("spark")
 
     select = ", ".join(f"{name(aliases[path[stop]], c)} AS _k{k}" for k, c in enumerate(columns))
-    sql = f"SELECT DISTINCT {select} FROM {changed_view(tables[i])} AS {aliases[i]}"
+    sql = f"SELECT DISTINCT {select} FROM {changed_view(scope, tables[i])} AS {aliases[i]}"
     for child, parent in zip(path[:stop], path[1:stop + 1], strict=True):
         condition = " AND ".join(f"{name(aliases[child], own)} <=> {name(aliases[parent], theirs)}"
                                  for own, theirs in parents[child][1])
-        sql += f" JOIN {every_view(tables[parent])} AS {aliases[parent]} ON {condition}"
+        sql += f" JOIN {every_view(scope, tables[parent])} AS {aliases[parent]} ON {condition}"
     return Reach(table=tables[i], sql=sql, through=tuple(tables[p] for p in path[1:stop + 1]),
                  keyed_by=tuple(columns) if stop == 0 else None)

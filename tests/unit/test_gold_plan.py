@@ -66,7 +66,7 @@ def test_a_join_is_computed_again_for_the_keys_each_tables_changes_reach():
              JOIN film f ON f.film_id = fa.film_id GROUP BY a.actor_id HAVING COUNT(*) > 1"""
     assert groups_plan(sql, ("actor_id",)) == GroupsPlan(
         keyed_sql="SELECT a.actor_id, COUNT(f.film_id) AS films FROM _cdc_keyed_0 AS a LEFT JOIN _cdc_keyed_1 AS fa "
-                  "ON fa.actor_id = a.actor_id AND fa.role <> 'cameo' JOIN film AS f ON f.film_id = fa.film_id "
+                  "ON fa.actor_id = a.actor_id AND fa.role <> 'cameo' JOIN _cdc_source_film AS f ON f.film_id = fa.film_id "
                   "GROUP BY a.actor_id HAVING COUNT(*) > 1",
         reaches=(
             Reach("actor", "SELECT DISTINCT `a`.`actor_id` AS _k0 FROM _cdc_changed_actor AS a", (), ("actor_id",)),
@@ -84,7 +84,8 @@ def test_a_key_only_reached_through_the_from_table_joins_it():
     assert planned.reaches[1] == Reach(
         "lines", "SELECT DISTINCT `o`.`region` AS _k0 FROM _cdc_changed_lines AS l JOIN _cdc_every_orders AS o "
                  "ON `l`.`order_id` <=> `o`.`id`", ("orders",), None)
-    assert planned.keyed_sql.startswith("SELECT o.region, SUM(l.amount) AS total FROM _cdc_keyed_0 AS o JOIN lines AS l")
+    assert planned.keyed_sql.startswith(
+        "SELECT o.region, SUM(l.amount) AS total FROM _cdc_keyed_0 AS o JOIN _cdc_source_lines AS l")
 
 
 @pytest.mark.parametrize("sql, keys, reason", [
@@ -116,3 +117,21 @@ def test_a_join_neither_planner_keeps_is_rewritten_for_the_joins_reason():
     one_table = GoldModel(name="m", sql="SELECT UPPER(a) AS a, COUNT(DISTINCT b) AS n FROM x GROUP BY 1", keys=("a",),
                           sources=("x",), path=Path("m.sql"))
     assert incremental_plan(one_table) == "COUNT(DISTINCT b) is not a plain aggregate of one argument"
+
+
+def test_a_joins_sql_reads_only_views_of_its_own_models_scope():
+    """The pipeline service runs jobs side by side in one Spark session, which shares temporary views: a model's
+    refresh reads only views named within its own scope, never another model's or a bare table name."""
+    import sqlglot
+    from sqlglot import exp
+
+    from spark_jobs.layers.gold import view_scope
+
+    models = load_registry(ROOT / "include" / "tables.yaml").gold
+    planned = incremental_plan(models["films_per_actor"])
+    assert isinstance(planned, GroupsPlan)
+    scope = view_scope(models["films_per_actor"])
+    assert scope != view_scope(models["customers_by_state"])
+    for sql in [planned.keyed_sql, *(r.sql for r in planned.reaches)]:
+        read = {t.name for t in sqlglot.parse_one(sql, dialect="spark").find_all(exp.Table)}
+        assert read and all(name.startswith(scope + "_") for name in read), read
