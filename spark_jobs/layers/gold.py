@@ -280,19 +280,38 @@ def _regrouped(spark: SparkSession, engine: DeltaEngine, lake: Lake, model: Gold
              for c in found.values()]
     figures = one_row(reduce(DataFrame.unionByName, added).agg(F.count(F.lit(1)).alias("n"), F.max("ts").alias("ts")))
     named = [f"_k{i}" for i in range(len(model.keys))]
-    touched = reduce(DataFrame.unionByName, [spark.sql(r.sql) for r in planned.reaches if r.table in found]).distinct()
+    # the touched keys on the driver (at most the changes' fan-out), made distinct there: a shuffle in Spark is a job
+    # of its own
+    reached = reduce(DataFrame.unionByName, [spark.sql(r.sql) for r in planned.reaches if r.table in found]).toArrow()
+    reached_keys, seen, first = _grouped(reached, named), set(), []
+    for key in reached_keys:
+        first.append(key not in seen)
+        seen.add(key)
+    touched = F.broadcast(spark_frame(spark, reached.filter(pa.array(first, pa.bool_()))))
     for i, reach in enumerate(planned.reaches):
         if reach.keyed_by is not None:
             rows = sources[reach.table]
-            rows.join(F.broadcast(touched), reduce(Column.__and__, [rows[c].eqNullSafe(touched[k]) for c, k in zip(
+            rows.join(touched, reduce(Column.__and__, [rows[c].eqNullSafe(touched[k]) for c, k in zip(
                 reach.keyed_by, named, strict=True)]), "left_semi").createOrReplaceTempView(keyed_view(scope, i))
-    again = spark.sql(planned.keyed_sql)
-    keys = touched.select(*[F.col(k).alias(key) for k, key in zip(named, model.keys, strict=True)])
-    gone = keys.join(again, gold_state.same_keys(model.keys, keys, again), "left_anti").select(
-        *[F.col(f.name) if f.name in model.keys else F.lit(None).cast(f.dataType).alias(f.name) for f in schema.fields])
-    # one job: Spark reuses the touched keys' and the model's exchanges for both parts
-    rows = again.withColumn(gold_state.GONE, F.lit(0)).unionByName(gone.withColumn(gold_state.GONE, F.lit(1))).toArrow()
+    again = spark.sql(planned.keyed_sql).toArrow()
+    present = set(_grouped(again, list(model.keys)))
+    gone_keys = reached.filter(pa.array([f and key not in present for f, key in zip(first, reached_keys, strict=True)],
+                                        pa.bool_()))
+    loose = pa.schema([f.with_nullable(True) for f in again.schema])  # a deleted key's row has no values
+    gone = pa.table({f.name: gone_keys[named[model.keys.index(f.name)]].cast(f.type) if f.name in model.keys
+                     else pa.nulls(gone_keys.num_rows, f.type) for f in loose}, schema=loose)
+    rows = pa.concat_tables([
+        again.cast(loose).append_column(gold_state.GONE, pa.array([0] * again.num_rows, pa.int32())),
+        gone.append_column(gold_state.GONE, pa.array([1] * gone.num_rows, pa.int32()))])
     return Regrouped(rows, figures["n"], figures["ts"])
+
+
+def _grouped(rows: pa.Table, columns: list[str]) -> list[tuple[Any, ...]]:
+    """Each row's values of `columns` as Spark groups them: NULL with NULL, NaN with NaN, -0.0 with 0.0."""
+    def grouped(value: Any) -> Any:
+        return ("NaN",) if isinstance(value, float) and value != value else value + 0.0 if isinstance(value, float) \
+            else value
+    return [tuple(grouped(v) for v in row) for row in zip(*(rows[c].to_pylist() for c in columns), strict=True)]
 
 
 def _patched(spark: SparkSession, published: DataFrame | None, changed_rows: pa.Table, keys: tuple[str, ...]

@@ -330,7 +330,7 @@ def _reach(i: int, tables: list[str], aliases: list[str], parents: dict[int, tup
         return exp.column(column, table=alias, quoted=True).sql("spark")
 
     select = ", ".join(f"{name(aliases[path[stop]], c)} AS _k{k}" for k, c in enumerate(columns))
-    sql = f"SELECT DISTINCT {select} FROM {changed_view(scope, tables[i])} AS {aliases[i]}"
+    sql = f"SELECT {select} FROM {changed_view(scope, tables[i])} AS {aliases[i]}"
     for child, parent in zip(path[:stop], path[1:stop + 1], strict=True):
         condition = " AND ".join(f"{name(aliases[child], own)} <=> {name(aliases[parent], theirs)}"
                                  for own, theirs in parents[child][1])

@@ -1,6 +1,6 @@
 """`make bench`: the pipeline against the single-node floor (tests/benchmarks/floor.py) on the same files.
 
-    python -m tests.benchmarks [--scale 1.0] [--runs 3] [--workloads L,W1,W2,W3,W4,W5,D,DA,G] [--workdir data/bench]
+    python -m tests.benchmarks [--scale 1.0] [--runs 3] [--workloads L,W1,W2,W3,W4,W5,D,DA,G,GJ] [--workdir data/bench]
 
 Every workload generates its change files with the project's generator (pagila's `actor`, PostgreSQL,
 without the schema envelope), runs the project's CLI and the floor as separate processes on the same
@@ -8,7 +8,8 @@ files, checks that both silver tables are equal (and equal to the generator's fi
 each figure with the ratio project/floor. `--scale` multiplies table and batch sizes (1.0 = the sizes
 of issue 6); the results go to tests/benchmarks/RESULTS.md and results.json. D, a whole database of many small
 tables, and DA, one cycle of it through the real scheduler, are in tests/benchmarks/database.py (their sizes do
-not scale). G, a gold model refreshed incrementally over a large silver table, is tests/benchmarks/gold.py.
+not scale). G, a gold model refreshed incrementally over a large silver table, and GJ, a join model refreshed
+incrementally, are tests/benchmarks/gold.py.
 """
 
 from __future__ import annotations
@@ -467,18 +468,19 @@ def machine() -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     from tests.benchmarks.airflow_e2e import w5
     from tests.benchmarks.database import database, database_on_airflow
-    from tests.benchmarks.gold import gold_refresh
+    from tests.benchmarks.gold import gold_join_refresh, gold_refresh
     from tests.benchmarks.results import write_results
 
     WORKLOADS["W5"] = w5
     WORKLOADS["D"] = database
     WORKLOADS["DA"] = database_on_airflow
     WORKLOADS["G"] = gold_refresh
+    WORKLOADS["GJ"] = gold_join_refresh
     p = argparse.ArgumentParser(prog="python -m tests.benchmarks", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scale", type=float, default=1.0, help="table and batch sizes relative to issue 6's (1.0)")
     p.add_argument("--runs", type=int, default=3, help="runs per figure (medians are reported)")
-    p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated, of L,W1..W5,D,DA,G")
+    p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated, of L,W1..W5,D,DA,G,GJ")
     p.add_argument("--engines", default="delta-rs,delta-spark",
                    help="CDC_DELTA_ENGINE of the project's runs, comma-separated: L and W1-W3 run once per engine")
     p.add_argument("--modes", default="own,service",

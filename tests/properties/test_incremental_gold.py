@@ -21,6 +21,7 @@ from unittest import mock
 
 from hypothesis import given, settings
 
+from spark_jobs.delta import MergeSpec
 from spark_jobs.delta.delta_rs import DeltaRsEngine
 from spark_jobs.lake import Lake
 from spark_jobs.layers import gold
@@ -140,3 +141,35 @@ def test_an_aggregate_no_state_keeps_is_computed_again_for_the_touched_groups(sp
     assert (summary.refresh, summary.changes, summary.groups_changed) == ("incremental", 2, 2)
     assert sorted(tuple(r) for r in engine.read(spark, lake.gold("by_value")).collect()) == [
         ("a", 2), ("b", 1), ("c", 1)]
+
+
+def test_a_join_keyed_by_null_nan_and_signed_zero_groups_them_as_spark_does(spark, tmp_path):
+    """Keys a join computes again are matched on the driver: NULL with NULL, NaN with NaN, -0.0 with 0.0, as Spark
+    groups them; a group emptied (the last NaN) is deleted, the others replaced, never both."""
+    engine, lake = DeltaRsEngine(), Lake(str(tmp_path / "lake"))
+    schema = "id INT, v STRING, w DOUBLE, _source_ts_ms BIGINT"
+    nan = float("nan")
+    engine.overwrite(spark.createDataFrame([(1, "a", None, 0), (2, "a", nan, 0), (3, "b", 0.0, 0), (4, "b", -0.0, 0),
+                                            (5, "c", 1.5, 0)], schema), lake.silver("items"))
+    model = replace(MODELS[0], name="by_weight", keys=("weight",),
+                    sql="SELECT a.w AS weight, COUNT(b.id) AS namesakes FROM items a LEFT JOIN items b "
+                        "ON b.v = a.v AND b.id <> a.id GROUP BY a.w")
+    apply = MergeSpec(keys=("id",), delete_when="s.v IS NULL", update_when="s.v IS NOT NULL",
+                      insert_when="s.v IS NOT NULL")
+
+    def refresh():
+        with mock.patch.object(gold, "gate", passed):
+            summary = gold.gold_refresh(spark, engine, model, lake, "b")
+        engine.read(spark, lake.silver("items")).createOrReplaceTempView("items")
+        expected = sorted((tuple(r) for r in spark.sql(model.sql).collect()), key=repr)
+        got = sorted((tuple(r) for r in engine.read(spark, lake.gold("by_weight")).collect()), key=repr)
+        assert repr(got) == repr(expected), (got, expected)
+        return summary.refresh, summary.groups_changed
+
+    assert refresh() == ("full (first refresh)", None)
+    engine.merge(spark.createDataFrame([(6, "a", None, 1), (7, "b", -0.0, 1)], schema), lake.silver("items"), apply)
+    assert refresh() == ("incremental", 3)  # NULL (actor 1's namesake), NaN (2's), 0.0 (3, 4 and 7 as one)
+    engine.merge(spark.createDataFrame([(2, None, None, 2)], schema), lake.silver("items"), apply)  # the last NaN
+    assert refresh() == ("incremental", 2)  # NaN gone, NULL (row 1's and 6's namesake) replaced
+    assert not any(r["weight"] != r["weight"] for r in engine.read(spark, lake.gold("by_weight")).collect() if
+                   r["weight"] is not None)

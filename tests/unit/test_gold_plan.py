@@ -69,11 +69,11 @@ def test_a_join_is_computed_again_for_the_keys_each_tables_changes_reach():
                   "ON fa.actor_id = a.actor_id AND fa.role <> 'cameo' JOIN _cdc_source_film AS f ON f.film_id = fa.film_id "
                   "GROUP BY a.actor_id HAVING COUNT(*) > 1",
         reaches=(
-            Reach("actor", "SELECT DISTINCT `a`.`actor_id` AS _k0 FROM _cdc_changed_actor AS a", (), ("actor_id",)),
-            Reach("film_actor", "SELECT DISTINCT `fa`.`actor_id` AS _k0 FROM _cdc_changed_film_actor AS fa", (),
+            Reach("actor", "SELECT `a`.`actor_id` AS _k0 FROM _cdc_changed_actor AS a", (), ("actor_id",)),
+            Reach("film_actor", "SELECT `fa`.`actor_id` AS _k0 FROM _cdc_changed_film_actor AS fa", (),
                   ("actor_id",)),
             # a film reaches its actors through film_actor's rows (as they were and are), not through actor
-            Reach("film", "SELECT DISTINCT `fa`.`actor_id` AS _k0 FROM _cdc_changed_film AS f JOIN "
+            Reach("film", "SELECT `fa`.`actor_id` AS _k0 FROM _cdc_changed_film AS f JOIN "
                           "_cdc_every_film_actor AS fa ON `f`.`film_id` <=> `fa`.`film_id`", ("film_actor",), None)))
 
 
@@ -82,7 +82,7 @@ def test_a_key_only_reached_through_the_from_table_joins_it():
     planned = groups_plan(sql, ("region",))
     assert isinstance(planned, GroupsPlan)
     assert planned.reaches[1] == Reach(
-        "lines", "SELECT DISTINCT `o`.`region` AS _k0 FROM _cdc_changed_lines AS l JOIN _cdc_every_orders AS o "
+        "lines", "SELECT `o`.`region` AS _k0 FROM _cdc_changed_lines AS l JOIN _cdc_every_orders AS o "
                  "ON `l`.`order_id` <=> `o`.`id`", ("orders",), None)
     assert planned.keyed_sql.startswith(
         "SELECT o.region, SUM(l.amount) AS total FROM _cdc_keyed_0 AS o JOIN _cdc_source_lines AS l")
