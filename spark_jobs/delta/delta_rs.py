@@ -321,7 +321,7 @@ class DeltaRsEngine:
         if isinstance(df, DataFrame) and not partition_by and spec.insert_when and table is None:
             # an initial load: into no table, a merge inserts the rows its insert clause takes (Spark applies it: it
             # is SQL), and nothing else, in one commit
-            inserts = df.alias("s").where(spec.insert_when)
+            inserts = df.alias("s").where(spec.insert_when).drop(*[spec.marker] if spec.marker else [])
             if small:
                 created = _on_driver(inserts)
                 return MergeResult(version=self.append(created, path), inserted=created.num_rows, updated=0, deleted=0)
@@ -336,8 +336,9 @@ class DeltaRsEngine:
                partition_by: tuple[str, ...]) -> MergeResult:
         """The merge through the table `_writable` loaded (None: there is none yet), brought up to date first and
         advanced by the commit, as `_write` does."""
-        if table is None:  # first batch: create the table with the source's schema, then merge as usual
-            write_deltalake(path, rows.schema.empty_table(), partition_by=list(partition_by) or None,
+        if table is None:  # first batch: create the table with the source's schema (its marker left out), then merge
+            schema = rows.schema if spec.marker is None else rows.schema.remove(rows.schema.get_field_index(spec.marker))
+            write_deltalake(path, schema.empty_table(), partition_by=list(partition_by) or None,
                             storage_options=self._options(path))
             table = self._must(path)
         else:

@@ -76,7 +76,8 @@ class DeltaSparkEngine:
         df = self._frame(df)
         if not self._exists(path) and spec.insert_when:
             # an initial load: into no table, a merge inserts the rows its insert clause takes, and nothing else
-            df.alias("s").where(spec.insert_when).write.format("delta").partitionBy(*partition_by).save(path)
+            df.alias("s").where(spec.insert_when).drop(*[spec.marker] if spec.marker else []).write.format("delta") \
+                .partitionBy(*partition_by).save(path)
             written = self.history(path, 1)[0]
             inserted = int((written.get("operationMetrics") or {}).get("numOutputRows", 0))
             return MergeResult(version=written["version"], inserted=inserted, updated=0, deleted=0)

@@ -155,6 +155,20 @@ def test_ledger_merge_spec_records_deletes_and_clears_them_on_newer_writes(any_e
     assert rows(any_engine, spark, path) == [(2, "08", "d"), (4, "01", "d")]
 
 
+def test_a_null_safe_merge_on_two_keys_matches_null_with_null_and_leaves_its_marker_out(any_engine, spark, tmp_path):
+    """Gold's merges of touched groups: keys may be NULL (a group's), and a marker says which rows delete."""
+    path = str(tmp_path / "t")
+    spec = MergeSpec(keys=("a", "b"), delete_when="s.gone = 1", update_when="s.gone = 0", insert_when="s.gone = 0",
+                     null_safe=True, marker="gone")
+    schema = "a INT, b STRING, n INT, gone INT"
+    any_engine.merge(spark.createDataFrame([(1, None, 1, 0), (None, None, 2, 0), (2, "x", 3, 0)], schema), path, spec)
+    any_engine.merge(spark.createDataFrame([(1, None, 10, 0), (None, None, 0, 1), (None, "y", 4, 0)], schema), path, spec)
+    assert rows(any_engine, spark, path, ["a", "b"]) == [(None, "y", 4), (1, None, 10), (2, "x", 3)]
+    arrow_path = str(tmp_path / "from_arrow")  # rows made on the driver, into no table: the marker is left out too
+    any_engine.merge(spark.createDataFrame([(1, None, 1, 0), (3, "z", 5, 1)], schema).toArrow(), arrow_path, spec)
+    assert rows(any_engine, spark, arrow_path, ["a", "b"]) == [(1, None, 1)]
+
+
 def test_merge_adds_new_source_columns(any_engine, spark, tmp_path):
     path = str(tmp_path / "t")
     spec = MergeSpec(("k",), update_when="true", insert_when="true")
