@@ -154,7 +154,11 @@ def gold_refresh(spark: SparkSession, engine: DeltaEngine, model: GoldModel, lak
     else:
         if built is not None:
             state_version = engine.overwrite(built, state_path)
-        summary.version = engine.overwrite(published, lake.gold(model.name))
+        if model.transactions and _same_rows(published, engine.read(spark, lake.gold(model.name), version=gold_version)):
+            # while its watermark is held, a model at a watermark would publish the same rows again at each refresh
+            summary.version, summary.refresh = gold_version, "unchanged (the rows at its watermark are those published)"
+        else:
+            summary.version = engine.overwrite(published, lake.gold(model.name))
     # written after the publish: a run dying between the two refreshes again, which is harmless
     # with the watermark it was published at: the newest transaction shown, and its END's offset in the topic
     lake.files.write(lake.gold_inputs(model.name), json.dumps(
@@ -304,6 +308,13 @@ def _regrouped(spark: SparkSession, engine: DeltaEngine, lake: Lake, model: Gold
         again.cast(loose).append_column(gold_state.GONE, pa.array([0] * again.num_rows, pa.int32())),
         gone.append_column(gold_state.GONE, pa.array([1] * gone.num_rows, pa.int32()))])
     return Regrouped(rows, figures["n"], figures["ts"])
+
+
+def _same_rows(rows: DataFrame, published: DataFrame | None) -> bool:
+    """The same columns, of the same types, holding the same rows (as many times each)."""
+    if published is None or [(f.name, f.dataType) for f in rows.schema] != [(f.name, f.dataType) for f in published.schema]:
+        return False
+    return rows.exceptAll(published).unionByName(published.exceptAll(rows)).isEmpty()
 
 
 def _grouped(rows: pa.Table, columns: list[str]) -> list[tuple[Any, ...]]:

@@ -130,8 +130,11 @@ def test_gold_never_shows_part_of_a_source_transaction_whatever_order_its_files_
     # and it moves on as soon as a transaction is whole: T1 and T2 with T1's last line, T3 with its lines
     assert versions[-1] == STATES[3]
     assert STATES[2] in versions
+    # while the watermark is held its rows are not published again: each gold version differs from the one before
+    assert all(a != b for a, b in zip(versions, versions[1:], strict=False)), versions
     watermarks = [summary_line(out, "gold", "order_totals") for out in outs]
     assert [w.get("transaction_watermark") for w in watermarks] == ["none"] * 6 + [T2, T3]
+    assert [w["refresh"].startswith("unchanged") for w in watermarks] == [False] + [True] * 5 + [False] * 2
     assert watermarks[3]["waiting_for"] == f"{T1}(order_lines:1/2)"
     assert not [w for w in watermarks if "transaction_ids_unmatched" in w]  # its events were late, their ids match
     assert watermarks[5]["transactions_waiting"] == "3"
