@@ -47,14 +47,8 @@ class IncrementalPlan:
     outputs: tuple[tuple[str, str], ...]
 
 
-def group_columns(count: int) -> list[str]:
-    """The state's columns of a model's `count` grouped values (its keys)."""
-    return [f"_g{i}" for i in range(count)]
-
-
-@cache  # a refresh asks every run; the model's text rarely changes
-def plan(sql: str, keys: tuple[str, ...]) -> IncrementalPlan | str:
-    """The model's incremental plan, or why it has none (one short sentence)."""
+def _select(sql: str) -> exp.Select | str:
+    """The model's one SELECT, its names as Spark resolves them (case-insensitively), or why it is not one."""
     try:
         statements = sqlglot.parse(sql, dialect="spark")
     except ParseError as error:
@@ -63,6 +57,20 @@ def plan(sql: str, keys: tuple[str, ...]) -> IncrementalPlan | str:
         return "it is not a single SELECT"
     query = normalize_identifiers(statements[0], dialect="spark")
     assert isinstance(query, exp.Select)
+    return query
+
+
+def group_columns(count: int) -> list[str]:
+    """The state's columns of a model's `count` grouped values (its keys)."""
+    return [f"_g{i}" for i in range(count)]
+
+
+@cache  # a refresh asks every run; the model's text rarely changes
+def plan(sql: str, keys: tuple[str, ...]) -> IncrementalPlan | str:
+    """The model's incremental plan, or why it has none (one short sentence)."""
+    query = _select(sql)
+    if isinstance(query, str):
+        return query
     present = [what for part, what in _WHOLE.items() if query.args.get(part)]
     if present:
         return f"it has {present[0]}"
@@ -220,14 +228,9 @@ def keyed_view(scope: str, occurrence: int) -> str:
 def groups_plan(sql: str, keys: tuple[str, ...], scope: str = "_cdc") -> GroupsPlan | str:
     """The model's rows computed again for the keys its sources' changes touch, or why they are not (one sentence);
     its SQL reads the views of `scope`."""
-    try:
-        statements = sqlglot.parse(sql, dialect="spark")
-    except ParseError as error:
-        return f"its SQL is not read by the parser ({str(error).splitlines()[0]})"
-    if len(statements) != 1 or not isinstance(statements[0], exp.Select):
-        return "it is not a single SELECT"
-    query = normalize_identifiers(statements[0], dialect="spark")
-    assert isinstance(query, exp.Select)
+    query = _select(sql)
+    if isinstance(query, str):
+        return query
     # HAVING, DISTINCT and joins only decide which rows a key has, which computing the key again decides again
     present = [what for part, what in _WHOLE.items() if part not in ("joins", "having", "distinct") and query.args.get(part)]
     if present:
