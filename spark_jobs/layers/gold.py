@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import threading
 from dataclasses import dataclass, fields
 from functools import reduce
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from spark_jobs.delta import DeltaEngine, MergeSpec, spark_frame
@@ -80,8 +82,8 @@ def gold_refresh(spark: SparkSession, engine: DeltaEngine, model: GoldModel, lak
             silver = engine.read(spark, lake.silver(source), version=inputs["silver_versions"][source])
         if silver is None:
             raise PipelineError(model.name, "gold", f"source silver table {source!r} does not exist yet")
-        silver.createOrReplaceTempView(source)
         sources[source] = silver
+    computed = analyzed(spark, sources, model.sql)[0]  # the model over its sources, as Spark analyzed it (no job)
     traced = model_lineage(model.sql)
     summary = GoldSummary(table=model.name, batch_id=batch_id, sources=list(model.sources))
     built: DataFrame | None = None  # a model kept incrementally, refreshed whole: its state, built from silver
@@ -89,7 +91,7 @@ def gold_refresh(spark: SparkSession, engine: DeltaEngine, model: GoldModel, lak
     changed_rows: pa.Table | None = None  # refreshed incrementally: its rows of the groups touched (GONE: deleted)
     why_whole, newest_change = (planned if isinstance(planned, str) else None), None
     if isinstance(planned, IncrementalPlan):
-        schema = spark.sql(model.sql).schema  # the model's column types (Spark's analysis of it: no job)
+        schema = computed.schema  # the model's column types
         found = _moved(spark, engine, lake, model, planned, sources[planned.source], recorded, inputs, gold_version)
         if isinstance(found, str):
             built = gold_state.build(sources[planned.source], planned).localCheckpoint()
@@ -101,7 +103,8 @@ def gold_refresh(spark: SparkSession, engine: DeltaEngine, model: GoldModel, lak
                                                  sources[planned.source]).toArrow()
             summary.changes, summary.groups_changed, newest_change = moved.changes, moved.groups, moved.newest_change_ms
     elif isinstance(planned, GroupsPlan):
-        regrouped = _regrouped(spark, engine, lake, model, planned, sources, recorded, inputs, gold_version)
+        regrouped = _regrouped(spark, engine, lake, model, planned, sources, computed.schema, recorded, inputs,
+                               gold_version)
         if isinstance(regrouped, str):
             why_whole = regrouped
         else:
@@ -115,7 +118,7 @@ def gold_refresh(spark: SparkSession, engine: DeltaEngine, model: GoldModel, lak
         newest = max(filter(None, [recorded.get("newest_change_ms"), newest_change]), default=None)
     else:
         if built is None:
-            result = spark.sql(model.sql).localCheckpoint()
+            result = computed.localCheckpoint()
         summary.refresh = f"full ({why_whole})"
         newest = _newest(sources.values())
     rows = result.count()
@@ -260,7 +263,7 @@ class Regrouped:
 
 
 def _regrouped(spark: SparkSession, engine: DeltaEngine, lake: Lake, model: GoldModel, planned: GroupsPlan,
-               sources: dict[str, DataFrame], recorded: dict[str, Any], inputs: dict[str, Any],
+               sources: dict[str, DataFrame], schema: T.StructType, recorded: dict[str, Any], inputs: dict[str, Any],
                gold_version: int | None) -> Regrouped | str:
     """The model computed again for the keys its sources' changes since the refresh that published `gold_version`
     touched (gold_plan.GroupsPlan), or why it is computed whole instead."""
@@ -268,15 +271,13 @@ def _regrouped(spark: SparkSession, engine: DeltaEngine, lake: Lake, model: Gold
     if isinstance(found, str):
         return found
     scope = view_scope(model)
-    for table, changes in found.items():
-        changes.createOrReplaceTempView(changed_view(scope, table))
+    views = {changed_view(scope, table): changes for table, changes in found.items()}
     for table in planned.tables:  # its rows now, and those its changes took away: every row a key was reached by
         taken = found[table].where(~F.col("_change_type").isin(*gold_state.ADDED)).drop("_change_type") \
             if table in found else None
-        every = sources[table] if taken is None else sources[table].unionByName(taken, allowMissingColumns=True)
-        every.createOrReplaceTempView(every_view(scope, table))
-        sources[table].createOrReplaceTempView(source_view(scope, table))
-    schema = spark.sql(model.sql).schema  # the model's column types (Spark's analysis of it: no job)
+        views[every_view(scope, table)] = sources[table] if taken is None \
+            else sources[table].unionByName(taken, allowMissingColumns=True)
+        views[source_view(scope, table)] = sources[table]
     if not found:  # only a table its references read changed
         return Regrouped(pa.schema([*to_arrow_schema(schema), pa.field(gold_state.GONE, pa.int32())]).empty_table(), 0,
                          None)
@@ -286,7 +287,8 @@ def _regrouped(spark: SparkSession, engine: DeltaEngine, lake: Lake, model: Gold
     named = [f"_k{i}" for i in range(len(model.keys))]
     # the touched keys on the driver (at most the changes' fan-out), made distinct there: a shuffle in Spark is a job
     # of its own
-    reached = reduce(DataFrame.unionByName, [spark.sql(r.sql) for r in planned.reaches if r.table in found]).toArrow()
+    reached = reduce(DataFrame.unionByName, analyzed(spark, views, *[r.sql for r in planned.reaches
+                                                                    if r.table in found])).toArrow()
     reached_keys, seen, first = _grouped(reached, named), set(), []
     for key in reached_keys:
         first.append(key not in seen)
@@ -295,9 +297,9 @@ def _regrouped(spark: SparkSession, engine: DeltaEngine, lake: Lake, model: Gold
     for i, reach in enumerate(planned.reaches):
         if reach.keyed_by is not None:
             rows = sources[reach.table]
-            rows.join(touched, reduce(Column.__and__, [rows[c].eqNullSafe(touched[k]) for c, k in zip(
-                reach.keyed_by, named, strict=True)]), "left_semi").createOrReplaceTempView(keyed_view(scope, i))
-    again = spark.sql(planned.keyed_sql).toArrow()
+            views[keyed_view(scope, i)] = rows.join(touched, reduce(Column.__and__, [
+                rows[c].eqNullSafe(touched[k]) for c, k in zip(reach.keyed_by, named, strict=True)]), "left_semi")
+    again = analyzed(spark, views, planned.keyed_sql)[0].toArrow()
     present = set(_grouped(again, list(model.keys)))
     gone_keys = reached.filter(pa.array([f and key not in present for f, key in zip(first, reached_keys, strict=True)],
                                         pa.bool_()))
@@ -308,6 +310,20 @@ def _regrouped(spark: SparkSession, engine: DeltaEngine, lake: Lake, model: Gold
         again.cast(loose).append_column(gold_state.GONE, pa.array([0] * again.num_rows, pa.int32())),
         gone.append_column(gold_state.GONE, pa.array([1] * gone.num_rows, pa.int32()))])
     return Regrouped(rows, figures["n"], figures["ts"])
+
+
+# A Spark session's temporary views are one namespace, and the pipeline service runs jobs side by side in one session:
+# a refresh registers the views its SQL reads and has Spark analyze that SQL under this lock, so another job's refresh
+# cannot swap a view of the same name in between (an analyzed frame keeps the plans of the views it read).
+_VIEWS = threading.Lock()
+
+
+def analyzed(spark: SparkSession, views: dict[str, DataFrame], *sql: str) -> list[DataFrame]:
+    """Each of `sql` as Spark analyzes it (no job) with `views` registered under their names."""
+    with _VIEWS:
+        for name, frame in views.items():
+            frame.createOrReplaceTempView(name)
+        return [spark.sql(text) for text in sql]
 
 
 def _same_rows(rows: DataFrame, published: DataFrame | None) -> bool:

@@ -179,3 +179,31 @@ def test_films_per_actor_computes_the_touched_actors_again_on_both_engines(spark
     assert refresh() == ("incremental", 3, 2)
     engine.delete(lake.silver("film_actor"), "true")  # a truncate: every actor that had a film, 2 and 5 too
     assert refresh() == ("incremental", 4, 4)
+
+
+def test_a_refresh_reads_its_own_sources_while_another_job_registers_views_of_the_same_names(spark, tmp_path):
+    """The pipeline service runs jobs side by side in one Spark session, whose temporary views they share: another
+    model's refresh registering `customers` (its own lake's, here) while this one has Spark analyze its SQL must
+    wait, or this model would publish the other's rows."""
+    import threading
+
+    engine = make_engine(spark, "delta-rs")
+    model = parse_gold_model(MODEL, {"customers": TableConfig(name="customers", topic="t", keys=("id",))})
+    ours, theirs = Lake(str(tmp_path / "ours")), Lake(str(tmp_path / "theirs"))
+    day = dt.date(2020, 1, 1)
+    engine.merge(spark.createDataFrame([(1, "CA", 700, day, "c", 1)], SILVER), ours.silver("customers"), APPLY)
+    engine.merge(spark.createDataFrame([(1, "NY", 600, day, "c", 1)], SILVER), theirs.silver("customers"), APPLY)
+    other = engine.read(spark, theirs.silver("customers"))
+    real_sql, registering = spark.sql, []
+
+    def sql_while_another_registers(text):
+        if not registering:
+            registering.append(threading.Thread(target=gold.analyzed, args=(spark, {"customers": other}, "SELECT 1")))
+            registering[0].start()
+            registering[0].join(timeout=2)  # it waits for this analysis to end: the lock is held
+        return real_sql(text)
+
+    with mock.patch.object(gold, "gate", passed), mock.patch.object(spark, "sql", sql_while_another_registers):
+        gold.gold_refresh(spark, engine, replace(model, sql=model.sql + " LIMIT 100"), ours, "b")  # rewritten whole
+    registering[0].join()
+    assert [r["state"] for r in engine.read(spark, ours.gold(model.name)).collect()] == ["CA"]
