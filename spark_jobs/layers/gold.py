@@ -16,7 +16,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from spark_jobs.delta import DeltaEngine, MergeSpec, spark_frame
+from spark_jobs.delta import DeltaEngine, MergeSpec, all_nullable, spark_frame
 from spark_jobs.errors import PipelineError
 from spark_jobs.lake import Lake
 from spark_jobs.layers import gold_state, transactions
@@ -56,8 +56,7 @@ def gold_refresh(spark: SparkSession, engine: DeltaEngine, model: GoldModel, lak
     ingested = transactions.ingest(spark, engine, lake, landing, model.transactions, batch_id) \
         if model.transactions and landing is not None else None
     planned = incremental_plan(model)
-    for table in [] if isinstance(planned, str) else [planned.source] if isinstance(planned, IncrementalPlan) \
-            else planned.tables:
+    for table in () if isinstance(planned, str) else planned.tables:
         _record_changes(engine, lake, table, batch_id)
     inputs = refresh_inputs(engine, lake, model)
     gold_version = engine.version(lake.gold(model.name))
@@ -243,7 +242,7 @@ def _moved(spark: SparkSession, engine: DeltaEngine, lake: Lake, model: GoldMode
            ) -> gold_state.Moved | str:
     """The model's state moved by its source's changes since the refresh that published `gold_version`, or why it is
     rebuilt from all of silver instead."""
-    found = _changes_since(spark, engine, lake, model, (planned.source,), recorded, inputs, gold_version, True)
+    found = _changes_since(spark, engine, lake, model, planned.tables, recorded, inputs, gold_version, True)
     if isinstance(found, str):
         return found
     state = engine.read(spark, lake.gold_state(model.name), version=engine.version(lake.gold_state(model.name)))
@@ -303,7 +302,7 @@ def _regrouped(spark: SparkSession, engine: DeltaEngine, lake: Lake, model: Gold
     present = set(_grouped(again, list(model.keys)))
     gone_keys = reached.filter(pa.array([f and key not in present for f, key in zip(first, reached_keys, strict=True)],
                                         pa.bool_()))
-    loose = pa.schema([f.with_nullable(True) for f in again.schema])  # a deleted key's row has no values
+    loose = all_nullable(again.schema)  # a deleted key's row has no values
     gone = pa.table({f.name: gone_keys[named[model.keys.index(f.name)]].cast(f.type) if f.name in model.keys
                      else pa.nulls(gone_keys.num_rows, f.type) for f in loose}, schema=loose)
     rows = pa.concat_tables([

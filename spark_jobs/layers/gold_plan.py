@@ -46,6 +46,10 @@ class IncrementalPlan:
     aggregates: tuple[Aggregate, ...]
     outputs: tuple[tuple[str, str], ...]
 
+    @property
+    def tables(self) -> tuple[str, ...]:
+        return (self.source,)
+
 
 def _select(sql: str) -> exp.Select | str:
     """The model's one SELECT, its names as Spark resolves them (case-insensitively), or why it is not one."""
