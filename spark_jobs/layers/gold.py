@@ -278,8 +278,9 @@ def _regrouped(spark: SparkSession, engine: DeltaEngine, lake: Lake, model: Gold
             else sources[table].unionByName(taken, allowMissingColumns=True)
         views[source_view(scope, table)] = sources[table]
     if not found:  # only a table its references read changed
-        return Regrouped(pa.schema([*to_arrow_schema(schema), pa.field(gold_state.GONE, pa.int32())]).empty_table(), 0,
-                         None)
+        # typed as Spark's own Arrow rows are (a timestamp with its zone)
+        typed = to_arrow_schema(schema, timezone="UTC")
+        return Regrouped(pa.schema([*typed, pa.field(gold_state.GONE, pa.int32())]).empty_table(), 0, None)
     added = [c.select(F.when(F.col("_change_type").isin(*gold_state.ADDED), F.col("_source_ts_ms")).alias("ts"))
              for c in found.values()]
     figures = one_row(reduce(DataFrame.unionByName, added).agg(F.count(F.lit(1)).alias("n"), F.max("ts").alias("ts")))

@@ -207,3 +207,30 @@ def test_a_refresh_reads_its_own_sources_while_another_job_registers_views_of_th
         gold.gold_refresh(spark, engine, replace(model, sql=model.sql + " LIMIT 100"), ours, "b")  # rewritten whole
     registering[0].join()
     assert [r["state"] for r in engine.read(spark, ours.gold(model.name)).collect()] == ["CA"]
+
+
+def test_a_join_whose_references_alone_changed_publishes_nothing_new(spark, tmp_path):
+    """Only a table its references read changed: no key is touched, nothing is written, whatever the model's column
+    types (a timestamp's Arrow type needs its zone)."""
+    from spark_jobs.registry import GoldModel, Reference
+
+    engine, lake = make_engine(spark, "delta-rs"), Lake(str(tmp_path / "lake"))
+    spec = replace(APPLY, keys=("actor_id",))
+    engine.merge(spark.createDataFrame([(1, "PENELOPE", dt.datetime(2020, 1, 1), "c", 1)],
+                                       "actor_id INT, first_name STRING, last_update TIMESTAMP, _op STRING, "
+                                       "_source_ts_ms BIGINT"), lake.silver("actor"), spec)
+    engine.merge(spark.createDataFrame([(1, 10, "c", 1)], "actor_id INT, film_id INT, _op STRING, _source_ts_ms BIGINT"),
+                 lake.silver("film_actor"), replace(APPLY, keys=("actor_id", "film_id")))
+    listed = "actor_id INT, _op STRING, _source_ts_ms BIGINT"
+    engine.merge(spark.createDataFrame([(1, "c", 1)], listed), lake.silver("listed"), spec)
+    model = GoldModel(name="films", keys=("actor_id",), sources=("actor", "film_actor"), path=Path("films.sql"),
+                      sql="SELECT a.actor_id, MAX(a.last_update) AS last_update, COUNT(fa.film_id) AS films "
+                          "FROM actor a LEFT JOIN film_actor fa ON fa.actor_id = a.actor_id GROUP BY a.actor_id",
+                      references=(Reference(columns=("actor_id",), table="listed", to=("actor_id",)),))
+    with mock.patch.object(gold, "gate", passed):
+        first = gold.gold_refresh(spark, engine, model, lake, "b")
+        engine.merge(spark.createDataFrame([(2, "c", 2)], listed), lake.silver("listed"), spec)
+        summary = gold.gold_refresh(spark, engine, model, lake, "b")
+    assert (summary.refresh, summary.changes, summary.groups_changed, summary.version) == (
+        "incremental", 0, 0, first.version)
+    assert [tuple(r) for r in engine.read(spark, lake.gold("films")).collect()] == [(1, dt.datetime(2020, 1, 1), 1)]
