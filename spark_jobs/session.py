@@ -44,19 +44,31 @@ SESSION_CONF = {
 CODEGEN_CACHE_ENTRIES = 1000
 
 
-def jvm_conf() -> dict[str, str]:
-    """What a JVM must start with: the pinned jars (spark_jobs/jvm.py), Delta's SQL extension and catalog, and
+def jvm_conf(master: str) -> dict[str, str]:
+    """What a JVM on `master` must start with: the pinned jars (`jar_conf`), Delta's SQL extension and catalog, and
     the driver's heap, and S3A's settings for s3:// and s3a:// paths (spark_jobs/storage.py).
     New Delta tables get deletion vectors, so delta-spark's merges and deletes mark rows instead of rewriting
     whole files (readers of either engine honour them: spark_jobs/delta). Compiled classes are kept for reuse
     (CODEGEN_CACHE_ENTRIES)."""
-    from spark_jobs.jvm import DELTA_CONF, jars
+    from spark_jobs.jvm import DELTA_CONF
     from spark_jobs.storage import hadoop_s3a_conf
 
-    return {"spark.jars": ",".join(jars()), **DELTA_CONF, "spark.driver.memory": settings().driver_memory,
+    return {**jar_conf(master), **DELTA_CONF, "spark.driver.memory": settings().driver_memory,
             "spark.databricks.delta.properties.defaults.enableDeletionVectors": "true",
             "spark.sql.codegen.cache.maxEntries": str(CODEGEN_CACHE_ENTRIES),
             **{f"spark.hadoop.{k}": v for k, v in hadoop_s3a_conf(with_keys=False).items()}}
+
+
+def jar_conf(master: str) -> dict[str, str]:
+    """The pinned jars (spark_jobs/jvm.py): on a local master, on the JVM's class path, where its in-process executor
+    finds them; on a cluster, shipped to the executors (`spark.jars`). Spark copies every jar of `spark.jars` into each
+    JVM's scratch folder, even a local one: 672 MB a process (the AWS SDK bundle is 654 MB of it), left behind by a
+    JVM killed before its shutdown hook."""
+    from spark_jobs.jvm import jars
+
+    if master.startswith("local"):
+        return {"spark.driver.extraClassPath": os.pathsep.join(jars())}
+    return {"spark.jars": ",".join(jars())}
 
 
 # addresses that mean every interface: where Spark binds is then left to it (or to SPARK_LOCAL_IP)
@@ -78,7 +90,7 @@ def build_session(app_name: str) -> SparkSession:
     if "PYSPARK_GATEWAY_PORT" not in os.environ:
         master = settings().spark_master
         builder = builder.master(master)
-        for key, value in jvm_conf().items():
+        for key, value in jvm_conf(master).items():
             builder = builder.config(key, value)
         if master.startswith("local"):
             bind_spark("127.0.0.1")  # a local driver has no executor elsewhere to be reached by

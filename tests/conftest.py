@@ -46,7 +46,7 @@ def spark(soak):
                  # bucket) would keep talking to the first one
                  "spark.hadoop.fs.s3a.impl.disable.cache": "true", "spark.hadoop.fs.s3.impl.disable.cache": "true"}
     # the pinned jars and Delta's extension, as every job's session has them (a missing jar fails here)
-    for key, value in {**SESSION_CONF, **jvm_conf(), **test_conf}.items():
+    for key, value in {**SESSION_CONF, **jvm_conf("local[1]"), **test_conf}.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     if short_lived is not None:

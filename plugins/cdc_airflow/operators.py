@@ -301,17 +301,19 @@ class CdcSparkJob(BaseOperator):
 
     def _spark_submit(self) -> tuple[int, str]:
         """The job through spark-submit (the provider's hook): its exit code, and what to say when it failed. It gets
-        the pinned jars (shipped to the executors) and Delta's SQL extension: the job's JVM is started by
-        spark-submit, not by the job (spark_jobs/session.py)."""
+        the pinned jars (on the class path of a local master, else shipped to the executors) and Delta's SQL
+        extension: the job's JVM is started by spark-submit, not by the job (spark_jobs/session.py)."""
         from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
         from spark_jobs.session import jvm_conf
 
-        conf = jvm_conf()
-        jars = conf.pop("spark.jars")
+        # the connection's master as the hook resolves it: a local one gets the jars on its class path (jar_conf)
+        master = SparkSubmitHook(conn_id=self.conn_id)._connection["master"]
+        conf = jvm_conf(master)
+        jars, class_path = conf.pop("spark.jars", None), conf.pop("spark.driver.extraClassPath", None)
         self._spark = SparkSubmitHook(conf={**conf, **self.conf}, conn_id=self.conn_id, jars=jars,
-                                      name=f"cdc-{self.task_id}", application_args=self.application_args,
-                                      env_vars=self.env_vars)
+                                      driver_class_path=class_path, name=f"cdc-{self.task_id}",
+                                      application_args=self.application_args, env_vars=self.env_vars)
         try:
             self._spark.submit(ENTRY_POINT)
         except AirflowException as exc:

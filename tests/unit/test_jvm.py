@@ -33,3 +33,15 @@ def test_a_coordinate_that_cannot_be_resolved_fails_naming_it(tmp_path):
     assert "io.delta#delta-spark_2.13;0.0.404: not found" in done.stdout + done.stderr  # the resolver's own words
     assert done.stderr.strip().splitlines()[-1].startswith(
         "config error: could not resolve io.delta:delta-spark_2.13:0.0.404 from Maven Central")
+
+
+def test_a_local_jvm_finds_the_jars_on_its_class_path_and_copies_none_of_them(spark):
+    """spark.jars would copy all of them (672 MB) into every JVM's scratch folder, a local one too, and a JVM killed
+    before its shutdown hook leaves the copy behind; a cluster's executors still get them shipped."""
+    from pyspark import SparkFiles
+
+    from spark_jobs.session import jar_conf
+
+    assert jar_conf("local[2]") == {"spark.driver.extraClassPath": ":".join(jvm.jars())}
+    assert jar_conf("spark://127.0.0.1:7077") == {"spark.jars": ",".join(jvm.jars())}
+    assert not list(Path(SparkFiles.getRootDirectory()).iterdir())  # the tests' session is built from jvm_conf
