@@ -75,7 +75,11 @@ def same(got: list, expected: list) -> bool:
 
 
 def check(spark, runs):
-    engine, lake = DeltaRsEngine(), Lake(tempfile.mkdtemp(prefix="prop-gold-"))
+    with tempfile.TemporaryDirectory(prefix="prop-gold-") as folder:  # hundreds of examples: each lake deleted
+        return _check(spark, runs, DeltaRsEngine(), Lake(folder))
+
+
+def _check(spark, runs, engine, lake):
     truncated_at = None
     refreshes = []
     for run, files in enumerate(runs):

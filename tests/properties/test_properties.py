@@ -242,7 +242,11 @@ def check(spark, runs, logs, partitioned=False):
 
 
 def _check(spark, runs, logs):
-    engine, lake = DeltaRsEngine(), Lake(tempfile.mkdtemp(prefix="prop-lake-"))
+    with tempfile.TemporaryDirectory(prefix="prop-lake-") as folder:  # hundreds of examples: each lake deleted
+        _check_lake(spark, runs, logs, DeltaRsEngine(), Lake(folder))
+
+
+def _check_lake(spark, runs, logs, engine, lake):
     truncated_at = None
     for run, files in enumerate(runs):
         _, truncated_at = apply_changes(spark, engine, TABLE, lake, bronze_batch(spark, files, run), truncated_at,
