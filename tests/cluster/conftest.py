@@ -34,6 +34,9 @@ def cluster(tmp_path_factory, soak):
         with standalone_cluster(workdir) as master:
             yield master, workdir
     finally:
+        # each application's executor fetched its own copy of the pinned jars (672 MB) into work/; its logs stay
+        for copy in workdir.glob("work/app-*/*/*.jar"):
+            copy.unlink()
         for name, value in earlier.items():
             if value is None:
                 os.environ.pop(name, None)
