@@ -163,6 +163,29 @@ def test_silvers_pass_takes_the_tables_whose_bronze_started_its_run_else_the_par
     assert submitted() == ([] if tables is None else tables.split())
 
 
+@pytest.mark.parametrize("host, given, not_given", [
+    ("local[1]", "--driver-class-path", "--jars"),  # on the class path: spark.jars would copy 672 MB per task
+    ("spark://127.0.0.1:7077", "--jars", "--driver-class-path"),  # a cluster's executors get them shipped
+])
+def test_spark_submit_gets_the_pinned_jars_as_its_connections_master_needs_them(tmp_path, monkeypatch, host, given,
+                                                                                 not_given):
+    from spark_jobs import jvm
+
+    fake = tmp_path / "bin" / "spark-submit"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path}/args\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    for name, value in subprocess_env(PATH=f"{fake.parent}:{os.environ['PATH']}",
+                                      AIRFLOW_CONN_SPARK_DEFAULT=json.dumps({"conn_type": "spark", "host": host})).items():
+        monkeypatch.setenv(name, value)
+    job = CdcSparkJob(task_id="silver_merge", landing=str(tmp_path / "landing"), cli_args=["--layers", "silver"])
+    job.execute({"ti": SimpleNamespace(), "params": {"tables": []}})
+    args = (tmp_path / "args").read_text().split()
+    assert args[args.index("--master") + 1] == host
+    separator = os.pathsep if given == "--driver-class-path" else ","
+    assert args[args.index(given) + 1] == separator.join(jvm.jars()) and not_given not in args
+
+
 @pytest.mark.parametrize("run_type, payloads, expected", [
     # its data interval, every table
     ("backfill", [], "--since 2026-03-01T00:00:00+00:00 --until 2026-03-01T00:15:00+00:00"),
