@@ -28,11 +28,14 @@ print(" ".join(["cdc_bronze", "cdc_silver", *("cdc_gold_" + m for m in r.gold)])
 
 venv: $(VENV)/.installed
 # the development lock (the runtime lock plus test and lint tools), then the project itself, editable
-# (spark_jobs and plugins/cdc_airflow; `cdc-pipeline`)
+# (spark_jobs and plugins/cdc_airflow; `cdc-pipeline`). Installed by uv, pinned here: the same locked versions as pip
+# would install, in well under a minute where pip took over four (the largest part of a fresh clone's set-up, measured)
+UV := uv==0.13.9
 $(VENV)/.installed: requirements.txt tests/requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -r tests/requirements.txt
-	$(BIN)/pip install --quiet --disable-pip-version-check --no-build-isolation --no-deps -e .
+	$(BIN)/pip install --quiet --disable-pip-version-check $(UV)
+	$(BIN)/uv pip install --quiet --python $(BIN)/python -r tests/requirements.txt
+	$(BIN)/uv pip install --quiet --python $(BIN)/python --no-build-isolation --no-deps -e .
 	touch $@
 
 # the pinned JVM jars (spark_jobs/jvm.py), fetched once from Maven Central into .jars/, offline afterwards
