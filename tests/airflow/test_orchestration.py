@@ -134,17 +134,29 @@ def test_a_failed_layer_job_fails_its_task_with_the_cause_and_only_transient_one
 
 
 @pytest.fixture()
-def submitted(tmp_path, monkeypatch):
+def spark_master() -> str:
+    """The master of the spark_default connection the `submitted` fixture sets (a test may parametrize it)."""
+    return "local[1]"
+
+
+@pytest.fixture()
+def submitted(tmp_path, monkeypatch, spark_master):
     """A spark-submit on PATH that records its arguments: what the job was given after its run id (not rendered
-    here, outside a run)."""
+    here, outside a run), or with `whole` every argument."""
     fake = tmp_path / "bin" / "spark-submit"
     fake.parent.mkdir()
     fake.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path}/args\n")
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    connection = json.dumps({"conn_type": "spark", "host": spark_master})
     for name, value in subprocess_env(PATH=f"{fake.parent}:{os.environ['PATH']}",
-                                      AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[1]"}').items():
+                                      AIRFLOW_CONN_SPARK_DEFAULT=connection).items():
         monkeypatch.setenv(name, value)
-    return lambda: (tmp_path / "args").read_text().split("--run-id {{ run_id }}", 1)[1].split()
+
+    def arguments(whole: bool = False) -> list[str]:
+        text = (tmp_path / "args").read_text()
+        return text.split() if whole else text.split("--run-id {{ run_id }}", 1)[1].split()
+
+    return arguments
 
 
 @pytest.mark.parametrize("events, params, tables", [
@@ -163,25 +175,18 @@ def test_silvers_pass_takes_the_tables_whose_bronze_started_its_run_else_the_par
     assert submitted() == ([] if tables is None else tables.split())
 
 
-@pytest.mark.parametrize("host, given, not_given", [
+@pytest.mark.parametrize("spark_master, given, not_given", [
     ("local[1]", "--driver-class-path", "--jars"),  # on the class path: spark.jars would copy 672 MB per task
     ("spark://127.0.0.1:7077", "--jars", "--driver-class-path"),  # a cluster's executors get them shipped
 ])
-def test_spark_submit_gets_the_pinned_jars_as_its_connections_master_needs_them(tmp_path, monkeypatch, host, given,
-                                                                                 not_given):
+def test_spark_submit_gets_the_pinned_jars_as_its_connections_master_needs_them(tmp_path, submitted, spark_master,
+                                                                                 given, not_given):
     from spark_jobs import jvm
 
-    fake = tmp_path / "bin" / "spark-submit"
-    fake.parent.mkdir()
-    fake.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path}/args\n")
-    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    for name, value in subprocess_env(PATH=f"{fake.parent}:{os.environ['PATH']}",
-                                      AIRFLOW_CONN_SPARK_DEFAULT=json.dumps({"conn_type": "spark", "host": host})).items():
-        monkeypatch.setenv(name, value)
     job = CdcSparkJob(task_id="silver_merge", landing=str(tmp_path / "landing"), cli_args=["--layers", "silver"])
     job.execute({"ti": SimpleNamespace(), "params": {"tables": []}})
-    args = (tmp_path / "args").read_text().split()
-    assert args[args.index("--master") + 1] == host
+    args = submitted(whole=True)
+    assert args[args.index("--master") + 1] == spark_master
     separator = os.pathsep if given == "--driver-class-path" else ","
     assert args[args.index(given) + 1] == separator.join(jvm.jars()) and not_given not in args
 
