@@ -29,7 +29,8 @@ print(" ".join(["cdc_bronze", "cdc_silver", *("cdc_gold_" + m for m in r.gold)])
 venv: $(VENV)/.installed
 # the development lock (the runtime lock plus test and lint tools), then the project itself, editable
 # (spark_jobs and plugins/cdc_airflow; `cdc-pipeline`). Installed by uv, pinned here: the same locked versions as pip
-# would install, in well under a minute where pip took over four (the largest part of a fresh clone's set-up, measured)
+# would install, in about two minutes with an empty download cache (50 s with a full one) where pip took over four,
+# the largest part of a fresh clone's set-up (measured on CI's machine kind)
 UV := uv==0.13.9
 $(VENV)/.installed: requirements.txt tests/requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
