@@ -80,6 +80,7 @@ class Bench:
     engines: tuple[str, ...] = ("delta-rs",)  # every engine this bench runs L and W1-W3 with
     figures: list[Figure] = field(default_factory=list)
     spark_jobs: list[int] = field(default_factory=list)  # per service job, in the order they ran
+    gx_seconds: list[float] = field(default_factory=list)  # per service job: its time in Great Expectations
     # (engine, rows) -> the project's lake holding the initial load of `rows` rows
     seeds: dict[tuple[str, int], Path] = field(default_factory=dict)
     floor_seeds: dict[int, Path] = field(default_factory=dict)  # rows -> the floor's silver, loaded by the floor
@@ -137,6 +138,7 @@ def project_run(landing: Path, lake: Path, files: str, engine: str, mode: str, b
         service = bench.services(landing, lake)  # its start is not timed: a warm service is what a task meets
         seconds, status = service_job(service, argv, engine)
         bench.spark_jobs.append(status.spark_jobs or 0)
+        bench.gx_seconds.append(status.gx_seconds or 0.0)
         return seconds, status.log
     return timed([sys.executable, "-m", "spark_jobs", *argv], {"CDC_DELTA_ENGINE": engine})
 
@@ -340,12 +342,14 @@ def w2(bench: Bench) -> None:
     seconds: dict[str, list[float]] = {mode: [] for mode, _ in (*MODES, ("floor", ""), ("warm", ""), ("spark", ""))}
     lakes = {mode: fresh_copy(seed, bench.workdir / f"lake-w2{mode}") for mode, _ in bench.modes}
     jobs: list[int] = []
+    gx: list[float] = []  # seconds in Great Expectations (validations, Data Docs) per service batch
     for n, files in enumerate(generated.batches[1:], start=1):
         listed = file_list(bench.workdir / f"w2-{n}.json", landing, files)
         for mode, _ in bench.modes:
             seconds[mode].append(project_run(landing, lakes[mode], listed, bench.engine, mode, bench)[0])
             if mode == "service":
                 jobs.append(bench.spark_jobs[-1])
+                gx.append(bench.gx_seconds[-1])
         seconds["floor"].append(floor_run(landing, floor_silver, listed))
         seconds["warm"].append(warm_floor("apply", landing, warm_silver, listed))
         seconds["spark"].append(spark_floor(bench, "apply", landing, spark_silver, listed))
@@ -368,6 +372,9 @@ def w2(bench: Bench) -> None:
                         statistics.median(jobs), target="<= 12", note="a count of Spark jobs, not seconds")
         figure.met = figure.project <= 12
         bench.add(figure)
+    if gx:  # the gates' fixed cost beside the Spark floor: two validations and their pages, whatever the batch's size
+        bench.add(Figure("W2", f"seconds in Great Expectations per batch of {per_batch:,}, p50, on the pipeline service, "
+                               f"{bench.engine}", percentile(gx[1:], 0.5), spark_floor=percentile(seconds["spark"][1:], 0.5)))
 
 
 def percentile(values: list[float], share: float) -> float:
