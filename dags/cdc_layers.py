@@ -20,7 +20,7 @@ are imported by the tasks when they run, never here.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from airflow.sdk import DAG, AssetAny, AssetOrTimeSchedule, DeltaDataIntervalTimetable, get_parsing_context
 
@@ -32,7 +32,8 @@ from cdc_airflow.wiring import default_args, gold_pool, wiring
 
 W = wiring()
 START = datetime(2024, 1, 1, tzinfo=UTC)
-EVERY_15_MINUTES = DeltaDataIntervalTimetable(timedelta(minutes=15))  # data intervals: what a backfill run covers
+# data intervals, what a backfill run covers: every 15 minutes unless CDC_BRONZE_INTERVAL_MINUTES says otherwise
+BRONZE_INTERVALS = DeltaDataIntervalTimetable(W.bronze_interval)
 # A task's own process parses this file for its one DAG, which Airflow's parsing context names: only that DAG is
 # built, so a task start does not pay for every table's (3 s at 500 tables; far more on a loaded worker, past the
 # import timeout). The dag-processor (no DAG named) builds them all.
@@ -48,8 +49,8 @@ if wanted("cdc_bronze"):
         dag_id="cdc_bronze",
         doc_md=__doc__,
         # notified landings start a run at once; the schedule's runs stay, and catch what a lost notification missed
-        schedule=AssetOrTimeSchedule(timetable=EVERY_15_MINUTES, assets=W.landing_notified()) if W.landing_queue
-        else EVERY_15_MINUTES,
+        schedule=AssetOrTimeSchedule(timetable=BRONZE_INTERVALS, assets=W.landing_notified()) if W.landing_queue
+        else BRONZE_INTERVALS,
         start_date=START,
         catchup=False,
         # one scheduled, manual or notified run at a time: a run's sensor starting while an earlier run's bronze tasks
@@ -137,7 +138,7 @@ for model in W.registry.gold.values():
                "recomputed and gated when any source changes.",
         # a model read at a transaction watermark also runs on the clock: a transaction's END event may land after
         # every event it counts, and no silver run follows it (the refresh is skipped when nothing new landed)
-        schedule=AssetOrTimeSchedule(timetable=EVERY_15_MINUTES, assets=sources_changed) if model.transactions
+        schedule=AssetOrTimeSchedule(timetable=BRONZE_INTERVALS, assets=sources_changed) if model.transactions
         else sources_changed,
         start_date=START,
         catchup=False,

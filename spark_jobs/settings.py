@@ -26,6 +26,11 @@ class Settings:
     lake_uri: str = "data/lake"  # CDC_LAKE_URI: the lake root (a path on a filesystem every process sees)
     sensor_timeout: float = 600.0  # CDC_SENSOR_TIMEOUT: seconds a run's sensor waits for landing files
     sensor_poke_interval: float = 60.0  # CDC_SENSOR_POKE_INTERVAL: seconds between its listings
+    # CDC_BRONZE_INTERVAL_MINUTES: cdc_bronze's schedule, and the data interval a backfill run covers (transaction-
+    # consistent gold models look for new ENDs as often)
+    bronze_interval_minutes: int = 15
+    # CDC_RETRY_DELAY: seconds before a failed task's first retry (doubling at each next, up to 10 minutes)
+    retry_delay: float = 30.0
     aws_conn_id: str = "aws_default"  # CDC_AWS_CONN_ID: the Airflow connection holding the S3 credentials
     # CDC_LANDING_QUEUE: an SQS queue's URL that receives the landing bucket's object-created notifications; set, a
     # landed file starts cdc_bronze at once (the 15-minute schedule and its sensor stay, as the fallback)

@@ -28,6 +28,7 @@ class Wiring:
     sensor_poke_s: float
     landing_queue: str  # "" when landings are not notified (spark_jobs.settings, CDC_LANDING_QUEUE)
     aws_conn_id: str
+    bronze_interval: dt.timedelta  # cdc_bronze's schedule and a backfill run's data interval
 
     def cli_args(self, *selection: str) -> list[str]:
         return ["--config", self.config, "--landing", self.landing, "--lake", self.lake, *selection]
@@ -89,12 +90,13 @@ def wiring() -> Wiring:
     env = settings()
     config = str(resolve(env.config))
     return Wiring(config, resolve_uri(env.landing_uri), resolve_uri(env.lake_uri), load_registry(config),
-                  env.sensor_timeout, env.sensor_poke_interval, env.landing_queue, env.aws_conn_id)
+                  env.sensor_timeout, env.sensor_poke_interval, env.landing_queue, env.aws_conn_id,
+                  dt.timedelta(minutes=env.bronze_interval_minutes))
 
 
 def default_args(**extra: Any) -> dict[str, Any]:
     """Retries with exponential backoff (CdcSparkJob retries only transient failures), a timeout per
     task, and the failure log and notifiers (cdc_airflow.callbacks)."""
-    return {"owner": "data-engineering", "retries": 3, "retry_delay": dt.timedelta(seconds=30),
+    return {"owner": "data-engineering", "retries": 3, "retry_delay": dt.timedelta(seconds=settings().retry_delay),
             "retry_exponential_backoff": True, "max_retry_delay": dt.timedelta(minutes=10),
             "execution_timeout": dt.timedelta(hours=1), "on_failure_callback": failure_callbacks(), **extra}

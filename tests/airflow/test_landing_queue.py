@@ -18,6 +18,8 @@ from tests.support import landing_notifications, pipeline_service
 
 pytest.importorskip("airflow")
 
+DAY = 86_400
+
 
 def test_a_file_landed_starts_bronze_through_the_bucket_notification_queue_without_a_poll(tmp_path, s3_endpoint):
     """CDC_LANDING_QUEUE: the landing bucket notifies an SQS queue (the local endpoint's) of each object created; the
@@ -34,7 +36,9 @@ def test_a_file_landed_starts_bronze_through_the_bucket_notification_queue_witho
     # what is tested is not its first job's speed: no warm-up (test_service.py has one)
     service_env = subprocess_env(**deployment, **s3_environment(s3_endpoint), CDC_SERVICE_WARM_UP="false")
     with postgres() as database, pipeline_service(service_env, tmp_path / "service.log") as service:
-        env = airflow_env(tmp_path / "airflow", database, service, s3_endpoint, deployment, CDC_LANDING_QUEUE=queue)
+        # cdc_bronze's schedule once a day: its next scheduled run (which would list the landing too) is not due
+        env = airflow_env(tmp_path / "airflow", database, service, s3_endpoint, deployment, CDC_LANDING_QUEUE=queue,
+                          CDC_BRONZE_INTERVAL_MINUTES=str(DAY // 60))
         airflow = Airflow(env, tmp_path / "airflow")
 
         def idle() -> bool:  # a run of cdc_bronze, and none running
@@ -43,7 +47,7 @@ def test_a_file_landed_starts_bronze_through_the_bucket_notification_queue_witho
 
         with airflow.running():
             airflow.wait("the scheduled run to end", idle, 300)
-            due = 900 - time.time() % 900  # the next scheduled run (every 15 minutes) lists the landing: not yet
+            due = DAY - time.time() % DAY  # the next scheduled run lists the landing: not yet
             if due < 120:
                 time.sleep(due + 5)
                 airflow.wait("that scheduled run to end", idle, 300)
