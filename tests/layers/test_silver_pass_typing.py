@@ -1,38 +1,36 @@
 """A silver column's type over batches of plain JSON (no schema envelope): it takes the type of its first value and
-never becomes text, through the silver pass (delta-rs) and a table's own step (delta-spark). A module of its own:
-with tests/layers/test_silver_pass.py it was the suite's longest file (a cold delta-spark case of about 70 s)."""
+never becomes text, through the silver pass and a table's own step."""
 
 from __future__ import annotations
+
+from functools import partial
 
 import pytest
 
 from spark_jobs.lake import Lake
 from tests.layers.test_bronze_pass import _config
 from tests.layers.test_silver_pass import LANDING, _event, _land
-from tests.support import run, silver_rows
+from tests.support import own_steps, run, silver_rows
 
 TYPING_TABLES = {name: {"topic": f"shop.public.{name}", "keys": ["id"], "quality": {"max_quarantined": "100%"}}
                  for name in ("late", "late_too")}
 
 
-@pytest.mark.parametrize("delta_engine", ["delta-rs", "delta-spark"])
-def test_a_column_takes_the_type_of_its_first_value_and_never_becomes_text(spark, tmp_path, capsys, monkeypatch,
-                                                                            delta_engine):
+@pytest.mark.parametrize("own_plan", [False, True], ids=["pass", "own-plan"])
+def test_a_column_takes_the_type_of_its_first_value_and_never_becomes_text(spark, engine, tmp_path, capsys, monkeypatch,
+                                                                            own_plan):
     """Plain JSON without the schema envelope. `n` is null in every event of the first batch: it has no type yet and
     silver leaves it out; its first integers make it bigint (older rows read null). `m`, new in the second batch, has
     an integer first and text later in that batch: bigint, the text quarantined. `s` holds text: a number or a
-    boolean for it is quarantined, never kept as its text. With delta-rs the two tables' batches go through the
-    silver pass (a batch with a column new and mixed through its own plan), with delta-spark each through its own."""
-    from spark_jobs.delta.engines import make_engine
-
-    monkeypatch.setenv("CDC_DELTA_ENGINE", delta_engine)
+    boolean for it is quarantined, never kept as its text. The two tables' batches go through the silver pass (a
+    batch with a column new and mixed through its own plan), or each through its own plan."""
+    runs = partial(own_steps, monkeypatch) if own_plan else run
     config, landing, lake = _config(tmp_path, [], TYPING_TABLES), tmp_path / LANDING, tmp_path / "lake"
     for table in TYPING_TABLES:
         _land(landing, f"shop.public.{table}", "0000000000", [
             _event("c", {"id": 1, "n": None, "s": "a"}, 10), _event("c", {"id": 2, "n": None, "s": "b"}, 11)])
-    code, out, err = run(capsys, config, landing, lake, "--layers", "bronze,silver")
+    code, out, err = runs(capsys, config, landing, lake, "--layers", "bronze,silver")
     assert code == 0, out + err
-    engine = make_engine(spark, delta_engine)
     for table in TYPING_TABLES:
         assert "n" not in engine.schema(Lake(str(lake)).silver(table)).fieldNames()
     _land(landing, "shop.public.late", "0000000002", [
@@ -40,9 +38,9 @@ def test_a_column_takes_the_type_of_its_first_value_and_never_becomes_text(spark
         _event("c", {"id": 3, "n": None, "s": "d", "m": None}, 14)])
     _land(landing, "shop.public.late_too", "0000000002", [
         _event("u", {"id": 1, "n": 6, "s": True}, 12), _event("c", {"id": 3, "n": -1}, 14)])
-    code, out, err = run(capsys, config, landing, lake, "--layers", "bronze,silver")
+    code, out, err = runs(capsys, config, landing, lake, "--layers", "bronze,silver")
     assert code == 0, out + err
-    if delta_engine == "delta-rs":
+    if not own_plan:
         assert "silver: 1 of 2 tables' new bronze rows planned in one pass" in out, out
     assert silver_rows(spark, engine, lake, "late", ("id",)) == {
         (1,): {"id": 1, "n": 5, "s": "c", "m": 7}, (2,): {"id": 2, "n": None, "s": "b", "m": None},

@@ -169,6 +169,29 @@ def test_a_null_safe_merge_on_two_keys_matches_null_with_null_and_leaves_its_mar
     assert rows(any_engine, spark, arrow_path, ["a", "b"]) == [(1, None, 1)]
 
 
+def test_the_change_feed_gives_the_rows_each_commit_changed_once_it_is_on(any_engine, spark, tmp_path):
+    """What incremental gold reads of silver (layers/gold_state.py): a merge's inserts, updates (before and after) and
+    deletes, a delete's and an append's rows, for the commits between two versions; nothing before the feed was on."""
+    path = str(tmp_path / "t")
+    any_engine.append(spark.createDataFrame([(1, "a", "01", "c"), (2, "b", "01", "c")], SCHEMA), path)
+    assert not any_engine.changes_recorded(path)
+    any_engine.record_changes(path)
+    on = any_engine.version(path)
+    assert any_engine.changes_recorded(path) and any_engine.changes(spark, path, 0, on) is None
+    spec = replace(SILVER_MERGE, keys=("k",))
+    any_engine.merge(spark.createDataFrame([(1, "a2", "02", "u"), (2, None, "02", "d"), (3, "c", "02", "c")], SCHEMA),
+                     path, spec)
+    any_engine.delete(path, "k = 3")
+    any_engine.append(spark.createDataFrame([(4, "d", "03", "c")], SCHEMA), path)
+    changes = any_engine.changes(spark, path, on, any_engine.version(path))
+    assert sorted(tuple(r) for r in changes.select("k", "v", "_change_type").collect()) == [
+        (1, "a", "update_preimage"), (1, "a2", "update_postimage"), (2, "b", "delete"), (3, "c", "delete"),
+        (3, "c", "insert"), (4, "d", "insert")]
+    merged = any_engine.changes(spark, path, on, on + 1)  # one commit's
+    assert sorted(tuple(r) for r in merged.select("k", "_change_type").collect()) == [
+        (1, "update_postimage"), (1, "update_preimage"), (2, "delete"), (3, "insert")]
+
+
 def test_merge_adds_new_source_columns(any_engine, spark, tmp_path):
     path = str(tmp_path / "t")
     spec = MergeSpec(("k",), update_when="true", insert_when="true")
