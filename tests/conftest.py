@@ -118,9 +118,35 @@ def soak(request) -> bool:
 
 
 def pytest_terminal_summary(terminalreporter):
-    """A test JVM that crashed (rather than failed a test) says why here, in CI's output."""
+    """A test JVM that crashed (rather than failed a test) says why here, in CI's output; then what the run cost."""
     for report in sorted(ARTIFACTS.glob("hs_err_pid*.log")):
         terminalreporter.write_line(f"JVM crash report {report}:\n" + "\n".join(report.read_text().splitlines()[:40]))
+    _cost_by_directory(terminalreporter)
+
+
+def _cost_by_directory(terminalreporter) -> None:
+    """Worker-seconds (setup, call and teardown of each test, as junit.xml counts them) by directory of tests/ and
+    for the heaviest files, so the landing that makes the suite dearer shows it in its own CI output."""
+    seconds: dict[str, float] = {}
+    files: dict[str, float] = {}
+    tests: dict[str, set[str]] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if getattr(report, "when", None) not in ("setup", "call", "teardown"):
+                continue
+            path = report.nodeid.split("::", 1)[0].removeprefix("tests/")
+            folder = path.split("/", 1)[0] if "/" in path else "."
+            seconds[folder] = seconds.get(folder, 0.0) + report.duration
+            files[path] = files.get(path, 0.0) + report.duration
+            tests.setdefault(folder, set()).add(report.nodeid)
+    if not seconds:
+        return
+    write = terminalreporter.write_line
+    write(f"worker-seconds by directory: {sum(seconds.values()):.0f} s in {sum(map(len, tests.values()))} tests")
+    for folder, spent in sorted(seconds.items(), key=lambda item: -item[1]):
+        write(f"  {folder:<12} {spent:7.0f} s  {len(tests[folder]):4d} tests")
+    write("heaviest files: " + ", ".join(f"{path} {spent:.0f} s" for path, spent in
+                                         sorted(files.items(), key=lambda item: -item[1])[:8]))
 
 
 @pytest.fixture()

@@ -371,8 +371,8 @@ def test_the_one_shots_and_the_pipeline_service_bring_the_sample_data_to_gold(s3
     """s3-init makes the buckets (and says so the second time), sample-landing lands the demo's Debezium files in
     the landing bucket; the init's credentials step, the pipeline service as compose starts it (beyond loopback:
     TLS, the secret from its file) and its healthcheck run here, and a job submitted through the connection the
-    init made, as the tasks submit theirs, brings the files to gold with delta-spark on S3 (a local master here:
-    tests/cluster runs the same service on a standalone cluster)."""
+    init made, as the tasks submit theirs, brings the files to gold on S3 (a local master here: tests/cluster runs the
+    same service on a standalone cluster)."""
     import boto3
 
     from spark_jobs.service_client import JobRequest, ServiceConnection, poll, submit
@@ -406,7 +406,10 @@ def test_the_one_shots_and_the_pipeline_service_bring_the_sample_data_to_gold(s3
         return text
 
     credentials = next(line for line in init_script().splitlines() if "service-credentials" in line)
-    env = compose_env("pipeline-service", **local, CDC_SPARK_MASTER="local[2]")
+    # a local master in place of the cluster (tests/cluster runs this service on one, writing with delta-spark from its
+    # executors, compose's engine): here the driver writes (delta-rs), and as on compose's cluster there is no warm-up
+    env = compose_env("pipeline-service", **local, CDC_SPARK_MASTER="local[2]", CDC_DELTA_ENGINE="delta-rs",
+                      CDC_SERVICE_WARM_UP="false")
     made = subprocess.run(localised(credentials).replace("python", sys.executable, 1).split(), env=env,
                           capture_output=True, text=True, timeout=120)
     assert made.returncode == 0, made.stderr[-3000:]
