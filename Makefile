@@ -24,20 +24,28 @@ export LAYER_DAGS := from spark_jobs.registry import load_registry; from spark_j
 r = load_registry(settings().config); \
 print(" ".join(["cdc_bronze", "cdc_silver", *("cdc_gold_" + m for m in r.gold)]))
 
-.PHONY: demo serve test soak e2e lint bench venv java jars assets debs clean-demo compose-env
+.PHONY: demo serve test soak e2e lint bench venv bytecode java jars assets debs clean-demo compose-env
 
 venv: $(VENV)/.installed
 # the development lock (the runtime lock plus test and lint tools), then the project itself, editable
 # (spark_jobs and plugins/cdc_airflow; `cdc-pipeline`). Installed by uv, pinned here: the same locked versions as pip
 # would install, in about two minutes with an empty download cache (50 s with a full one) where pip took over four,
-# the largest part of a fresh clone's set-up (measured on CI's machine kind)
+# the largest part of a fresh clone's set-up (measured on CI's machine kind). Compiled to bytecode at install, as pip
+# does and uv does not unless asked: where PYTHONDONTWRITEBYTECODE is set (CI's machines set it) no process would ever
+# keep what it compiled, and every one compiled every module it imports again: `airflow version` took 6.6 s instead of
+# 2.7, `import great_expectations` 12.8 s of CPU instead of 6.5, in each Airflow task, service and CLI process
 UV := uv==0.13.9
 $(VENV)/.installed: requirements.txt tests/requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check $(UV)
-	$(BIN)/uv pip install --quiet --python $(BIN)/python -r tests/requirements.txt
+	$(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python -r tests/requirements.txt
 	$(BIN)/uv pip install --quiet --python $(BIN)/python --no-build-isolation --no-deps -e .
 	touch $@
+
+# the project's own modules as bytecode too (they change, so at each use; a second or two): what the processes a run
+# starts import from the clone
+bytecode: venv
+	@$(BIN)/python -m compileall -q -j 0 spark_jobs plugins dags tests > /dev/null
 
 # the pinned JVM jars (spark_jobs/jvm.py), fetched once from Maven Central into .jars/, offline afterwards
 jars: $(JARS_DIR)/.resolved
@@ -75,7 +83,7 @@ debs:
 # The service authenticates every caller: it writes its address and a secret it made (mode 600) as the Airflow
 # connection `cdc_service`, which the tasks use (CDC_SERVICE_CONN_ID).
 SERVICE_CONNECTION := $(ROOT)/.service-connection.json
-demo: venv java jars assets
+demo: venv java jars assets bytecode
 	$(BIN)/python -m spark_jobs generate --landing data/landing
 	@rm -f $(SERVICE_CONNECTION); \
 	$(BIN)/python -m spark_jobs serve --port 0 --connection-file $(SERVICE_CONNECTION) > $(AIRFLOW_HOME)-service.log 2>&1 & \
@@ -97,28 +105,28 @@ demo: venv java jars assets
 # the pipeline service in the foreground, for a scheduler of your own: it writes its Airflow connection (address and
 # secret) to .service-connection.json; e.g. AIRFLOW_CONN_CDC_SERVICE="$$(cat .service-connection.json)" and
 # CDC_SERVICE_CONN_ID=cdc_service for the Airflow side (docs/operations.md, "The pipeline service")
-serve: venv java jars assets
+serve: venv java jars assets bytecode
 	$(BIN)/python -m spark_jobs serve --port 8790 --connection-file $(SERVICE_CONNECTION)
 
 # two workers, one per core, each test file on one of them, the longest files first (tests/conftest.py); the slowest
 # tests and a junit.xml of every test's time show where each run's time went
-test: venv java jars assets debs
+test: venv java jars assets debs bytecode
 	$(BIN)/pytest -n 2 --dist loadfile --no-loadscope-reorder --junitxml=test-artifacts/junit.xml
 
 # the size claims (tests marked `scale`) at full size: a 200 MB file at the default heap, a 50 MB line, a backlog of
 # 5,000 files, a batch of 20,000 events (`make test` proves each against a limit set small); about 4 minutes here.
 # Run it before resolving an issue that touches those paths; its figures go in tests/benchmarks/RESULTS.md
-soak: venv java jars assets debs
+soak: venv java jars assets debs bytecode
 	$(BIN)/pytest --soak -m scale --durations=0 --junitxml=test-artifacts/soak.xml
 
 # Airflow for real: api-server, scheduler, dag-processor, triggerer and the LocalExecutor on a PostgreSQL the test
 # starts, files landing on a local S3 server to gold, a backfill and replays through the REST API (part of `make test`)
-e2e: venv java jars assets debs
+e2e: venv java jars assets debs bytecode
 	$(BIN)/pytest tests/airflow/test_scheduler.py tests/airflow/test_landing_queue.py
 
 # the pipeline against the single-node floor, every workload of tests/benchmarks (not part of `make test`);
 # at scale 1.0 (issue 6's sizes) it takes hours here: e.g. `make bench BENCH_ARGS="--scale 0.1 --runs 2"`
-bench: venv java jars assets
+bench: venv java jars assets bytecode
 	$(BIN)/python -m tests.benchmarks $(BENCH_ARGS)
 
 lint: venv
@@ -127,15 +135,18 @@ lint: venv
 
 # The compose stack's secrets, which docker-compose.yaml reads from .env and refuses to start without: the S3 keys,
 # PostgreSQL's and Airflow's admin passwords and Spark's RPC secret, drawn once (Python's own `secrets`: no venv
-# needed) into a file readable by you only, never in git or the image. An existing .env is kept; delete it to
+# needed) into a new file readable by you only (O_EXCL and O_NOFOLLOW: never written through a link planted in its
+# place), never in git or the image. An existing .env is kept; delete it to
 # draw new ones (and the volumes, which hold the old ones).
 compose-env:
 	@if [ -s .env ]; then echo ".env exists: kept"; else \
-	  umask 077 && python3 -c 'import secrets; t = secrets.token_hex; \
-	    print(f"CDC_S3_ACCESS_KEY=cdc-{t(8)}\nCDC_S3_SECRET_KEY={t(24)}\nCDC_POSTGRES_PASSWORD={t(24)}"); \
-	    print(f"CDC_AIRFLOW_ADMIN_PASSWORD={t(12)}\nCDC_SPARK_SECRET={t(32)}"); \
-	    print("# CDC_PUBLISH_ADDRESS=0.0.0.0  # publish the ports beyond loopback (default 127.0.0.1)")' > .env.partial \
-	  && mv .env.partial .env && echo ".env: made (mode 600)"; fi
+	  python3 -c 'import os, secrets; t = secrets.token_hex; \
+	    text = f"CDC_S3_ACCESS_KEY=cdc-{t(8)}\nCDC_S3_SECRET_KEY={t(24)}\nCDC_POSTGRES_PASSWORD={t(24)}\n"; \
+	    text += f"CDC_AIRFLOW_ADMIN_PASSWORD={t(12)}\nCDC_SPARK_SECRET={t(32)}\n"; \
+	    text += "# CDC_PUBLISH_ADDRESS=0.0.0.0  # publish the ports beyond loopback (default 127.0.0.1)\n"; \
+	    fd = os.open(".env", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600); \
+	    os.write(fd, text.encode()); os.close(fd)' 2>/dev/null \
+	  && echo ".env: made (mode 600)" || { echo ".env is there but empty or a link: remove it, then run make compose-env" >&2; exit 1; }; fi
 
 clean-demo:
 	rm -rf data .airflow .airflow-*.log .service-connection.json

@@ -180,14 +180,18 @@ class PipelineService:
         self.spark_stopped = threading.Event()
 
     def start_spark(self) -> str:
-        """The session every job will share, and the Great Expectations import, paid once here."""
+        """The session every job will share, and the Great Expectations import, paid once here: side by side (the
+        import is seconds of Python, the JVM starts in a process of its own)."""
         import importlib
 
         from spark_jobs import session
 
         session.SHARED_JVM = True
+        gx = threading.Thread(target=importlib.import_module, args=("great_expectations",), daemon=True)
+        gx.start()
         spark = session.build_session("cdc-pipeline-service")
-        importlib.import_module("great_expectations")
+        gx.join()
+        importlib.import_module("great_expectations")  # raises here if the import in the thread failed
         return str(spark.sparkContext.master)
 
     def submit(self, request: JobRequest) -> _Job:
