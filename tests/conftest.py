@@ -6,13 +6,11 @@ import os
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import pytest
 
-from tests.support import aws_connection, free_port, s3_environment, s3_server, subprocess_env  # noqa: F401  (the tests import them from here)
+from tests.support import ROOT, SERIAL_GC, SHORT_LIVED_JVM, postgres, s3_server
 
-ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
 os.environ["TZ"] = "UTC"
 time.tzset()
@@ -56,12 +54,9 @@ def spark(soak):
     session.stop()
 
 
-# The serial collector: the tests' heaps are small and two workers share two cores, where G1's concurrent threads
-# (the JVM's default here) cost CPU the other worker needs. Measured on tests/layers/test_pipeline.py alone: 191-216
-# CPU-s against 241-244 with G1.
-SERIAL_GC = "-XX:+UseSerialGC"
-# C1 alone for the JVMs that live for seconds to minutes (see pytest_configure)
-SHORT_LIVED_JVM = f"-XX:TieredStopAtLevel=1 {SERIAL_GC}"
+# The JVMs' collector is the serial one (tests/support.SERIAL_GC): the tests' heaps are small and two workers share two
+# cores, where G1's concurrent threads (the JVM's default here) cost CPU the other worker needs. Measured on
+# tests/layers/test_pipeline.py alone: 191-216 CPU-s against 241-244 with G1.
 
 
 def pytest_configure(config):
@@ -163,15 +158,9 @@ def s3_endpoint(tmp_path_factory):
         yield url
 
 
-def upload_landing(endpoint: str, local: Path, uri: str) -> list[str]:
-    """Land local sink files in S3 as the S3 sink would: same keys under the URI's prefix."""
-    import boto3
-
-    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
-    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="test", aws_secret_access_key="test",
-                          region_name="us-east-1")
-    keys = []
-    for path in sorted(p for p in local.rglob("*") if p.is_file()):
-        keys.append(f"{prefix}/{path.relative_to(local).as_posix()}")
-        client.upload_file(str(path), bucket, keys[-1])
-    return keys
+@pytest.fixture(scope="session")
+def postgres_server():
+    """One PostgreSQL cluster per test worker (tests/support.Postgres): each test's Airflow gets a database of its own,
+    copied from one migrated once."""
+    with postgres() as server:
+        yield server

@@ -13,12 +13,9 @@ from spark_jobs.generate import Options, generate
 from spark_jobs.lake import Lake, read_columns, row_count
 from spark_jobs.registry import load_registry
 from spark_jobs.state import pending_files, read_marks
-from tests.conftest import ROOT, subprocess_env
-from tests.support import airflow_home, pipeline_service, service_airflow_env
+from tests.support import BIN, ROOT, AirflowCli, airflow_home, pipeline_service, service_airflow_env, subprocess_env
 
 pytest.importorskip("airflow")
-
-from tests.airflow.test_demo import BIN, Airflow  # noqa: E402
 
 
 @pytest.mark.scale
@@ -44,7 +41,7 @@ def test_a_backlog_of_several_batches_lands_in_bounded_batches_with_every_line_a
             AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[2]"}',
             CDC_CONFIG=str(config), CDC_LANDING_URI=str(landing), CDC_LAKE_URI=str(lake),
             CDC_SENSOR_TIMEOUT="3", CDC_SENSOR_POKE_INTERVAL="1")
-        airflow = Airflow(env, tmp_path / "dags-test.log")
+        airflow = AirflowCli(env, tmp_path / "dags-test.log")
         airflow_home(tmp_path / "airflow")  # `airflow db migrate`'s database
         airflow.sh(str(BIN / "python"), "-m", "cdc_airflow.pools")
 

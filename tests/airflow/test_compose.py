@@ -18,18 +18,16 @@ from dataclasses import fields
 from pathlib import Path
 
 import pytest
-import yaml
 
 from spark_jobs.quality.docs_assets import assets_dir
 from spark_jobs.service_client import ServiceConnection
 from spark_jobs.session import SPARK_SECRET_VARIABLE
 from spark_jobs.settings import Settings
-from tests.conftest import subprocess_env
+from tests.support import COMPOSE_AIRFLOW, ROOT, compose_file, subprocess_env
 
-ROOT = Path(__file__).resolve().parents[2]
-COMPOSE = yaml.safe_load((ROOT / "docker-compose.yaml").read_text())
+COMPOSE = compose_file()
 SERVICES = COMPOSE["services"]
-AIRFLOW = ["airflow-init", "airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer"]
+AIRFLOW = COMPOSE_AIRFLOW
 PINS = dict(line.split("==", 1) for line in (ROOT / "requirements.txt").read_text().splitlines() if "==" in line)
 BUILD = SERVICES["spark-master"]["build"]["dockerfile_inline"]
 PROJECT = "/opt/project"  # where the image holds the project (its Dockerfile COPYs there)
@@ -448,11 +446,10 @@ def test_the_one_shots_and_the_pipeline_service_bring_the_sample_data_to_gold(s3
 
 
 @pytest.mark.slow
-def test_the_airflow_init_fails_when_a_step_fails_and_sets_everything_up_when_none_does(tmp_path):
+def test_the_airflow_init_fails_when_a_step_fails_and_sets_everything_up_when_none_does(tmp_path, postgres_server):
     """Its secrets once (the same on a second start), the migration on PostgreSQL, the writer pools; a database
     that does not answer fails the one-shot (it ended in `|| echo` once: exit 0, and the services started on an
     unmigrated database, without pools)."""
-    from tests.airflow.test_scheduler import postgres
     from tests.support import free_port
 
     auth, service_auth, ca = tmp_path / "auth", tmp_path / "service-auth", tmp_path / "service-ca"
@@ -473,34 +470,34 @@ def test_the_airflow_init_fails_when_a_step_fails_and_sets_everything_up_when_no
                               env={**base, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": database})
 
     assert init(f"postgresql+psycopg2://postgres@127.0.0.1:{free_port()}/airflow").returncode != 0
-    with postgres() as database:
-        done = init(database)
-        assert done.returncode == 0, done.stderr[-3000:]
-        secrets = {name: (auth / name).read_text() for name in ("fernet.key", "jwt.secret", "api.secret")}
-        assert all(len(v.strip()) >= 32 for v in secrets.values())
-        assert all(oct((auth / name).stat().st_mode)[-3:] == "600" for name in secrets)
-        pools = subprocess.run(["airflow", "pools", "list", "-o", "json"], capture_output=True, text=True, timeout=300,
-                               env={**base, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": database})
-        assert "cdc_gold_customers_by_state" in {p["pool"] for p in json.loads(pools.stdout)}
-        # the connection as Airflow stores it (encrypted) and gives it to the tasks and the triggerer
-        stored = subprocess.run(["airflow", "connections", "get", "cdc_service", "-o", "json"], capture_output=True,
-                                text=True, timeout=300, env={**base, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": database})
-        conn = json.loads(stored.stdout)[0]
-        assert conn["is_encrypted"] == "True" and conn["conn_type"] == "cdc_pipeline_service"
-        assert ServiceConnection.at(conn["schema"], conn["host"], int(conn["port"]), conn["password"],
-                                    conn["extra_dejson"]["verify"]) == ServiceConnection(
-            "https://pipeline-service:8793", (service_auth / "service.token").read_text().strip(),
-            str(ca / "service.crt"))
-        assert json.loads((auth / "passwords.json").read_text()) == {"admin": dotenv()["CDC_AIRFLOW_ADMIN_PASSWORD"]}
-        # Airflow's folder holds Airflow's secrets only; the service's secret and key are in the service's
-        assert sorted(p.name for p in auth.iterdir()) == ["api.secret", "fernet.key", "jwt.secret", "passwords.json"]
-        assert sorted(p.name for p in ca.iterdir()) == ["service.crt"]
-        secrets.update({name: (service_auth / name).read_text() for name in ("service.token", "service.key")})
-        assert all(oct(((service_auth if name.startswith("service") else auth) / name).stat().st_mode)[-3:] == "600"
-                   for name in secrets)
-        assert init(database).returncode == 0
-        assert secrets == {name: ((service_auth if name.startswith("service") else auth) / name).read_text()
-                           for name in secrets}  # kept, not remade
+    database = postgres_server.database("compose_init")  # new and empty: the init migrates it
+    done = init(database)
+    assert done.returncode == 0, done.stderr[-3000:]
+    secrets = {name: (auth / name).read_text() for name in ("fernet.key", "jwt.secret", "api.secret")}
+    assert all(len(v.strip()) >= 32 for v in secrets.values())
+    assert all(oct((auth / name).stat().st_mode)[-3:] == "600" for name in secrets)
+    pools = subprocess.run(["airflow", "pools", "list", "-o", "json"], capture_output=True, text=True, timeout=300,
+                           env={**base, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": database})
+    assert "cdc_gold_customers_by_state" in {p["pool"] for p in json.loads(pools.stdout)}
+    # the connection as Airflow stores it (encrypted) and gives it to the tasks and the triggerer
+    stored = subprocess.run(["airflow", "connections", "get", "cdc_service", "-o", "json"], capture_output=True,
+                            text=True, timeout=300, env={**base, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": database})
+    conn = json.loads(stored.stdout)[0]
+    assert conn["is_encrypted"] == "True" and conn["conn_type"] == "cdc_pipeline_service"
+    assert ServiceConnection.at(conn["schema"], conn["host"], int(conn["port"]), conn["password"],
+                                conn["extra_dejson"]["verify"]) == ServiceConnection(
+        "https://pipeline-service:8793", (service_auth / "service.token").read_text().strip(),
+        str(ca / "service.crt"))
+    assert json.loads((auth / "passwords.json").read_text()) == {"admin": dotenv()["CDC_AIRFLOW_ADMIN_PASSWORD"]}
+    # Airflow's folder holds Airflow's secrets only; the service's secret and key are in the service's
+    assert sorted(p.name for p in auth.iterdir()) == ["api.secret", "fernet.key", "jwt.secret", "passwords.json"]
+    assert sorted(p.name for p in ca.iterdir()) == ["service.crt"]
+    secrets.update({name: (service_auth / name).read_text() for name in ("service.token", "service.key")})
+    assert all(oct(((service_auth if name.startswith("service") else auth) / name).stat().st_mode)[-3:] == "600"
+               for name in secrets)
+    assert init(database).returncode == 0
+    assert secrets == {name: ((service_auth if name.startswith("service") else auth) / name).read_text()
+                       for name in secrets}  # kept, not remade
 
 
 @pytest.mark.slow

@@ -8,9 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import subprocess_env
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import ROOT, subprocess_env
 
 PARSE = """
 import json, os, sys, warnings

@@ -1,5 +1,5 @@
-"""Demo smoke test: generate files, run the DAG through Airflow (`airflow dags test`, SQLite, a fresh
-AIRFLOW_HOME, SparkSubmitOperator on local[*]), check every layer and the report exist, then open the
+"""Demo smoke test: generate files, run the DAGs through Airflow (`airflow dags test`, SQLite, a fresh
+AIRFLOW_HOME, the tasks' jobs on the pipeline service), check every layer and the report exist, then open the
 reports inside the Airflow UI: a running API server, Airflow's login, headless chromium."""
 
 from __future__ import annotations
@@ -7,11 +7,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -19,16 +17,25 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import pytest
+from tests.support import (
+    BIN,
+    ROOT,
+    AirflowCli,
+    airflow_home,
+    aws_connection,
+    chromium,
+    first_run_reaches_gold,
+    free_port,
+    pipeline_service,
+    s3_environment,
+    service_airflow_env,
+    silver_table,
+    subprocess_env,
+    upload_landing,
+)
 
-from tests.conftest import aws_connection, s3_environment, subprocess_env, upload_landing
-from tests.support import airflow_home, free_port, pipeline_service, service_airflow_env
-
-ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 # screenshots of the browser test: kept as test artifacts, outside git (see .gitignore)
 ARTIFACTS = Path(os.environ.get("CDC_TEST_ARTIFACTS", ROOT / "test-artifacts"))
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 
 
 @contextmanager
@@ -105,17 +112,11 @@ def check_reports_behind_airflow_auth(base: str) -> None:
 def browse_reports_in_the_airflow_ui(base: str, screenshot: Path, bronze_run: str, lake: Path) -> str:
     """Log in through Airflow's login page, open the plugin's menu entry and return the report's text; then
     a table's trend page, a DAG run's "Data quality" tab and the Data Docs, and scripts planted in the lake."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as EC
     from selenium.webdriver.support.ui import WebDriverWait
 
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver = chromium()
     try:
         wait = WebDriverWait(driver, 90)
         driver.get(f"{base}/plugin/cdc-reports")
@@ -137,47 +138,6 @@ def browse_reports_in_the_airflow_ui(base: str, screenshot: Path, bronze_run: st
         driver.quit()
 
 
-def silver_table(path: str) -> list[dict]:
-    """Rows of a Delta table read without Spark, local or on S3 (spark_jobs.lake.read_columns)."""
-    import pyarrow as pa
-
-    from spark_jobs.lake import read_columns
-
-    return sorted(pa.table(read_columns(path)).to_pylist(), key=lambda r: r["custkey"])
-
-
-class Airflow:
-    """The Airflow CLI of the test's AIRFLOW_HOME; every call must succeed."""
-
-    def __init__(self, env: dict[str, str], log: Path):
-        self.env, self.log = env, log
-
-    def sh(self, *args: str, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-        done = subprocess.run(args, cwd=ROOT, env={**self.env, **(extra_env or {})}, capture_output=True, text=True,
-                              timeout=900)
-        assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-        return done
-
-    def dag_test(self, dag_id: str, *args: str) -> str:
-        return self.dag_runs((dag_id, *args))[0]
-
-    def dag_runs(self, *runs: tuple[str, ...], last_fails: bool = False) -> list[str]:
-        """`airflow dags test` runs in turn in one Airflow process (cdc_airflow.dag_runs, as `make demo` runs the
-        layer DAGs): each run's log. Each must succeed; with `last_fails`, the last must fail and end the process."""
-        done = subprocess.run([str(BIN / "python"), "-m", "cdc_airflow.dag_runs", *(shlex.join(run) for run in runs)],
-                              cwd=ROOT, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              timeout=900)
-        with self.log.open("a") as saved:
-            saved.write(done.stdout)
-        assert done.returncode == (1 if last_fails else 0), done.stdout[-4000:]
-        logs = re.split(r"^airflow dags test .*$", done.stdout, flags=re.MULTILINE)[1:]
-        assert len(logs) == len(runs), done.stdout[-4000:]
-        for log in logs[:-1] if last_fails else logs:
-            assert "state=success" in log, log[-4000:]
-        return logs
-
-
-@pytest.mark.slow
 def check_trend_charts(driver, base: str, screenshot: Path) -> None:
     """The table's trend page draws its three charts (lag, rows per run, quarantined share) over the runs."""
     from selenium.webdriver.common.by import By
@@ -293,7 +253,7 @@ def test_airflow_runs_the_pipeline_from_s3_and_replays_leave_it_unchanged(tmp_pa
             AIRFLOW__OPENLINEAGE__TRANSPORT=json.dumps({"type": "file", "log_file_path": str(tmp_path / "lineage.jsonl"),
                                                         "append": True}),
             AIRFLOW__OPENLINEAGE__NAMESPACE="cdc-test")
-        airflow = Airflow(env, tmp_path / "dags-test.log")
+        airflow = AirflowCli(env, tmp_path / "dags-test.log")
         airflow_home(tmp_path / "airflow")  # `airflow db migrate`'s database
         pools = airflow.sh(str(BIN / "python"), "-m", "cdc_airflow.pools")  # the writer pools, as the README sets them up
         assert "1 writer pools of one slot: cdc_gold_customers_by_state" in pools.stdout
@@ -311,29 +271,6 @@ def test_airflow_runs_the_pipeline_from_s3_and_replays_leave_it_unchanged(tmp_pa
 
         replays_leave_silver_unchanged(airflow, lake, silver)
         backfills_plan_a_run_per_interval(airflow)
-
-
-def first_run_reaches_gold(airflow: Airflow, config: Path, lake_root: Path | str, final: dict) -> list[dict]:
-    """The layer DAGs in turn: bronze takes the sensor's files, silver equals the source, gold passes."""
-    from spark_jobs.lake import Lake
-
-    lake = Lake(str(lake_root))
-    bronze_log, _, _ = airflow.dag_runs(("cdc_bronze",), ("cdc_silver",), ("cdc_gold_customers_by_state",))
-    assert "table=customers: 2 landing file(s) for bronze" in bronze_log
-    assert re.search(r"spark_ui=http://[^ ]+:\d+", bronze_log)  # the Spark UI, from the task log
-    # `status` run by hand: an S3 lake's endpoint and keys from the AWS_* environment, as this process has them
-    status = airflow.sh(str(BIN / "python"), "-m", "spark_jobs", "status", "--config", str(config), "--lake", lake.root,
-                        "--require-tables", extra_env={k: v for k, v in os.environ.items() if k.startswith("AWS_")})
-    table = {tuple(line.split()[:2]): line.split()[2:] for line in status.stdout.splitlines()[1:] if line.strip()}
-    assert table[("bronze", "customers")][:2] == ["100", "passed"]
-    assert table[("gold", "customers_by_state")][1] == "passed"
-    assert table[("silver", "customers")][1] == "passed"
-    silver = silver_table(lake.silver("customers"))
-    assert {(r["custkey"],): {c: r[c] for c in r if not c.startswith("_")} for r in silver} == final
-    # its small batches' gates, in the passes' Data Docs (a single table's small batch is a pass of one)
-    for site in ("bronze-pass", "silver-pass"):
-        assert lake.files.exists(f"{lake.data_docs(site)}/index.html"), site
-    return silver
 
 
 def lineage_names_the_delta_tables(events_file: Path, lake: Path) -> None:
@@ -384,7 +321,7 @@ def maintenance_keeps_the_rows(log: str, lake: Path, silver: list[dict]) -> None
         "customers.maintenance.json", "customers_by_state.maintenance.json"]
 
 
-def replays_leave_silver_unchanged(airflow: Airflow, lake: Path, silver: list[dict]) -> None:
+def replays_leave_silver_unchanged(airflow: AirflowCli, lake: Path, silver: list[dict]) -> None:
     from spark_jobs.lake import row_count
 
     # a second run finds nothing new: the deferred sensor gives up after its timeout and skips the run
@@ -414,7 +351,7 @@ def replays_leave_silver_unchanged(airflow: Airflow, lake: Path, silver: list[di
     assert "Invalid input for param mode: 'replace' is not one of ['reprocess', 'rebuild']" in bad
 
 
-def backfills_plan_a_run_per_interval(airflow: Airflow) -> None:
+def backfills_plan_a_run_per_interval(airflow: AirflowCli) -> None:
     # a backfill over a range gets one run per 15-minute data interval (each takes its interval's files)
     plan = airflow.sh(str(BIN / "airflow"), "backfill", "create", "--dag-id", "cdc_bronze", "--from-date",
                       "2026-11-01T00:00:00", "--to-date", "2026-11-01T00:30:00", "--dry-run").stdout

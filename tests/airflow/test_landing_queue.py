@@ -1,7 +1,6 @@
 """Event-driven runs on the real scheduler (docs/operations.md, "Event-driven runs"): the landing bucket notifies an SQS queue
 (the local S3 server's) of each object created, and the triggerer's watcher on it starts cdc_bronze. A module of its
-own: its Airflow differs from test_scheduler.py's (the queue set: cdc_bronze has no sensor), and the two stacks split
-over the two test workers."""
+own: its Airflow differs from test_scheduler.py's (the queue set: cdc_bronze has no sensor)."""
 
 from __future__ import annotations
 
@@ -12,16 +11,23 @@ import pytest
 from spark_jobs.generate import Options, generate
 from spark_jobs.lake import Lake, row_count
 from spark_jobs.registry import load_registry
-from tests.airflow.scheduler import Airflow, airflow_env, postgres
-from tests.conftest import s3_environment, subprocess_env, upload_landing
-from tests.support import landing_notifications, pipeline_service
+from tests.support import (
+    AirflowStack,
+    airflow_env,
+    landing_notifications,
+    pipeline_service,
+    s3_environment,
+    subprocess_env,
+    upload_landing,
+)
 
 pytest.importorskip("airflow")
 
 DAY = 86_400
 
 
-def test_a_file_landed_starts_bronze_through_the_bucket_notification_queue_without_a_poll(tmp_path, s3_endpoint):
+def test_a_file_landed_starts_bronze_through_the_bucket_notification_queue_without_a_poll(tmp_path, s3_endpoint,
+                                                                                            postgres_server):
     """CDC_LANDING_QUEUE: the landing bucket notifies an SQS queue (the local endpoint's) of each object created; the
     triggerer's watcher on it starts cdc_bronze, whose pass lists the landing and takes the file at once. The run
     the schedule started has ended when the file lands, and no scheduled run is due: the queue's run takes it."""
@@ -35,11 +41,11 @@ def test_a_file_landed_starts_bronze_through_the_bucket_notification_queue_witho
     deployment = {"CDC_CONFIG": str(config), "CDC_LANDING_URI": landing, "CDC_LAKE_URI": str(lake)}
     # what is tested is not its first job's speed: no warm-up (test_service.py has one)
     service_env = subprocess_env(**deployment, **s3_environment(s3_endpoint), CDC_SERVICE_WARM_UP="false")
-    with postgres() as database, pipeline_service(service_env, tmp_path / "service.log") as service:
+    with pipeline_service(service_env, tmp_path / "service.log") as service:
         # cdc_bronze's schedule once a day: its next scheduled run (which would list the landing too) is not due
-        env = airflow_env(tmp_path / "airflow", database, service, s3_endpoint, deployment, CDC_LANDING_QUEUE=queue,
-                          CDC_BRONZE_INTERVAL_MINUTES=str(DAY // 60))
-        airflow = Airflow(env, tmp_path / "airflow")
+        env = airflow_env(tmp_path / "airflow", postgres_server.airflow_database("landing_queue"), service, s3_endpoint,
+                          deployment, CDC_LANDING_QUEUE=queue, CDC_BRONZE_INTERVAL_MINUTES=str(DAY // 60))
+        airflow = AirflowStack(env, tmp_path / "airflow")
 
         def idle() -> bool:  # a run of cdc_bronze, and none running
             runs = airflow.runs("cdc_bronze")

@@ -13,8 +13,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.conftest import ROOT, subprocess_env
-
 pytest.importorskip("airflow")
 
 from airflow.sdk import ParamsDict  # noqa: E402
@@ -23,6 +21,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, Param
 from cdc_airflow.operators import CdcSparkJob  # noqa: E402
 from cdc_airflow.params import check_replay, landing_window, landing_window_args, replay_params  # noqa: E402
 from cdc_airflow.triggers import LandingTrigger  # noqa: E402
+from tests.support import ROOT, subprocess_env
 
 T0 = dt.datetime(2026, 3, 1, tzinfo=dt.UTC)
 

@@ -4,51 +4,29 @@ own deployment; nobody without its secret, no web page and no caller-chosen path
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import stat
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 
 from spark_jobs.generate import Options, generate
 from spark_jobs.registry import load_registry
-from spark_jobs.service_client import JobRequest, JobStatus, ServiceConnection, ServiceError, poll, submit
+from spark_jobs.service_client import JobRequest, ServiceConnection, ServiceError, poll, submit
 from spark_jobs.settings import environ, job_environment, settings
-from tests.conftest import ROOT, subprocess_env
-from tests.support import pipeline_service, summary_line
-
-CONFIG = """tables:
-  customers:
-    topic: burst.burst_bank.customers
-    keys: [custkey]
-  products:
-    topic: dbserver1.inventory.products
-    keys: [id]
-  strict:
-    topic: test.strict.customers
-    keys: [custkey]
-    quality:
-      max_quarantined: 1%
-      min_quarantined_to_fail: 1
-"""
-
-
-def wait(service: ServiceConnection, job_id: str) -> JobStatus:
-    """The job's whole log, read the way the trigger reads it: from the last offset on."""
-    log, offset, deadline = "", 0, time.monotonic() + 300
-    while time.monotonic() < deadline:
-        status = poll(service, job_id, offset)
-        log, offset = log + status.log, status.offset
-        if status.done:
-            status.log = log
-            return status
-        time.sleep(0.2)
-    raise AssertionError(f"job {job_id} did not end:\n{log}")
+from tests.support import (
+    ROOT,
+    SERVICE_CONFIG,
+    jobs_known,
+    pipeline_service,
+    raw_request,
+    subprocess_env,
+    summary_line,
+    wait_for_job,
+)
 
 
 def run(*argv: str) -> JobRequest:
@@ -59,32 +37,12 @@ def run(*argv: str) -> JobRequest:
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("service")
-    (workdir / "tables.yaml").write_text(CONFIG)
+    (workdir / "tables.yaml").write_text(SERVICE_CONFIG)
     (workdir / "tmp").mkdir()
     env = {"CDC_CONFIG": str(workdir / "tables.yaml"), "CDC_LANDING_URI": str(workdir / "landing"),
            "CDC_LAKE_URI": str(workdir / "lake"), "TMPDIR": str(workdir / "tmp")}
     with pipeline_service(subprocess_env(**env), workdir / "service.log") as service:
         yield service, workdir
-
-
-def raw(service: ServiceConnection, method: str, path: str, body: bytes | None = None,
-        headers: dict[str, str] | None = None) -> tuple[int, str]:
-    """A request as anyone could send it: no client, any headers."""
-    host, port = service.url.removeprefix("http://").rsplit(":", 1)
-    connection = http.client.HTTPConnection(host, int(port), timeout=30)
-    connection.putrequest(method, path, skip_host="Host" in (headers or {}), skip_accept_encoding=True)
-    for name, value in (headers or {}).items():
-        connection.putheader(name, value)
-    if body is not None and "Content-Length" not in (headers or {}):
-        connection.putheader("Content-Length", str(len(body)))
-    connection.endheaders(body)
-    response = connection.getresponse()
-    return response.status, response.read().decode()
-
-
-def jobs_known(service: ServiceConnection) -> int:
-    return int(json.loads(raw(service, "GET", "/health", headers={"Authorization": f"Bearer {service.token}"})[1])
-               ["jobs_known"])
 
 
 def test_the_service_warmed_up_before_it_took_jobs_and_kept_nothing_of_it(deployment):
@@ -108,7 +66,7 @@ def test_jobs_run_as_the_cli_would_each_with_its_own_log(deployment):
     lake = workdir / "lake"
     # two tables at once, on the service's two job threads: each log holds its own table's lines only
     runs = {table: submit(service, run("--tables", table, "--layers", "bronze,silver")) for table in generated}
-    done = {table: wait(service, job_id) for table, job_id in runs.items()}
+    done = {table: wait_for_job(service, job_id) for table, job_id in runs.items()}
     for table, status in done.items():
         assert (status.state, status.exit_code, status.cause) == ("succeeded", 0, None), status.log
         assert status.spark_jobs and status.spark_jobs > 0  # counted in the job's own Spark job group
@@ -128,7 +86,7 @@ def test_jobs_run_as_the_cli_would_each_with_its_own_log(deployment):
         assert silver(table) == g.final_rows
 
     # the same files again: nothing new, silver unchanged (a run through the service is as idempotent as the CLI)
-    again = wait(service, submit(service, run("--tables", "customers", "--layers", "bronze,silver")))
+    again = wait_for_job(service, submit(service, run("--tables", "customers", "--layers", "bronze,silver")))
     assert again.exit_code == 0, again.log
     assert summary_line(again.log, "bronze", "customers")["files"] == "0", again.log
     assert silver("customers") == generated["customers"].final_rows
@@ -168,7 +126,7 @@ def test_a_jobs_spark_jobs_are_all_counted_though_spark_keeps_only_its_last_ones
 
 def test_failures_keep_the_processs_exit_codes_and_cause(deployment):
     service, _ = deployment
-    unknown = wait(service, submit(service, run("--tables", "nope")))
+    unknown = wait_for_job(service, submit(service, run("--tables", "nope")))
     assert (unknown.state, unknown.exit_code, unknown.spark_jobs, unknown.gx_seconds) == ("failed", 2, 0, 0.0)  # refused first
     assert unknown.cause is not None and unknown.cause.startswith("config error: unknown table(s) nope; known: ")
     with pytest.raises(ValueError, match="the service runs run and maintain, not 'generate'"):
@@ -189,7 +147,7 @@ def test_a_job_sees_its_own_settings_and_a_resubmitted_key_its_first_job(deploym
     # CDC_DEBUG makes a failed run print its traceback: only the job given it does, though both run at once
     traced_id = submit(service, JobRequest(tables=("strict",), layers=("bronze",), settings=(("debug", "1"),)))
     plain_id = submit(service, JobRequest(tables=("strict",), layers=("bronze",)))
-    traced, plain = wait(service, traced_id), wait(service, plain_id)
+    traced, plain = wait_for_job(service, traced_id), wait_for_job(service, plain_id)
     assert traced.exit_code == plain.exit_code == 1, traced.log + plain.log
     assert "Traceback (most recent call last)" in traced.log and "Traceback" not in plain.log
     assert plain.cause and "strict" in plain.cause and "bronze" in plain.cause, plain.cause
@@ -201,23 +159,23 @@ def test_nobody_without_the_secret_and_no_web_page_starts_a_job(deployment):
     bearer = {"Authorization": f"Bearer {service.token}"}
     before = jobs_known(service)
     refused = {
-        "anonymous": raw(service, "POST", "/jobs", body, {"Content-Type": "application/json"}),
-        "a wrong secret": raw(service, "POST", "/jobs", body, {"Content-Type": "application/json",
+        "anonymous": raw_request(service, "POST", "/jobs", body, {"Content-Type": "application/json"}),
+        "a wrong secret": raw_request(service, "POST", "/jobs", body, {"Content-Type": "application/json",
                                                                "Authorization": "Bearer guessed"}),
         # a page can POST text/plain (or a form) to any address without a CORS preflight
-        "text/plain": raw(service, "POST", "/jobs", body, {**bearer, "Content-Type": "text/plain"}),
-        "a form": raw(service, "POST", "/jobs", body, {**bearer, "Content-Type": "application/x-www-form-urlencoded"}),
-        "a web page's Origin": raw(service, "POST", "/jobs", body, {**bearer, "Content-Type": "application/json",
+        "text/plain": raw_request(service, "POST", "/jobs", body, {**bearer, "Content-Type": "text/plain"}),
+        "a form": raw_request(service, "POST", "/jobs", body, {**bearer, "Content-Type": "application/x-www-form-urlencoded"}),
+        "a web page's Origin": raw_request(service, "POST", "/jobs", body, {**bearer, "Content-Type": "application/json",
                                                                     "Origin": "http://attacker.example"}),
         # DNS rebinding: the attacker's name resolves to 127.0.0.1, the browser sends the attacker's Host
-        "a rebound Host": raw(service, "POST", "/jobs", body, {**bearer, "Content-Type": "application/json",
+        "a rebound Host": raw_request(service, "POST", "/jobs", body, {**bearer, "Content-Type": "application/json",
                                                                "Host": f"attacker.example:{service.url.rsplit(':', 1)[1]}"}),
-        "no Host": raw(service, "POST", "/jobs", body, {**bearer, "Content-Type": "application/json", "Host": ""}),
+        "no Host": raw_request(service, "POST", "/jobs", body, {**bearer, "Content-Type": "application/json", "Host": ""}),
     }
     assert {what: status for what, (status, _) in refused.items()} == {
         "anonymous": 401, "a wrong secret": 401, "text/plain": 415, "a form": 415, "a web page's Origin": 403,
         "a rebound Host": 421, "no Host": 421}
-    assert raw(service, "GET", "/health")[0] == 401
+    assert raw_request(service, "GET", "/health")[0] == 401
     assert jobs_known(service) == before  # none of them started a job
     with pytest.raises(ServiceError, match="HTTP 401") as anonymous:
         submit(ServiceConnection(service.url, "not-the-secret"), JobRequest(tables=("customers",)))
@@ -246,7 +204,7 @@ def test_a_caller_names_only_what_a_task_needs_never_a_config_lake_path_or_setti
         "a lock timeout that is not a number": {"command": "run", "settings": {"lock_timeout": "nan"}},
         "an engine that is not one": {"command": "run", "settings": {"delta_engine": "duckdb"}},
     }
-    answers = {what: raw(service, "POST", "/jobs", json.dumps(body).encode(), bearer) for what, body in attempts.items()}
+    answers = {what: raw_request(service, "POST", "/jobs", json.dumps(body).encode(), bearer) for what, body in attempts.items()}
     assert {what: status for what, (status, _) in answers.items()} == dict.fromkeys(attempts, 400), answers
     assert "unknown field(s) config" in answers["a config"][1]
     assert "lake_uri cannot be set per job" in answers["a setting naming a path"][1]

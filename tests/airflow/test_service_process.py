@@ -17,9 +17,7 @@ import pytest
 from spark_jobs.generate import Options, generate
 from spark_jobs.registry import load_registry
 from spark_jobs.service_client import JobRequest, ServiceConnection, ServiceError, poll, submit
-from tests.airflow.test_service import CONFIG, jobs_known, wait
-from tests.conftest import ROOT, subprocess_env
-from tests.support import pipeline_service, summary_line
+from tests.support import ROOT, SERVICE_CONFIG, jobs_known, pipeline_service, subprocess_env, summary_line, wait_for_job
 
 
 def test_beyond_loopback_without_tls_and_a_secret_the_service_refuses_to_start(tmp_path):
@@ -78,7 +76,7 @@ def test_a_file_of_a_tenth_of_the_heap_ingests_and_a_job_beside_it_succeeds(tmp_
     job meanwhile."""
     events, megabytes = (120_000, 200) if soak else (30_000, 50)
     config = tmp_path / "tables.yaml"
-    config.write_text(CONFIG)
+    config.write_text(SERVICE_CONFIG)
     registry = load_registry(str(config))
     landing, lake = tmp_path / "landing", tmp_path / "lake"
     (big,) = generate(registry.select(["customers"]), landing, Options(rows=events, changes=0, partitions=1,
@@ -95,9 +93,9 @@ def test_a_file_of_a_tenth_of_the_heap_ingests_and_a_job_beside_it_succeeds(tmp_
         heavy = submit(service, JobRequest(tables=("customers",), layers=("bronze",)))
         while poll(service, heavy, 0).state == "queued":  # the big file is being read once it runs
             time.sleep(0.2)
-        beside = wait(service, submit(service, JobRequest(tables=("products",), layers=("bronze", "silver"))))
+        beside = wait_for_job(service, submit(service, JobRequest(tables=("products",), layers=("bronze", "silver"))))
         assert (beside.state, beside.exit_code) == ("succeeded", 0), beside.log
-        done = wait(service, heavy)
+        done = wait_for_job(service, heavy)
     assert (done.state, done.exit_code) == ("succeeded", 0), done.log[-3000:]
     bronze = summary_line(done.log, "bronze", "customers")
     from spark_jobs.lake import Lake, row_count
@@ -117,7 +115,7 @@ def test_a_job_that_runs_out_of_memory_fails_alone_naming_its_file_and_the_setti
     CDC_DRIVER_MEMORY (exit 1: the same file would do it again), and the service goes on with the other jobs (Spark
     4.2 would end the shared JVM on a task's OutOfMemoryError: the service's session keeps it)."""
     config = tmp_path / "tables.yaml"
-    config.write_text(CONFIG)
+    config.write_text(SERVICE_CONFIG)
     landing, lake = tmp_path / "landing", tmp_path / "lake"
     folder = landing / "topics" / "burst.burst_bank.customers" / "partition=0"
     folder.mkdir(parents=True)
@@ -134,7 +132,7 @@ def test_a_job_that_runs_out_of_memory_fails_alone_naming_its_file_and_the_setti
     with pipeline_service(subprocess_env(**env, CDC_SERVICE_WARM_UP="false"), tmp_path / "service.log") as service:
         heavy = submit(service, JobRequest(tables=("customers",), layers=("bronze",)))
         beside = submit(service, JobRequest(tables=("products",), layers=("bronze", "silver")))
-        failed, done = wait(service, heavy), wait(service, beside)
+        failed, done = wait_for_job(service, heavy), wait_for_job(service, beside)
         assert (failed.state, failed.exit_code) == ("failed", 1), failed.log[-3000:]
         assert failed.cause == (
             "table=customers layer=bronze: the Spark driver ran out of memory reading "
@@ -188,7 +186,7 @@ def test_beyond_loopback_it_serves_https_with_the_operators_secret(tmp_path):
         written = ServiceConnection.from_file(connection_file)
         assert written.url.startswith("https://127.0.0.1:") and written.token == secret
         service = ServiceConnection(written.url, secret, str(tmp_path / "cert.pem"))
-        assert wait(service, submit(service, JobRequest(tables=("nope",)))).exit_code == 2  # a job, over TLS
+        assert wait_for_job(service, submit(service, JobRequest(tables=("nope",)))).exit_code == 2  # a job, over TLS
         with pytest.raises(ServiceError, match="CERTIFICATE_VERIFY_FAILED"):  # a certificate nobody vouched for
             poll(ServiceConnection(written.url, secret), "x")
         port = int(written.url.rsplit(":", 1)[1])

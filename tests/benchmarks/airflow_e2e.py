@@ -97,8 +97,16 @@ def one_landing(airflow: Any, endpoint: str, service_log: Path, staging: Path, f
 
 
 def w5(bench: Bench) -> None:
-    from tests.airflow.scheduler import Airflow, airflow_env, postgres
-    from tests.support import landing_notifications, pipeline_service, s3_environment, s3_server, subprocess_env
+    from tests.support import (
+        AirflowStack,
+        airflow_env,
+        landing_notifications,
+        pipeline_service,
+        postgres,
+        s3_environment,
+        s3_server,
+        subprocess_env,
+    )
 
     work = bench.workdir / "w5"
     shutil.rmtree(work, ignore_errors=True)
@@ -111,11 +119,11 @@ def w5(bench: Bench) -> None:
     with s3_server(work / "moto.log") as endpoint:
         queue = landing_notifications(endpoint)
         service_log = work / "service.log"
-        with postgres() as database, \
+        with postgres() as server, \
                 pipeline_service(subprocess_env(**deployment, **s3_environment(endpoint)), service_log) as service:
-            env = airflow_env(work / "airflow", database, service, endpoint, deployment, CDC_LANDING_QUEUE=queue,
-                              AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION="True")
-            airflow = Airflow(env, work / "airflow")
+            env = airflow_env(work / "airflow", server.airflow_database("airflow"), service, endpoint, deployment,
+                              CDC_LANDING_QUEUE=queue, AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION="True")
+            airflow = AirflowStack(env, work / "airflow")
             with airflow.running():
                 for dag_id in DAGS:
                     airflow.unpause(dag_id, 1)

@@ -25,6 +25,7 @@ from typing import Any
 
 from tests.benchmarks.equality import check_equal
 from tests.benchmarks.harness import FLUSH_SIZE, ROOT, Bench, Figure, env, service_job, warm_floor
+from tests.support import land_files
 
 TABLES, ROWS, EVENTS, PARSE_TABLES = 100, 200, 50, 1_000
 
@@ -47,17 +48,6 @@ def generate(source: Path, tables: int) -> list[tuple[Any, Any]]:
         profile = dataclasses.replace(PROFILES["pagila.public.actor"], topic=f"bench_db.public.t{n:03d}")
         out.append((profile, write_table(profile, f"t{n:03d}", str(source), opts, n)))
     return out
-
-
-def land(source: Path, landing: Path, files: list[str]) -> list[str]:
-    """Copies generated files into the landing area, as the sink uploads them; their paths there."""
-    landed = []
-    for f in files:
-        dest = landing / Path(f).relative_to(source)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(f, dest)
-        landed.append(str(dest))
-    return landed
 
 
 def cycle(bench: Bench, config: Path, landing: Path, lake: Path) -> tuple[float, int, float]:
@@ -115,13 +105,13 @@ def database(bench: Bench) -> None:
         shutil.rmtree(path, ignore_errors=True)
     config = registry(work / "tables-d.yaml", TABLES)
     tables = generate(source, TABLES)
-    land(source, landing, [f for _, g in tables for f in g.batches[0]])
+    land_files(source, landing, [f for _, g in tables for f in g.batches[0]])
     load_s, load_jobs, load_gx = cycle(bench, config, landing, lake)
     warm_load = floor_seconds(bench, "load", source, floor_lake, tables, 0, lake)
     check_all(lake, floor_lake, tables, snapshot=True)
     figures = [Figure("D", f"initial load of {TABLES} tables x {ROWS} rows (one run), on the pipeline service",
                       load_s, target="<= 6x warm floor", warm_floor=warm_load)]
-    land(source, landing, [f for _, g in tables for f in g.batches[1]])
+    land_files(source, landing, [f for _, g in tables for f in g.batches[1]])
     change_s, change_jobs, change_gx = cycle(bench, config, landing, lake)
     warm_apply = floor_seconds(bench, "apply", source, floor_lake, tables, 1, lake)
     check_all(lake, floor_lake, tables, snapshot=False)
@@ -163,8 +153,7 @@ def database_on_airflow(bench: Bench) -> None:
     import datetime as dt
     import time
 
-    from tests.airflow.scheduler import Airflow, airflow_env, postgres
-    from tests.support import pipeline_service, subprocess_env
+    from tests.support import AirflowStack, airflow_env, pipeline_service, postgres, subprocess_env
 
     work = bench.workdir / "da"
     shutil.rmtree(work, ignore_errors=True)
@@ -176,11 +165,12 @@ def database_on_airflow(bench: Bench) -> None:
     deployment = {"CDC_CONFIG": str(config), "CDC_LANDING_URI": str(landing), "CDC_LAKE_URI": str(lake),
                   "CDC_DELTA_ENGINE": bench.engine}
     figures = []
-    with postgres() as database, pipeline_service(subprocess_env(**deployment), work / "service.log") as service:
+    with postgres() as server, pipeline_service(subprocess_env(**deployment), work / "service.log") as service:
         # the layer DAGs only: maintenance's first run (500 tasks) and the freshness checks stay paused
-        env = airflow_env(work / "airflow", database, service, None, deployment, CDC_SENSOR_TIMEOUT="900",
-                          CDC_SENSOR_POKE_INTERVAL="2", AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION="True")
-        airflow = Airflow(env, work / "airflow")
+        env = airflow_env(work / "airflow", server.airflow_database("airflow"), service, None, deployment,
+                          CDC_SENSOR_TIMEOUT="900", CDC_SENSOR_POKE_INTERVAL="2",
+                          AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION="True")
+        airflow = AirflowStack(env, work / "airflow")
         with airflow.running():
             airflow.unpause("cdc_silver", 1)
             airflow.unpause("cdc_bronze", 1)
@@ -190,7 +180,7 @@ def database_on_airflow(bench: Bench) -> None:
                 airflow.wait("a cdc_bronze run's sensor to defer", airflow.deferred_sensor, 600)
                 since = dt.datetime.now(dt.UTC)
                 started = time.monotonic()
-                land(source, landing, [f for _, g in tables for f in g.batches[batch]])
+                land_files(source, landing, [f for _, g in tables for f in g.batches[batch]])
 
                 def silver_done(since: dt.datetime = since) -> bool:
                     failed = [r["dag_run_id"] for r in airflow.runs("cdc_silver") if r["state"] == "failed"]

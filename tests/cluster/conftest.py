@@ -8,8 +8,7 @@ import secrets
 import pytest
 
 from spark_jobs.session import SPARK_SECRET_VARIABLE
-from tests.conftest import SHORT_LIVED_JVM
-from tests.support import standalone_cluster
+from tests.support import SHORT_LIVED_JVM, standalone_cluster
 
 # Spark's RPC authenticated as the compose deployment has it (include/spark-conf/spark-defaults.conf, its secret in
 # _SPARK_AUTH_SECRET): the master, the worker, the executors it starts and every driver here hold the secret

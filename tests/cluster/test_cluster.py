@@ -14,9 +14,7 @@ import pytest
 
 from spark_jobs.generate import Options, generate
 from spark_jobs.registry import load_registry
-from tests.conftest import s3_environment, subprocess_env, upload_landing
-from tests.layers.test_pipeline import expected_rows
-from tests.support import silver_rows
+from tests.support import expected_rows, s3_environment, silver_rows, subprocess_env, upload_landing
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = "tables:\n  customers:\n    topic: burst.burst_bank.customers\n    keys: [custkey]\n"
@@ -78,7 +76,7 @@ def test_a_driver_without_the_clusters_secret_is_refused(cluster, tmp_path):
     """The cluster authenticates its RPC (tests/cluster/conftest.py, as docker-compose.yaml runs it): a program that
     reaches the master's port without the secret, or with a guessed one, cannot register, so it never gets an
     executor to run code on. The tests beside this one run their applications with the secret."""
-    from tests.cluster.conftest import SECRET
+    from spark_jobs.session import SPARK_SECRET_VARIABLE as SECRET
 
     master, workdir = cluster
     script = tmp_path / "outsider.py"

@@ -7,14 +7,21 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-from pathlib import Path
 
 from spark_jobs.generate import Options, generate
 from spark_jobs.registry import load_registry
-from tests.conftest import s3_environment, subprocess_env, upload_landing
-from tests.support import airflow_home
+from tests.support import (
+    BIN,
+    ROOT,
+    AirflowCli,
+    airflow_home,
+    aws_connection,
+    first_run_reaches_gold,
+    s3_environment,
+    subprocess_env,
+    upload_landing,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
 CONFIG = "tables:\n  customers:\n    topic: burst.burst_bank.customers\n    keys: [custkey]\n"
 
 
@@ -25,8 +32,6 @@ def test_airflow_submits_the_layer_jobs_to_the_cluster(cluster, tmp_path, s3_end
     passes, as in the embedded demo. The jobs write with the default engine (delta-rs, from the driver): delta-spark
     on the cluster, its executors writing, is tests/cluster/test_cluster.py's, and it costs this test a minute of cold
     executor work for no path of its own (the three applications' code is the same whichever engine writes)."""
-    from tests.airflow.test_demo import BIN, Airflow, first_run_reaches_gold
-    from tests.conftest import aws_connection
 
     master, workdir = cluster
     host, port = master.rsplit(":", 1)
@@ -47,7 +52,7 @@ def test_airflow_submits_the_layer_jobs_to_the_cluster(cluster, tmp_path, s3_end
         SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable,
         CDC_CONFIG=str(config), CDC_LANDING_URI=landing, CDC_LAKE_URI=str(lake),
         CDC_SENSOR_TIMEOUT="3", CDC_SENSOR_POKE_INTERVAL="1")
-    airflow = Airflow(env, tmp_path / "dags-test.log")
+    airflow = AirflowCli(env, tmp_path / "dags-test.log")
     airflow_home(tmp_path / "airflow")  # `airflow db migrate`'s database
     airflow.sh(str(BIN / "python"), "-m", "cdc_airflow.pools")  # the writer pools, as the README sets them up
     for name, value in s3_environment(s3_endpoint).items():  # this process reads the lake too

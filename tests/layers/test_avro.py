@@ -8,8 +8,7 @@ import shutil
 from spark_jobs.generate import Options, generate
 from spark_jobs.lake import Lake, row_count
 from spark_jobs.registry import load_registry
-from tests.layers.test_pipeline import DEMO_CONFIG
-from tests.support import run, silver_rows, summary_line
+from tests.support import DEMO_CONFIG, run, silver_rows, summary_line
 
 # an Avro decimal logical type (film), Debezium names on plain ints and longs (Date, MicroTimestamp), an
 # Enum, MySQL and PostgreSQL source blocks, tables with and without the JSON schema envelope

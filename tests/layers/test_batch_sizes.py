@@ -4,7 +4,6 @@ of the other size applies exactly."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pyarrow as pa
@@ -16,7 +15,7 @@ from spark_jobs.lake import Lake
 from spark_jobs.layers import common, silver, silver_pass, silver_plan
 from spark_jobs.layers.common import ONE_TASK_BYTES, ONE_TASK_ROWS
 from spark_jobs.registry import load_registry
-from tests.support import run, silver_rows, summary_line
+from tests.support import land_files, run, silver_rows, summary_line
 
 CONFIG = "tables:\n  customers:\n    topic: burst.burst_bank.customers\n    keys: [custkey]\n"
 
@@ -53,7 +52,7 @@ def test_a_batch_over_the_one_task_threshold_between_small_ones_applies_exactly(
     # small first (one file: half the bound), then the rest of the snapshot in one batch (over the bound in events and
     # keys), then a small batch of changes again
     for phase, files in enumerate(([snapshot[0]], snapshot[1:], changes)):
-        _land(tmp_path / "sink", landing, files)
+        land_files(tmp_path / "sink", landing, files)
         code, out, err = run(capsys, config, landing, lake, "--layers", "bronze,silver")
         assert (code, err) == (0, ""), (phase, out)
         assert summary_line(out, "bronze", "customers")["gate"] == summary_line(out, "silver", "customers")["gate"] == "passed"
@@ -61,14 +60,6 @@ def test_a_batch_over_the_one_task_threshold_between_small_ones_applies_exactly(
             assert int(summary_line(out, "bronze", "customers")["events"]) == 3 * bound
             assert silver_rows(spark, engine, lake, "customers", ("custkey",)) == g.snapshot_rows
     assert silver_rows(spark, engine, lake, "customers", ("custkey",)) == g.final_rows
-
-
-def _land(sink: Path, landing: Path, files: list[str]) -> None:
-    """Copies generated files into the landing area, as the sink uploads them."""
-    for path in files:
-        target = landing / Path(path).relative_to(sink)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(path, target)
 
 
 def _one_partition(df) -> bool:
@@ -113,7 +104,7 @@ def test_a_tables_later_small_batches_reuse_the_classes_its_first_one_compiled(s
     landing, lake = tmp_path / "landing", tmp_path / "lake"
     compiled = []
     for files in g.batches:
-        _land(tmp_path / "sink", landing, files)
+        land_files(tmp_path / "sink", landing, files)
         before = _compiled(spark)
         assert run(capsys, config, landing, lake, "--layers", "bronze,silver")[0] == 0
         compiled.append(_compiled(spark) - before)
@@ -146,7 +137,7 @@ def test_a_small_batchs_rows_are_written_from_the_driver_and_a_bigger_ones_by_sp
             for module, bound in ((common, "ONE_TASK_BYTES"), (silver_plan, "ONE_TASK_BYTES"), (silver, "PASS_BYTES"),
                                   (silver_pass, "PASS_BYTES")):  # the bound, where each path reads it
                 monkeypatch.setattr(module, bound, one_task_bytes)
-        _land(tmp_path / "sink", landing, files)
+        land_files(tmp_path / "sink", landing, files)
         if number:  # a bad line in each change batch: the first makes the quarantine table, the second merges into it
             landed = landing / Path(files[0]).relative_to(tmp_path / "sink")
             landed.write_text(landed.read_text().rstrip("\n") + f"\nnot json {number}\n")

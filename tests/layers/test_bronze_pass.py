@@ -6,30 +6,36 @@ files that changed since the pass leave the tables to read their own."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
-import yaml
-
 from spark_jobs.generate import Options, generate
-from spark_jobs.lake import Lake, row_count
+from spark_jobs.lake import Lake
 from spark_jobs.layers import bronze
 from spark_jobs.registry import load_registry
-from tests.layers.test_pipeline import expected_rows
-from tests.support import own_steps, run, silver_rows, summary_line
+from tests.support import (
+    assert_silver_is_the_source,
+    change_event,
+    demo_registry,
+    land,
+    land_generated,
+    own_steps,
+    run,
+    silver_rows,
+    step_summary,
+    summary_line,
+    table_commits,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
-DEMO_CONFIG = ROOT / "include" / "tables.yaml"
 GENERATED = ["customers", "products", "film_actor"]  # keys id / id / (actor_id, film_id); PostgreSQL and MySQL
 # a landing path Spark would take as a glob: every file is read from a staged copy, by the pass as by a table alone
 LANDING = "landing [1]"
-SOURCE = '"source":{"connector":"postgresql","lsn":%d,"snapshot":"false","ts_ms":1}'
 
 
 def _event(op: str, lsn: int, key: int, qty: int | None = None) -> str:
     image = {"id": key, "qty": qty} if qty is not None else {"id": key}
-    before, after = (json.dumps(image), "null") if op == "d" else ("null", json.dumps(image))
-    return f'{{"before":{before},"after":{after},{SOURCE % lsn},"op":"{op}","ts_ms":{lsn}}}'
+    return change_event(op, lsn, **({"before": image} if op == "d" else {"after": image}))
 
 
 # per cycle: hand-made tables' files (topic, name, lines). `orders` takes bad lines (any share allowed); `strict`
@@ -49,42 +55,17 @@ HAND_MADE = {"orders": {"topic": "shop.public.orders", "keys": ["id"], "quality"
              "strict": {"topic": "shop.public.strict", "keys": ["id"]}}
 
 
-def _config(tmp_path: Path, names: list[str], hand_made: dict | None = None) -> Path:
-    """A registry of the demo's tables `names` (as include/tables.yaml declares them) and `hand_made` ones."""
-    demo = yaml.safe_load(DEMO_CONFIG.read_text())["tables"]
-    config = tmp_path / "tables.yaml"
-    config.write_text(yaml.safe_dump({"tables": {**{n: demo[n] for n in names}, **(hand_made or {})}}))
-    return config
 
 
-def land_generated(landing: Path, source: Path, generated: list, cycle: int) -> None:
-    """The generated tables' files of batch `cycle`, copied from `source` to the landing area."""
-    for g in generated:
-        for f in g.batches[cycle]:
-            dest = landing / Path(f).relative_to(source)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(f, dest)
 
 
 def _land_cycle(landing: Path, source: Path, generated: list, cycle: int) -> None:
     land_generated(landing, source, generated, cycle)
     for (table, name), lines in CYCLES[cycle].items():
-        topic = f"shop.public.{table}"
-        folder = landing / "topics" / topic / f"partition={name.split('+')[1]}"
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"{topic}{name}").write_text("".join(line + "\n" for line in lines))
+        _, partition, offset, suffix = re.fullmatch(r"\+(\d+)\+(\d+)(\..+)", name).group(0, 1, 2, 3)
+        land(landing, f"shop.public.{table}", lines, int(offset), int(partition), suffix)
 
 
-def _commits(engine, path: str) -> int | None:
-    """The table's commits, not counting its creation when that wrote no rows: into no table, the silver pass's rows
-    (on the driver) merge as delta-rs does it, the table created empty and then merged, where a table's own plan writes
-    its first rows in one commit."""
-    history = sorted(engine.history(path), key=lambda h: int(h["version"]))
-    if not history:
-        return None
-    empty = history[0]["operation"] == "WRITE" and not int((history[0].get("operationMetrics") or {}).get(
-        "num_added_rows", 1))
-    return len(history) - empty
 
 
 def _lake_state(spark, engine, root: Path, table: str) -> dict:
@@ -103,14 +84,9 @@ def _lake_state(spark, engine, root: Path, table: str) -> dict:
             "quarantine": rows(paths.quarantine(table), ("_batch_id", "_ingested_at")),
             "ingest_log": rows(paths.ingest_log(table), ("_batch_id", "ingested_at", "modified_ms")),
             "pending": rows(paths.pending_tombstones(table), ()),
-            "silver_commits": _commits(engine, paths.silver(table))}
+            "silver_commits": table_commits(engine, paths.silver(table))}
 
 
-def _summary(out: str, layer: str, table: str) -> dict:
-    """The step's summary line without its timings; silver's without its version (its commits are compared instead:
-    `_commits`)."""
-    line = summary_line(out, layer, table)
-    return {k: v for k, v in line.items() if k not in ("seconds", "lag_s") and (layer != "silver" or k != "version")}
 
 
 def test_tables_read_together_come_out_as_each_alone(spark, engine, tmp_path, capsys, monkeypatch):
@@ -121,7 +97,7 @@ def test_tables_read_together_come_out_as_each_alone(spark, engine, tmp_path, ca
     monkeypatch.setattr(gates, "run_audit_gates", lambda asked, layer, *args: (
         gated.append(sorted(g.table for g in asked)) if layer == "bronze" else None) or run_audit_gates(
         asked, layer, *args))
-    config = _config(tmp_path, GENERATED, HAND_MADE)
+    config = demo_registry(tmp_path, GENERATED, HAND_MADE)
     tables = [*GENERATED, *HAND_MADE]
     source = tmp_path / "source"
     generated = generate(load_registry(str(config)).select(GENERATED), source,
@@ -151,11 +127,11 @@ def test_tables_read_together_come_out_as_each_alone(spark, engine, tmp_path, ca
             assert code_alone == (1 if table == "strict" else 0)
             assert "read in one pass" not in out_alone
             assert _lake_state(spark, engine, together, table) == _lake_state(spark, engine, alone, table), (cycle, table)
-            assert _summary(out, "bronze", table) == _summary(out_alone, "bronze", table), (cycle, table)
+            assert step_summary(out, "bronze", table) == step_summary(out_alone, "bronze", table), (cycle, table)
             if table != "strict":
-                assert _summary(out, "silver", table) == _summary(out_alone, "silver", table), (cycle, table)
+                assert step_summary(out, "silver", table) == step_summary(out_alone, "silver", table), (cycle, table)
     # what the shared pass gave is right, not only alike: the generated tables equal their source's state ...
-    _silver_as_generated(spark, engine, config, together / "lake", generated)
+    assert_silver_is_the_source(spark, engine, together / "lake", generated, config)
     # ... orders took every line once, its opening tombstone matched to the delete in bronze, the bad lines quarantined
     lake = Lake(str(together / "lake"))
     assert silver_rows(spark, engine, together / "lake", "orders", ("id",)) == {}
@@ -171,18 +147,12 @@ def test_tables_read_together_come_out_as_each_alone(spark, engine, tmp_path, ca
 
 
 def _two_tables(tmp_path: Path) -> tuple[Path, Path, Path, list]:
-    config = _config(tmp_path, ["customers", "products"])
+    config = demo_registry(tmp_path, ["customers", "products"])
     generated = generate(load_registry(str(config)).select(["customers", "products"]), tmp_path / "landing",
                          Options(rows=20, changes=30, records_per_file=20, seed=5))
     return config, tmp_path / "landing", tmp_path / "lake", generated
 
 
-def _silver_as_generated(spark, engine, config: Path, lake: Path, generated: list) -> None:
-    registry = load_registry(str(config))
-    for g in generated:
-        assert silver_rows(spark, engine, lake, g.table, registry.tables[g.table].keys) == \
-            expected_rows(g.topic, g.final_rows)
-        assert row_count(Lake(str(lake)).bronze(g.table)) == g.events
 
 
 def test_a_failed_shared_pass_leaves_each_table_to_read_its_own(spark, engine, tmp_path, capsys, monkeypatch):
@@ -196,7 +166,7 @@ def test_a_failed_shared_pass_leaves_each_table_to_read_its_own(spark, engine, t
     assert code == 0
     assert "a shared pass over 2 tables failed, each reads its own files: RuntimeError: the shared pass broke" in err
     assert "read in one pass" not in out
-    _silver_as_generated(spark, engine, config, lake, generated)
+    assert_silver_is_the_source(spark, engine, lake, generated, config)
 
 
 def test_files_landed_after_the_shared_pass_are_read_by_their_table(spark, engine, tmp_path, capsys, monkeypatch):

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import subprocess_env
+from tests.support import subprocess_env
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -31,7 +31,7 @@ from spark_jobs.layers import common as layer_common
 from spark_jobs.quality import gates
 from spark_jobs.quality.findings import GateResult
 from spark_jobs.storage import LocalFiles
-from tests.properties.test_properties import SNAPSHOT_LSN, Event, image, position, reference
+from tests.support import SNAPSHOT_LSN, Event, image, land, position, reference
 
 TOPIC = "src.public.items"
 CONFIG = ("quality: {max_quarantined: 100%}\ntables:\n  items:\n    topic: src.public.items\n    keys: [tenant, id]\n"
@@ -72,10 +72,8 @@ def source_log() -> tuple[list[Event], list[int]]:
     return log, batches
 
 
-def land(landing: Path, log: list[Event], batches: list[int], batch: int) -> None:
+def land_batch(landing: Path, log: list[Event], batches: list[int], batch: int) -> None:
     """The batch's events as sink files: one file per run of consecutive offsets, tombstones after deletes."""
-    folder = landing / "topics" / TOPIC / "partition=0"
-    folder.mkdir(parents=True, exist_ok=True)
     offset, files = 0, {}
     for event, landed in zip(log, batches, strict=True):
         lines = [event.line(), *(["null"] if event.tombstone else [])]
@@ -89,19 +87,18 @@ def land(landing: Path, log: list[Event], batches: list[int], batch: int) -> Non
         else:
             runs.append([(start, lines)])
     for run in runs:
-        text = "\n".join(line for _, lines in run for line in lines) + "\n"
-        (folder / f"{TOPIC}+0+{run[0][0]:010d}.json").write_text(text)
+        land(landing, TOPIC, [line for _, lines in run for line in lines], run[0][0])
 
 
 def plan(config: Path, landing: Path, lake: Path, log: list[Event], batches: list[int]):
     """The steps, each a CLI invocation (landing more files first where a batch arrives)."""
     base = ["run", "--config", str(config), "--landing", str(landing), "--lake", str(lake)]
     return [
-        (lambda: land(landing, log, batches, 1), base),
-        (lambda: land(landing, log, batches, 2), base),
+        (lambda: land_batch(landing, log, batches, 1), base),
+        (lambda: land_batch(landing, log, batches, 2), base),
         (None, [*base, "--mode", "reprocess", "--layers", "bronze,silver"]),
         (None, [*base, "--mode", "rebuild", "--layers", "silver,gold"]),
-        (lambda: land(landing, log, batches, 3), base),
+        (lambda: land_batch(landing, log, batches, 3), base),
     ]
 
 

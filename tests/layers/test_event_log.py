@@ -9,7 +9,7 @@ import json
 
 from spark_jobs import cli, report
 from spark_jobs.lake import Lake
-from tests.support import run
+from tests.support import change_event, land, run
 
 CONFIG = """\
 quality: {max_quarantined: 100%}
@@ -32,14 +32,9 @@ def _at(text: str) -> dt.datetime:
 
 def _land(landing, topic: str, offset: int, changed_at: str, rows: list[dict], bad_lines: int = 0) -> None:
     """Inserts of `rows` whose source changed them at `changed_at`, and `bad_lines` malformed lines, as one sink file."""
-    folder = landing / "topics" / topic / "partition=0"
-    folder.mkdir(parents=True, exist_ok=True)
     ts_ms = int(_at(changed_at).timestamp() * 1000)
-    lines = [json.dumps({"before": None, "after": row, "op": "c", "ts_ms": ts_ms,
-                         "source": {"connector": "postgresql", "lsn": offset + n, "snapshot": "false", "ts_ms": ts_ms}})
-             for n, row in enumerate(rows)]
-    lines += ['{"before":null,"after":{"id":'] * bad_lines
-    (folder / f"{topic}+0+{offset:010d}.json").write_text("\n".join(lines) + "\n")
+    lines = [change_event("c", offset + n, after=row, ts_ms=ts_ms) for n, row in enumerate(rows)]
+    land(landing, topic, lines + ['{"before":null,"after":{"id":'] * bad_lines, offset)
 
 
 def test_the_event_log_answers_the_trend_questions_and_the_pages_read_it(spark, tmp_path, capsys, monkeypatch):

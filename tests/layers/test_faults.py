@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from spark_jobs.lake import Lake, row_count
-from tests.support import run, silver_rows, summary_line
+from tests.support import change_event, run, silver_rows, summary_line
 
 TOPIC = "shop.public.orders"
 CONFIG = "quality: {max_quarantined: 100%}\ntables:\n  orders:\n    topic: shop.public.orders\n    keys: [id]\n"
@@ -21,9 +21,7 @@ CONFIG = "quality: {max_quarantined: 100%}\ntables:\n  orders:\n    topic: shop.
 
 def event(key, lsn, op="c", **values) -> str:
     image = {"id": key, **values}
-    source = {"connector": "postgresql", "lsn": lsn, "snapshot": "false", "ts_ms": 1}
-    return json.dumps({"before": image if op == "d" else None, "after": None if op == "d" else image,
-                       "source": source, "op": op}, ensure_ascii=False)
+    return change_event(op, lsn, **({"before": image} if op == "d" else {"after": image}))
 
 
 def setup(tmp_path: Path, config: str = CONFIG) -> tuple[Path, Path]:

@@ -18,8 +18,7 @@ from spark_jobs.errors import ConfigError
 from spark_jobs.generate import Options, generate
 from spark_jobs.lake import Lake
 from spark_jobs.registry import load_registry
-from tests.conftest import subprocess_env
-from tests.support import data_docs_text, run, silver_rows
+from tests.support import data_docs_text, run, silver_rows, subprocess_env
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = ("custkey",)

@@ -23,8 +23,7 @@ from spark_jobs.registry import load_registry
 from spark_jobs.session import use_s3_settings
 from spark_jobs.state import writer_lock
 from spark_jobs.steps import answered_alone
-from tests.conftest import s3_environment, upload_landing
-from tests.support import run, silver_rows, summary_line
+from tests.support import run, s3_environment, silver_rows, summary_line, upload_landing
 
 ROOT = Path(__file__).resolve().parents[2]
 DAY = 86_400

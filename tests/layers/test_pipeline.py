@@ -5,23 +5,11 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
-from spark_jobs.generate import PROFILES, Options, generate
+from spark_jobs.generate import Options, generate
 from spark_jobs.lake import Lake, row_count
 from spark_jobs.registry import load_registry
-from tests.support import run, silver_rows, summary_line
-
-ROOT = Path(__file__).resolve().parents[2]
-DEMO_CONFIG = str(ROOT / "include" / "tables.yaml")
-
-
-def expected_rows(topic, final_rows):
-    """The source's final state as silver shows it: logical types with the envelope, JSON types without."""
-    profile = PROFILES[topic]
-    if profile.envelope:
-        return final_rows
-    return {k: {c.name: c.encode(row[c.name]) for c in profile.columns} for k, row in final_rows.items()}
+from tests.support import DEMO_CONFIG, change_event, expected_rows, land, run, silver_rows, summary_line
 
 
 def test_demo_tables_equal_the_source_state_and_a_rerun_changes_nothing(spark, engine, tmp_path, capsys):
@@ -126,28 +114,25 @@ def test_a_run_killed_after_the_bronze_commit_does_not_ingest_twice(spark, engin
 def test_truncate_empties_the_table_as_of_its_position_and_later_events_apply(spark, engine, tmp_path, capsys):
     config = tmp_path / "tables.yaml"
     config.write_text("tables:\n  orders:\n    topic: shop.public.orders\n    keys: [id]\n")
-    folder = tmp_path / "landing" / "topics" / "shop.public.orders" / "partition=0"
-    folder.mkdir(parents=True)
 
     def event(op, lsn, row=None):
-        source = {"connector": "postgresql", "lsn": lsn, "snapshot": "false", "ts_ms": 1}
-        return json.dumps({"before": None, "after": row, "source": source, "op": op})
+        return change_event(op, lsn, after=row)
 
-    def land(offset, *lines):
-        (folder / f"shop.public.orders+0+{offset:010d}.json").write_text("\n".join(lines) + "\n")
+    def land_and_run(offset, *lines):
+        land(tmp_path / "landing", "shop.public.orders", list(lines), offset)
         code, out, err = run(capsys, config, tmp_path / "landing", tmp_path / "lake", "--tables", "orders")
         assert (code, err) == (0, "")
         return out
 
-    land(0, event("c", 10, {"id": 1, "qty": 1}), event("c", 11, {"id": 2, "qty": 1}))
+    land_and_run(0, event("c", 10, {"id": 1, "qty": 1}), event("c", 11, {"id": 2, "qty": 1}))
     # one batch: a truncate at 20 between older and newer events
-    out = land(2, event("u", 15, {"id": 1, "qty": 2}), event("t", 20), event("c", 21, {"id": 3, "qty": 1}),
-               event("u", 19, {"id": 2, "qty": 9}))
+    out = land_and_run(2, event("u", 15, {"id": 1, "qty": 2}), event("t", 20), event("c", 21, {"id": 3, "qty": 1}),
+                       event("u", 19, {"id": 2, "qty": 9}))
     silver = summary_line(out, "silver", "orders")
     assert (silver["truncates"], silver["deleted"], silver["inserted"], silver["stale_ignored"]) == ("1", "2", "1", "2")
     assert silver_rows(spark, engine, tmp_path / "lake", "orders", ("id",)) == {(3,): {"id": 3, "qty": 1}}
     # a late event from before the truncate never comes back; a newer one applies
-    out = land(6, event("u", 12, {"id": 1, "qty": 5}), event("c", 22, {"id": 4, "qty": 1}))
+    out = land_and_run(6, event("u", 12, {"id": 1, "qty": 5}), event("c", 22, {"id": 4, "qty": 1}))
     silver = summary_line(out, "silver", "orders")
     assert (silver["stale_ignored"], silver["inserted"]) == ("1", "1")
     assert silver_rows(spark, engine, tmp_path / "lake", "orders", ("id",)) == {
@@ -242,41 +227,34 @@ def land_flat_parquet(landing):
     (folder / "s.inv.flat_parquet+1+0000000003.parquet").write_bytes(b"PAR1 truncated upload")
 
 
-def _pg_event(op, lsn, before=None, after=None, ts_ms=1):
-    source = {"connector": "postgresql", "lsn": lsn, "snapshot": "false", "ts_ms": ts_ms}
-    return json.dumps({"before": before, "after": after, "source": source, "op": op, "ts_ms": ts_ms})
-
-
 def _orders(tmp_path, capsys, options=""):
-    """A one-table registry (`orders`, key id, plus `options`) and `land(offset, *lines)`, which writes a
-    landing file and runs the pipeline on it; returns (land, lake)."""
+    """A one-table registry (`orders`, key id, plus `options`) and `land_and_run(offset, *lines)`, which writes a
+    landing file and runs the pipeline on it; returns (land_and_run, lake)."""
     config = tmp_path / "tables.yaml"
     config.write_text(f"tables:\n  orders: {{topic: shop.public.orders, keys: [id]{options}}}\n")
     landing, lake = tmp_path / "landing", tmp_path / "lake"
-    folder = landing / "topics" / "shop.public.orders" / "partition=0"
-    folder.mkdir(parents=True)
 
-    def land(offset, *lines):
-        (folder / f"shop.public.orders+0+{offset:010d}.json").write_text("\n".join(lines) + "\n")
+    def land_and_run(offset, *lines):
+        land(landing, "shop.public.orders", list(lines), offset)
         code, out, err = run(capsys, config, landing, lake)
         assert (code, err) == (0, "")
         return out
 
-    return land, lake
+    return land_and_run, lake
 
 
 def test_history_keeps_every_version_in_order_whatever_the_arrival(spark, engine, tmp_path, capsys):
     """SCD type 2 under late events, a primary-key change, a keyless delete and a truncate."""
-    land, lake = _orders(tmp_path, capsys, ", history: true, quality: {max_quarantined: 50%}")
+    land_and_run, lake = _orders(tmp_path, capsys, ", history: true, quality: {max_quarantined: 50%}")
 
-    land(0, _pg_event("c", 10, after={"id": 1, "v": "a"}), _pg_event("c", 11, after={"id": 2, "v": "x"}))
+    land_and_run(0, change_event("c", 10, after={"id": 1, "v": "a"}), change_event("c", 11, after={"id": 2, "v": "x"}))
     # the key of row 1 changes from 1 to 3 in one transaction: a delete of the old key, a create of the new one
-    land(2, _pg_event("u", 14, after={"id": 1, "v": "b"}), _pg_event("d", 15, before={"id": 2}), "null",
-         _pg_event("d", 16, before={"id": 1}), "null", _pg_event("c", 16, after={"id": 3, "v": "b"}))
+    land_and_run(2, change_event("u", 14, after={"id": 1, "v": "b"}), change_event("d", 15, before={"id": 2}), "null",
+         change_event("d", 16, before={"id": 1}), "null", change_event("c", 16, after={"id": 3, "v": "b"}))
     assert silver_rows(spark, engine, lake, "orders", ("id",)) == {(3,): {"id": 3, "v": "b"}}
-    out = land(8, _pg_event("u", 12, after={"id": 1, "v": "late"}),  # older than its delete: history only
-               _pg_event("d", 13),  # keyless delete: quarantined with the missing key named, in the summary
-               _pg_event("t", 20), _pg_event("c", 21, after={"id": 4, "v": "d"}))
+    out = land_and_run(8, change_event("u", 12, after={"id": 1, "v": "late"}),  # older than its delete: history only
+               change_event("d", 13),  # keyless delete: quarantined with the missing key named, in the summary
+               change_event("t", 20), change_event("c", 21, after={"id": 4, "v": "d"}))
     silver = summary_line(out, "silver", "orders")
     assert summary_line(out, "bronze", "orders")["quarantined"] == "delete_has_key:1"
     assert (silver["stale_ignored"], silver["truncates"], silver["inserted"], silver["history_rows"]) == ("1", "1", "1", "2")
@@ -300,9 +278,8 @@ def test_history_keeps_every_version_in_order_whatever_the_arrival(spark, engine
         (4, 21, "c", "d", None, True),
     ]
     # every file re-delivered under new offsets changes nothing
-    folder = tmp_path / "landing" / "topics" / "shop.public.orders" / "partition=0"
-    lines = [p.read_text().splitlines() for p in sorted(folder.iterdir())]
-    silver = summary_line(land(100, *[line for chunk in lines for line in chunk]), "silver", "orders")
+    lines = [p.read_text().splitlines() for p in sorted((tmp_path / "landing").glob("topics/*/*/*.json"))]
+    silver = summary_line(land_and_run(100, *[line for chunk in lines for line in chunk]), "silver", "orders")
     assert (silver["inserted"], silver["updated"], silver["deleted"], silver["history_rows"]) == ("0", "0", "0", "0")
     assert engine.read(spark, Lake(str(lake)).history("orders")).count() == len(history)
 
@@ -315,35 +292,34 @@ def test_tombstones_are_kept_by_default_and_expire_after_the_configured_retentio
     landing, lake = tmp_path / "landing", tmp_path / "lake"
     day_ms = 86_400_000
 
-    def land(offset, *lines):
+    def land_and_run(offset, *lines):
         for topic in ("shop.public.kept", "shop.public.expiring"):
-            folder = landing / "topics" / topic / "partition=0"
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / f"{topic}+0+{offset:010d}.json").write_text("\n".join(lines) + "\n")
+            land(landing, topic, list(lines), offset)
         code, out, err = run(capsys, config, landing, lake)
         assert (code, err) == (0, "")
         return out
 
     import time
     now_ms = int(time.time() * 1000)
-    out = land(0, _pg_event("c", 10, after={"id": 1}, ts_ms=now_ms - 9 * day_ms),
-               _pg_event("d", 12, before={"id": 1}, ts_ms=now_ms - 8 * day_ms),
-               _pg_event("c", 20, after={"id": 2}, ts_ms=now_ms), _pg_event("d", 22, before={"id": 2}, ts_ms=now_ms))
+    out = land_and_run(0, change_event("c", 10, after={"id": 1}, ts_ms=now_ms - 9 * day_ms),
+               change_event("d", 12, before={"id": 1}, ts_ms=now_ms - 8 * day_ms),
+               change_event("c", 20, after={"id": 2}, ts_ms=now_ms), change_event("d", 22, before={"id": 2}, ts_ms=now_ms))
     assert summary_line(out, "silver", "kept")["tombstones_expired"] == "0"
     assert summary_line(out, "silver", "expiring")["tombstones_expired"] == "1"  # the 8-day-old delete only
     # changes older than the deletes arrive late: kept tombstones stop both; an expired one no longer can
-    land(4, _pg_event("u", 11, after={"id": 1}, ts_ms=now_ms - 9 * day_ms), _pg_event("u", 21, after={"id": 2}, ts_ms=now_ms))
+    land_and_run(4, change_event("u", 11, after={"id": 1}, ts_ms=now_ms - 9 * day_ms),
+                 change_event("u", 21, after={"id": 2}, ts_ms=now_ms))
     assert silver_rows(spark, engine, lake, "kept", ("id",)) == {}
     assert silver_rows(spark, engine, lake, "expiring", ("id",)) == {(1,): {"id": 1}}
 
 
 def test_added_columns_flow_in_and_unsafe_type_changes_are_quarantined(spark, engine, tmp_path, capsys):
-    land, lake = _orders(tmp_path, capsys, ", quality: {max_quarantined: 100%}")
+    land_and_run, lake = _orders(tmp_path, capsys, ", quality: {max_quarantined: 100%}")
 
-    land(0, _pg_event("c", 10, after={"id": 1, "qty": 1}), _pg_event("c", 11, after={"id": 2, "qty": 1}))
-    out = land(2, _pg_event("u", 12, after={"id": 1, "qty": 3, "note": "gift"}),  # a column added at the source
-               _pg_event("u", 13, after={"id": 2, "qty": "many"}),  # bigint column, now text: not castable
-               _pg_event("c", 14, after={"id": 3, "qty": 2.5}))  # a double would lose its fraction in bigint
+    land_and_run(0, change_event("c", 10, after={"id": 1, "qty": 1}), change_event("c", 11, after={"id": 2, "qty": 1}))
+    out = land_and_run(2, change_event("u", 12, after={"id": 1, "qty": 3, "note": "gift"}),  # a column added at the source
+               change_event("u", 13, after={"id": 2, "qty": "many"}),  # bigint column, now text: not castable
+               change_event("c", 14, after={"id": 3, "qty": 2.5}))  # a double would lose its fraction in bigint
     assert summary_line(out, "silver", "orders")["quarantined"] == "incompatible_type:2"
     assert silver_rows(spark, engine, lake, "orders", ("id",)) == {
         (1,): {"id": 1, "qty": 3, "note": "gift"}, (2,): {"id": 2, "qty": 1, "note": None}}
@@ -367,14 +343,12 @@ def test_one_tables_failed_gate_leaves_the_others_of_the_run_published(spark, en
         "      - expect_column_values_to_be_between: {column: qty, min_value: 0}\n        action: fail\n"
         "  later: {topic: shop.public.later, keys: [id]}\n")  # after the failing ones: the run goes on to it
     landing, lake = tmp_path / "landing", tmp_path / "lake"
-    batches = {"good": [_pg_event("c", 10, after={"id": 1, "qty": 1})],
-               "bad_lines": [_pg_event("c", 10, after={"id": 1, "qty": 1}), _pg_event("r", 11, after={"id": 2, "qty": 1})],
-               "bad_rows": [_pg_event("c", 10, after={"id": 1, "qty": 1}), _pg_event("c", 11, after={"id": 2, "qty": -1})],
-               "later": [_pg_event("c", 10, after={"id": 5, "qty": 2}), _pg_event("d", 11, before={"id": 5})]}
+    batches = {"good": [change_event("c", 10, after={"id": 1, "qty": 1})],
+               "bad_lines": [change_event("c", 10, after={"id": 1, "qty": 1}), change_event("r", 11, after={"id": 2, "qty": 1})],
+               "bad_rows": [change_event("c", 10, after={"id": 1, "qty": 1}), change_event("c", 11, after={"id": 2, "qty": -1})],
+               "later": [change_event("c", 10, after={"id": 5, "qty": 2}), change_event("d", 11, before={"id": 5})]}
     for table, lines in batches.items():
-        folder = landing / "topics" / f"shop.public.{table}" / "partition=0"
-        folder.mkdir(parents=True)
-        (folder / f"shop.public.{table}+0+0000000000.json").write_text("\n".join(lines) + "\n")
+        land(landing, f"shop.public.{table}", lines)
 
     code, out, err = run(capsys, config, landing, lake)
 
@@ -406,9 +380,7 @@ def test_a_cycle_with_nothing_new_costs_no_spark_job_and_leaves_no_report(spark,
     config.write_text("tables:\n" + "".join(f"  {n}: {{topic: shop.public.{n}, keys: [id]}}\n" for n in names))
     landing, lake = tmp_path / "landing", tmp_path / "lake"
     for n in names:
-        folder = landing / "topics" / f"shop.public.{n}" / "partition=0"
-        folder.mkdir(parents=True)
-        (folder / f"shop.public.{n}+0+0000000000.json").write_text(_pg_event("c", 10, after={"id": 1}) + "\n")
+        land(landing, f"shop.public.{n}", [change_event("c", 10, after={"id": 1})])
     assert run(capsys, config, landing, lake)[:1] == (0,)
     runs = sorted(p.name for p in (lake / "reports" / "runs").iterdir())
 

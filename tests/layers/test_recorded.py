@@ -12,27 +12,7 @@ from pathlib import Path
 import pytest
 
 from spark_jobs.lake import Lake
-from tests.support import run, silver_rows, summary_line
-
-ROOT = Path(__file__).resolve().parents[2]
-FIXTURES = ROOT / "tests" / "fixtures" / "debezium"
-
-
-# the source tables' final state after the recorded connector output in tests/fixtures/debezium
-RECORDED_FINAL = {
-    "pg_customers": {
-        (1001,): {"id": 1001, "first_name": "Sally", "last_name": "Thomas", "email": "st@thomas.name"},
-        (1004,): {"id": 1004, "first_name": "Anne", "last_name": "Kretchmar", "email": "anne@kretchmar.org"},
-        (1005,): {"id": 1005, "first_name": "Jane", "last_name": "Roe-Doe", "email": "jane@roe-doe.org"},
-        (1103,): {"id": 1103, "first_name": "Edward", "last_name": "Walker", "email": "ed@walker.com"},
-    },
-    "mysql_customers": {
-        (1001,): {"id": 1001, "first_name": "Sally", "last_name": "Thomas-Walker", "email": "sally@thomas.name"},
-        (1002,): {"id": 1002, "first_name": "George", "last_name": "Bailey", "email": "george@bailey.name"},
-        (1003,): {"id": 1003, "first_name": "Edward", "last_name": "Walker", "email": "ed@walker.com"},
-        (1004,): {"id": 1004, "first_name": "Anne Marie", "last_name": "Kretchmar", "email": "anne.marie@kretchmar.org"},
-    },
-}
+from tests.support import FIXTURES, RECORDED_FINAL, run, silver_rows, summary_line
 
 
 def land_newest_first(capsys, root: Path, files, landing: Path, lake: Path, table: str) -> None:

@@ -23,18 +23,25 @@ from spark_jobs.layers.silver_plan import image_fields, overview_columns, plan_b
 from spark_jobs.quality.audit import tally
 from spark_jobs.quality.expectations import flagged
 from spark_jobs.registry import load_registry
-from tests.layers.test_bronze_pass import _commits, _config, _silver_as_generated, _summary, land_generated
-from tests.support import own_steps, run, silver_rows
+from tests.support import (
+    assert_silver_is_the_source,
+    change_event,
+    demo_registry,
+    land,
+    land_generated,
+    own_steps,
+    run,
+    silver_rows,
+    step_summary,
+    table_commits,
+)
 
 GENERATED = ["customers", "products", "inventory_customers", "film", "actor", "film_actor"]
 LANDING = "landing"
-SOURCE = '"source":{"connector":"postgresql","lsn":%d,"snapshot":"false","ts_ms":1}'
 
 
 def _event(op: str, image: dict, lsn: int | None) -> str:
-    before, after = (json.dumps(image), "null") if op == "d" else ("null", json.dumps(image))
-    source = SOURCE % lsn if lsn is not None else '"source":{"connector":"postgresql","snapshot":"false","ts_ms":1}'
-    return f'{{"before":{before},"after":{after},{source},"op":"{op}","ts_ms":1}}'
+    return change_event(op, lsn, **({"before": image} if op == "d" else {"after": image}))
 
 
 # `orders`' first batch makes silver's columns (id, qty BIGINT, note STRING); its second brings what typing refuses
@@ -56,12 +63,6 @@ HAND_MADE = {"orders": {"topic": "shop.public.orders", "keys": ["id"], "quality"
              "typed": {"topic": "shop.public.typed", "keys": ["id"], "quality": {"max_quarantined": "100%"}}}
 
 
-def _land(landing: Path, topic: str, name: str, lines: list[str]) -> None:
-    folder = landing / "topics" / topic / "partition=0"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{topic}+0+{name}.json").write_text("".join(line + "\n" for line in lines))
-
-
 def _new_events(spark, engine, lake: Lake, table) -> DataFrame:
     """The table's bronze rows silver has not applied, ordered (what its own plan reads)."""
     bronze = engine.read(spark, lake.bronze(table.name))
@@ -70,19 +71,19 @@ def _new_events(spark, engine, lake: Lake, table) -> DataFrame:
 
 
 def test_events_typed_together_come_out_as_each_alone(spark, engine, tmp_path, capsys):
-    config = _config(tmp_path, GENERATED, HAND_MADE)
+    config = demo_registry(tmp_path, GENERATED, HAND_MADE)
     registry = load_registry(str(config))
     source = tmp_path / "source"
     generated = generate(registry.select(GENERATED), source,
                          Options(rows=20, changes=40, records_per_file=25, batches=1, shuffle=True, seed=11))
     landing, lake_root = tmp_path / LANDING, tmp_path / "lake"
     land_generated(landing, source, generated, 0)
-    _land(landing, "shop.public.orders", "0000000000", FIRST)
+    land(landing, "shop.public.orders", offset=0, lines=FIRST)
     code, out, err = run(capsys, config, landing, lake_root, "--layers", "bronze,silver")
     assert code == 0, out + err
     land_generated(landing, source, generated, 1)
-    _land(landing, "shop.public.orders", "0000000002", SECOND)
-    _land(landing, "shop.public.typed", "0000000000", TYPED)
+    land(landing, "shop.public.orders", offset=2, lines=SECOND)
+    land(landing, "shop.public.typed", offset=0, lines=TYPED)
     code, out, err = run(capsys, config, landing, lake_root, "--layers", "bronze")  # silver has these to apply
     assert code == 0, out + err
 
@@ -185,14 +186,14 @@ def _silver_state(spark, engine, lake_root: Path, table: str) -> dict:
             "quarantine": [] if quarantine is None else sorted(
                 (r["_source_file"].rsplit("/", 1)[1], r["_line"], r["reason"])
                 for r in quarantine.where("layer = 'silver'").collect()),
-            "commits": _commits(engine, lake.silver(table))}
+            "commits": table_commits(engine, lake.silver(table))}
 
 
 def test_tables_planned_together_publish_as_each_alone(spark, engine, tmp_path, capsys, monkeypatch):
     """The silver step through the pass (silver_pass.read_together, then silver_arrow on the driver) leaves every
     table's silver, tombstone ledger, quarantine and summary as its own plan does, over generated changes and every
     way an event can go; one table's failing gate fails that table only, in the same cycle as the others publish."""
-    config = _config(tmp_path, PASSED, EDGE_TABLES)
+    config = demo_registry(tmp_path, PASSED, EDGE_TABLES)
     registry = load_registry(str(config))
     source = tmp_path / "source"
     generated = generate(registry.select(PASSED), source,
@@ -207,7 +208,7 @@ def test_tables_planned_together_publish_as_each_alone(spark, engine, tmp_path, 
         for where in (together, alone):
             land_generated(where / LANDING, source, generated, cycle)
             for table, lines in edges.items():
-                _land(where / LANDING, f"shop.public.{table}", f"000000000{cycle}", lines)
+                land(where / LANDING, f"shop.public.{table}", lines, cycle)
         asked.clear()
         code, out, err = run(capsys, config, together / LANDING, together / "lake", "--layers", "bronze,silver")
         assert f"silver: {len(names)} of {len(names)} tables' new bronze rows planned in one pass" in out, out + err
@@ -222,16 +223,16 @@ def test_tables_planned_together_publish_as_each_alone(spark, engine, tmp_path, 
             assert "planned in one pass" not in out_alone
             assert _silver_state(spark, engine, together / "lake", table) == _silver_state(
                 spark, engine, alone / "lake", table), (cycle, table)
-            assert _summary(out, "silver", table) == _summary(out_alone, "silver", table), (cycle, table)
+            assert step_summary(out, "silver", table) == step_summary(out_alone, "silver", table), (cycle, table)
         if cycle == 0:  # as a run killed between its two merges leaves it: a ledger entry older than key 3's live row
             for where in (together, alone):
                 _ledger_entry_behind(spark, engine, Lake(str(where / "lake")), "edges", 3)
     # right, not only alike: the generated tables equal their source's state, the edges as each event says
-    _silver_as_generated(spark, engine, config, together / "lake", generated)
+    assert_silver_is_the_source(spark, engine, together / "lake", generated, config)
     assert silver_rows(spark, engine, together / "lake", "edges", ("id",)) == {
         (1,): {"id": 1, "qty": 2}, (3,): {"id": 3, "qty": 1}, (5,): {"id": 5, "qty": 2}, (7,): {"id": 7, "qty": 7},
         (9,): {"id": 9, "qty": 1}}
-    edges = _summary(out, "silver", "edges")
+    edges = step_summary(out, "silver", "edges")
     assert {k: edges[k] for k in ("duplicates_dropped", "ties", "stale_ignored", "quarantined", "inserted", "updated",
                                   "deleted")} == {
         "duplicates_dropped": "2", "ties": "1", "stale_ignored": "3", "quarantined": "incompatible_type:1",
@@ -257,11 +258,11 @@ def test_a_pass_holds_at_most_one_tasks_rows(spark, engine, tmp_path, capsys, mo
     tables would otherwise plan all of them in one partition and collect them at once); each table still publishes
     its own rows."""
     names = ["one", "two", "three"]
-    config = _config(tmp_path, [], {n: {"topic": f"shop.public.{n}", "keys": ["id"]} for n in names})
+    config = demo_registry(tmp_path, [], {n: {"topic": f"shop.public.{n}", "keys": ["id"]} for n in names})
     landing, lake = tmp_path / LANDING, tmp_path / "lake"
     for n, name in enumerate(names):
-        _land(landing, f"shop.public.{name}", "0000000000",
-              [_event("c", {"id": 1, "qty": n}, 10), _event("c", {"id": 2, "qty": n}, 11), _event("d", {"id": 1}, 12)])
+        land(landing, f"shop.public.{name}",
+             [_event("c", {"id": 1, "qty": n}, 10), _event("c", {"id": 2, "qty": n}, 11), _event("d", {"id": 1}, 12)])
     code, out, err = run(capsys, config, landing, lake, "--layers", "bronze")
     assert code == 0, out + err
     assert {n: engine.new_files(Lake(str(lake)).bronze(n), -1).rows for n in names} == dict.fromkeys(names, 3)
@@ -288,10 +289,10 @@ def test_tables_whose_bronze_added_no_files_are_left_to_their_own_step(spark, en
     import deltalake
 
     names = ["one", "two"]
-    config = _config(tmp_path, [], {n: {"topic": f"shop.public.{n}", "keys": ["id"]} for n in names})
+    config = demo_registry(tmp_path, [], {n: {"topic": f"shop.public.{n}", "keys": ["id"]} for n in names})
     landing, lake = tmp_path / LANDING, tmp_path / "lake"
     for name in names:
-        _land(landing, f"shop.public.{name}", "0000000000", [_event("c", {"id": 1, "qty": 1}, 10)])
+        land(landing, f"shop.public.{name}", offset=0, lines=[_event("c", {"id": 1, "qty": 1}, 10)])
     code, out, err = run(capsys, config, landing, lake, "--layers", "bronze,silver")
     assert code == 0 and "2 of 2 tables' new bronze rows planned in one pass" in out, out + err
     for name in names:
@@ -312,13 +313,13 @@ def test_one_tables_failing_gate_in_a_pass_fails_that_table_alone_and_gx_names_i
     chromium, lists every table with its verdict."""
     import spark_jobs.delta.delta_rs as delta_rs
     from spark_jobs.quality import gates
-    from tests.quality.test_report_escaping import opened_in_chromium
+    from tests.support import opened_in_chromium
 
     names = ["one", "two", "three"]
-    config = _config(tmp_path, [], {n: {"topic": f"shop.public.{n}", "keys": ["id"]} for n in names})
+    config = demo_registry(tmp_path, [], {n: {"topic": f"shop.public.{n}", "keys": ["id"]} for n in names})
     landing, lake = tmp_path / LANDING, tmp_path / "lake"
     for name in names:
-        _land(landing, f"shop.public.{name}", "0000000000", [_event("c", {"id": 1, "qty": 1}, 10),
+        land(landing, f"shop.public.{name}", offset=0, lines=[_event("c", {"id": 1, "qty": 1}, 10),
                                                              _event("c", {"id": 2, "qty": 1}, 11)])
     assert run(capsys, config, landing, lake, "--layers", "bronze,silver")[0] == 0
     merge = delta_rs.DeltaRsEngine.merge
@@ -333,7 +334,7 @@ def test_one_tables_failing_gate_in_a_pass_fails_that_table_alone_and_gx_names_i
     monkeypatch.setattr(gates, "run_audit_gates", lambda asked, *args: gated.append(
         [g.table for g in asked if g.layer == "silver"]) or run_audit_gates(asked, *args))
     for name in names:
-        _land(landing, f"shop.public.{name}", "0000000002", [_event("d", {"id": 1}, 20),
+        land(landing, f"shop.public.{name}", offset=2, lines=[_event("d", {"id": 1}, 20),
                                                              _event("u", {"id": 2, "qty": 5}, 21)])
     code, out, err = run(capsys, config, landing, lake, "--layers", "bronze,silver", "--run-id", "pass-run")
     assert (code, err) == (1, "gate failed: table=two layer=silver expectation=deleted_keys_not_live unexpected=1 of 1; "
@@ -344,7 +345,7 @@ def test_one_tables_failing_gate_in_a_pass_fails_that_table_alone_and_gx_names_i
         assert silver_rows(spark, engine, lake, name, ("id",)) == {
             **({(1,): {"id": 1, "qty": 1}} if name == "two" else {}), (2,): {"id": 2, "qty": qty}}, name
         if name != "two":
-            assert _summary(out, "silver", name)["gate"] == "passed", out
+            assert step_summary(out, "silver", name)["gate"] == "passed", out
 
     results = list((lake / "_state" / "gx" / "silver-pass").rglob("pass-run/*/*.json"))
     assert len(results) == 1, results  # GX's run is the pipeline's

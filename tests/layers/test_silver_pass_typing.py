@@ -8,9 +8,7 @@ from functools import partial
 import pytest
 
 from spark_jobs.lake import Lake
-from tests.layers.test_bronze_pass import _config
-from tests.layers.test_silver_pass import LANDING, _event, _land
-from tests.support import own_steps, run, silver_rows
+from tests.support import change_event, demo_registry, land, own_steps, run, silver_rows
 
 TYPING_TABLES = {name: {"topic": f"shop.public.{name}", "keys": ["id"], "quality": {"max_quarantined": "100%"}}
                  for name in ("late", "late_too")}
@@ -25,19 +23,21 @@ def test_a_column_takes_the_type_of_its_first_value_and_never_becomes_text(spark
     boolean for it is quarantined, never kept as its text. The two tables' batches go through the silver pass (a
     batch with a column new and mixed through its own plan), or each through its own plan."""
     runs = partial(own_steps, monkeypatch) if own_plan else run
-    config, landing, lake = _config(tmp_path, [], TYPING_TABLES), tmp_path / LANDING, tmp_path / "lake"
+    config, landing, lake = demo_registry(tmp_path, [], TYPING_TABLES), tmp_path / "landing", tmp_path / "lake"
     for table in TYPING_TABLES:
-        _land(landing, f"shop.public.{table}", "0000000000", [
-            _event("c", {"id": 1, "n": None, "s": "a"}, 10), _event("c", {"id": 2, "n": None, "s": "b"}, 11)])
+        land(landing, f"shop.public.{table}", offset=0, lines=[
+            change_event("c", 10, after={"id": 1, "n": None, "s": "a"}),
+            change_event("c", 11, after={"id": 2, "n": None, "s": "b"})])
     code, out, err = runs(capsys, config, landing, lake, "--layers", "bronze,silver")
     assert code == 0, out + err
     for table in TYPING_TABLES:
         assert "n" not in engine.schema(Lake(str(lake)).silver(table)).fieldNames()
-    _land(landing, "shop.public.late", "0000000002", [
-        _event("u", {"id": 1, "n": 5, "s": "c", "m": 7}, 12), _event("u", {"id": 2, "n": 2**40, "s": 3, "m": "x"}, 13),
-        _event("c", {"id": 3, "n": None, "s": "d", "m": None}, 14)])
-    _land(landing, "shop.public.late_too", "0000000002", [
-        _event("u", {"id": 1, "n": 6, "s": True}, 12), _event("c", {"id": 3, "n": -1}, 14)])
+    land(landing, "shop.public.late", offset=2, lines=[
+        change_event("u", 12, after={"id": 1, "n": 5, "s": "c", "m": 7}),
+        change_event("u", 13, after={"id": 2, "n": 2**40, "s": 3, "m": "x"}),
+        change_event("c", 14, after={"id": 3, "n": None, "s": "d", "m": None})])
+    land(landing, "shop.public.late_too", offset=2, lines=[
+        change_event("u", 12, after={"id": 1, "n": 6, "s": True}), change_event("c", 14, after={"id": 3, "n": -1})])
     code, out, err = runs(capsys, config, landing, lake, "--layers", "bronze,silver")
     assert code == 0, out + err
     if not own_plan:

@@ -14,7 +14,7 @@ import pytest
 from pyspark.sql import types as T
 
 from spark_jobs.lake import Lake
-from tests.support import own_steps, run, silver_rows, summary_line
+from tests.support import land, own_steps, run, silver_rows, summary_line
 
 RECORDED = (Path(__file__).resolve().parents[1] / "fixtures" / "debezium" / "mysql" / "topics"
             / "dbserver1.inventory.customers" / "partition=0" / "dbserver1.inventory.customers+0+0000000000.json")
@@ -70,11 +70,9 @@ def test_a_widened_source_column_widens_silver_and_an_incompatible_one_quarantin
     config.write_text(f"tables:\n  customers:\n    topic: {TOPIC}\n    keys: [id]\n"
                       f"    quality: {{max_quarantined: 100%}}\n{'    history: true' if own_plan else ''}\n")
     landing, lake = tmp_path / "landing", Lake(str(tmp_path / "lake"))
-    folder = landing / "topics" / TOPIC / "partition=0"
-    folder.mkdir(parents=True)
 
-    def land(offset: int, *events: str) -> str:
-        (folder / f"{TOPIC}+0+{offset:010d}.json").write_text("\n".join(events) + "\n")
+    def land_and_run(offset: int, *events: str) -> str:
+        land(landing, TOPIC, list(events), offset)
         if own_plan:
             code, out, err = own_steps(monkeypatch, capsys, config, landing, lake.root)
         else:
@@ -82,11 +80,11 @@ def test_a_widened_source_column_widens_silver_and_an_incompatible_one_quarantin
         assert (code, err) == (0, "")
         return out
 
-    land(0, *[_event("c", {"id": i, "credit": "10.50"}, 100 + i, "int32", (10, 2)) for i in (1, 2, 3)])
+    land_and_run(0, *[_event("c", {"id": i, "credit": "10.50"}, 100 + i, "int32", (10, 2)) for i in (1, 2, 3)])
     assert _schema(engine, lake.silver("customers"))["id"] == "int"
 
     # ALTER TABLE customers MODIFY id BIGINT, MODIFY credit DECIMAL(14,2): the envelope's types widen
-    out = land(3, _event("c", {"id": BIG, "credit": "123456789012.25"}, 200, "int64", (14, 2)),
+    out = land_and_run(3, _event("c", {"id": BIG, "credit": "123456789012.25"}, 200, "int64", (14, 2)),
                _event("u", {"id": 1, "credit": "1.25"}, 201, "int64", (14, 2)),
                _event("d", {"id": 2, "credit": None}, 202, "int64", (14, 2)))
     line = summary_line(out, "silver", "customers")
@@ -112,7 +110,7 @@ def test_a_widened_source_column_widens_silver_and_an_incompatible_one_quarantin
 
     # MODIFY credit DECIMAL(14,4): two more fraction digits, two fewer integer ones. Neither type holds the other's
     # values; DECIMAL(16,4) holds both, and silver widens to it. `id` back to INT: it fits silver's BIGINT
-    out = land(6, _event("u", {"id": 3, "credit": "5.5000"}, 300, "int32", (14, 4)),
+    out = land_and_run(6, _event("u", {"id": 3, "credit": "5.5000"}, 300, "int32", (14, 4)),
                _event("u", {"id": BIG, "credit": "1.2345"}, 301, "int64", (14, 4)))
     line = summary_line(out, "silver", "customers")
     assert line["widened"] == "credit:decimal(14,2)->decimal(16,4)" and "quarantined" not in line
@@ -131,7 +129,7 @@ def test_a_widened_source_column_widens_silver_and_an_incompatible_one_quarantin
 
     # MODIFY credit DOUBLE: Delta widens no decimal to a double. A value the decimal holds exactly is kept; one it does
     # not is quarantined, naming both types
-    out = land(9, _event("u", {"id": 3, "credit": "2.5"}, 400, "int64", "float64"),
+    out = land_and_run(9, _event("u", {"id": 3, "credit": "2.5"}, 400, "int64", "float64"),
                _event("u", {"id": 1, "credit": "1.23456789"}, 401, "int64", "float64"))
     assert "widened" not in summary_line(out, "silver", "customers")
     quarantine = engine.read(spark, lake.quarantine("customers"))
@@ -141,7 +139,7 @@ def test_a_widened_source_column_widens_silver_and_an_incompatible_one_quarantin
     assert _schema(engine, lake.silver("customers")) == wide
 
     # the same files again: nothing changes
-    land(9, _event("u", {"id": 3, "credit": "2.5"}, 400, "int64", "float64"),
+    land_and_run(9, _event("u", {"id": 3, "credit": "2.5"}, 400, "int64", "float64"),
          _event("u", {"id": 1, "credit": "1.23456789"}, 401, "int64", "float64"))
     assert {k: r["credit"] for k, r in silver_rows(spark, engine, lake.root, "customers", ("id",)).items()} == expected
 

@@ -1,14 +1,14 @@
 """Property: a gold model kept incrementally (layers/gold_plan.py, layers/gold_state.py) equals its SQL run over all of
 silver after every run, whatever the source's history and its arrival.
 
-The histories and their delivery are test_properties.py's: inserts, updates (of a model's group key too), deletes,
-primary-key changes, late and re-delivered events, truncates; each run goes through silver's own apply step. After
-each run every model refreshes from silver's change feed (the first run and a truncate's are the ones to watch), and
-their gold is compared with the model's SQL over silver, row for row. The models kept as a state cover every
-aggregate kept (COUNT, SUM, AVG, MIN, MAX; of integers, decimals and doubles), a WHERE, an expression group with NULL
-groups, and groups that empty out; the two joins (the table with itself: a LEFT join keyed by the primary key, an
-INNER join grouped by a value, with HAVING) are computed again for the keys each run's changes reach. Gold's gate
-is stubbed as silver's is there (Great Expectations would add minutes)."""
+The histories and their delivery are the source model's (tests/support.py, as test_properties.py draws them):
+inserts, updates (of a model's group key too), deletes, primary-key changes, late and re-delivered events, truncates;
+each run goes through silver's own apply step. After each run every model refreshes from silver's change feed (the
+first run and a truncate's are the ones to watch), and their gold is compared with the model's SQL over silver, row
+for row. The models kept as a state cover every aggregate kept (COUNT, SUM, AVG, MIN, MAX; of integers, decimals and
+doubles), a WHERE, an expression group with NULL groups, and groups that empty out; the two joins (the table with
+itself: a LEFT join keyed by the primary key, an INNER join grouped by a value, with HAVING) are computed again for
+the keys each run's changes reach. Gold's gate is stubbed as silver's is there (Great Expectations would add minutes)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from spark_jobs.layers import gold
 from spark_jobs.layers.gold_plan import GroupsPlan, IncrementalPlan
 from spark_jobs.layers.silver import apply_changes
 from spark_jobs.registry import GoldModel
-from tests.properties.test_properties import COMMON, TABLE, bronze_batch, bundles, silver_gate, truncate_histories
+from tests.support import COMMON, TABLE, bronze_batch, bundles, silver_gate, truncate_histories
 
 EXAMPLES = {"ci": (3, 6), "long": (100, 200)}[os.environ.get("HYPOTHESIS_PROFILE", "ci")]
 

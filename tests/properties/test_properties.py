@@ -24,215 +24,21 @@ histories and 300 truncate histories):
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
-from dataclasses import dataclass
 from unittest import mock
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
-from pyspark.sql import functions as F
 
-from spark_jobs.debezium import envelope
 from spark_jobs.delta.delta_rs import DeltaRsEngine
 from spark_jobs.lake import Lake
 from spark_jobs.layers import silver_plan
 from spark_jobs.layers.silver import apply_changes
-from spark_jobs.registry import TableConfig
+from tests.support import COMMON, TABLE, bronze_batch, bundles, image, position, reference, silver_gate, truncate_histories
 
-HISTORIES_PER_EXAMPLE = 40  # more makes Hypothesis overrun its buffer and draw shorter histories
 PROFILES = {"ci": (6, 10), "long": (250, 300)}  # (bundles, truncate histories)
 BUNDLES, TRUNCATE_HISTORIES = PROFILES[os.environ.get("HYPOTHESIS_PROFILE", "ci")]
-COMMON = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large],
-          "derandomize": False}
-
-TABLE = TableConfig(name="items", topic="src.public.items", keys=("tenant", "id"), history=True)
-KEYS = st.integers(1, 6)
-VALUES = st.text(alphabet="abcxyz", min_size=1, max_size=3)
-SNAPSHOT_LSN = 5_000
-
-
-@dataclass
-class Event:
-    tenant: int
-    op: str
-    key: int | None
-    value: str | None
-    lsn: int
-    snapshot: bool
-    clock: int
-    tombstone: bool = False
-    number: int | None = None  # the nullable integer column `n`
-
-    @property
-    def image(self) -> tuple[str | None, int | None]:
-        """The row's (v, n) as the model keeps it: none for a delete."""
-        return (None, None) if self.op == "d" else (self.value, self.number)
-
-    @property
-    def position(self) -> tuple[int, int]:
-        """(lsn, 0 for snapshot events, 1 for streaming ones): the order the model applies."""
-        return self.lsn, 0 if self.snapshot else 1
-
-    def line(self) -> str:
-        before = {"tenant": self.tenant, "id": self.key, "v": None, "n": None} if self.op == "d" else None
-        after = {"tenant": self.tenant, "id": self.key, "v": self.value, "n": self.number} if self.op in "cur" else None
-        source = {"connector": "postgresql", "lsn": self.lsn, "snapshot": "true" if self.snapshot else "false",
-                  "ts_ms": self.clock, "txId": self.lsn // 10}
-        return json.dumps({"before": before, "after": after, "source": source, "op": self.op, "ts_ms": self.clock})
-
-
-@st.composite
-def histories(draw, tenant: int, truncates: bool):
-    """One source table's change log (for one tenant's keys) in commit order."""
-    live: set[int] = set()
-    log: list[Event] = []
-    clock = draw(st.integers(0, 3))
-
-    def emit(op, key=None, lsn=SNAPSHOT_LSN, snapshot=False, tombstone=False):
-        nonlocal clock
-        clock += draw(st.integers(0, 1))  # ts_ms ties on purpose: the order must not come from it
-        value = draw(VALUES) if op in "cur" else None
-        log.append(Event(tenant, op, key, value, lsn, snapshot, clock, tombstone))
-
-    for key in sorted(draw(st.sets(KEYS, max_size=4))):
-        live.add(key)
-        emit("r", key, snapshot=True)
-    # streaming may start at the snapshot's own LSN: snapshot events still come first
-    lsn = SNAPSHOT_LSN if draw(st.booleans()) else SNAPSHOT_LSN + 1
-    kinds = ["upsert", "upsert", "upsert", "delete", "delete", "rekey"] + (["truncate"] if truncates else [])
-    for step in draw(st.lists(st.sampled_from(kinds), min_size=2, max_size=14)):
-        if step == "upsert":
-            key = draw(KEYS)
-            emit("u" if key in live else "c", key, lsn)
-            live.add(key)
-        elif step == "delete" and live:
-            key = draw(st.sampled_from(sorted(live)))
-            live.discard(key)
-            emit("d", key, lsn, tombstone=draw(st.booleans()))
-        elif step == "rekey" and live and len(live) < 6:
-            old = draw(st.sampled_from(sorted(live)))
-            new = draw(st.sampled_from([k for k in range(1, 7) if k not in live]))
-            live.discard(old)
-            live.add(new)
-            emit("d", old, lsn, tombstone=True)
-            lsn += 1
-            emit("c", new, lsn)
-        elif step == "truncate":
-            live.clear()
-            emit("t", lsn=lsn)
-        lsn += draw(st.integers(1, 3))
-    return log
-
-
-def reference(log: list[Event]) -> tuple[dict, list]:
-    """The model: apply the log in order. Silver = the live rows; history = one row per row event, valid
-    until the key's next event or (for versions) the next truncate, current when open and not a delete."""
-    ordered = sorted(log, key=lambda e: e.position)  # commit order; the sort is stable for equal positions
-    state: dict[tuple[int, int], tuple[str | None, int | None]] = {}
-    history: list[list] = []
-    open_rows: dict[tuple[int, int], list] = {}
-    for e in ordered:
-        if e.op == "t":
-            state.clear()
-            for row in open_rows.values():  # closes open versions; a delete stays open for the key's next event
-                if row[2] != "d" and row[4] is None:
-                    row[4] = e.position
-            continue
-        key = (e.tenant, e.key)
-        if key in open_rows and open_rows[key][4] is None:
-            open_rows[key][4] = e.position
-        row = [key, e.position, e.op, e.image, None]
-        history.append(row)
-        open_rows[key] = row
-        if e.op == "d":
-            state.pop(key, None)
-        else:
-            state[key] = e.image
-    return state, sorted((*r, r[4] is None and r[2] != "d") for r in history)
-
-
-def deliver(draw, log: list[Event]):
-    """The log cut into sink files, some re-delivered under new offsets, shuffled into runs."""
-    lines = []
-    for e in log:
-        lines.append(e.line())
-        if e.tombstone:
-            lines.append("null")
-    files, offset = [], 0
-    while offset < len(lines):
-        size = draw(st.integers(1, 3 * max(1, len(lines) // 12)))
-        files.append((offset, lines[offset:offset + size]))
-        offset += size
-    redelivered = [(offset + 100_000 * (i + 1), chunk) for i, (offset, chunk) in enumerate(files) if draw(st.booleans())]
-    arrivals = draw(st.permutations(files + redelivered))
-    runs = draw(st.sampled_from([1, 2, 3, 3, 4]))
-    cut = sorted(draw(st.lists(st.integers(0, len(arrivals)), min_size=runs - 1, max_size=runs - 1)))
-    bounds = [0, *cut, len(arrivals)]
-    return [arrivals[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
-
-
-@st.composite
-def bundles(draw):
-    """Independent tenants' logs interleaved into one topic partition (each keeps its own order)."""
-    logs = [draw(histories(tenant, truncates=False)) for tenant in range(HISTORIES_PER_EXAMPLE)]
-    merged, cursors = [], [0] * len(logs)
-    while any(c < len(log) for c, log in zip(cursors, logs, strict=True)):
-        tenant = draw(st.sampled_from([t for t, log in enumerate(logs) if cursors[t] < len(log)]))
-        merged.append(logs[tenant][cursors[tenant]])
-        cursors[tenant] += 1
-    numbered(draw, merged)
-    return deliver(draw, merged), logs
-
-
-def numbered(draw, log: list[Event]) -> None:
-    """`n` for the rows of the log from a drawn point on (an integer or null each): null in every event before it."""
-    start = draw(st.integers(0, len(log)))
-    for e in log[start:]:
-        if e.op in "cur":
-            e.number = draw(st.one_of(st.none(), st.integers(-(2**40), 2**40)))
-
-
-@st.composite
-def truncate_histories(draw):
-    log = draw(histories(0, truncates=True))
-    numbered(draw, log)
-    return deliver(draw, log), [log]
-
-
-def bronze_batch(spark, files, run: int):
-    """What bronze holds for these files: the same transforms the bronze job runs."""
-    rows = [(f"topics/{TABLE.topic}/partition=0/{TABLE.topic}+0+{offset:010d}.json", i + 1, line)
-            for offset, chunk in files for i, line in enumerate(chunk)]
-    lines = spark.createDataFrame(rows, "_source_file STRING, _line BIGINT, _raw STRING")
-    classified = envelope.classify(envelope.parse_envelope(lines), TABLE.keys)
-    return classified.where("_kind = 'event'").select(
-        "_source_file", "_line", "_raw", "op", "ts_ms", "source", "before", "after", "_schema",
-        F.lit(f"run-{run}").alias("_batch_id"), F.lit(run).cast("long").alias("_bronze_version"),
-        F.current_timestamp().alias("_ingested_at"))
-
-
-def position(seq: str | None) -> tuple[int, int] | None:
-    """The pipeline's `_seq` for PostgreSQL ('<lsn, padded>|<snapshot rank>') as the model's position."""
-    if seq is None:
-        return None
-    lsn, rank = seq.split("|")
-    return int(lsn), int(rank)
-
-
-def silver_gate(audit, frames, table, layer, checks, lake, summary):
-    """The silver gate's fail checks on every batch, without Great Expectations."""
-    assert audit.figures.quarantined_share == 0 and audit.figures.deletes_unaccounted in (0, None)  # None: before
-    if "key_unique" in audit.tallies:
-        assert (audit.tallies["deleted_keys_not_live"].failed, audit.tallies["key_unique"].failed,
-                audit.tallies["key_not_null"].failed) == (0, 0, 0)
-    summary.gate = "passed"
-
-
-def image(row) -> tuple[str | None, int | None]:
-    """A silver or history row's (v, n): `n` is not a column before its first value."""
-    return row["v"], row.asDict().get("n")
 
 
 def check(spark, runs, logs, partitioned=False):

@@ -15,14 +15,9 @@ from spark_jobs.errors import GateFailed
 from spark_jobs.lake import Lake
 from spark_jobs.layers import gold
 from spark_jobs.registry import load_registry
-from tests.layers.test_pipeline import _pg_event
-from tests.support import data_docs_text, run, silver_rows, summary_line
+from tests.support import change_event, data_docs_text, land, run, silver_rows, summary_line
 
-
-def _land(tmp_path, name, offset, lines):
-    folder = tmp_path / "landing" / "topics" / "shop.public.orders" / "partition=0"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"shop.public.orders+0+{offset:010d}.json").write_text("\n".join(lines) + "\n")
+ORDERS = "shop.public.orders"
 
 
 def _config(tmp_path, quality=""):
@@ -46,8 +41,9 @@ def test_one_keyless_delete_in_a_small_batch_is_quarantined_and_the_other_events
     quarantined and the 15 others applied; two of 16 stop the table; `min_quarantined_to_fail: 1` makes
     any share over the limit stop it."""
     config = _config(tmp_path)
-    _land(tmp_path, "orders", 0, [*[_pg_event("c", 10 + i, after={"id": i, "v": "x"}) for i in range(15)],
-                                  _pg_event("d", 30, before={"v": "no key"})])
+    land(tmp_path / "landing", ORDERS, offset=0,
+         lines=[*[change_event("c", 10 + i, after={"id": i, "v": "x"}) for i in range(15)],
+                change_event("d", 30, before={"v": "no key"})])
     code, out, err = _run(capsys, tmp_path, config)
     assert (code, err) == (0, "")
     bronze = summary_line(out, "bronze", "orders")
@@ -58,8 +54,9 @@ def test_one_keyless_delete_in_a_small_batch_is_quarantined_and_the_other_events
     assert (finding["success"], finding["observed"]) == (True, "0.0625 (max 0.05), 1 record(s) (fails from 2)")
     shutil.copytree(tmp_path / "landing", tmp_path / "first_batch")
 
-    _land(tmp_path, "orders", 16, [*[_pg_event("u", 40 + i, after={"id": i, "v": "y"}) for i in range(14)],
-                                   _pg_event("d", 60, before={"v": "no key"}), _pg_event("d", 61, before={"v": "no"})])
+    land(tmp_path / "landing", ORDERS, offset=16,
+         lines=[*[change_event("u", 40 + i, after={"id": i, "v": "y"}) for i in range(14)],
+                change_event("d", 60, before={"v": "no key"}), change_event("d", 61, before={"v": "no"})])
     code, out, err = _run(capsys, tmp_path, config)
     assert code == 1
     assert err == ("gate failed: table=orders layer=bronze expectation=max_quarantined observed=0.125 (max 0.05), "
@@ -75,9 +72,9 @@ def test_keyless_events_are_quarantined_and_a_batch_of_only_bad_events_fails_lea
         spark, engine, tmp_path, capsys):
     config = _config(tmp_path)
     # 40 good events and 2 without their key (4.8% of the batch, under the default 5%)
-    good = [_pg_event("c", 100 + i, after={"id": i, "v": f"v{i}"}) for i in range(40)]
-    _land(tmp_path, "orders", 0, [*good[:20], _pg_event("c", 90, after={"v": "no key"}), *good[20:],
-                                  _pg_event("d", 91, before={"v": "no key"})])
+    good = [change_event("c", 100 + i, after={"id": i, "v": f"v{i}"}) for i in range(40)]
+    land(tmp_path / "landing", ORDERS, offset=0, lines=[*good[:20], change_event("c", 90, after={"v": "no key"}), *good[20:],
+                                  change_event("d", 91, before={"v": "no key"})])
     code, out, err = _run(capsys, tmp_path, config)
     assert (code, err) == (0, "")
     bronze = summary_line(out, "bronze", "orders")
@@ -90,7 +87,7 @@ def test_keyless_events_are_quarantined_and_a_batch_of_only_bad_events_fails_lea
     silver_version = engine.version(Lake(str(tmp_path / "lake")).silver("orders"))
 
     # a batch where every event is bad: one line names table, layer, expectation and counts; nothing published
-    _land(tmp_path, "orders", 42, [_pg_event("u", 200 + i, after={"v": "no key"}) for i in range(3)])
+    land(tmp_path / "landing", ORDERS, offset=42, lines=[change_event("u", 200 + i, after={"v": "no key"}) for i in range(3)])
     code, out, err = _run(capsys, tmp_path, config)
     assert code == 1
     assert err == ("gate failed: table=orders layer=bronze expectation=max_quarantined observed=1.0 (max 0.05), "
@@ -112,15 +109,15 @@ def test_keyless_events_are_quarantined_and_a_batch_of_only_bad_events_fails_lea
 
 def test_tombstone_checks_pass_on_a_clean_batch_and_report_a_violating_one(spark, engine, tmp_path, capsys):
     config = _config(tmp_path, ", quality: {max_quarantined: 50%, checks: {tombstone_follows_delete: warn}}")
-    _land(tmp_path, "orders", 0, [_pg_event("c", 10 + i, after={"id": i, "v": "a"}) for i in (1, 2, 3)])
+    land(tmp_path / "landing", ORDERS, offset=0, lines=[change_event("c", 10 + i, after={"id": i, "v": "a"}) for i in (1, 2, 3)])
     assert _run(capsys, tmp_path, config)[0] == 0
     # clean: each delete has its key, and its tombstone follows it
-    _land(tmp_path, "orders", 3, [
-        _pg_event("d", 20, before={"id": 1}), "null",  # removes a live row
-        _pg_event("d", 21, before={"id": 9}),          # a key silver never had: recorded in the ledger
-        _pg_event("d", 5, before={"id": 3}),           # older than key 3's insert: stale
-        _pg_event("d", 22, before={"id": 2}), "null",
-        _pg_event("c", 23, after={"id": 2, "v": "again"})])  # supersedes the delete before it
+    land(tmp_path / "landing", ORDERS, offset=3, lines=[
+        change_event("d", 20, before={"id": 1}), "null",  # removes a live row
+        change_event("d", 21, before={"id": 9}),          # a key silver never had: recorded in the ledger
+        change_event("d", 5, before={"id": 3}),           # older than key 3's insert: stale
+        change_event("d", 22, before={"id": 2}), "null",
+        change_event("c", 23, after={"id": 2, "v": "again"})])  # supersedes the delete before it
     code, out, err = _run(capsys, tmp_path, config)
     assert (code, err) == (0, "")
     bronze, silver = summary_line(out, "bronze", "orders"), summary_line(out, "silver", "orders")
@@ -135,8 +132,9 @@ def test_tombstone_checks_pass_on_a_clean_batch_and_report_a_violating_one(spark
     assert sorted(silver_rows(spark, engine, tmp_path / "lake", "orders", ("id",))) == [(2,), (3,)]
 
     # violating: a delete without its key, and a tombstone opening a file after a non-delete record
-    _land(tmp_path, "orders", 10, ["null", _pg_event("d", 20, before={"v": "x"}), _pg_event("d", 21, before={"id": 3}),
-                                   "null"])
+    land(tmp_path / "landing", ORDERS, offset=10,
+         lines=["null", change_event("d", 20, before={"v": "x"}), change_event("d", 21, before={"id": 3}),
+                "null"])
     code, out, err = _run(capsys, tmp_path, config)
     assert (code, err) == (0, "")
     bronze = summary_line(out, "bronze", "orders")
@@ -146,7 +144,7 @@ def test_tombstone_checks_pass_on_a_clean_batch_and_report_a_violating_one(spark
     assert (checks["delete_has_key"]["unexpected"], checks["tombstone_follows_delete"]["unexpected"]) == (1, 1)
     # the same violation under `fail` stops the batch
     strict = _config(tmp_path, ", quality: {max_quarantined: 50%, checks: {tombstone_follows_delete: fail}}")
-    _land(tmp_path, "orders", 14, ["null"])
+    land(tmp_path / "landing", ORDERS, offset=14, lines=["null"])
     code, _, err = _run(capsys, tmp_path, strict)
     assert (code, err) == (1, "gate failed: table=orders layer=bronze expectation=tombstone_follows_delete "
                               "unexpected=1 of 1\n")
@@ -154,7 +152,7 @@ def test_tombstone_checks_pass_on_a_clean_batch_and_report_a_violating_one(spark
 
 def test_a_merge_that_loses_deletes_fails_the_gate_and_silver_is_restored(spark, engine, tmp_path, capsys, monkeypatch):
     config = _config(tmp_path)
-    _land(tmp_path, "orders", 0, [_pg_event("c", 10 + i, after={"id": i, "v": "a"}) for i in range(3)])
+    land(tmp_path / "landing", ORDERS, offset=0, lines=[change_event("c", 10 + i, after={"id": i, "v": "a"}) for i in range(3)])
     assert _run(capsys, tmp_path, config)[0] == 0
     before = silver_rows(spark, engine, tmp_path / "lake", "orders", ("id",))
 
@@ -170,7 +168,8 @@ def test_a_merge_that_loses_deletes_fails_the_gate_and_silver_is_restored(spark,
         return real
 
     monkeypatch.setattr(delta, "make_engine", losing_deletes)
-    _land(tmp_path, "orders", 3, [_pg_event("d", 20, before={"id": 0}), _pg_event("u", 21, after={"id": 1, "v": "b"})])
+    land(tmp_path / "landing", ORDERS, offset=3,
+         lines=[change_event("d", 20, before={"id": 0}), change_event("u", 21, after={"id": 1, "v": "b"})])
     code, _, err = _run(capsys, tmp_path, config)
     assert (code, err) == (1, "gate failed: table=orders layer=silver expectation=deleted_keys_not_live "
                               "unexpected=1 of 1; expectation=deletes_reconcile observed=1 of 1 deletes received not "
@@ -206,8 +205,8 @@ def test_tombstones_are_matched_to_the_delete_at_the_previous_offset_of_their_pa
         return (f"topics/t/partition=0/{file}.json", n, raw)
 
     lines = spark.createDataFrame([
-        line("t+0+0000000000", 1, _pg_event("d", 1, before={"id": 1})), line("t+0+0000000000", 2, "null"),
-        line("t+0+0000000000", 3, _pg_event("c", 2, after={"id": 2})), line("t+0+0000000000", 4, "null"),
+        line("t+0+0000000000", 1, change_event("d", 1, before={"id": 1})), line("t+0+0000000000", 2, "null"),
+        line("t+0+0000000000", 3, change_event("c", 2, after={"id": 2})), line("t+0+0000000000", 4, "null"),
         line("t+0+0000000004", 1, "null"),  # opens a file: the record before it is in bronze, a delete
         line("t+1+0000000007", 1, "null"),  # partition 1, offset 6 is an update in bronze
     ], "_source_file STRING, _line BIGINT, _raw STRING")
@@ -266,8 +265,9 @@ def test_after_a_failed_gate_a_run_may_raise_the_limit_once_or_set_the_files_asi
     """The ways on after a failed gate without editing tables.yaml (docs/data-quality.md "Moving on after a failed
     gate"): `--max-quarantined` for one run, or `--mode skip` for the files, each counted in quarantine."""
     config = _config(tmp_path)
-    _land(tmp_path, "orders", 0, [*[_pg_event("c", 10 + i, after={"id": i, "v": "x"}) for i in range(14)],
-                                  _pg_event("d", 30, before={"v": "no key"}), _pg_event("d", 31, before={"v": "no"})])
+    land(tmp_path / "landing", ORDERS, offset=0,
+         lines=[*[change_event("c", 10 + i, after={"id": i, "v": "x"}) for i in range(14)],
+                change_event("d", 30, before={"v": "no key"}), change_event("d", 31, before={"v": "no"})])
     assert _run(capsys, tmp_path, config)[0] == 1  # 2 of 16 quarantined: over 5%, and 2 records
     code, out, err = _run(capsys, tmp_path, config, "--max-quarantined", "20%")
     assert (code, err) == (0, "")
@@ -275,7 +275,8 @@ def test_after_a_failed_gate_a_run_may_raise_the_limit_once_or_set_the_files_asi
     assert sorted(silver_rows(spark, engine, tmp_path / "lake", "orders", ("id",))) == [(i,) for i in range(14)]
 
     # the override was for that run only: the next bad batch stops the table again
-    _land(tmp_path, "orders", 16, [_pg_event("u", 40, after={"v": "no key"}), _pg_event("u", 41, after={"v": "no"})])
+    land(tmp_path / "landing", ORDERS, offset=16,
+         lines=[change_event("u", 40, after={"v": "no key"}), change_event("u", 41, after={"v": "no"})])
     assert _run(capsys, tmp_path, config)[0] == 1
     bad = "topics/shop.public.orders/partition=0/shop.public.orders+0+0000000016.json"  # relative to the landing root
     code, out, err = _run(capsys, tmp_path, config, "--mode", "skip", "--layers", "bronze", "--files", json.dumps([bad]),
@@ -305,10 +306,10 @@ def test_a_new_built_in_check_is_its_record_alone(spark, engine, tmp_path, capsy
     monkeypatch.setitem(EXPECTATIONS, "ids_positive", Expectation(
         "ids_positive", ("silver",), WARN, False, "the merged rows' ids are positive", "rows", "id > 0", phase=POST))
     config = _config(tmp_path, ", quality: {max_quarantined: 50%}")
-    _land(tmp_path, "orders", 0, [_pg_event("c", 10, after={"id": 1, "v": "a"}),
-                                  _pg_event("c", 11, after={"id": -2, "v": "b"}),
-                                  _pg_event("c", 12, after={"id": 3, "v": "c"}, ts_ms=None),
-                                  _pg_event("c", 13, after={"id": 4, "v": "d"})])
+    land(tmp_path / "landing", ORDERS, offset=0, lines=[change_event("c", 10, after={"id": 1, "v": "a"}),
+                                  change_event("c", 11, after={"id": -2, "v": "b"}),
+                                  change_event("c", 12, after={"id": 3, "v": "c"}, ts_ms=None),
+                                  change_event("c", 13, after={"id": 4, "v": "d"})])
     code, out, err = _run(capsys, tmp_path, config)
     assert (code, err) == (0, "")
     bronze, silver = summary_line(out, "bronze", "orders"), summary_line(out, "silver", "orders")
@@ -327,7 +328,7 @@ def test_a_new_built_in_check_is_its_record_alone(spark, engine, tmp_path, capsy
     assert any("ids are positive" in page.read_text() for page in pages.rglob("*.html"))
     # an override in tables.yaml applies to it like to any built-in check
     strict = _config(tmp_path, ", quality: {max_quarantined: 50%, checks: {ids_positive: fail}}")
-    _land(tmp_path, "orders", 4, [_pg_event("u", 20, after={"id": -2, "v": "again"})])
+    land(tmp_path / "landing", ORDERS, offset=4, lines=[change_event("u", 20, after={"id": -2, "v": "again"})])
     code, _, err = _run(capsys, tmp_path, strict)
     assert (code, err) == (1, "gate failed: table=orders layer=silver expectation=ids_positive unexpected=1 of 1\n")
     assert silver_rows(spark, engine, tmp_path / "lake", "orders", ("id",))[(-2,)]["v"] == "b"  # restored
@@ -338,13 +339,13 @@ def test_a_fail_check_on_the_events_refuses_the_batch_before_anything_is_publish
     silver is written (no commit at all, not a commit and its restore); the same batch under the default
     `warn` is applied and reported."""
     config = _config(tmp_path, ", quality: {checks: {sequence_increasing: fail}}")
-    _land(tmp_path, "orders", 0, [_pg_event("c", 10, after={"id": 1, "v": "a"})])
+    land(tmp_path / "landing", ORDERS, offset=0, lines=[change_event("c", 10, after={"id": 1, "v": "a"})])
     assert _run(capsys, tmp_path, config)[0] == 0
     lake = Lake(str(tmp_path / "lake"))
     versions = [engine.version(path) for path in lake.silver_tables("orders").values()]
-    _land(tmp_path, "orders", 1, [_pg_event("u", 20, after={"id": 1, "v": "x"}),
-                                  _pg_event("u", 20, after={"id": 1, "v": "y"}),
-                                  _pg_event("c", 21, after={"id": 2, "v": "b"})])
+    land(tmp_path / "landing", ORDERS, offset=1, lines=[change_event("u", 20, after={"id": 1, "v": "x"}),
+                                  change_event("u", 20, after={"id": 1, "v": "y"}),
+                                  change_event("c", 21, after={"id": 2, "v": "b"})])
     code, _, err = _run(capsys, tmp_path, config)
     assert (code, err) == (1, "gate failed: table=orders layer=silver expectation=sequence_increasing "
                               "unexpected=2 of 3\n")

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import json
 from html.parser import HTMLParser
-from pathlib import Path
 
-from tests.support import run
+from tests.support import opened_in_chromium, run
 
 TOPIC = "shop.public.orders"
 # each would change the page's title if it ran
@@ -85,24 +84,6 @@ def test_markup_in_source_values_is_text_on_every_report_page(spark, tmp_path, c
     assert any("data_docs" in str(p) and "silver.upserts" in p.name for p in sampled), [str(p) for p in pages]
     shown = opened_in_chromium(next(p for p in sampled if "data_docs" in str(p)))
     assert shown["title"] != "XSS" and all(payload in shown["text"] for payload in PAYLOADS[:3]), shown
-
-
-def opened_in_chromium(page: Path) -> dict[str, str]:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = "/usr/bin/chromium"
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-background-networking",
-                "--allow-file-access-from-files"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
-    try:
-        driver.get(page.as_uri())
-        driver.execute_script("return document.readyState")
-        return {"title": driver.title, "text": driver.find_element("tag name", "body").text}
-    finally:
-        driver.quit()
 
 
 GX_TABLE = """

@@ -12,11 +12,12 @@ from spark_jobs.lake import Lake
 from spark_jobs.layers import gold
 from spark_jobs.quality.user_expectations import validate
 from spark_jobs.registry import load_registry
-from tests.layers.test_pipeline import _pg_event
-from tests.support import run, silver_rows, summary_line
+from tests.support import change_event, land, run, silver_rows, summary_line
 
 BETWEEN = "expect_column_values_to_be_between: {column: fico, min_value: 300, max_value: 850}"
 BETWEEN_REASON = "expectation: expect_column_values_to_be_between(fico) max_value=850, min_value=300"
+
+ORDERS = "shop.public.orders"
 
 
 def _config(tmp_path, expectations: str, quality: str = "") -> object:
@@ -24,12 +25,6 @@ def _config(tmp_path, expectations: str, quality: str = "") -> object:
     path.write_text(f"tables:\n  orders:\n    topic: shop.public.orders\n    keys: [id]\n{quality}"
                     f"    expectations:\n{expectations}")
     return path
-
-
-def _land(tmp_path, offset, lines):
-    folder = tmp_path / "landing" / "topics" / "shop.public.orders" / "partition=0"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"shop.public.orders+0+{offset:010d}.json").write_text("\n".join(lines) + "\n")
 
 
 def _row(i, fico, state="CA"):
@@ -47,8 +42,9 @@ def test_quarantine_and_warn_at_silver_keep_the_keys_previous_state(spark, engin
                                "      - expect_column_values_to_not_be_null: {column: state}\n"
                                "        description: every customer has a state\n",
                      "    quality: {max_quarantined: 50%}\n")
-    _land(tmp_path, 0, [_pg_event("c", 10, after=_row(1, 700)), _pg_event("c", 11, after=_row(2, 900)),
-                        _pg_event("c", 12, after=_row(3, 600, None))])
+    land(tmp_path / "landing", ORDERS, offset=0,
+         lines=[change_event("c", 10, after=_row(1, 700)), change_event("c", 11, after=_row(2, 900)),
+                change_event("c", 12, after=_row(3, 600, None))])
     code, out, err = run(capsys, config, tmp_path / "landing", tmp_path / "lake")
     assert (code, err) == (0, "")
     silver = summary_line(out, "silver", "orders")
@@ -59,9 +55,10 @@ def test_quarantine_and_warn_at_silver_keep_the_keys_previous_state(spark, engin
 
     # an update that fails leaves its key as it was; a later failing update after a good one keeps the good
     # one; a delete is never judged by its before image
-    _land(tmp_path, 3, [_pg_event("u", 20, after=_row(1, 950)), _pg_event("u", 21, after=_row(3, 640, None)),
-                        _pg_event("u", 22, after=_row(3, 999, None)), _pg_event("c", 23, after=_row(4, 500)),
-                        _pg_event("d", 24, before=_row(4, 100))])
+    land(tmp_path / "landing", ORDERS, offset=3,
+         lines=[change_event("u", 20, after=_row(1, 950)), change_event("u", 21, after=_row(3, 640, None)),
+                change_event("u", 22, after=_row(3, 999, None)), change_event("c", 23, after=_row(4, 500)),
+                change_event("d", 24, before=_row(4, 100))])
     code, out, err = run(capsys, config, tmp_path / "landing", tmp_path / "lake")
     assert (code, err) == (0, "")
     assert silver_rows(spark, engine, tmp_path / "lake", "orders", ("id",)) == {
@@ -84,8 +81,9 @@ def test_findings_of_user_expectations_are_reported_with_their_counts(spark, eng
     config = _config(tmp_path, f"      - {BETWEEN}\n        action: quarantine\n"
                                "      - expect_column_values_to_not_be_null: {column: state}\n",
                      "    quality: {max_quarantined: 50%}\n")
-    _land(tmp_path, 0, [_pg_event("c", 10, after=_row(1, 700)), _pg_event("c", 11, after=_row(2, 900)),
-                        _pg_event("c", 12, after=_row(3, 600, None))])
+    land(tmp_path / "landing", ORDERS, offset=0,
+         lines=[change_event("c", 10, after=_row(1, 700)), change_event("c", 11, after=_row(2, 900)),
+                change_event("c", 12, after=_row(3, 600, None))])
     assert run(capsys, config, tmp_path / "landing", tmp_path / "lake")[0] == 0
     report = json.loads(next((tmp_path / "lake" / "reports" / "runs").glob("*/orders.silver.json")).read_text())
     found = {c["expectation"]: (c["action"], c["success"], c["unexpected"], c["total"]) for c in report["checks"]}
@@ -96,9 +94,10 @@ def test_findings_of_user_expectations_are_reported_with_their_counts(spark, eng
 
 def test_a_failing_user_expectation_at_silver_publishes_nothing(spark, engine, tmp_path, capsys):
     config = _config(tmp_path, "      - expect_column_values_to_not_be_null: {column: state}\n        action: fail\n")
-    _land(tmp_path, 0, [_pg_event("c", 10, after=_row(1, 700))])
+    land(tmp_path / "landing", ORDERS, offset=0, lines=[change_event("c", 10, after=_row(1, 700))])
     assert run(capsys, config, tmp_path / "landing", tmp_path / "lake")[0] == 0
-    _land(tmp_path, 1, [_pg_event("u", 20, after=_row(1, 710)), _pg_event("c", 21, after=_row(2, 600, None))])
+    land(tmp_path / "landing", ORDERS, offset=1,
+         lines=[change_event("u", 20, after=_row(1, 710)), change_event("c", 21, after=_row(2, 600, None))])
     code, _, err = run(capsys, config, tmp_path / "landing", tmp_path / "lake")
     assert (code, err) == (1, "gate failed: table=orders layer=silver "
                               "expectation=expect_column_values_to_not_be_null(state) unexpected=1 of 2\n")
@@ -182,7 +181,7 @@ def test_the_shape_of_user_expectations_is_checked_when_the_registry_loads(tmp_p
 
 def test_a_run_with_a_bad_or_misnamed_expectation_stops_with_a_config_error(spark, engine, tmp_path, capsys):
     bad = _config(tmp_path, "      - expect_column_values_to_be_between: {column: fico, colour: red}\n")
-    _land(tmp_path, 0, [_pg_event("c", 10, after=_row(1, 700))])
+    land(tmp_path / "landing", ORDERS, offset=0, lines=[change_event("c", 10, after=_row(1, 700))])
     code, _, err = run(capsys, bad, tmp_path / "landing", tmp_path / "lake")
     assert code == 2 and "table 'orders': expectation 'expect_column_values_to_be_between' has bad arguments" in err
     misnamed = _config(tmp_path, "      - expect_column_values_to_not_be_null: {column: ficoo}\n")
@@ -219,7 +218,8 @@ def test_data_docs_of_a_failed_run_show_the_failing_expectation_offline_and_gx_a
                                    "        action: fail\n        description: every customer has a state\n",
                          "    quality:\n      actions:\n        - {type: slack, name: notify, notify_on: failure, "
                          f"slack_webhook: 'http://127.0.0.1:{server.server_port}/hook'}}\n")
-        _land(tmp_path, 0, [_pg_event("c", 10, after=_row(1, 700)), _pg_event("c", 21, after=_row(2, 600, None))])
+        land(tmp_path / "landing", ORDERS, offset=0,
+             lines=[change_event("c", 10, after=_row(1, 700)), change_event("c", 21, after=_row(2, 600, None))])
         assert run(capsys, config, tmp_path / "landing", tmp_path / "lake")[0] == 1
     finally:
         server.shutdown()
@@ -251,7 +251,8 @@ def test_bronze_layer_expectations_judge_the_raw_events(spark, engine, tmp_path,
                      "    quality: {max_quarantined: 50%}\n")
     no_time = json.dumps({"before": None, "after": _row(2, 650), "op": "c", "ts_ms": 1,
                           "source": {"connector": "postgresql", "lsn": 11, "snapshot": "false"}})
-    _land(tmp_path, 0, [_pg_event("c", 10, after=_row(1, 700)), no_time, _pg_event("c", 12, after=_row(3, 600))])
+    land(tmp_path / "landing", ORDERS, offset=0,
+         lines=[change_event("c", 10, after=_row(1, 700)), no_time, change_event("c", 12, after=_row(3, 600))])
     code, out, err = run(capsys, config, tmp_path / "landing", tmp_path / "lake")
     assert (code, err) == (0, "")
     bronze = summary_line(out, "bronze", "orders")
@@ -262,7 +263,8 @@ def test_bronze_layer_expectations_judge_the_raw_events(spark, engine, tmp_path,
         (2, "expectation: expect_column_values_to_not_be_null(source_ts_ms)")]
     assert sorted(silver_rows(spark, engine, tmp_path / "lake", "orders", ("id",))) == [(1,), (3,)]
 
-    _land(tmp_path, 3, [_pg_event("r", 20, after=_row(4, 700)), _pg_event("u", 21, after=_row(1, 710))])
+    land(tmp_path / "landing", ORDERS, offset=3,
+         lines=[change_event("r", 20, after=_row(4, 700)), change_event("u", 21, after=_row(1, 710))])
     code, _, err = run(capsys, config, tmp_path / "landing", tmp_path / "lake")
     assert (code, err) == (1, "gate failed: table=orders layer=bronze expectation=expect_column_values_to_be_in_set(op) "
                               "unexpected=1 of 2\n")

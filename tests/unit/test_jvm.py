@@ -10,7 +10,7 @@ import pytest
 
 from spark_jobs import jvm
 from spark_jobs.errors import ConfigError
-from tests.conftest import subprocess_env
+from tests.support import subprocess_env
 
 ROOT = Path(__file__).resolve().parents[2]
 

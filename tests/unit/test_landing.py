@@ -1,4 +1,5 @@
 from spark_jobs.landing import list_topic
+from tests.support import s3_environment, upload_landing
 
 
 def test_lists_both_partitioner_layouts_and_skips_marker_files(tmp_path):
@@ -89,8 +90,6 @@ def test_marks_move_over_taken_files_up_to_the_first_one_not_taken(tmp_path):
 
 def test_on_s3_the_listing_starts_after_each_folders_mark(tmp_path, s3_endpoint, monkeypatch):
     import boto3
-
-    from tests.conftest import s3_environment, upload_landing
 
     for name, value in s3_environment(s3_endpoint).items():
         monkeypatch.setenv(name, value)
