@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +109,7 @@ def writer_lock(lake: Lake, name: str, holder: str, timeout_s: float | None = No
     starts it: Airflow DAGs, replays or the CLI. Waits up to CDC_LOCK_TIMEOUT seconds (default 900) for the
     other writer. An OS file lock on a filesystem lake, so a killed run releases it; a lease on S3."""
     timeout_s = settings().lock_timeout if timeout_s is None else timeout_s
-    about = f"run {holder}, pid {os.getpid()}, host {socket.gethostname()}, since {dt.datetime.now(dt.UTC).isoformat()}"
+    about = f"run {holder}, pid {os.getpid()}, host {process_space()}, since {dt.datetime.now(dt.UTC).isoformat()}"
     lock = _s3_lease if lake.on_s3 else _file_lock
     with lock(lake.lock(name), name, about, timeout_s):
         yield
@@ -132,11 +133,25 @@ def _waiting(name: str, holder: str, timeout_s: float) -> None:
 _HOLDER = re.compile(r"^run \S+, pid (\d+), host ([^,\s]+),")
 
 
+@lru_cache(maxsize=1)
+def process_space() -> str:
+    """Where a pid names the same process as here: the host's name, the machine's boot and this process's pid
+    namespace (Linux: every container has its own, whatever hostname compose gives it), e.g.
+    `pipeline-service@1b2c3d4e.4026532201`. A name alone let a live holder in another container with the same hostname
+    be taken for dead, its pid not found here."""
+    name = socket.gethostname()
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip().split("-")[0]
+        return f"{name}@{boot}.{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:  # not Linux: the host's name is all there is
+        return name
+
+
 def _holder_is_gone(about: str) -> bool:
-    """Whether a lease's holder is provably dead: a process of this host whose pid no longer exists. (A holder on
-    another host cannot be checked from here: its lease lapses once left unrenewed for LEASE_S.)"""
+    """Whether a lease's holder is provably dead: a process of this pid namespace (`process_space`) whose pid no longer
+    exists. (A holder elsewhere cannot be checked from here: its lease lapses once left unrenewed for LEASE_S.)"""
     match = _HOLDER.match(about)
-    if match is None or match[2] != socket.gethostname():
+    if match is None or match[2] != process_space():
         return False
     try:
         os.kill(int(match[1]), 0)

@@ -19,9 +19,7 @@ from spark_jobs.errors import TableBusy
 from spark_jobs.lake import Lake, row_count
 from spark_jobs.state import writer_lock
 from spark_jobs.storage import S3Files
-from tests.conftest import s3_environment, upload_landing
-from tests.layers.test_recorded import FIXTURES, RECORDED_FINAL
-from tests.support import run, silver_rows, summary_line
+from tests.support import FIXTURES, RECORDED_FINAL, run, s3_environment, silver_rows, summary_line, upload_landing
 
 LAKE = "s3://lake/cdc"
 
@@ -160,17 +158,24 @@ def test_a_dead_local_holders_lease_is_taken_at_once_a_live_ones_waited_for(s3):
     # a whole lease (60 s) unchanged
     dead = subprocess.Popen(["true"])
     dead.wait()
-    left = f"run killed, pid {dead.pid}, host {socket.gethostname()}, since 2026-11-25T00:00:00+00:00"
+    left = f"run killed, pid {dead.pid}, host {state.process_space()}, since 2026-11-25T00:00:00+00:00"
     S3Files().write(lake.lock("customers"), left)
     started = time.monotonic()
     with writer_lock(lake, "customers", "next", timeout_s=60):
         assert S3Files().read(lake.lock("customers")).decode().endswith(f"took over from: {left}")
     assert time.monotonic() - started < 5
     # a live holder of this host is waited for as any other
-    alive = f"run busy, pid {os.getpid()}, host {socket.gethostname()}, since 2026-11-25T00:00:00+00:00"
+    alive = f"run busy, pid {os.getpid()}, host {state.process_space()}, since 2026-11-25T00:00:00+00:00"
     S3Files().write(lake.lock("customers"), alive)
     with pytest.raises(TableBusy, match="run busy"):
         with writer_lock(lake, "customers", "third", timeout_s=1):
+            pass
+    # a holder of another container with the same hostname (compose names the service's): its pid says nothing here
+    elsewhere = f"run elsewhere, pid {dead.pid}, host {socket.gethostname()}@0.1, since 2026-11-25T00:00:00+00:00"
+    assert state.process_space().startswith(f"{socket.gethostname()}@")  # Linux: the boot and the pid namespace
+    S3Files().write(lake.lock("customers"), elsewhere)
+    with pytest.raises(TableBusy, match="run elsewhere"):
+        with writer_lock(lake, "customers", "fourth", timeout_s=1):
             pass
 
 
