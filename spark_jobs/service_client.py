@@ -4,6 +4,7 @@ and the standard library: the Airflow plugin imports it on its workers and trigg
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -229,15 +230,37 @@ class ServiceConnection:
         return cls.from_airflow_json(Path(path).read_text())
 
 
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect is an answer, not followed: urllib would send the request again, the secret in its Authorization
+    header, to wherever the answer points."""
+
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> None:
+        return None
+
+
 def _request(service: ServiceConnection, path: str, method: str = "GET", body: dict[str, Any] | None = None,
              timeout: float = 30) -> Any:
     url = f"{service.url.rstrip('/')}{path}"
+    parsed = urlparse(url)
+    if parsed.scheme != "https" and not is_loopback(parsed.hostname or ""):
+        raise ServiceError(f"pipeline service {service.url}: the secret goes over https beyond loopback, not "
+                           f"{parsed.scheme or 'no scheme'} (the connection's schema)", permanent=True)
     request = urllib.request.Request(url, method=method, data=None if body is None else json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json",
                                               "Authorization": f"Bearer {service.token}"})
     context = ssl.create_default_context(cafile=service.ca_file) if url.startswith("https:") else None
+    opener = urllib.request.build_opener(_NoRedirects, urllib.request.HTTPSHandler(context=context))
     try:
-        with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
+        with opener.open(request, timeout=timeout) as response:
             return json.loads(response.read())
     except urllib.error.HTTPError as exc:
         raise ServiceError.answered(url, exc.code, exc.read().decode(errors="replace")) from None

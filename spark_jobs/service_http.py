@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import ipaddress
 import json
 import re
 import secrets
@@ -27,11 +26,14 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from spark_jobs.service_client import JobRequest, JobStatus
+from spark_jobs.service_client import JobRequest, JobStatus, is_loopback
 from spark_jobs.settings import settings
 
 MAX_BODY = 8 * 2**20  # bytes of a request body: a backlog's list of a few thousand landing files fits many times over
 MAX_CONNECTIONS = 64  # connections open at once; a request past them is answered 503
+# connections that have not yet shown the secret, at most: the oldest is cut to make room for a new one, so that callers
+# who hold the secret always find a place however many connections others hold open
+MAX_UNAUTHENTICATED = 48
 REQUEST_TIMEOUT_S = 15.0  # a request must arrive whole, and be answered, within this; else its connection is closed
 LINGER_S = 2.0  # after an answer that ends its connection, how long what the client still sends is read and dropped
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
@@ -99,34 +101,55 @@ class Listener:
         return name.lower() in {h.lower() for h in own}
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def _answer(status: HTTPStatus, body: dict[str, Any]) -> JSONResponse:
     return JSONResponse(body, status_code=status, headers={"Cache-Control": "no-store"})
 
 
 class _OnlyItsOwnClient:
-    """Every request, whatever its path, is refused unless it is the service's own client's (Listener.refusal)."""
+    """Every request, whatever its path, is refused unless it is the service's own client's (Listener.refusal). A
+    refusal ends its connection (one refused request per connection: a client without the secret cannot hold one open
+    by asking again); a request that passes marks its connection as its own client's (`Connections`)."""
 
-    def __init__(self, app: ASGIApp, listener: Listener):
-        self.app, self.listener = app, listener
+    def __init__(self, app: ASGIApp, listener: Listener, connections: Connections):
+        self.app, self.listener, self.connections = app, listener, connections
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         refused = self.listener.refusal(Headers(scope=scope)) if scope["type"] == "http" else None
         if refused is not None:
-            await _answer(*refused)(scope, receive, send)
+            status, body = refused
+            await JSONResponse(body, status_code=status, headers={"Cache-Control": "no-store", "Connection": "close"})(
+                scope, receive, send)
             return
+        if scope["type"] == "http":
+            self.connections.authenticated(scope.get("client"))
         await self.app(scope, receive, send)
 
 
-def application(service: Jobs, listener: Listener) -> Starlette:
+class Connections:
+    """The server's open connections by client address, and which have shown the secret: those that have not are at
+    most MAX_UNAUTHENTICATED, the oldest cut first (uvicorn counts every connection alike against its limit)."""
+
+    def __init__(self) -> None:
+        self.open: dict[tuple[str, int], _WholeRequestDeadline] = {}
+
+    def opened(self, protocol: _WholeRequestDeadline) -> None:
+        waiting = sorted((c for c in self.open.values() if not c.authenticated), key=lambda c: c.opened_at)
+        for oldest in waiting[:max(0, len(waiting) + 1 - MAX_UNAUTHENTICATED)]:
+            oldest.cut()
+        if protocol.client:
+            self.open[protocol.client] = protocol
+
+    def closed(self, protocol: _WholeRequestDeadline) -> None:
+        if protocol.client and self.open.get(protocol.client) is protocol:
+            del self.open[protocol.client]
+
+    def authenticated(self, client: Any) -> None:
+        protocol = self.open.get(tuple(client)) if client else None
+        if protocol is not None:
+            protocol.authenticated = True
+
+
+def application(service: Jobs, listener: Listener, connections: Connections | None = None) -> Starlette:
     """The endpoints (spark_jobs/service.py's docstring lists them), behind the listener's refusals."""
 
     async def health(request: Request) -> Response:
@@ -149,15 +172,21 @@ def application(service: Jobs, listener: Listener) -> Starlette:
             return _answer(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, {"error": "a job is submitted as application/json"})
         given = request.headers.get("content-length", "")
         length = _whole_number(given)
-        if length is None:  # chunked bodies too: a job's request is small and sized
+        if length is None or "transfer-encoding" in request.headers:  # a job's request is small and sized, not chunked
             return _answer(HTTPStatus.BAD_REQUEST if given else HTTPStatus.LENGTH_REQUIRED,
-                           {"error": "Content-Length: the body's size in bytes"})
+                           {"error": "Content-Length: the body's size in bytes (and no Transfer-Encoding)"})
         if length > MAX_BODY:
             return _answer(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, {"error": f"a request body is at most {MAX_BODY} bytes"})
         if service.spark_stopped.is_set():
             return _answer(HTTPStatus.SERVICE_UNAVAILABLE, {"error": "the service's Spark stopped; it restarts"})
+        body = bytearray()
+        async for chunk in request.stream():  # the bytes read are counted, whatever the headers said
+            body += chunk
+            if len(body) > MAX_BODY:
+                return _answer(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                               {"error": f"a request body is at most {MAX_BODY} bytes"})
         try:
-            job = service.submit(JobRequest.from_json(json.loads(await request.body())))
+            job = service.submit(JobRequest.from_json(json.loads(bytes(body))))
         except (ValueError, TypeError) as exc:  # UnicodeDecodeError is a ValueError
             return _answer(HTTPStatus.BAD_REQUEST, {"error": f"{type(exc).__name__}: {exc}"})
         except RecursionError:  # JSON nested deeper than Python parses; no request of the service nests past three
@@ -169,7 +198,8 @@ def application(service: Jobs, listener: Listener) -> Starlette:
 
     routes = [Route("/health", health, methods=["GET"]), Route("/jobs/{job_id}", job_status, methods=["GET"]),
               Route("/jobs", submit, methods=["POST"])]
-    return Starlette(routes=routes, middleware=[Middleware(_OnlyItsOwnClient, listener=listener)],
+    return Starlette(routes=routes, middleware=[Middleware(_OnlyItsOwnClient, listener=listener,
+                                                           connections=connections or Connections())],
                      exception_handlers={HTTPStatus.NOT_FOUND: no_endpoint, HTTPStatus.METHOD_NOT_ALLOWED: no_endpoint})
 
 
@@ -210,11 +240,18 @@ class _WholeRequestDeadline(H11Protocol):
     closed."""
 
     deadline: asyncio.TimerHandle | None = None
+    registry: Connections  # the server's (HttpServer sets it on its own subclass)
+    authenticated = False  # a request on it has shown the secret
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.closer = _LingeringClose(transport, self.loop)
         super().connection_made(self.closer)  # type: ignore[arg-type]
+        self.opened_at = self.loop.time()
+        self.registry.opened(self)
         self._arm()
+
+    def cut(self) -> None:
+        self.closer.transport.close()
 
     def data_received(self, data: bytes) -> None:
         if not self.closer.lingering:  # else the rest of a request already answered: dropped
@@ -227,6 +264,7 @@ class _WholeRequestDeadline(H11Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.deadline is not None:
             self.deadline.cancel()
+        self.registry.closed(self)
         super().connection_lost(exc)
 
     def _arm(self) -> None:
@@ -250,8 +288,10 @@ class HttpServer:
         self.port = self.socket.getsockname()[1]
         self.listener = dataclasses.replace(listener, port=self.port)  # the Host it must be asked by names this port
         tls = self.listener.tls
+        connections = Connections()
+        protocol = type("_ServerProtocol", (_WholeRequestDeadline,), {"registry": connections})
         config = uvicorn.Config(
-            application(service, self.listener), http=_WholeRequestDeadline, loop="asyncio", lifespan="off",
+            application(service, self.listener, connections), http=protocol, loop="asyncio", lifespan="off",
             limit_concurrency=MAX_CONNECTIONS, timeout_keep_alive=int(REQUEST_TIMEOUT_S),
             ssl_context_factory=None if tls is None else (lambda config, default: tls),
             log_config=None, log_level="warning", access_log=False, server_header=False)

@@ -139,19 +139,71 @@ def test_a_client_that_trickles_its_request_is_cut_at_the_whole_requests_deadlin
         connection.close()
 
 
-def test_connections_past_the_bound_are_answered_503_and_the_places_come_back(served):
+def _open_after_one_request(port: int, secret: str) -> socket.socket:
+    """A kept-alive connection that has asked once with `secret` and been answered."""
+    connection = socket.create_connection(("127.0.0.1", port))
+    connection.sendall(f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {secret}\r\n\r\n"
+                       .encode())
+    connection.settimeout(10)
+    assert connection.recv(4096).startswith(b"HTTP/1.1 ")
+    return connection
+
+
+def _is_closed(connection: socket.socket) -> bool:
+    connection.settimeout(DEADLINE_S * 4)
+    try:
+        return connection.recv(1024) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_connections_without_the_secret_never_take_the_places_of_callers_who_have_it(served):
+    """As many connections as the bound, none of which has shown the secret (held open, idle): the oldest are cut as
+    new ones come, and a caller with the secret is answered. A request refused for want of the secret ends its
+    connection, so none is held open by asking again. Past the bound of connections that have shown the secret, a
+    request is answered 503, and the places come back once they close."""
     _, server = served
-    held = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(service_http.MAX_CONNECTIONS)]
+    idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(service_http.MAX_CONNECTIONS)]
     try:
         time.sleep(0.3)
+        assert ask(server.port, "GET", "/health")[0] == 200
+        cut = sum(_is_closed(c) for c in idle[:service_http.MAX_CONNECTIONS - service_http.MAX_UNAUTHENTICATED])
+        assert cut == service_http.MAX_CONNECTIONS - service_http.MAX_UNAUTHENTICATED  # the oldest
+    finally:
+        for connection in idle:
+            connection.close()
+    refused = _open_after_one_request(server.port, "not-the-secret-at-all")
+    assert _is_closed(refused)
+    own = [_open_after_one_request(server.port, TOKEN) for _ in range(service_http.MAX_CONNECTIONS)]
+    try:
         assert ask(server.port, "GET", "/health")[0] == 503
     finally:
-        for connection in held:
+        for connection in own:
             connection.close()
     deadline = time.monotonic() + 10
     while ask(server.port, "GET", "/health")[0] != 200:
         assert time.monotonic() < deadline
         time.sleep(0.1)
+
+
+def test_a_body_past_the_limit_is_refused_whatever_its_framing(served, monkeypatch):
+    """A job's request is sized (Content-Length) and small: chunked framing is refused, Content-Length beside it too
+    (h11 reads the chunks and ignores the length), and the bytes read are counted against the limit."""
+    monkeypatch.setattr(service_http, "MAX_BODY", 64)
+    jobs, server = served
+    body = json.dumps({"command": "run", "reason": "x" * 200}).encode()
+    chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    for headers in ({"Transfer-Encoding": "chunked"}, {"Transfer-Encoding": "chunked", "Content-Length": "10"}):
+        connection = socket.create_connection(("127.0.0.1", server.port))
+        head = "".join(f"{k}: {v}\r\n" for k, v in {"Host": f"127.0.0.1:{server.port}", "Authorization": f"Bearer {TOKEN}",
+                                                     "Content-Type": "application/json", **headers}.items())
+        connection.sendall(f"POST /jobs HTTP/1.1\r\n{head}\r\n".encode() + chunked)
+        connection.settimeout(10)
+        answer = connection.recv(4096)
+        assert answer.startswith((b"HTTP/1.1 400 ", b"HTTP/1.1 411 ")), answer[:200]
+        connection.close()
+    assert ask(server.port, "POST", "/jobs", body, {"Content-Type": "application/json"})[0] == 413
+    assert jobs.submitted == []
 
 
 @pytest.fixture(scope="module")
