@@ -56,11 +56,10 @@ class ServiceCredentials:
         if made:
             key_pem, cert_pem = self_signed(host)
             write_private(self.key, key_pem)
-            self.cert.write_bytes(cert_pem)
+            write_whole(self.cert, cert_pem, PUBLIC)
             write_private(self.token, (secrets.token_urlsafe(32) + "\n").encode())
         if self.ca_file is not None:  # public: the callers' copy of the certificate, refreshed with it
-            self.ca_file.parent.mkdir(parents=True, exist_ok=True)
-            self.ca_file.write_bytes(self.cert.read_bytes())
+            write_whole(self.ca_file, self.cert.read_bytes(), PUBLIC)
         connection = ServiceConnection.at("https", host, port, self.token.read_text().strip(),
                                           str(self.ca_file or self.cert))
         write_private(self.connection, (connection.airflow_json() + "\n").encode())
@@ -109,15 +108,24 @@ def _subject(host: str) -> Any:
         return x509.DNSName(host)
 
 
+PRIVATE, PUBLIC = 0o600, 0o644  # a secret or key; a certificate
+
+
 def write_private(path: Path, data: bytes) -> None:
-    """Written whole (a reader never sees half a file) and readable by this user only. The partial file is a new file
-    of an unpredictable name (mkstemp: O_CREAT | O_EXCL, mode 600), so a link planted in the folder is never written
-    through; the rename then replaces whatever `path` was, a link included, never its target."""
+    """Written whole and readable by this user only (`write_whole`)."""
+    write_whole(path, data, PRIVATE)
+
+
+def write_whole(path: Path, data: bytes, mode: int) -> None:
+    """Written whole (a reader never sees half a file) with `mode`. The partial file is a new file of an unpredictable
+    name (mkstemp: O_CREAT | O_EXCL, mode 600; os.open follows no link it makes), so a link planted in the folder is
+    never written through; the rename then replaces whatever `path` was, a link included, never its target."""
     path.parent.mkdir(parents=True, exist_ok=True)
     descriptor, partial = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(descriptor, "wb") as handle:
             handle.write(data)
+            os.fchmod(handle.fileno(), mode)
         os.replace(partial, path)
     except BaseException:
         Path(partial).unlink(missing_ok=True)
