@@ -30,6 +30,12 @@ SESSION_CONF = {
     # a few of each table's (landing lines, bronze's new files): at Spark's default, 32, reading 100 small files took
     # 0.6-2.4 s, listed on the driver 0.08 s (tests/benchmarks/RESULTS.md, workload D)
     "spark.sql.sources.parallelPartitionDiscovery.threshold": "1024",
+    # Spark substitutes ${env:...}, ${system:...}, ${spark:...} and ${hivevar:...} anywhere in SQL text, inside quoted
+    # names and literals too. The project writes file names, column names and values into SQL text (quoted:
+    # sql_text.ident, sql_text.literal); with substitution on, a landing file named ${env:AWS_SECRET_ACCESS_KEY} put
+    # the job's secret into bronze, and a column named ${...} read as NULL. Off for every session built here,
+    # spark-submit's and a cluster's included (a runtime setting: build_session sets it on a session it is given)
+    "spark.sql.variable.substitute": "false",
 }
 
 

@@ -4,6 +4,7 @@ CDC_DELTA_ENGINE=delta-spark). Both give the same meaning to the same `MergeSpec
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Protocol
@@ -134,12 +135,18 @@ def delta_jars_present(spark: SparkSession) -> bool:
         return False
 
 
-def key_predicate(keys: tuple[str, ...], quote: str, null_safe: str | None = None) -> str:
-    """`t.k = s.k AND ...`; with `null_safe`, the engine's operator that also holds when both are NULL (each in
-    parentheses: delta-rs's parser binds `IS NOT DISTINCT FROM` looser than AND)."""
+def key_predicate(keys: tuple[str, ...], ident: Callable[[str], str], null_safe: str | None = None) -> str:
+    """`t.k = s.k AND ...`, each key quoted by the engine's `ident`; with `null_safe`, the engine's operator that also
+    holds when both are NULL (each in parentheses: delta-rs's parser binds `IS NOT DISTINCT FROM` looser than AND)."""
     if null_safe:
-        return " AND ".join(f"(t.{quote}{k}{quote} {null_safe} s.{quote}{k}{quote})" for k in keys)
-    return " AND ".join(f"t.{quote}{k}{quote} = s.{quote}{k}{quote}" for k in keys)
+        return " AND ".join(f"(t.{ident(k)} {null_safe} s.{ident(k)})" for k in keys)
+    return " AND ".join(f"t.{ident(k)} = s.{ident(k)}" for k in keys)
+
+
+def datafusion_ident(name: str) -> str:
+    """`name` as a delta-rs (DataFusion SQL) identifier, whatever characters it holds: in double quotes, a double quote
+    inside doubled."""
+    return '"' + name.replace('"', '""') + '"'
 
 
 CHANGE_FEED = "delta.enableChangeDataFeed"

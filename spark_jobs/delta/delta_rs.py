@@ -47,6 +47,7 @@ from spark_jobs.delta import (
     MergeResult,
     MergeSpec,
     all_nullable,
+    datafusion_ident,
     key_predicate,
     log_retention,
     records_changes,
@@ -346,19 +347,18 @@ class DeltaRsEngine:
         # in memory, delta-rs prunes the target's files by the source's key range; streamed, it cannot
         in_memory = size <= settings().merge_source_mb * 2**20
         source: Any = rows.read_all() if in_memory else rows
-        predicate = key_predicate(spec.keys, '"', "IS NOT DISTINCT FROM" if spec.null_safe else None)
+        predicate = key_predicate(spec.keys, datafusion_ident, "IS NOT DISTINCT FROM" if spec.null_safe else None)
         merger = table.merge(source, predicate=predicate, source_alias="s", target_alias="t",
                              merge_schema=spec.marker is None, streamed_exec=not in_memory)
-        # with a marker, each written column is named (delta-rs' update-all and insert-all would write the marker too)
-        written = {c: f's."{c}"' for c in source.schema.names if c != spec.marker}
+        # each written column named and quoted: delta-rs' update-all and insert-all parse the names unquoted (a backtick
+        # in a source column's name failed every merge) and would write the marker too
+        written = {datafusion_ident(c): f"s.{datafusion_ident(c)}" for c in source.schema.names if c != spec.marker}
         if spec.delete_when:
             merger = merger.when_matched_delete(predicate=spec.delete_when)
         if spec.update_when:
-            merger = merger.when_matched_update(written, predicate=spec.update_when) if spec.marker \
-                else merger.when_matched_update_all(predicate=spec.update_when)
+            merger = merger.when_matched_update(written, predicate=spec.update_when)
         if spec.insert_when:
-            merger = merger.when_not_matched_insert(written, predicate=spec.insert_when) if spec.marker \
-                else merger.when_not_matched_insert_all(predicate=spec.insert_when)
+            merger = merger.when_not_matched_insert(written, predicate=spec.insert_when)
         metrics = merger.execute()
         return MergeResult(version=table.version(), inserted=metrics.get("num_target_rows_inserted", 0),
                            updated=metrics.get("num_target_rows_updated", 0),

@@ -19,6 +19,7 @@ from spark_jobs.delta import (
     retention_hours,
     spark_frame,
 )
+from spark_jobs.sql_text import ident, literal
 
 if TYPE_CHECKING:
     from spark_jobs.delta import Rows
@@ -83,10 +84,10 @@ class DeltaSparkEngine:
             return MergeResult(version=written["version"], inserted=inserted, updated=0, deleted=0)
         if not self._exists(path):
             df.limit(0).write.format("delta").partitionBy(*partition_by).save(path)
-        predicate = key_predicate(spec.keys, "`", "<=>" if spec.null_safe else None)
+        predicate = key_predicate(spec.keys, ident, "<=>" if spec.null_safe else None)
         merger = self._DeltaTable.forPath(self.spark, path).alias("t").merge(df.alias("s"), predicate)
         # with a marker, each written column is named: Delta's update-all and insert-all would write the marker too
-        written = {c: f"s.`{c}`" for c in df.columns if c != spec.marker}
+        written = {ident(c): f"s.{ident(c)}" for c in df.columns if c != spec.marker}
         if spec.delete_when:
             merger = merger.whenMatchedDelete(condition=spec.delete_when)
         if spec.update_when:
@@ -145,7 +146,7 @@ class DeltaSparkEngine:
 
     def record_changes(self, path: str) -> None:
         if not self.changes_recorded(path):
-            self.spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('{CHANGE_FEED}' = 'true')")
+            self.spark.sql(f"ALTER TABLE delta.{ident(path)} SET TBLPROPERTIES ({literal(CHANGE_FEED)} = 'true')")
 
     def compact(self, path: str, target_bytes: int, zorder_by: tuple[str, ...] = ()) -> None:
         self.spark.conf.set("spark.databricks.delta.optimize.maxFileSize", str(target_bytes))
@@ -158,7 +159,8 @@ class DeltaSparkEngine:
     def checkpoint(self, path: str, retain_s: int) -> None:
         wanted = log_retention(retain_s)
         if wanted:
-            self.spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.logRetentionDuration' = '{wanted}')")
+            self.spark.sql(f"ALTER TABLE delta.{ident(path)} SET TBLPROPERTIES ('delta.logRetentionDuration' = "
+                           f"{literal(wanted)})")
         # Delta's Python API has no checkpoint call; its Scala DeltaLog does (and drops expired log files with it)
         jvm = self.spark.sparkContext._jvm
         assert jvm is not None
