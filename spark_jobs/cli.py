@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from spark_jobs.arguments import LAYERS, parser
-from spark_jobs.errors import EXIT_TRANSIENT, ConfigError, InfrastructureDown, LayerFailed
+from spark_jobs.errors import EXIT_TRANSIENT, ConfigError, InfrastructureDown, LayerFailed, storage_failure
 from spark_jobs.logs import logger, set_level
 from spark_jobs.quality.config import parse_share
 from spark_jobs.registry import GoldModel, Registry, TableConfig, load_registry
@@ -255,6 +255,11 @@ def main(argv: list[str] | None = None) -> int:
         return _failed(f"infrastructure: {exc}", EXIT_TRANSIENT)
     except LayerFailed as exc:
         return _failed(str(exc), EXIT_TRANSIENT if exc.transient else 1)
+    except OSError as exc:  # outside every table's step (the run's report, the event log, a listing)
+        storage = storage_failure(exc)
+        if storage is None:
+            raise
+        return _failed(f"infrastructure: {storage}", EXIT_TRANSIENT)
 
 
 def _failed(line: str, code: int) -> int:

@@ -1,9 +1,10 @@
 """Every failure the pipeline reports, as typed exceptions. The CLI maps each to one line and an exit code
-(spark_jobs.cli): ConfigError 2; InfrastructureDown 75; LayerFailed 75 when `transient` (a retry can mend it),
-else 1. docs/architecture.md, "Failures and retries", tables which is which."""
+(spark_jobs.cli): ConfigError 2; InfrastructureDown and the storage refusing writes (full, read-only) 75; LayerFailed
+75 when `transient` (a retry can mend it), else 1. docs/architecture.md, "Failures and retries", tables which is which."""
 
 from __future__ import annotations
 
+import errno
 from typing import TYPE_CHECKING
 
 EXIT_TRANSIENT = 75  # EX_TEMPFAIL: worth a retry (a busy table, an unreachable store); 1 and 2 are not
@@ -76,6 +77,8 @@ def failure_line(table: str, layer: str, exc: BaseException) -> str:
     """One line naming the table, the layer and the reason."""
     if isinstance(exc, PipelineError | GateFailed):
         return str(exc)
+    if (storage := storage_failure(exc)) is not None:
+        return f"table={table} layer={layer} failed: {storage}"
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return f"table={table} layer={layer} failed: {type(exc).__name__}: {message}"
 
@@ -86,6 +89,29 @@ def failure_line(table: str, layer: str, exc: BaseException) -> str:
 LOST_MACHINERY = ("ExecutorLostFailure", "Lost executor", "SparkContext was shut down", "SparkContext has been shutdown",
                   "All masters are unresponsive", "Master removed our application", "Connection refused",
                   "AWSServiceThrottledException", "503 Slow Down", "SlowDown", "ServiceUnavailable")
+# the storage under the lake or the landing refusing writes: full, over quota, read-only, not permitted. A retry mends
+# them once an operator has (more room, the mount back read-write), as Airflow's retries with backoff leave time for;
+# the same words as Java's and delta-rs' errors carry them
+STORAGE_ERRNOS = {errno.ENOSPC: "full", errno.EDQUOT: "over its quota", errno.EROFS: "read-only",
+                  errno.EACCES: "not writable here", errno.EPERM: "not writable here"}
+STORAGE_WORDS = {"No space left on device": "full", "Disk quota exceeded": "over its quota",
+                 "Read-only file system": "read-only", "Permission denied": "not writable here"}
+
+
+def storage_failure(exc: BaseException) -> str | None:
+    """What the storage refused, when `exc` (or what it was raised from) is the storage refusing a read or a write:
+    one line, e.g. "the storage is full: [Errno 28] No space left on device: '/lake/...'"; else None."""
+    for link in _chain(exc):
+        if isinstance(link, OSError) and link.errno in STORAGE_ERRNOS:
+            return f"the storage is {STORAGE_ERRNOS[link.errno]}: {link}"
+        text = str(link)
+        for words, state in STORAGE_WORDS.items():
+            if words in text:
+                line = next((part for part in text.splitlines() if words in part), words).strip()
+                return f"the storage is {state}: {line[:300]}"
+    return None
+
+
 # S3 error codes a retry mends (botocore's ClientError)
 RETRYABLE_S3_CODES = {"SlowDown", "ServiceUnavailable", "Throttling", "ThrottlingException", "RequestTimeout",
                       "RequestTimeTooSkewed", "InternalError", "500", "503"}
@@ -101,6 +127,8 @@ def is_transient(exc: BaseException) -> bool:
     from botocore.exceptions import ClientError, ReadTimeoutError
     from botocore.exceptions import ConnectionError as BotoConnectionError
 
+    if storage_failure(exc) is not None:
+        return True
     for link in _chain(exc):
         if isinstance(link, InfrastructureDown | TableBusy | ConnectionError | TimeoutError):
             return True
