@@ -237,6 +237,14 @@ def test_no_secret_is_written_in_the_file_and_compose_refuses_to_start_without_t
     assert (folder / ".env").read_text() == first and stat.S_IMODE((folder / ".env").stat().st_mode) == 0o600
     assert sorted(p.name for p in folder.iterdir()) == [".env"]
     assert ".env" in (ROOT / ".gitignore").read_text().split() and ".env" in (ROOT / ".dockerignore").read_text().split()
+    # a link planted where .env goes, to where the secrets would land for someone else: never written through
+    planted, victim = tmp_path / "planted", tmp_path / "victim"
+    planted.mkdir()
+    (planted / ".env").symlink_to(victim)
+    refused = subprocess.run(["make", "-s", "-f", str(ROOT / "Makefile"), "-C", str(planted), "compose-env"],
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and "remove it" in refused.stderr
+    assert not victim.exists() and sorted(p.name for p in planted.iterdir()) == [".env"]
 
 
 def test_every_published_port_is_on_loopback_unless_the_operator_opts_in():

@@ -69,7 +69,7 @@ def test_a_watermark_held_by_ids_that_match_no_event_says_so(spark, engine, tmp_
     for path in landing.glob("topics/shop.public.*/partition=0/*.json"):
         records = [json.loads(line) for line in path.read_text().splitlines()]
         for r in records:
-            if r["transaction"]:
+            if r.get("transaction"):
                 r["transaction"]["id"] = "tx-" + r["transaction"]["id"]
         path.write_text("".join(json.dumps(r) + "\n" for r in records))
     code, out, err = run(capsys, config, landing, lake.root)

@@ -52,3 +52,21 @@ def test_the_callers_get_the_certificate_apart_from_the_secret_and_the_key(tmp_p
     assert (imported["conn_type"], imported["extra"]) == ("cdc_pipeline_service", {"verify": str(callers / "service.crt")})
     assert not credentials.ensure("pipeline-service", 8793, "cdc_service")  # kept, the copy still the same
     assert (callers / "service.crt").read_bytes() == credentials.cert.read_bytes()
+
+
+def test_a_link_planted_where_the_certificate_goes_is_never_written_through(tmp_path):
+    """`service-credentials` writes the certificate (and the callers' copy of it) as it writes the secret: a new
+    file renamed into place, so a link planted where it goes is replaced, its target left alone."""
+    from spark_jobs.service_credentials import ServiceCredentials
+
+    folder, ca, victim = tmp_path / "auth", tmp_path / "ca" / "service.crt", tmp_path / "victim"
+    folder.mkdir()
+    ca.parent.mkdir()
+    victim.write_text("someone else's file\n")
+    (folder / "service.crt").symlink_to(victim)
+    ca.symlink_to(victim)
+    ServiceCredentials(folder, ca).ensure("pipeline-service", 8793, "cdc_service")
+    assert victim.read_text() == "someone else's file\n"
+    for cert in (folder / "service.crt", ca):
+        assert not cert.is_symlink() and cert.read_text().startswith("-----BEGIN CERTIFICATE-----")
+        assert stat.S_IMODE(cert.stat().st_mode) == 0o644

@@ -150,11 +150,16 @@ def _open_after_one_request(port: int, secret: str) -> socket.socket:
 
 
 def _is_closed(connection: socket.socket) -> bool:
+    """Does the server end the connection: its end arrives (after what is left of an answer) within the wait."""
     connection.settimeout(DEADLINE_S * 4)
     try:
-        return connection.recv(1024) == b""
+        while connection.recv(1024):
+            pass
+        return True
     except ConnectionResetError:
         return True
+    except TimeoutError:
+        return False
 
 
 def test_connections_without_the_secret_never_take_the_places_of_callers_who_have_it(served):
@@ -347,3 +352,38 @@ def test_airflow_knows_the_services_connection_type():
         "cdc_airflow.service_hook.PipelineServiceHook"
     assert manager.field_behaviours["cdc_pipeline_service"]["relabeling"] == {"password": "Secret", "schema": "Scheme"}
     assert manager.connection_form_widgets["extra__cdc_pipeline_service__verify"].field_name == "verify"
+
+
+def test_the_client_sends_the_secret_over_http_on_loopback_alone_and_follows_no_redirect(monkeypatch):
+    """Beyond loopback the secret goes over https only; a redirect is an answer (urllib would send the request,
+    the secret in it, again to wherever it points), refused as a failure that a retry would not mend."""
+    import http.server
+
+    from spark_jobs.service_client import ServiceConnection, ServiceError, health
+
+    with pytest.raises(ServiceError, match="over https beyond loopback") as plain:
+        health(ServiceConnection("http://10.0.0.5:8793", TOKEN))
+    assert plain.value.permanent
+    asked: list[str | None] = []
+
+    class Redirect(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            asked.append(self.headers.get("Authorization"))
+            self.send_response(307 if self.path == "/health" else 200)
+            self.send_header("Location", f"http://127.0.0.1:{self.server.server_port}/elsewhere")
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args):  # noqa: ANN002
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Redirect)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(ServiceError, match="HTTP 307") as redirected:
+            health(ServiceConnection(f"http://127.0.0.1:{server.server_port}", TOKEN))
+        assert redirected.value.permanent and asked == [f"Bearer {TOKEN}"]  # asked once, never at /elsewhere
+    finally:
+        server.shutdown()
