@@ -3,9 +3,10 @@ the last refresh, and the model's rows computed from it (docs/architecture.md, "
 
 State columns: `_g<i>` each group's values, `_rows` its rows, and per aggregate `j`: `_a<j>_n` its non-null values,
 `_a<j>_s` their sum (SUM, AVG: in the type Spark sums them in), `_a<j>_v` the extreme (MIN, MAX). A change adds
-(+1: an insert or an update's new row) or takes away (-1: a delete or an update's old row). MIN and MAX cannot take
-a value away without the group's other rows: when the taken value was the extreme and no added one replaces it, the
-group's state is recomputed from silver."""
+(+1: an insert or an update's new row) or takes away (-1: a delete or an update's old row); over several commits, each
+MIN and MAX value's changes are netted first (`_netted`). MIN and MAX cannot take a value away without the group's other
+rows: when the taken value was the extreme and no added one replaces it, the group's state is recomputed from
+silver."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from functools import reduce
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -52,7 +53,7 @@ def move(state: DataFrame, changes: DataFrame, silver: DataFrame, plan: Incremen
     """The state of each group `changes` (signed: `signed_changes`) touch, from its stored `state` and the changes;
     a group whose MIN or MAX lost its value is read again from `silver` (the version the changes lead to)."""
     groups = group_columns(len(plan.groups))
-    delta = _aggregated(_projected(changes, plan), plan).alias("d")
+    delta = _aggregated(_netted(_projected(changes, plan), plan), plan).alias("d")
     joined = delta.join(state.alias("o"), same_keys(groups, delta, state), "left")
     rows = F.coalesce(F.col("o._rows"), F.lit(0)) + F.col("d._rows")
     columns: list[Column] = [F.col(f"d.{g}").alias(g) for g in groups] + [rows.alias("_rows")]
@@ -125,9 +126,23 @@ def _projected(rows: DataFrame, plan: IncrementalPlan) -> DataFrame:
                        SIGN, newest.cast("long").alias("_newest"))
 
 
+def _netted(projected: DataFrame, plan: IncrementalPlan) -> DataFrame:
+    """The changes of several commits, each MIN and MAX argument's value netted within its group (`_n<j>`: how many
+    rows of that value the commits added, less those they took away). A value one commit added and a later one took
+    away (an update moving a row out of its group, then a delete) is neither added nor taken: counted as added it
+    stayed the group's extreme, though no row of the group holds it."""
+    netted = projected
+    for j, agg in enumerate(plan.aggregates):
+        if agg.kind in ("min", "max"):
+            value = Window.partitionBy(*group_columns(len(plan.groups)), f"_x{j}")
+            netted = netted.withColumn(f"_n{j}", F.sum(SIGN).over(value))
+    return netted
+
+
 def _aggregated(projected: DataFrame, plan: IncrementalPlan) -> DataFrame:
     """Per group, the signed sums of the projected rows: what they add to (or take from) each state column; MIN and
-    MAX as the extreme added (`_a<j>_add`) and taken (`_a<j>_taken`)."""
+    MAX as the extreme added (`_a<j>_add`) and taken (`_a<j>_taken`), of the values whose count grew or fell when the
+    rows are changes (`_netted`)."""
     sign = F.col(SIGN)
     columns = [F.sum(sign).alias("_rows"), F.count(F.lit(1)).alias("_changes"), F.max("_newest").alias("_newest")]
     for j, agg in enumerate(plan.aggregates):
@@ -140,7 +155,9 @@ def _aggregated(projected: DataFrame, plan: IncrementalPlan) -> DataFrame:
             columns.append(F.sum(F.when(sign > 0, typed).otherwise(-typed)).cast(kind).alias(f"_a{j}_s"))
         if agg.kind in ("min", "max"):
             extreme = F.min if agg.kind == "min" else F.max
-            columns += [extreme(F.when(sign > 0, x)).alias(f"_a{j}_add"), extreme(F.when(sign < 0, x)).alias(f"_a{j}_taken")]
+            net = F.col(f"_n{j}") if f"_n{j}" in projected.columns else sign
+            columns += [extreme(F.when((sign > 0) & (net > 0), x)).alias(f"_a{j}_add"),
+                        extreme(F.when((sign < 0) & (net < 0), x)).alias(f"_a{j}_taken")]
     return projected.groupBy(*group_columns(len(plan.groups))).agg(*columns)
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from unittest import mock
 
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from spark_jobs.delta import MergeSpec
 from spark_jobs.delta.delta_rs import DeltaRsEngine
@@ -28,9 +29,11 @@ from spark_jobs.layers import gold
 from spark_jobs.layers.gold_plan import GroupsPlan, IncrementalPlan
 from spark_jobs.layers.silver import apply_changes
 from spark_jobs.registry import GoldModel
-from tests.support import COMMON, TABLE, bronze_batch, bundles, silver_gate, truncate_histories
+from tests.support import COMMON, HISTORIES_PER_EXAMPLE, TABLE, bronze_batch, bundles, silver_gate, truncate_histories
 
 EXAMPLES = {"ci": (3, 6), "long": (100, 200)}[os.environ.get("HYPOTHESIS_PROFILE", "ci")]
+# bundles of HISTORIES_PER_EXAMPLE histories for the test of several commits per refresh: 13 bundles, 520 histories
+WINDOW_BUNDLES = {"ci": 13, "long": 250}[os.environ.get("HYPOTHESIS_PROFILE", "ci")]
 
 BY_VALUE = """SELECT v AS value, COUNT(*) AS items, SUM(id) AS id_sum, MIN(id) AS low, MAX(id) AS high,
        ROUND(AVG(tenant), 3) AS mean_tenant, AVG(CAST(id AS DECIMAL(6, 2))) AS mean_id,
@@ -118,6 +121,59 @@ def test_incremental_gold_equals_its_sql_over_silver_after_every_run(spark, deli
 def test_incremental_gold_equals_its_sql_over_silver_through_truncates(spark, delivery):
     runs, _ = delivery
     check(spark, runs)
+
+
+# silver's rows as the merges below write them, and the merge: a change event per key, newest applied
+SILVER_ROWS = "tenant INT, id INT, v STRING, n BIGINT, _op STRING, _source_ts_ms BIGINT"
+APPLY = MergeSpec(keys=("tenant", "id"), delete_when="s._op = 'd'", update_when="s._op <> 'd'", insert_when="s._op <> 'd'")
+STATE_KEPT = [m for m in MODELS if KEPT[m.name] is IncrementalPlan]  # the route that keeps a per-group state
+
+
+@settings(max_examples=WINDOW_BUNDLES, **COMMON)
+@given(bundles(), st.data())
+def test_a_state_moved_by_several_silver_commits_between_refreshes_equals_its_sql(spark, delivery, data):
+    """Silver's commits between two refreshes, several of them: a value one commit adds and a later one takes away
+    (an update moving a row out of its group, then its delete; an extreme replaced and restored) must leave every
+    aggregate the per-group route keeps (COUNT, SUM, AVG, MIN, MAX) as the model's SQL over silver has it. Silver is
+    written here straight from the source model's states (its own rules are test_properties.py's): each commit
+    applies the next stretch of the log, and the models refresh after a drawn subset of the commits."""
+    _, logs = delivery
+    assert len(logs) == HISTORIES_PER_EXAMPLE
+    log = sorted((e for history in logs for e in history), key=lambda e: (e.position, e.tenant))
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, max(1, len(log) - 1)), min_size=2, max_size=10))))
+    commits = [log[a:b] for a, b in zip([0, *cuts], [*cuts, len(log)], strict=True) if a < b]
+    refresh_after = {0, len(commits) - 1} | set(data.draw(st.lists(st.integers(0, len(commits) - 1), max_size=3)))
+    with tempfile.TemporaryDirectory(prefix="prop-gold-windows-") as folder:
+        engine, lake = DeltaRsEngine(), Lake(folder)
+        state: dict[tuple[int, int], tuple[str | None, int | None]] = {}
+        refreshes = []
+        for number, commit in enumerate(commits):
+            before = dict(state)
+            for e in commit:
+                if e.op == "d":
+                    state.pop((e.tenant, e.key), None)
+                else:
+                    state[(e.tenant, e.key)] = e.image
+            changed = [(*key, *(state.get(key) or (None, None)), "d" if key not in state else "u", number)
+                       for key in sorted(set(before) | set(state)) if before.get(key) != state.get(key)]
+            if changed:
+                engine.merge(spark.createDataFrame(changed, SILVER_ROWS), lake.silver(TABLE.name), APPLY)
+            if number in refresh_after and engine.version(lake.silver(TABLE.name)) is not None:
+                refreshes += [_refreshed_equal(spark, engine, lake, model, number) for model in STATE_KEPT]
+        spark.catalog.clearCache()
+    # after its first refresh, each model moves with silver's commits
+    assert all(r == "incremental" or r.startswith("skipped") for r in refreshes[len(STATE_KEPT):]), refreshes
+
+
+def _refreshed_equal(spark, engine, lake, model, number) -> str:
+    """The model refreshed (its gate stubbed), its gold equal to its SQL over silver: how it refreshed."""
+    with mock.patch.object(gold, "gate", passed):
+        summary = gold.gold_refresh(spark, engine, model, lake, f"commit-{number}")
+    engine.read(spark, lake.silver(TABLE.name)).createOrReplaceTempView("items")
+    expected = sorted((tuple(r) for r in spark.sql(model.sql).collect()), key=repr)
+    got = sorted((tuple(r) for r in engine.read(spark, lake.gold(model.name)).collect()), key=repr)
+    assert same(got, expected), f"{model.name} after commit {number} ({summary.refresh}): {got} != {expected}"
+    return summary.refresh or summary.gate
 
 
 def test_a_model_the_planner_refuses_is_rewritten_and_says_why(spark, tmp_path):
