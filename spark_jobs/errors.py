@@ -45,6 +45,12 @@ class ConcurrentWrite(PipelineError):
     """Another writer committed to the table during the run: runs of one table must be serialized."""
 
 
+class LandingChanged(RuntimeError):
+    """A local landing file became something the listing would have refused (a link out of the landing root, not a
+    file) between its listing and its read: nothing of it is read, and the run is retried (transient): the next one
+    lists it again, and quarantines it."""
+
+
 class UnsupportedTable(RuntimeError):
     """A Delta table uses a protocol feature the engine cannot honour (e.g. deletion vectors for delta-rs):
     nothing is read or written, the message names the table and the feature."""
@@ -130,7 +136,7 @@ def is_transient(exc: BaseException) -> bool:
     if storage_failure(exc) is not None:
         return True
     for link in _chain(exc):
-        if isinstance(link, InfrastructureDown | TableBusy | ConnectionError | TimeoutError):
+        if isinstance(link, InfrastructureDown | TableBusy | ConnectionError | TimeoutError | LandingChanged):
             return True
         if type(link).__name__ == "Py4JNetworkError":  # the driver's JVM is gone (py4j is not imported here)
             return True

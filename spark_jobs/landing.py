@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
+from spark_jobs.errors import LandingChanged
+
 JSON_EXTENSIONS = (".json", ".json.gz")
 PARQUET_EXTENSIONS = (".snappy.parquet", ".gz.parquet", ".parquet")
 AVRO_EXTENSIONS = (".avro",)
@@ -225,15 +227,18 @@ def staged_name(index: int, f: LandingFile) -> str:
 
 # Spark takes paths as Hadoop paths and glob patterns, and names files by their URL-encoded URI: a name
 # holding `*`, `?`, `[`, `{`, `\\`, `:`, a space or `%` would be expanded, refused or renamed. The S3 sink's
-# own names (topic+partition+offset.ext under topic and partition folders) are read where they are.
+# own names (topic+partition+offset.ext under topic and partition folders) are read where they are on S3.
 _LITERAL_PATH = re.compile(r"[A-Za-z0-9._+=/-]+")
 
 
 def spark_paths(landing: str, files: list[LandingFile], staging: str) -> dict[str, LandingFile]:
-    """Where Spark reads each of `files`, mapped back to the landing file it is: the landing file itself
-    (`s3a://` on S3, so a cluster's executors read it there), or, for a name Spark cannot take literally,
-    a copy in `staging` (a folder or S3 prefix of the lake) under a safe name (`staged_name`): a link or
-    download to a folder, an upload or server-side copy to S3. Files that cannot be opened are left out."""
+    """Where Spark reads each of `files`, mapped back to the landing file it is. On S3 the landing file itself
+    (`s3a://`, so a cluster's executors read it there), or for a name Spark cannot take literally a copy in `staging`
+    (a prefix of the lake) under a safe name (`staged_name`). A local file is opened here without following a link and
+    only when what is open lies inside the landing root (`open_inside`), then staged from that descriptor: hard-linked
+    into `staging` (copied where it cannot be), so what Spark reads is the file that was checked, whatever the landing
+    holds by then (a link swapped in after the listing was read from outside the root). Files that cannot be opened
+    are left out."""
     from spark_jobs.storage import is_s3, s3_client, split_s3
 
     paths, client, store = {}, None, None
@@ -241,10 +246,10 @@ def spark_paths(landing: str, files: list[LandingFile], staging: str) -> dict[st
         if f.problem:
             continue
         source = landing_uri(landing, f)
-        if _LITERAL_PATH.fullmatch(source.split("://", 1)[-1]):  # the landing's own root counts too
+        target = f"{staging}/{staged_name(index, f)}"
+        if is_s3(source) and _LITERAL_PATH.fullmatch(source.split("://", 1)[-1]):  # the landing's own root counts too
             paths[source] = f
             continue
-        target = f"{staging}/{staged_name(index, f)}"
         if is_s3(staging):
             bucket, key = split_s3(target)
             client = client or s3_client()
@@ -252,16 +257,58 @@ def spark_paths(landing: str, files: list[LandingFile], staging: str) -> dict[st
                 from_bucket, from_key = split_s3(source)
                 client.copy({"Bucket": from_bucket, "Key": from_key}, bucket, key)
             else:
-                client.upload_file(source, bucket, key)
+                with open_inside(landing, source) as handle:
+                    client.upload_fileobj(handle, bucket, key)
         else:
             Path(staging).mkdir(parents=True, exist_ok=True)
             if is_s3(source):
                 store = store or S3Store(landing)
                 store.download(f.path, Path(target))
             else:
-                Path(target).symlink_to(source)
+                with open_inside(landing, source) as handle:
+                    _stage(handle, source, Path(target))
         paths[target] = f
     return paths
+
+
+def open_inside(landing: str, path: str) -> Any:
+    """The local landing file at `path`, open for reading: the last part of its name not followed if a link
+    (O_NOFOLLOW), and what is open a regular file that lies inside the landing root (the descriptor's own path, which
+    no later change of the folders alters); LandingChanged otherwise."""
+    import stat
+
+    root = Path(landing.removeprefix("file://")).resolve()
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise LandingChanged(f"landing file {path} is not a file to read ({exc.strerror}): changed since it was "
+                             "listed") from exc
+    handle = os.fdopen(descriptor, "rb")
+    opened = Path(f"/proc/self/fd/{descriptor}")
+    where = Path(os.readlink(opened)) if opened.is_symlink() else Path(path).resolve()
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode) or not where.is_relative_to(root):
+        handle.close()
+        raise LandingChanged(f"landing file {path} now resolves to {where}, outside the landing root, or is not a "
+                             "file: changed since it was listed")
+    return handle
+
+
+def _stage(handle: Any, source: str, target: Path) -> None:
+    """The open file at `target` too: a hard link to it (the same file, no copy), else a copy of its bytes. The link is
+    made by name (a descriptor's /proc link cannot be linked across mounts), so it counts only when it is the very file
+    open (device and inode): a name swapped in between is LandingChanged."""
+    import shutil
+
+    try:
+        os.link(source, target, follow_symlinks=False)
+    except OSError:  # another filesystem, links of others' files not allowed (fs.protected_hardlinks)
+        with target.open("wb") as copy:
+            shutil.copyfileobj(handle, copy, 2**20)
+        return
+    opened, linked = os.fstat(handle.fileno()), os.lstat(target)
+    if (opened.st_dev, opened.st_ino) != (linked.st_dev, linked.st_ino):
+        target.unlink()
+        raise LandingChanged(f"landing file {source} was replaced while it was staged: changed since it was listed")
 
 
 def landing_uri(landing: str, f: LandingFile) -> str:

@@ -92,3 +92,23 @@ def test_a_jvm_lost_under_a_shared_session_is_not_blamed_on_every_job_in_it(monk
     monkeypatch.setattr(session, "SHARED_JVM", True)
     assert not session.ran_out_of_memory(lost) and is_transient(lost)
     assert session.ran_out_of_memory(RuntimeError("java.lang.OutOfMemoryError: Java heap space"))
+
+
+def test_the_storage_refusing_writes_is_retryable_and_says_what_it_refused():
+    """A full disk, an exceeded quota, a read-only or unwritable lake (in Python's words or, within Spark's or
+    delta-rs' errors, the system's): a retry mends them once the storage does; the line says which."""
+    import errno
+
+    from spark_jobs.errors import LandingChanged, failure_line, storage_failure
+
+    full = OSError(errno.ENOSPC, "No space left on device", "/lake/bronze/t/part-0.parquet")
+    read_only = RuntimeError("Failed to write: Generic LocalFileSystem error: Read-only file system (os error 30)")
+    assert storage_failure(full) == "the storage is full: [Errno 28] No space left on device: '/lake/bronze/t/part-0.parquet'"
+    assert storage_failure(raised_from(read_only)).startswith("the storage is read-only: Failed to write")
+    assert storage_failure(OSError(errno.EDQUOT, "Disk quota exceeded")).startswith("the storage is over its quota")
+    assert storage_failure(ValueError("no such column")) is None
+    for exc in (full, read_only, raised_from(full), LandingChanged("changed since it was listed")):
+        assert is_transient(exc), exc
+    assert failure_line("t", "bronze", full) == (
+        "table=t layer=bronze failed: the storage is full: [Errno 28] No space left on device: "
+        "'/lake/bronze/t/part-0.parquet'")

@@ -1,3 +1,7 @@
+from pathlib import Path
+
+import pytest
+
 from spark_jobs.landing import list_topic
 from tests.support import s3_environment, upload_landing
 
@@ -129,3 +133,33 @@ def test_a_file_landing_late_under_a_marked_name_is_found_by_the_repair_and_list
     assert repair_marks(str(tmp_path / "landing"), lake, "t", "db.s.t") == [late]
     assert read_marks(lake, "t")["topics/db.s.t/partition=0"] == "topics/db.s.t/partition=0/db.s.t+0+0000000000.json"
     assert late in [f.path for f in list_topic(str(tmp_path / "landing"), "db.s.t", marks=read_marks(lake, "t"))]
+
+
+def test_a_file_turned_into_a_link_after_its_listing_is_never_staged_and_a_file_is_staged_as_itself(tmp_path):
+    """Spark reads what spark_paths stages, never the landing path itself: a local file is opened without following a
+    link and only when it lies inside the landing root, then hard-linked into the staging folder (the same file, the
+    bytes the listing saw). Swapped for a link after the listing, inside the root or out of it: LandingChanged, a
+    retryable failure (the next listing quarantines the link by name), and nothing of the other file is staged."""
+    from spark_jobs.errors import LandingChanged, is_transient
+    from spark_jobs.landing import spark_paths
+
+    landing, outside = tmp_path / "landing", tmp_path / "secret.json"
+    outside.write_text("the outside file\n")
+    folder = landing / "topics" / "db.s.t" / "partition=0"
+    folder.mkdir(parents=True)
+    kept, swapped = folder / "db.s.t+0+0000000000.json", folder / "db.s.t+0+0000000001.json"
+    kept.write_text("kept\n")
+    swapped.write_text("swapped\n")
+    files = list_topic(str(landing), "db.s.t")
+    staged = spark_paths(str(landing), files[:1], str(tmp_path / "staging"))
+    (path, landed), = staged.items()
+    assert landed.path == "topics/db.s.t/partition=0/db.s.t+0+0000000000.json"
+    assert Path(path).read_text() == "kept\n" and Path(path).stat().st_ino == kept.stat().st_ino
+    for target in (outside, kept):  # out of the landing root, and within it: a link is never followed
+        swapped.unlink()
+        swapped.symlink_to(target)
+        with pytest.raises(LandingChanged, match="changed since it was listed") as changed:
+            spark_paths(str(landing), files[1:], str(tmp_path / "staging-2"))
+        assert is_transient(changed.value)
+        assert not list((tmp_path / "staging-2").glob("*")) or all(
+            p.read_text() != target.read_text() for p in (tmp_path / "staging-2").iterdir())
