@@ -39,7 +39,7 @@ def _selected(registry: Registry, args: argparse.Namespace) -> tuple[list[TableC
 
 def run(args: argparse.Namespace) -> int:
     from spark_jobs.delta.engines import make_engine
-    from spark_jobs.lake import Lake
+    from spark_jobs.lake import LITERAL_LAKE, Lake
     from spark_jobs.landing import LandingWindow, in_topic
     from spark_jobs.layers import bronze
     from spark_jobs.quality.user_expectations import validate, validate_actions
@@ -74,6 +74,9 @@ def run(args: argparse.Namespace) -> int:
     landing, lake = resolve_uri(args.landing), Lake(resolve_uri(args.lake))
     if "://" in lake.root and not lake.on_s3:
         raise ConfigError(f"lake {lake.root}: use a filesystem path (local or shared) or s3://bucket/prefix")
+    if not LITERAL_LAKE.fullmatch(lake.root.split("://", 1)[-1]):
+        raise ConfigError(f"lake {lake.root}: Spark reads a data file's path as a pattern and Hadoop a ':' in it as a "
+                          "scheme, delta-rs decodes a '%': a lake's path holds none of {}[]*?\\%:")
     check_lock_timeout(lake)
     plan = RunPlan(tuple(tables), tuple(models), tuple(args.layers), args.mode, landing, lake,
                    args.run_id or new_batch_id(), selection, args.reason)

@@ -28,6 +28,11 @@ def check_run_id(run_id: str) -> str:
     return run_id
 
 
+# what a lake's path (after its scheme) may hold: Spark's file reads take a path as a Hadoop glob and a ':' in it as a
+# scheme, and delta-rs decodes a '%' in a table's path (cli.run refuses any other)
+LITERAL_LAKE = re.compile(r"[^{}\[\]*?\\%:]+")
+
+
 @dataclass(frozen=True)
 class Lake:
     """Paths in the lake. `staging`, when set, holds silver and its state (ledger, history, truncate log)
@@ -192,6 +197,7 @@ def read_arrow(path: str, columns: list[str] | None = None, env: Mapping[str, st
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
+    from spark_jobs.delta import table_files
     from spark_jobs.delta.features import query, unplain_features
 
     try:
@@ -201,7 +207,7 @@ def read_arrow(path: str, columns: list[str] | None = None, env: Mapping[str, st
     if unplain_features(table):
         read = pa.table(query(table, f"SELECT {', '.join(columns) if columns else '*'} FROM t"))
         return read if where is None else read.filter(where(read.schema))
-    files = table.file_uris()
+    files = table_files(table)
     if not files:
         schema = pa.schema(table.schema().to_arrow())
         return schema.empty_table().select(columns) if columns else schema.empty_table()

@@ -9,6 +9,7 @@ import json
 from dataclasses import dataclass, replace
 from decimal import Decimal
 from functools import cache
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -59,6 +60,14 @@ class ImageField:
     # the batch's envelope schemas disagree on how to decode the field (a DDL between its events: a decimal's scale, a
     # date become a timestamp): each schema's own field, by the md5 of the schema's text; the field's type holds all
     by_schema: tuple[tuple[str, ImageField], ...] = ()
+    # why the envelope's description of the field decodes nothing (a decimal's scale that is not a whole number): every
+    # value present is a decode problem, named with this
+    undecodable: str = ""
+
+    @property
+    def problem(self) -> str:
+        """How a value of the field that did not decode is named in its quarantine reason."""
+        return f"{self.name} ({self.undecodable or f'not {self.spark_type.lower()}'})"
 
     @property
     def spark_type(self) -> str:
@@ -80,6 +89,8 @@ class ImageField:
 
     def decode(self, value: str) -> str:
         """The field's parsed value (`value`: SQL text, of its physical type) decoded to its Spark type, as SQL text."""
+        if self.undecodable:
+            return f"CAST(NULL AS {self.spark_type})"
         logical = self.logical or ""
         if logical in ("io.debezium.time.Date", "org.apache.kafka.connect.data.Date"):
             return f"date_add(CAST('1970-01-01' AS DATE), {value})"
@@ -138,7 +149,9 @@ def decode_decimal(value: str, precision: int, scale: int) -> str:
     """Kafka Connect Decimal: base64 of the unscaled value, big-endian two's complement (SQL text)."""
     if precision > 18:
         return f"try_cast(cdc_connect_decimal({value}, {scale}) AS DECIMAL({precision},{scale}))"
-    hexed = f"hex(unbase64({value}))"
+    # base64 as Connect writes it, or nothing: Spark's unbase64 decodes any text to some bytes (a value that is not
+    # base64 came out as 0); NULL here makes it a decode problem, quarantined
+    hexed = f"CASE WHEN {value} RLIKE {literal(BASE64)} THEN hex(unbase64({value})) END"
     negative = f"CAST(conv(substring({hexed}, 1, 2), 16, 10) AS INT) >= 128"
     # sign-extend to 8 bytes, then conv with a negative base reads it as signed 64-bit
     unscaled = f"CAST(conv(lpad({hexed}, 16, CASE WHEN {negative} THEN 'F' ELSE '0' END), 16, -10) AS DECIMAL(19,0))"
@@ -163,14 +176,23 @@ def _exact_cast(text: str, target: str) -> str:
     return cast
 
 
-def _connect_decimal(text: str, scale: int) -> Decimal:
-    """Base64 of a big-endian two's-complement unscaled value, and its scale (Kafka Connect's encoding)."""
-    return Decimal(int.from_bytes(base64.b64decode(text), "big", signed=True)).scaleb(-scale)
+BASE64 = "^([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"  # whole groups, padded: as Connect writes
+
+
+def _connect_decimal(text: str, scale: int) -> Decimal | None:
+    """Base64 of a big-endian two's-complement unscaled value, and its scale (Kafka Connect's encoding); None when the
+    text is not base64 (a decode problem: the event is quarantined, its batch goes on)."""
+    try:
+        unscaled = base64.b64decode(text, validate=True)
+    except ValueError:  # binascii.Error
+        return None
+    return Decimal(int.from_bytes(unscaled, "big", signed=True)).scaleb(-scale) if unscaled else None
 
 
 def _connect_decimal_text(text: str | None, scale: int | None) -> str | None:
     """cdc_connect_decimal: a Connect Decimal of more than 18 digits as its exact text, which SQL casts to its type."""
-    return None if text is None or scale is None else format(_connect_decimal(text, scale), "f")
+    value = None if text is None or scale is None else _connect_decimal(text, scale)
+    return None if value is None else format(value, "f")
 
 
 def _variable_decimal_text(text: str | None, scale: int | None) -> str | None:
@@ -179,6 +201,8 @@ def _variable_decimal_text(text: str | None, scale: int | None) -> str | None:
     if text is None or scale is None:
         return None
     value = _connect_decimal(text, scale)
+    if value is None:
+        return None
     return format(value, "f") if value == value.quantize(Decimal(1).scaleb(-18)) and abs(value) < Decimal(10) ** 20 else None
 
 
@@ -207,15 +231,28 @@ def fields_from_envelope(schema_json: str) -> list[ImageField]:
             fields.append(ImageField(name=f["field"], parse_type=f["spark_type"], logical=SPARK_TYPED, target=f["spark_type"]))
             continue
         logical = f.get("name")
+        scale, precision = _whole(params.get("scale", 0)), _whole(params.get("connect.decimal.precision", 38))
+        undecodable = ""
+        if logical == DECIMAL_LOGICAL and (scale is None or precision is None or not 0 <= scale <= precision <= 38):
+            undecodable = (f"undecodable: the schema's decimal scale {params.get('scale')!r} and precision "
+                           f"{params.get('connect.decimal.precision', 38)!r}")
+            scale, precision = 18, 38  # the column's type, when it is new: the widest decimal Spark holds exactly
         fields.append(ImageField(
             name=f["field"],
             parse_type=("STRUCT<scale: INT, value: STRING>" if logical == VARIABLE_DECIMAL
                         else PHYSICAL.get(f.get("type", "string"), "STRING")),
             logical=logical,
-            scale=int(params.get("scale", 0)),
-            precision=int(params.get("connect.decimal.precision", 38)),
+            scale=scale or 0,
+            precision=38 if precision is None else precision,
+            undecodable=undecodable,
         ))
     return fields
+
+
+def _whole(value: Any) -> int | None:
+    """A schema parameter's whole number (Connect writes them as text), None when it is not one."""
+    text = str(value).strip()
+    return int(text) if text.lstrip("-").isdecimal() and text.isascii() else None
 
 
 def envelope_from_spark(image: T.StructType) -> str:
@@ -240,16 +277,35 @@ def with_overrides(fields: list[ImageField], overrides: tuple[tuple[str, str], .
 
 
 def _split_top_level(body: str) -> list[str]:
-    parts, depth, start = [], 0, 0
+    """A type list's parts (`a: BIGINT, b: OBJECT<x: STRING>`), split at its top-level commas: none inside <>, () or a
+    name in backticks (Spark quotes a field name that is not a plain identifier, a backtick in it doubled)."""
+    parts, depth, start, quoted = [], 0, 0, False
     for i, ch in enumerate(body):
-        depth += ch in "<("
-        depth -= ch in ">)"
-        if ch == "," and depth == 0:
-            parts.append(body[start:i].strip())
-            start = i + 1
+        if ch == "`":
+            quoted = not quoted  # a doubled backtick closes and opens again: still inside
+        elif not quoted:
+            depth += ch in "<("
+            depth -= ch in ">)"
+            if ch == "," and depth == 0:
+                parts.append(body[start:i].strip())
+                start = i + 1
     if body[start:].strip():
         parts.append(body[start:].strip())
     return parts
+
+
+def _named_type(part: str) -> tuple[str, str]:
+    """`name: TYPE` of a type list, the name unquoted: `a`, or `` `c:d` `` / `` `a``b` `` as Spark quotes names."""
+    if part.startswith("`"):
+        end = 1
+        while True:
+            end = part.index("`", end)
+            if part[end + 1:end + 2] != "`":
+                break
+            end += 2
+        return part[1:end].replace("``", "`"), part[end + 1:].lstrip().removeprefix(":").strip()
+    name, _, vtype = part.partition(":")
+    return name.strip(), vtype.strip()
 
 
 def json_type(variant_type: str) -> str:
@@ -303,9 +359,8 @@ def fields_from_variant_schema(schema: str | None) -> list[ImageField]:
         return []
     fields = []
     for part in _split_top_level(schema[len("OBJECT<"):-1]):
-        name, _, vtype = part.partition(":")
-        fields.append(ImageField(name=name.strip().strip("`"), parse_type=json_type(vtype.strip()),
-                                 untyped=vtype.strip() == "VOID", mixed=vtype.strip() == "VARIANT"))
+        name, vtype = _named_type(part)
+        fields.append(ImageField(name=name, parse_type=json_type(vtype), untyped=vtype == "VOID", mixed=vtype == "VARIANT"))
     return fields
 
 
@@ -337,7 +392,7 @@ def _bson_kind(variant_type: str) -> str:
     if variant_type.startswith("OBJECT<`$"):
         parts = _split_top_level(variant_type[len("OBJECT<"):-1])
         if len(parts) == 1:
-            return parts[0].split("`")[1]
+            return _named_type(parts[0])[0]
     return "VOID" if variant_type == "VOID" else json_type(variant_type)
 
 
@@ -359,12 +414,14 @@ def merge_fields(field_lists: list[list[ImageField]]) -> list[ImageField]:
     for fields in field_lists:
         for f in fields:
             seen = merged.get(f.name)
-            if seen is None or not widens(parsed_type(f.spark_type), parsed_type(seen.spark_type)):
+            if seen is not None and f.undecodable and not seen.undecodable:
+                continue  # a schema that decodes nothing (ImageField.undecodable) chooses no type
+            if seen is None or seen.undecodable or not widens(parsed_type(f.spark_type), parsed_type(seen.spark_type)):
                 merged[f.name] = f
     return list(merged.values())
 
 
-_DECODES_ALIKE = ("parse_type", "logical", "scale", "precision", "target")
+_DECODES_ALIKE = ("parse_type", "logical", "scale", "precision", "target", "undecodable")
 _INTEGER_DDL = ("TINYINT", "SMALLINT", "INT", "BIGINT")
 
 
@@ -388,9 +445,10 @@ def by_schema(merged: list[ImageField], described: dict[str, list[ImageField]]) 
             continue
         decimals = [g for g in own.values() if g.logical == DECIMAL_LOGICAL]
         if len(decimals) == len(own):
-            scale = max(g.scale for g in decimals)
+            sized = [g for g in decimals if not g.undecodable] or decimals  # an undecodable schema's size is none
+            scale = max(g.scale for g in sized)
             wide: ImageField | None = replace(f, scale=scale, precision=min(
-                38, max(g.precision - g.scale for g in decimals) + scale))
+                38, max(g.precision - g.scale for g in sized) + scale))
         else:  # the schema whose type holds every other's values exactly (a date's in a timestamp), if one does
             typed = [parsed_type(g.spark_type) for g in own.values()]
             wide = next((g for g, held in zip(own.values(), typed, strict=True) if all(
@@ -454,7 +512,16 @@ def decode_problems(text: str, decoded: str, fields: list[ImageField], variant: 
             unfit = f"{unfit} OR ({kind} <> 'VOID' AND NOT {kind} IN ({', '.join(map(literal, f.kinds))}))"
         return unfit
 
-    return labels_where({f"{f.name} (not {f.spark_type.lower()})": wrong(f) for f in fields})
+    labels: dict[str, str] = {}
+    for f in fields:
+        # a schema of the batch that decodes nothing of the field names its own reason for its events' values
+        odd = [(digest, g) for digest, g in f.by_schema if g.undecodable]
+        for digest, g in odd:
+            labels[g.problem] = f"{labels[g.problem]} OR " if g.problem in labels else ""
+            labels[g.problem] += f"(md5(_schema) = {literal(digest)} AND ({wrong(f)}))"
+        own = f"md5(_schema) NOT IN ({', '.join(literal(d) for d, _ in odd)}) AND ({wrong(f)})" if odd else wrong(f)
+        labels[f.problem] = f"{labels[f.problem]} OR ({own})" if f.problem in labels else own
+    return labels_where(labels)
 
 
 def field_kind(image: str, name: str) -> str:
@@ -489,8 +556,10 @@ _INTEGRAL_DIGITS: dict[type[T.DataType], int] = {T.ByteType: 10, T.ShortType: 10
 
 def widens(old: T.DataType, new: T.DataType) -> bool:
     """Is `old` -> `new` one of Delta's type widenings: byte -> short -> int -> long, float or a smaller integer ->
-    double, a decimal with at least as many integer and fraction digits (from a decimal or an integer), date ->
-    timestamp without time zone."""
+    double, a decimal with at least as many integer and fraction digits (from a decimal or an integer). Not Delta's date
+    -> timestamp without time zone: a timestamp_ntz column needs the timestampNtz table feature, which neither engine
+    adds to a table in a merge (the merge failed, every batch of the table after it); its values are quarantined
+    naming both types."""
     old_rank, new_rank = _INTEGRAL_RANK.get(type(old)), _INTEGRAL_RANK.get(type(new))
     if old_rank is not None and new_rank is not None:
         return new_rank > old_rank
@@ -501,7 +570,7 @@ def widens(old: T.DataType, new: T.DataType) -> bool:
             return (new.precision, new.scale) != (old.precision, old.scale) and \
                 new.precision - old.precision >= new.scale - old.scale >= 0
         return old_rank is not None and new.precision - new.scale >= _INTEGRAL_DIGITS[type(old)]
-    return isinstance(old, T.DateType) and isinstance(new, T.TimestampNTZType)
+    return False
 
 
 def widening_to(old: T.DataType, new: T.DataType) -> T.DataType | None:
@@ -544,6 +613,20 @@ def widened(target: T.StructType | None, row_type: T.StructType) -> tuple[T.Stru
     new_types = {w.column: w.new for w in changes}
     return T.StructType([T.StructField(f.name, new_types.get(f.name, f.dataType), f.nullable, f.metadata)
                          for f in target.fields]), changes
+
+
+def claiming(widened: tuple[Widening, ...], fields: list[ImageField]) -> str:
+    """SQL text over a typed event (`_schema`): does the event's own schema claim one of the widenings? An event
+    described by no schema (plain JSON, typed over its batch) or by the one schema of its batch claims what the batch
+    does. A type change comes from the events a batch applies, never from a stale one's claim (silver_plan)."""
+    own = {f.name: f for f in fields}
+    schemas: set[str] = set()
+    for w in widened:
+        field = own.get(w.column)
+        if field is None or not field.by_schema:
+            return "true"
+        schemas |= {md5 for md5, g in field.by_schema if widening_to(w.old, parsed_type(g.spark_type)) is not None}
+    return f"md5(_schema) IN ({', '.join(map(literal, sorted(schemas)))})" if schemas else "false"
 
 
 def fields_type(fields: list[ImageField]) -> T.StructType:

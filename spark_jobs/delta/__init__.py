@@ -4,6 +4,7 @@ CDC_DELTA_ENGINE=delta-spark). Both give the same meaning to the same `MergeSpec
 
 from __future__ import annotations
 
+from urllib.parse import unquote
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -13,6 +14,7 @@ if TYPE_CHECKING:  # the package's pure modules (features) are read where pyspar
     from typing import TypeAlias
 
     import pyarrow as pa
+    from deltalake import DeltaTable
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql import types as T
 
@@ -122,6 +124,14 @@ def log_retention(retain_s: int) -> str | None:
 def retention_hours(retain_s: int) -> int:
     """VACUUM takes whole hours: rounded up, so it never keeps less than asked."""
     return -(-retain_s // 3600)
+
+
+def table_files(table: DeltaTable) -> list[str]:
+    """The paths of a delta-rs table's data files as they are named on disk or in the bucket: delta-rs gives them
+    under its table's root URL-encoded (`odd%20name/part-…`), which neither Spark nor Arrow decodes; what lies under
+    the root (a partition's folder) is already as named."""
+    root = table.table_uri.removeprefix("file://").rstrip("/") + "/"
+    return [unquote(root) + uri[len(root):] if uri.startswith(root) else uri for uri in table.file_uris()]
 
 
 def delta_jars_present(spark: SparkSession) -> bool:

@@ -53,6 +53,7 @@ from spark_jobs.delta import (
     records_changes,
     retention_hours,
     spark_frame,
+    table_files,
 )
 from spark_jobs.delta.features import unplain_features
 from spark_jobs.delta.file_stats import delta_stats
@@ -173,12 +174,12 @@ class DeltaRsEngine:
         if table is None or table.version() <= after or unplain_features(table):
             return None
         before = self._table(path, after) if after >= 0 else None
-        known = set(before.file_uris()) if before is not None else set()
+        known = set(table_files(before)) if before is not None else set()
         actions = table.get_add_actions(flatten=True)  # a file's name (a UUID's) is unique in its table
         names = [p.rsplit("/", 1)[-1] for p in actions.column("path").to_pylist()]
         stats = dict(zip(names, zip(actions.column("size_bytes").to_pylist(), actions.column("num_records").to_pylist(),
                                     strict=True), strict=True))
-        new = tuple(f for f in table.file_uris() if f not in known)
+        new = tuple(f for f in table_files(table) if f not in known)
         added = [stats[f.rsplit("/", 1)[-1]] for f in new]
         rows = [r for _, r in added]
         return NewFiles(table.version(), new, table.schema().to_json(), sum(size for size, _ in added),
@@ -192,7 +193,7 @@ class DeltaRsEngine:
         if unplain:
             return self._read_with_delta_spark(spark, path, version, unplain)
         schema = T.StructType.fromJson(json.loads(table.schema().to_json()))
-        files = table.file_uris()
+        files = table_files(table)
         if not files:
             return spark.createDataFrame([], schema)
         # basePath lets Spark take partition values from the hive-style folders delta-rs writes

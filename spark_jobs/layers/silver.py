@@ -177,7 +177,10 @@ def silver_merge(spark: SparkSession, engine: DeltaEngine, table: TableConfig, l
     silver_version = engine.version(lake.silver(table.name))
     recovered = interrupted_work(engine, lake.silver(table.name), progress.silver_version, silver_version)
     planned = None
-    if read is not None and read.holds(progress.bronze_version, progress.truncated_at, silver_version, bronze_version):
+    # a batch that widens one of silver's types plans its own: whether an event the merge applies claims the wider
+    # type (a stale one's claim changes no schema) is silver_plan's to judge
+    if read is not None and not read.widened and read.holds(progress.bronze_version, progress.truncated_at,
+                                                           silver_version, bronze_version):
         try:
             planned = silver_arrow.plan(lake, table, read)
         except pa.ArrowException as exc:  # not swallowed: nothing is written yet, and the table's own plan takes it

@@ -163,11 +163,26 @@ def overview_columns(holds_placeholder: str) -> list[Column]:
 
 def _plan_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake: Lake, changes_in: DataFrame,
                   has_plain: bool, unavailable: bool, plan: BatchPlan) -> None:
-    """The row events' part of the plan: typed, the newest per key, the merge's rows, the deletes."""
+    """The row events' part of the plan: typed, the newest per key, the merge's rows, the deletes. Silver takes a
+    wider type only from an event it applies: when no event the merge writes has a schema that claims the widening
+    (a stale event's, which changes no row), the batch is planned again at silver's own types, and the values that
+    do not fit them are quarantined naming both types."""
     if unavailable:
         changes_in = envelope.mark_unavailable(changes_in, table.unavailable_value_placeholder)
     plan.fields = resolve_mixed(image_fields(spark, table, changes_in, has_plain), plan.target_schema, changes_in)
+    silver_types, before = plan.target_schema, replace(plan)
     plan.target_schema, plan.widened = types.widened(plan.target_schema, types.fields_type(plan.fields))
+    effective = _plan_typed(spark, engine, table, lake, changes_in, unavailable, plan)
+    if plan.widened and effective.where(types.claiming(plan.widened, plan.fields)).isEmpty():  # one job, when widening
+        unwidened = replace(before, fields=plan.fields, target_schema=silver_types, widened=())
+        _plan_typed(spark, engine, table, lake, changes_in, unavailable, unwidened)
+        vars(plan).update(vars(unwidened))
+
+
+def _plan_typed(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake: Lake, changes_in: DataFrame,
+                unavailable: bool, plan: BatchPlan) -> DataFrame:
+    """The typed events at the plan's types (`plan.target_schema`): the newest per key, the merge's rows, the deletes;
+    returns the events the merge applies (with their `_schema`)."""
     typed = typed_changes(table, changes_in, plan.fields, plan.target_schema)
     if unavailable:
         typed = fill_unavailable(spark, engine, lake, table, checkpoint(typed, plan.one_task))
@@ -192,6 +207,7 @@ def _plan_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     plan.deletes = checkpoint(events.where("op = 'd'").select(*table.keys, "_seq").distinct(), plan.one_task)
     plan.delete_counts = classify_deletes(plan.deletes, plan.latest, plan.state, table.keys, plan.truncated_at,
                                           plan.one_task)
+    return effective
 
 
 EVENT_ID = "_cdc_event_id"  # the typed event's id while it is checked against the user's expectations

@@ -247,6 +247,9 @@ def test_a_lake_on_another_store_and_a_bad_window_are_config_errors_the_task_rea
     assert (code, err) == (2, "config error: lake gs://lake/cdc: use a filesystem path (local or shared) or "
                               "s3://bucket/prefix\n")
     assert failure.read_text() == err
+    for odd in ("lake {a,b}", "lake:2", "lake%41"):  # Spark would read a pattern, Hadoop a scheme, delta-rs a code
+        code, _, err = run(capsys, config, tmp_path / "landing", tmp_path / odd)
+        assert (code, err[:60]) == (2, f"config error: lake {tmp_path / odd}: Spark reads a "[:60]), err
     code, _, err = run(capsys, config, tmp_path / "landing", tmp_path / "lake", "--since", "2026-03-02", "--until", "2026-03-01")
     assert (code, err) == (2, "config error: since (2026-03-02) must be before until (2026-03-01)\n")
     code, _, err = run(capsys, config, tmp_path / "landing", tmp_path / "lake", "--until", "soon")

@@ -149,12 +149,12 @@ def test_widening_follows_deltas_type_widening_rules():
 
     allowed = [(T.ByteType(), T.ShortType()), (T.IntegerType(), T.LongType()), (T.FloatType(), T.DoubleType()),
                (T.IntegerType(), T.DoubleType()), (T.DecimalType(10, 2), T.DecimalType(12, 4)),
-               (T.IntegerType(), T.DecimalType(12, 2)), (T.LongType(), T.DecimalType(20, 0)),
-               (T.DateType(), T.TimestampNTZType())]
+               (T.IntegerType(), T.DecimalType(12, 2)), (T.LongType(), T.DecimalType(20, 0))]
     refused = [(T.LongType(), T.IntegerType()), (T.LongType(), T.DoubleType()), (T.DoubleType(), T.FloatType()),
                (T.DecimalType(10, 2), T.DecimalType(10, 4)), (T.DecimalType(10, 2), T.DecimalType(10, 2)),
                (T.IntegerType(), T.DecimalType(11, 2)), (T.LongType(), T.DecimalType(19, 0)),
-               (T.DateType(), T.TimestampType()), (T.IntegerType(), T.StringType()), (T.StringType(), T.LongType())]
+               (T.DateType(), T.TimestampType()), (T.DateType(), T.TimestampNTZType()), (T.IntegerType(), T.StringType()),
+               (T.StringType(), T.LongType())]
     assert [widens(old, new) for old, new in allowed] == [True] * len(allowed)
     assert [widens(old, new) for old, new in refused] == [False] * len(refused)
     # no widening to the batch's type, but to one holding both

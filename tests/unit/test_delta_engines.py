@@ -192,6 +192,29 @@ def test_the_change_feed_gives_the_rows_each_commit_changed_once_it_is_on(any_en
         (1, "update_postimage"), (1, "update_preimage"), (2, "delete"), (3, "insert")]
 
 
+# column names a source may send that both engines take without column mapping (delta-spark refuses ' ,;{}()=')
+ODD_NAMES = ["a`b", 'q"r', "c:d", "e.f", "hy-phen", "$env:HOME", "Up"]
+
+
+def test_any_column_name_a_source_sends_merges_and_keys_on_both_engines(any_engine, spark, tmp_path):
+    """Names quoted for each engine's SQL (delta-rs's update-all and insert-all took them unquoted: a backtick
+    failed every merge), on keys too, and on a table path that holds what Spark would substitute into."""
+    path = str(tmp_path / "odd $HOME `t`")  # delta-rs names its files URL-encoded
+    columns = ", ".join(f"`{n.replace('`', '``')}` STRING" for n in ODD_NAMES)
+    spec = MergeSpec(keys=("a`b", "c:d"), delete_when="s._op = 'd'", update_when="s._op <> 'd'", insert_when="s._op <> 'd'")
+    first = spark.createDataFrame([("1", "x", "1", *["v1"] * 4, "c"), ("2", "y", "2", *["v2"] * 4, "c")],
+                                  f"{columns}, _op STRING")
+    any_engine.merge(first, path, spec)
+    second = spark.createDataFrame([("1", "x", "1", *["w1"] * 4, "u"), ("2", "y", "2", *[None] * 4, "d"),
+                                    ("3", "z", "3", *["v3"] * 4, "c")], f"{columns}, _op STRING")
+    result = any_engine.merge(second, path, spec)
+    assert (result.inserted, result.updated, result.deleted) == (1, 1, 1)
+    assert any_engine.schema(path).fieldNames() == [*ODD_NAMES, "_op"]
+    assert rows(any_engine, spark, path, "`a``b`") == [("1", "x", "1", *["w1"] * 4, "u"), ("3", "z", "3", *["v3"] * 4, "c")]
+    any_engine.record_changes(path)
+    assert any_engine.changes_recorded(path)
+
+
 def test_merge_adds_new_source_columns(any_engine, spark, tmp_path):
     path = str(tmp_path / "t")
     spec = MergeSpec(("k",), update_when="true", insert_when="true")
