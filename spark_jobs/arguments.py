@@ -11,8 +11,8 @@ from typing import Any
 
 from spark_jobs.settings import settings
 
-DESCRIPTION = """`python -m spark_jobs run|generate|status|maintain|serve|service-credentials|buckets` (or `cdc-pipeline
-...`): the same code path the DAG tasks run (docs/architecture.md, "Command line").
+DESCRIPTION = """`python -m spark_jobs run|generate|status|maintain|serve|service-credentials|spark-ui-token|buckets`
+(or `cdc-pipeline ...`): the same code path the DAG tasks run (docs/architecture.md, "Command line").
 
 Exit 0 on success; 1 when a gate fails or input cannot be processed; 2 on bad arguments or config; 75 when what
 the run needs (a Spark master, a store) did not answer or went away: a retry may mend it.
@@ -152,6 +152,10 @@ def _serve(sub: Any) -> None:
     creds.add_argument("--conn-id", default="cdc_service", help="the Airflow connection's id")
     creds.add_argument("--ca-file", default=None, help="also copy the certificate here, and have the connection trust "
                                                      "this copy: the callers' path, apart from the secret and the key")
+    ui = sub.add_parser("spark-ui-token", help="print a bearer token for the pipeline service's Spark UI (on with "
+                                               "CDC_SPARK_UI=true), made from the secret in its connection file")
+    ui.add_argument("--connection-file", default=settings().service_connection_file,
+                    help="the service's Airflow connection (its address and secret), as `serve` writes it")
 
 
 def _setup(sub: Any) -> None:

@@ -19,7 +19,7 @@ from spark_jobs.errors import EXIT_TRANSIENT, ConfigError, InfrastructureDown, L
 from spark_jobs.logs import logger, set_level
 from spark_jobs.quality.config import parse_share
 from spark_jobs.registry import GoldModel, Registry, TableConfig, load_registry
-from spark_jobs.settings import Settings, environ, resolve_uri, settings
+from spark_jobs.settings import Settings, environ, resolve, resolve_uri, settings
 from spark_jobs.steps import Steps
 
 log = logger(__name__)
@@ -162,6 +162,14 @@ def service_credentials(args: argparse.Namespace) -> int:
     return 0
 
 
+def spark_ui_token(args: argparse.Namespace) -> int:
+    from spark_jobs.service_client import ServiceConnection
+    from spark_jobs.service_client import spark_ui_token as token
+
+    print(token(ServiceConnection.from_file(resolve(args.connection_file)).token))
+    return 0
+
+
 def make_buckets(args: argparse.Namespace) -> int:
     from spark_jobs.storage import ensure_bucket, is_s3, split_s3
 
@@ -249,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # a setting that is not one (settings.setting_value says which, and what it must be)
         return _failed(f"config error: {exc}", 2)
     commands = {"run": run, "generate": generate, "status": status, "maintain": maintain, "serve": serve,
-                "service-credentials": service_credentials, "jars": fetch_jars, "assets": fetch_assets, "buckets": make_buckets}
+                "service-credentials": service_credentials, "spark-ui-token": spark_ui_token, "jars": fetch_jars,
+                "assets": fetch_assets, "buckets": make_buckets}
     try:
         return commands[args.command](args)
     except ConfigError as exc:

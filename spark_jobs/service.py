@@ -179,20 +179,29 @@ class PipelineService:
         self.scratch = Path(tempfile.mkdtemp(prefix=f"cdc-service-{os.getpid()}-"))
         self.spark_stopped = threading.Event()
 
-    def start_spark(self) -> str:
+    def start_spark(self, secret: str) -> str:
         """The session every job will share, and the Great Expectations import, paid once here: side by side (the
-        import is seconds of Python, the JVM starts in a process of its own)."""
+        import is seconds of Python, the JVM starts in a process of its own). Its Spark UI, when asked for
+        (CDC_SPARK_UI), answers only requests that carry a token made from the service's `secret`."""
         import importlib
 
         from spark_jobs import session
+        from spark_jobs.service_client import spark_ui_key
 
         session.SHARED_JVM = True
         gx = threading.Thread(target=importlib.import_module, args=("great_expectations",), daemon=True)
         gx.start()
-        spark = session.build_session("cdc-pipeline-service")
+        ui = session.ui_filter(spark_ui_key(secret)) if self.deployment.spark_ui else {}
+        spark = session.build_session("cdc-pipeline-service", ui)
         gx.join()
         importlib.import_module("great_expectations")  # raises here if the import in the thread failed
         return str(spark.sparkContext.master)
+
+    def spark_ui_url(self) -> str | None:
+        from pyspark.sql import SparkSession
+
+        spark = SparkSession.getActiveSession()
+        return spark.sparkContext.uiWebUrl if spark is not None else None
 
     def submit(self, request: JobRequest) -> _Job:
         request.check()
@@ -310,8 +319,6 @@ def serve(run_job: Callable[[list[str]], int], host: str, port: int, workers: in
     Once it takes jobs, its address and secret are written to `connection_file` (CDC_SERVICE_CONNECTION_FILE):
     a script's sign that it is ready, and the Airflow connection the tasks use."""
     own = listener(host, port, tls_cert, tls_key, allowed_hosts, token_file)
-    # a long-lived driver serves its Spark UI (every task's jobs) unless told otherwise
-    os.environ.setdefault(Settings.variable("spark_ui"), "true")
     from spark_jobs.session import bind_spark
 
     bind_spark(host)  # its Spark on the service's own address, as the service itself
@@ -322,17 +329,19 @@ def serve(run_job: Callable[[list[str]], int], host: str, port: int, workers: in
     service = PipelineService(workers, settings(), run_job)
     try:
         started = time.monotonic()
-        master = service.start_spark()
+        master = service.start_spark(own.token)
         # on a cluster the samples would have to be where its executors read: its jobs pay their own warm-up
         warmed = (f", warmed up in {warm_up(run_job, service.scratch):.1f}s"
                   if service.deployment.service_warm_up and master.startswith("local") else "")
         server = HttpServer(service, own)
         own = server.listener
         target = resolve(connection_file or settings().service_connection_file)
+        ui = service.spark_ui_url()
         log.info(f"pipeline service on {own.scheme}://{host}:{own.port} ({workers} job threads, Spark {master}, "
                  f"ready in {time.monotonic() - started:.1f}s{warmed}) for the lake "
                  f"{resolve_uri(service.deployment.lake_uri)}; "
-                 f"its Airflow connection (address and secret) is in {target}")
+                 f"its Airflow connection (address and secret) is in {target}"
+                 + (f"; its Spark UI at {ui}, for a bearer token from `python -m spark_jobs spark-ui-token`" if ui else ""))
         server.start()
         write_connection(target, own)
         try:

@@ -4,6 +4,9 @@ and the standard library: the Airflow plugin imports it on its workers and trigg
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import ipaddress
 import json
 import os
@@ -228,6 +231,23 @@ class ServiceConnection:
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> ServiceConnection:
         return cls.from_airflow_json(Path(path).read_text())
+
+
+def spark_ui_key(secret: str) -> str:
+    """The key the service's Spark UI checks its callers' JWS against (session.ui_filter): derived from the service's
+    secret (HMAC-SHA256 needs 256 bits), base64url."""
+    return base64.urlsafe_b64encode(hashlib.sha256(b"cdc-spark-ui\0" + secret.encode()).digest()).decode().rstrip("=")
+
+
+def spark_ui_token(secret: str) -> str:
+    """A bearer token for the service's Spark UI: a JWS (HS256) of an empty claim set, signed with `spark_ui_key`
+    (`Authorization: Bearer <token>` on every request to the UI)."""
+    def b64(data: bytes) -> str:
+        return base64.urlsafe_b64encode(data).decode().rstrip("=")
+
+    key = base64.urlsafe_b64decode(spark_ui_key(secret) + "=")
+    signed = f"{b64(json.dumps({'alg': 'HS256', 'typ': 'JWT'}).encode())}.{b64(b'{}')}"
+    return f"{signed}.{b64(hmac.new(key, signed.encode(), hashlib.sha256).digest())}"
 
 
 def is_loopback(host: str) -> bool:

@@ -12,7 +12,7 @@ from spark_jobs.settings import settings
 
 # Settings every job relies on: UTC so Debezium's epoch-based times decode to the same instants
 # everywhere; small shuffles because CDC batches are small next to the table; no progress bars, and the UI
-# only when asked (CDC_SPARK_UI: the Airflow tasks ask, and log its URL).
+# only when asked (CDC_SPARK_UI: a run logs its URL).
 SESSION_CONF = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.shuffle.partitions": str(settings().shuffle_partitions),
@@ -22,6 +22,8 @@ SESSION_CONF = {
     "spark.databricks.delta.snapshotPartitions": str(settings().shuffle_partitions),
     "spark.ui.enabled": str(settings().spark_ui).lower(),
     "spark.ui.showConsoleProgress": "false",
+    # the UI's kill links are GETs a web page could send (an <img> cancelled the service's running job): none
+    "spark.ui.killEnabled": "false",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.sources.partitionColumnTypeInference.enabled": "false",
     # Parquet written for delta-rs (the engine's scratch files) keeps microsecond timestamps, as Delta does
@@ -89,7 +91,8 @@ def bind_spark(host: str) -> None:
         os.environ.setdefault("SPARK_LOCAL_IP", host)
 
 
-def build_session(app_name: str) -> SparkSession:
+def build_session(app_name: str, extra: dict[str, str] | None = None) -> SparkSession:
+    """The job's session (`extra`: settings of the caller's, e.g. the service's UI filter)."""
     builder = SparkSession.builder.appName(app_name)
     # Under spark-submit (the DAG tasks) the JVM is already up with --master; only bare CLI runs choose one.
     # (spark-submit was given jvm_conf() too: cdc_airflow.operators)
@@ -110,7 +113,7 @@ def build_session(app_name: str) -> SparkSession:
         SparkContext._ensure_initialized()
         master = SparkConf().get("spark.master", "")
     check_master(master)
-    for key, value in SESSION_CONF.items():
+    for key, value in {**SESSION_CONF, **(extra or {})}.items():
         builder = builder.config(key, value)
     if secret := os.environ.get(SPARK_SECRET_VARIABLE):
         builder = builder.config("spark.authenticate.secret", secret)
@@ -188,3 +191,14 @@ def ran_out_of_memory(exc: BaseException) -> bool:
         return bool(process.wait(timeout=10) == SPARK_EXIT_OOM)  # the connection drops just before the exit
     except Exception:  # still running (a network fault, not a death), or not a process of ours
         return False
+
+
+# Spark's own filter for its UI (org.apache.spark.ui.JWSFilter, Spark 4): every request must carry a bearer JWS signed
+# with the key it is given. The pipeline service derives the key from its secret (service_client.spark_ui_key), so
+# whoever holds the secret, and nobody else, reaches its UI (`python -m spark_jobs spark-ui-token` makes one)
+UI_FILTER = "org.apache.spark.ui.JWSFilter"
+
+
+def ui_filter(key: str) -> dict[str, str]:
+    """The settings that put the UI behind the JWS filter with `key` (base64url; Spark redacts it as a secret)."""
+    return {"spark.ui.filters": UI_FILTER, f"spark.{UI_FILTER}.param.secretKey": key}

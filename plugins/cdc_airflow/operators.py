@@ -99,10 +99,13 @@ class CdcSparkJob(BaseOperator):
                  conf: dict[str, str] | None = None, env_vars: dict[str, str] | None = None, **kwargs: Any):
         super().__init__(**kwargs)
         self.application_args = [command, *cli_args, "--run-id", "{{ run_id }}"]
-        # spark-submit's: the Spark UI while the job runs (its URL is in the task log's first line, `spark_ui=`)
+        # spark-submit's: the Spark UI while the job runs only when CDC_SPARK_UI asks (its URL in the task log's first
+        # line, `spark_ui=`): it has no login of its own
         self.conn_id = conn_id
-        self.conf = {"spark.ui.enabled": "true", "spark.ui.showConsoleProgress": "false"} if conf is None else conf
-        self.env_vars = {"GX_ANALYTICS_ENABLED": "false", Settings.variable("spark_ui"): "true"} if env_vars is None \
+        ui = str(settings().spark_ui).lower()
+        self.conf = {"spark.ui.enabled": ui, "spark.ui.killEnabled": "false", "spark.ui.showConsoleProgress": "false"} \
+            if conf is None else conf
+        self.env_vars = {"GX_ANALYTICS_ENABLED": "false", Settings.variable("spark_ui"): ui} if env_vars is None \
             else env_vars
         self.landing, self.files_from, self.aws_conn_id = landing, files_from, aws_conn_id or settings().aws_conn_id
         self.tables_from, self.announces, self.topic_tables = tables_from, tuple(announces), topic_tables

@@ -5,6 +5,7 @@ one warm service; the two modules split over the two test workers."""
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import signal
 import subprocess
@@ -148,7 +149,8 @@ def test_a_job_that_runs_out_of_memory_fails_alone_naming_its_file_and_the_setti
 
 def test_beyond_loopback_it_serves_https_with_the_operators_secret(tmp_path):
     """Listening on every address takes TLS and a secret of the operator's; clients verify the certificate (here
-    a self-signed one, given as the connection's CA file) and a plain HTTP request gets nowhere."""
+    a self-signed one, given as the connection's CA file) and a plain HTTP request gets nowhere. Its Spark UI, asked for
+    (CDC_SPARK_UI), answers only a token made from that secret."""
     import datetime as dt
     import ipaddress
 
@@ -176,7 +178,8 @@ def test_beyond_loopback_it_serves_https_with_the_operators_secret(tmp_path):
             [sys.executable, "-m", "spark_jobs", "serve", "--host", "0.0.0.0", "--port", "0", "--allow-host", "127.0.0.1",
              "--tls-cert", str(tmp_path / "cert.pem"), "--tls-key", str(tmp_path / "key.pem"),
              "--connection-file", str(connection_file)],
-            cwd=ROOT, env=subprocess_env(CDC_SERVICE_TOKEN=secret, CDC_LAKE_URI=str(tmp_path / "lake")), stdout=out,
+            cwd=ROOT, env=subprocess_env(CDC_SERVICE_TOKEN=secret, CDC_LAKE_URI=str(tmp_path / "lake"), CDC_SPARK_UI="true",
+                                         CDC_SERVICE_WARM_UP="false"), stdout=out,
             stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 180
@@ -189,6 +192,7 @@ def test_beyond_loopback_it_serves_https_with_the_operators_secret(tmp_path):
         assert wait_for_job(service, submit(service, JobRequest(tables=("nope",)))).exit_code == 2  # a job, over TLS
         with pytest.raises(ServiceError, match="CERTIFICATE_VERIFY_FAILED"):  # a certificate nobody vouched for
             poll(ServiceConnection(written.url, secret), "x")
+        spark_ui_answers_the_secret_alone(log.read_text(), connection_file)
         port = int(written.url.rsplit(":", 1)[1])
         plain = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
         with pytest.raises((ConnectionError, http.client.HTTPException, OSError)):
@@ -197,3 +201,31 @@ def test_beyond_loopback_it_serves_https_with_the_operators_secret(tmp_path):
     finally:
         process.terminate()
         process.wait(timeout=60)
+
+
+def spark_ui_answers_the_secret_alone(log: str, connection_file) -> None:  # noqa: ANN001
+    """The service's Spark UI (off unless CDC_SPARK_UI) behind Spark's JWS filter, its key made from the service's
+    secret: nothing without the token `spark-ui-token` prints, the pages with it; no kill link (a GET) at all."""
+    import re
+    import urllib.error
+    import urllib.request
+
+    ui = re.search(r"its Spark UI at (http://\S+),", log)
+    assert ui, log[-2000:]
+    token = subprocess.run([sys.executable, "-m", "spark_jobs", "spark-ui-token", "--connection-file", str(connection_file)],
+                           cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=60).stdout.strip()
+
+    def answer(path: str, bearer: str | None) -> tuple[int, bytes]:
+        request = urllib.request.Request(ui[1] + path, headers={"Authorization": f"Bearer {bearer}"} if bearer else {})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answered:
+                return answered.status, answered.read()
+        except urllib.error.HTTPError as refused:
+            return refused.code, b""
+
+    assert answer("/jobs/", None)[0] in (401, 403)
+    assert answer("/jobs/", token[:-4] + "AAAA")[0] in (401, 403)  # a signature of another key
+    assert answer("/jobs/", token)[0] == 200
+    app = json.loads(answer("/api/v1/applications", token)[1])[0]["id"]
+    properties = dict(json.loads(answer(f"/api/v1/applications/{app}/environment", token)[1])["sparkProperties"])
+    assert properties["spark.ui.killEnabled"] == "false"  # no kill link, which is a GET
