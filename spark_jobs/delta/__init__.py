@@ -4,11 +4,11 @@ CDC_DELTA_ENGINE=delta-spark). Both give the same meaning to the same `MergeSpec
 
 from __future__ import annotations
 
-from urllib.parse import unquote
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import unquote
 
 if TYPE_CHECKING:  # the package's pure modules (features) are read where pyspark is not imported
     from typing import TypeAlias
