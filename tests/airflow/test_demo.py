@@ -14,8 +14,11 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 from tests.support import (
     BIN,
@@ -28,6 +31,7 @@ from tests.support import (
     free_port,
     pipeline_service,
     s3_environment,
+    s3_server,
     service_airflow_env,
     silver_table,
     subprocess_env,
@@ -225,52 +229,75 @@ def check_scripts_planted_in_the_lake_do_not_run(driver, base: str, lake: Path) 
     assert not driver.execute_script("return document.title").startswith("ran:")
 
 
-def test_airflow_runs_the_pipeline_from_s3_and_replays_leave_it_unchanged(tmp_path, s3_endpoint):
-    """Files landing in a bucket (a local S3 server) to silver and gold through the layer DAGs, the
-    reports in the Airflow UI, then `cdc_replay` rebuild and reprocess (issue 5's "done when")."""
+@dataclass
+class Demo:
+    airflow: AirflowCli
+    env: dict[str, str]
+    root: Path
+    lake: Path
+    silver: list[dict]
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> Iterator[Demo]:
+    """Files landing in a bucket (a local S3 server) taken to silver and gold through the layer DAGs (`airflow dags
+    test`, the tasks' jobs on the pipeline service): the first run, which the module's tests go on from."""
     from spark_jobs.generate import Options, generate
     from spark_jobs.registry import load_registry
 
-    config = tmp_path / "include" / "tables.yaml"
-    (tmp_path / "include" / "gold").mkdir(parents=True)
+    root = tmp_path_factory.mktemp("demo")
+    config = root / "include" / "tables.yaml"
+    (root / "include" / "gold").mkdir(parents=True)
     config.write_text("tables:\n  customers:\n    topic: burst.burst_bank.customers\n    keys: [custkey]\n")
-    shutil.copy(ROOT / "include" / "gold" / "customers_by_state.sql", tmp_path / "include" / "gold")
-    landing, lake = "s3://landing/cdc", tmp_path / "lake"
-    generated = generate(load_registry(str(config)).select(None), tmp_path / "sink", Options(rows=50, changes=50))
-    upload_landing(s3_endpoint, tmp_path / "sink", landing)
+    shutil.copy(ROOT / "include" / "gold" / "customers_by_state.sql", root / "include" / "gold")
+    landing, lake = "s3://landing/cdc", root / "lake"
+    generated = generate(load_registry(str(config)).select(None), root / "sink", Options(rows=50, changes=50))
     # the service serves this deployment, with its own S3 credentials; Airflow reaches it through its connection
     deployment = {"CDC_CONFIG": str(config), "CDC_LANDING_URI": landing, "CDC_LAKE_URI": str(lake)}
-    with pipeline_service(subprocess_env(**deployment, **s3_environment(s3_endpoint)), tmp_path / "service.log") as service:
+    with ExitStack() as stack:
+        s3_endpoint = stack.enter_context(s3_server(root / "moto.log"))
+        upload_landing(s3_endpoint, root / "sink", landing)
+        service = stack.enter_context(pipeline_service(subprocess_env(**deployment, **s3_environment(s3_endpoint)),
+                                                       root / "service.log"))
         env = subprocess_env(
             **service_airflow_env(service),
-            AIRFLOW_HOME=str(tmp_path / "airflow"), AIRFLOW__CORE__DAGS_FOLDER=str(ROOT / "dags"),
+            AIRFLOW_HOME=str(root / "airflow"), AIRFLOW__CORE__DAGS_FOLDER=str(ROOT / "dags"),
             AIRFLOW__CORE__LOAD_EXAMPLES="False", AIRFLOW__CORE__PLUGINS_FOLDER=str(ROOT / "plugins"),
             AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[1]"}',
             AIRFLOW_CONN_AWS_DEFAULT=aws_connection(s3_endpoint),
             CDC_CONFIG=str(config), CDC_LANDING_URI=landing, CDC_LAKE_URI=str(lake),
             CDC_SENSOR_TIMEOUT="3", CDC_SENSOR_POKE_INTERVAL="1",
             # OpenLineage's file transport: each event a JSON line, as a test transport would capture them
-            AIRFLOW__OPENLINEAGE__TRANSPORT=json.dumps({"type": "file", "log_file_path": str(tmp_path / "lineage.jsonl"),
+            AIRFLOW__OPENLINEAGE__TRANSPORT=json.dumps({"type": "file", "log_file_path": str(root / "lineage.jsonl"),
                                                         "append": True}),
             AIRFLOW__OPENLINEAGE__NAMESPACE="cdc-test")
-        airflow = AirflowCli(env, tmp_path / "dags-test.log")
-        airflow_home(tmp_path / "airflow")  # `airflow db migrate`'s database
+        airflow = AirflowCli(env, root / "dags-test.log")
+        airflow_home(root / "airflow")  # `airflow db migrate`'s database
         pools = airflow.sh(str(BIN / "python"), "-m", "cdc_airflow.pools")  # the writer pools, as the README sets them up
         assert "1 writer pools of one slot: cdc_gold_customers_by_state" in pools.stdout
         silver = first_run_reaches_gold(airflow, config, lake, generated[0].final_rows)
-        lineage_names_the_delta_tables(tmp_path / "lineage.jsonl", lake)
+        yield Demo(airflow, env, root, lake, silver)
 
-        # the reports inside the Airflow UI, behind its login: the latest run's verdicts
-        with api_server(env, tmp_path / "airflow") as base:
-            check_reports_behind_airflow_auth(base)
-            bronze_run = next(p.parent.name for p in (lake / "reports" / "runs").glob("*/customers.bronze.json"))
-            text = browse_reports_in_the_airflow_ui(base, ARTIFACTS / "airflow-ui-cdc-reports.png", bronze_run, lake)
-        latest = text.split("CDC pipeline runs", 1)[1].splitlines()
-        assert [line for line in latest if "gold/customers_by_state" in line][0].split()[2] == "passed"
-        assert "silver/customers: passed" in text and "bronze/customers: passed" in text
 
-        replays_leave_silver_unchanged(airflow, lake, silver)
-        backfills_plan_a_run_per_interval(airflow)
+def test_each_layer_task_names_what_it_read_and_the_delta_table_it_wrote_in_its_lineage(demo):
+    lineage_names_the_delta_tables(demo.root / "lineage.jsonl", demo.lake)
+
+
+def test_the_reports_are_in_the_airflow_ui_behind_its_login(demo):
+    """The latest run's verdicts, the trend charts, a DAG run's tab and the Data Docs, in headless chromium."""
+    with api_server(demo.env, demo.root / "airflow") as base:
+        check_reports_behind_airflow_auth(base)
+        bronze_run = next(p.parent.name for p in (demo.lake / "reports" / "runs").glob("*/customers.bronze.json"))
+        text = browse_reports_in_the_airflow_ui(base, ARTIFACTS / "airflow-ui-cdc-reports.png", bronze_run, demo.lake)
+    latest = text.split("CDC pipeline runs", 1)[1].splitlines()
+    assert [line for line in latest if "gold/customers_by_state" in line][0].split()[2] == "passed"
+    assert "silver/customers: passed" in text and "bronze/customers: passed" in text
+
+
+def test_replays_leave_the_tables_unchanged_and_a_backfill_plans_a_run_per_interval(demo):
+    """`cdc_replay` rebuild and reprocess, cdc_maintenance, a replay with a bad param; a backfill's plan."""
+    replays_leave_silver_unchanged(demo.airflow, demo.lake, demo.silver)
+    backfills_plan_a_run_per_interval(demo.airflow)
 
 
 def lineage_names_the_delta_tables(events_file: Path, lake: Path) -> None:
