@@ -272,14 +272,14 @@ def spark_paths(landing: str, files: list[LandingFile], staging: str) -> dict[st
 
 
 def open_inside(landing: str, path: str) -> Any:
-    """The local landing file at `path`, open for reading: the last part of its name not followed if a link
-    (O_NOFOLLOW), and what is open a regular file that lies inside the landing root (the descriptor's own path, which
-    no later change of the folders alters); LandingChanged otherwise."""
+    """The local landing file at `path`, open for reading, when what is open is a regular file that lies inside
+    the landing root: judged by the descriptor's own path, which no later change of the folders alters (a link within
+    the root is read as its file, as the listing lists it); LandingChanged otherwise."""
     import stat
 
     root = Path(landing.removeprefix("file://")).resolve()
     try:
-        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         raise LandingChanged(f"landing file {path} is not a file to read ({exc.strerror}): changed since it was "
                              "listed") from exc
@@ -295,13 +295,13 @@ def open_inside(landing: str, path: str) -> Any:
 
 def _stage(handle: Any, source: str, target: Path) -> None:
     """The open file at `target` too: a hard link to it (the same file, no copy), else a copy of its bytes. The link is
-    made by name (a descriptor's /proc link cannot be linked across mounts), so it counts only when it is the very file
-    open (device and inode): a name swapped in between is LandingChanged."""
+    made to the name the descriptor has (a descriptor's /proc link itself cannot be linked across mounts), so it counts
+    only when it is the very file open (device and inode): a name swapped in between is LandingChanged."""
     import shutil
 
     try:
-        os.link(source, target, follow_symlinks=False)
-    except OSError:  # another filesystem, links of others' files not allowed (fs.protected_hardlinks)
+        os.link(os.readlink(f"/proc/self/fd/{handle.fileno()}"), target, follow_symlinks=False)
+    except OSError:  # another filesystem, links of others' files not allowed (fs.protected_hardlinks), no /proc
         with target.open("wb") as copy:
             shutil.copyfileobj(handle, copy, 2**20)
         return

@@ -136,10 +136,11 @@ def test_a_file_landing_late_under_a_marked_name_is_found_by_the_repair_and_list
 
 
 def test_a_file_turned_into_a_link_after_its_listing_is_never_staged_and_a_file_is_staged_as_itself(tmp_path):
-    """Spark reads what spark_paths stages, never the landing path itself: a local file is opened without following a
-    link and only when it lies inside the landing root, then hard-linked into the staging folder (the same file, the
-    bytes the listing saw). Swapped for a link after the listing, inside the root or out of it: LandingChanged, a
-    retryable failure (the next listing quarantines the link by name), and nothing of the other file is staged."""
+    """Spark reads what spark_paths stages, never the landing path itself: a local file is opened, and staged only when
+    what is open lies inside the landing root, hard-linked into the staging folder (the same file, the bytes the
+    listing saw). Swapped for a link out of the root after the listing: LandingChanged, a retryable failure (the next
+    listing quarantines the link by name), and nothing of the other file is staged; for a link within the root, that
+    file, as the listing would list it."""
     from spark_jobs.errors import LandingChanged, is_transient
     from spark_jobs.landing import spark_paths
 
@@ -155,11 +156,13 @@ def test_a_file_turned_into_a_link_after_its_listing_is_never_staged_and_a_file_
     (path, landed), = staged.items()
     assert landed.path == "topics/db.s.t/partition=0/db.s.t+0+0000000000.json"
     assert Path(path).read_text() == "kept\n" and Path(path).stat().st_ino == kept.stat().st_ino
-    for target in (outside, kept):  # out of the landing root, and within it: a link is never followed
-        swapped.unlink()
-        swapped.symlink_to(target)
-        with pytest.raises(LandingChanged, match="changed since it was listed") as changed:
-            spark_paths(str(landing), files[1:], str(tmp_path / "staging-2"))
-        assert is_transient(changed.value)
-        assert not list((tmp_path / "staging-2").glob("*")) or all(
-            p.read_text() != target.read_text() for p in (tmp_path / "staging-2").iterdir())
+    swapped.unlink()
+    swapped.symlink_to(outside)
+    with pytest.raises(LandingChanged, match="changed since it was listed") as changed:
+        spark_paths(str(landing), files[1:], str(tmp_path / "staging-2"))
+    assert is_transient(changed.value)
+    assert all(p.read_text() != outside.read_text() for p in (tmp_path / "staging-2").glob("*"))
+    swapped.unlink()
+    swapped.symlink_to(kept)  # within the root
+    (path, _), = spark_paths(str(landing), files[1:], str(tmp_path / "staging-3")).items()
+    assert Path(path).read_text() == "kept\n" and Path(path).stat().st_ino == kept.stat().st_ino
