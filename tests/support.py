@@ -960,6 +960,8 @@ def airflow_env(home: Path, database: str, service, s3_endpoint: str | None, dep
     """Airflow's components on `database` (migrated: Postgres.airflow_database) with the LocalExecutor, the project's
     DAGs and plugins, its tasks submitting to `service`, S3 at the local endpoint (if any); the admin user's password
     is `admin`. The pools made, as the README sets them up."""
+    from cryptography.fernet import Fernet
+
     home.mkdir()
     (home / "passwords.json").write_text(json.dumps({"admin": "admin"}))
     port = free_port()
@@ -971,6 +973,10 @@ def airflow_env(home: Path, database: str, service, s3_endpoint: str | None, dep
         AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION="False",
         AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"http://127.0.0.1:{port}/execution/",
         AIRFLOW__API__BASE_URL=f"http://127.0.0.1:{port}", AIRFLOW__API_AUTH__JWT_SECRET="e2e-secret",
+        # one key for every component, as compose gives them: left to Airflow, the first component to start wrote a new
+        # airflow.cfg with a key of its own while another had started without one, and the triggerer died on the
+        # first trigger the other had stored encrypted (JSONDecodeError: every deferred sensor then waited for ever)
+        AIRFLOW__CORE__FERNET_KEY=Fernet.generate_key().decode(),
         AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS="admin:admin",
         AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE=str(home / "passwords.json"),
         AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL="5", AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC="2",
