@@ -127,6 +127,8 @@ def test_incremental_gold_equals_its_sql_over_silver_through_truncates(spark, de
 SILVER_ROWS = "tenant INT, id INT, v STRING, n BIGINT, _op STRING, _source_ts_ms BIGINT"
 APPLY = MergeSpec(keys=("tenant", "id"), delete_when="s._op = 'd'", update_when="s._op <> 'd'", insert_when="s._op <> 'd'")
 STATE_KEPT = [m for m in MODELS if KEPT[m.name] is IncrementalPlan]  # the route that keeps a per-group state
+# the one of them with every aggregate that route keeps: COUNT, SUM, AVG, MIN and MAX, of numbers and of text
+EVERY_AGGREGATE = [m for m in STATE_KEPT if m.name == "by_value"]
 
 
 @settings(max_examples=WINDOW_BUNDLES, **COMMON)
@@ -140,9 +142,10 @@ def test_a_state_moved_by_several_silver_commits_between_refreshes_equals_its_sq
     _, logs = delivery
     assert len(logs) == HISTORIES_PER_EXAMPLE
     log = sorted((e for history in logs for e in history), key=lambda e: (e.position, e.tenant))
-    cuts = sorted(set(data.draw(st.lists(st.integers(1, max(1, len(log) - 1)), min_size=2, max_size=10))))
+    # a few commits, refreshed after the first, the last and at most one between: each window several commits wide
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, max(1, len(log) - 1)), min_size=2, max_size=6))))
     commits = [log[a:b] for a, b in zip([0, *cuts], [*cuts, len(log)], strict=True) if a < b]
-    refresh_after = {0, len(commits) - 1} | set(data.draw(st.lists(st.integers(0, len(commits) - 1), max_size=3)))
+    refresh_after = {0, len(commits) - 1} | set(data.draw(st.lists(st.integers(0, len(commits) - 1), max_size=1)))
     with tempfile.TemporaryDirectory(prefix="prop-gold-windows-") as folder:
         engine, lake = DeltaRsEngine(), Lake(folder)
         state: dict[tuple[int, int], tuple[str | None, int | None]] = {}
@@ -159,10 +162,10 @@ def test_a_state_moved_by_several_silver_commits_between_refreshes_equals_its_sq
             if changed:
                 engine.merge(spark.createDataFrame(changed, SILVER_ROWS), lake.silver(TABLE.name), APPLY)
             if number in refresh_after and engine.version(lake.silver(TABLE.name)) is not None:
-                refreshes += [_refreshed_equal(spark, engine, lake, model, number) for model in STATE_KEPT]
+                refreshes += [_refreshed_equal(spark, engine, lake, model, number) for model in EVERY_AGGREGATE]
         spark.catalog.clearCache()
     # after its first refresh, each model moves with silver's commits
-    assert all(r == "incremental" or r.startswith("skipped") for r in refreshes[len(STATE_KEPT):]), refreshes
+    assert all(r == "incremental" or r.startswith("skipped") for r in refreshes[len(EVERY_AGGREGATE):]), refreshes
 
 
 def _refreshed_equal(spark, engine, lake, model, number) -> str:
