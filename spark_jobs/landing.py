@@ -234,8 +234,8 @@ _LITERAL_PATH = re.compile(r"[A-Za-z0-9._+=/-]+")
 def spark_paths(landing: str, files: list[LandingFile], staging: str) -> dict[str, LandingFile]:
     """Where Spark reads each of `files`, mapped back to the landing file it is. On S3 the landing file itself
     (`s3a://`, so a cluster's executors read it there), or for a name Spark cannot take literally a copy in `staging`
-    (a prefix of the lake) under a safe name (`staged_name`). A local file is opened here without following a link and
-    only when what is open lies inside the landing root (`open_inside`), then staged from that descriptor: hard-linked
+    (a prefix of the lake) under a safe name (`staged_name`). A local file is opened here, and kept only when what is
+    open is a regular file inside the landing root (`open_inside`), then staged from that descriptor: hard-linked
     into `staging` (copied where it cannot be), so what Spark reads is the file that was checked, whatever the landing
     holds by then (a link swapped in after the listing was read from outside the root). Files that cannot be opened
     are left out."""
