@@ -69,13 +69,17 @@ def jvm_conf(master: str) -> dict[str, str]:
 
 def jar_conf(master: str) -> dict[str, str]:
     """The pinned jars (spark_jobs/jvm.py): on a local master, on the JVM's class path, where its in-process executor
-    finds them; on a cluster, shipped to the executors (`spark.jars`). Spark copies every jar of `spark.jars` into each
-    JVM's scratch folder, even a local one: 672 MB a process (the AWS SDK bundle is 654 MB of it), left behind by a
-    JVM killed before its shutdown hook."""
+    finds them; on a cluster, shipped to the executors (`spark.jars`), or on their class path where each worker
+    holds them (CDC_JARS_ON_WORKERS). Spark copies every jar of `spark.jars` into each JVM's scratch folder, even a
+    local one: 672 MB a process (the AWS SDK bundle is 654 MB of it), left behind by a JVM killed before its shutdown
+    hook."""
     from spark_jobs.jvm import jars
 
     if master.startswith("local"):
         return {"spark.driver.extraClassPath": os.pathsep.join(jars())}
+    if settings().jars_on_workers:  # on each class path where they are (a `local:` jar is still copied per executor)
+        class_path = os.pathsep.join(jars())
+        return {"spark.driver.extraClassPath": class_path, "spark.executor.extraClassPath": class_path}
     return {"spark.jars": ",".join(jars())}
 
 

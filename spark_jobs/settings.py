@@ -61,6 +61,9 @@ class Settings:
     shuffle_partitions: int = 8  # CDC_SHUFFLE_PARTITIONS: spark.sql.shuffle.partitions
     delta_engine: str = "delta-rs"  # CDC_DELTA_ENGINE: delta-rs | delta-spark (docs/architecture.md, "Delta engines")
     jars_dir: str = ".jars"  # CDC_JARS_DIR: where `make jars` put the pinned JVM jars (spark_jobs/jvm.py)
+    # CDC_JARS_ON_WORKERS: a cluster's workers hold the pinned jars at CDC_JARS_DIR's path too (the compose image does):
+    # each application puts them on its executors' class path instead of shipping them a 672 MB copy
+    jars_on_workers: bool = False
     spill_dir: str = ""  # CDC_SPILL_DIR: delta-rs merge sources too big for memory (default: the temp folder)
     merge_source_mb: int = 256  # CDC_MERGE_SOURCE_MB: merge sources up to this size stay in memory (delta-rs)
     max_line_bytes: int = 16 * 2**20  # CDC_MAX_LINE_BYTES: a longer landing line is quarantined, never parsed
