@@ -8,7 +8,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import time
 import urllib.error
@@ -34,6 +33,7 @@ from tests.support import (
     s3_server,
     service_airflow_env,
     silver_table,
+    stop_process_groups,
     subprocess_env,
     upload_landing,
 )
@@ -66,8 +66,7 @@ def api_server(env: dict[str, str], home: Path) -> Iterator[str]:
                 time.sleep(1)
         yield base
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=60)
+        stop_process_groups([server], grace_s=5)
         log.close()
 
 

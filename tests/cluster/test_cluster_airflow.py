@@ -29,10 +29,11 @@ def test_airflow_submits_the_layer_jobs_to_the_cluster(cluster, tmp_path, s3_end
     """The layer DAGs with `spark_default` pointing at the standalone master (SparkSubmitOperator in client
     mode, the pinned jars passed by the operator), the landing and the lake on a local S3 server (the
     sensor reads the lake's ingest log there, the plugin the reports): silver equals the source and gold
-    passes, as in the embedded demo. The worker has the pinned jars (CDC_JARS_ON_WORKERS, as in compose); shipping
-    them to the executors is tests/cluster/test_cluster.py's. The jobs write with the default engine (delta-rs, from the driver): delta-spark
-    on the cluster, its executors writing, is tests/cluster/test_cluster.py's, and it costs this test a minute of cold
-    executor work for no path of its own (the three applications' code is the same whichever engine writes)."""
+    passes, as in the embedded demo. The worker holds the pinned jars (CDC_JARS_ON_WORKERS, as in compose): shipping
+    them to the executors is tests/cluster/test_cluster.py's. The jobs write with the default engine (delta-rs, from
+    the driver): delta-spark on the cluster, its executors writing, is tests/cluster/test_cluster.py's, and it costs
+    this test a minute of cold executor work for no path of its own (the three applications' code is the same
+    whichever engine writes)."""
 
     master, workdir = cluster
     host, port = master.rsplit(":", 1)
