@@ -23,6 +23,7 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -73,12 +74,24 @@ def own_steps(monkeypatch, capsys, config, landing, lake, *extra):
         return run(capsys, config, landing, lake, *extra)
 
 
+def planner_run(monkeypatch, own_plan: bool):  # noqa: ANN001, ANN201
+    """`run` through the shared passes, or (`own_plan`) through each table's own plan (`own_steps`)."""
+    return partial(own_steps, monkeypatch) if own_plan else run
+
+
 def summary_line(out: str, layer: str, table: str) -> dict[str, str]:
     for line in out.splitlines():
         parts = line.split()
         if parts[:2] == [layer, table]:
             return dict(p.split("=", 1) for p in parts[2:] if "=" in p)
     raise AssertionError(f"no {layer} {table} line in:\n{out}")
+
+
+def published_summaries(lake: Path | str, table: str, layer: str) -> list[dict]:
+    """Every summary the runs published for the table's `layer` (reports/runs/<run id>/<table>.<layer>.json),
+    oldest run first."""
+    runs = sorted((Path(lake) / "reports" / "runs").iterdir(), key=lambda p: p.stat().st_mtime)
+    return [json.loads(f.read_text()) for r in runs for f in r.glob(f"{table}.{layer}.json")]
 
 
 def silver_rows(spark, engine, lake, table, keys):

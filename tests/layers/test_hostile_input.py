@@ -10,22 +10,17 @@ from __future__ import annotations
 import base64
 import errno
 import json
-from functools import partial
 from pathlib import Path
 
 import pytest
 
 from spark_jobs.lake import Lake
-from tests.support import change_event, land, own_steps, run, silver_rows, summary_line
+from tests.support import change_event, land, planner_run, run, silver_rows, summary_line
 
 TOPIC = "shop.public.orders"
 CONFIG = f"quality: {{max_quarantined: 100%}}\ntables:\n  orders:\n    topic: {TOPIC}\n    keys: [id]\n"
 # what Spark's variable substitution would put in their place: the test session's own values
 PROBES = ("${env:HOME}", "${system:java.vm.name}", "${spark:spark.app.name}", "${hivevar:x}")
-
-
-def _runner(monkeypatch, own_plan: bool):  # noqa: ANN001, ANN202
-    return partial(own_steps, monkeypatch) if own_plan else run
 
 
 def _lake_text(lake: Path) -> str:
@@ -44,7 +39,7 @@ def test_names_and_values_spark_would_substitute_into_reach_the_lake_as_they_wer
         change_event("c", 11, after={"id": 2, PROBES[0]: "plain", "c:d": 6, "a`b": "y", "e.f": 7}),
         '{"before":null,"after":{"id":3,'],  # a line to quarantine: its file's name goes there too
         suffix=f"-{name}.json")
-    code, out, err = _runner(monkeypatch, own_plan)(capsys, tmp_path / "tables.yaml", landing, lake)
+    code, out, err = planner_run(monkeypatch, own_plan)(capsys, tmp_path / "tables.yaml", landing, lake)
     assert (code, err) == (0, ""), out
     tables = Lake(str(lake))
     bronze = {r["_source_file"] for r in engine.read(spark, tables.bronze("orders")).collect()}
@@ -92,7 +87,7 @@ def test_an_undecodable_decimal_is_quarantined_with_its_reason_and_its_batch_goe
         _typed_event("c", {"id": 3, "small": _unscaled(5)}, 12, {"id": ID, "small": _decimal(10, "two")}),
         _typed_event("c", {"id": 4, "big": _unscaled(10**19 + 7)}, 13, {"id": ID, "big": _decimal(24, 3)}),
         _typed_event("c", {"id": 5, "big": "@@@@"}, 14, {"id": ID, "big": _decimal(24, 3)})])
-    code, out, err = _runner(monkeypatch, own_plan)(capsys, tmp_path / "tables.yaml", landing, lake)
+    code, out, err = planner_run(monkeypatch, own_plan)(capsys, tmp_path / "tables.yaml", landing, lake)
     assert (code, err) == (0, ""), out
     rows = silver_rows(spark, engine, lake, "orders", ("id",))
     assert sorted(rows) == [(1,), (4,)]
@@ -112,7 +107,7 @@ def test_a_stale_events_claimed_type_changes_no_schema_and_a_newer_ones_widens(s
     them. A claim the column cannot take (a timestamp for a date) is quarantined, naming both types."""
     (tmp_path / "tables.yaml").write_text(CONFIG)
     landing, lake = tmp_path / "landing", tmp_path / "lake"
-    runs = _runner(monkeypatch, own_plan)
+    runs = planner_run(monkeypatch, own_plan)
     narrow, wide = {"id": ID, "n": {"type": "int32", "optional": True}}, {"id": ID, "n": {"type": "int64", "optional": True}}
     land(landing, TOPIC, [_typed_event("c", {"id": 1, "n": 1}, 100, narrow), _typed_event("c", {"id": 2, "n": 2}, 101, narrow)])
     assert runs(capsys, tmp_path / "tables.yaml", landing, lake)[0] == 0

@@ -3,12 +3,10 @@ never becomes text, through the silver pass and a table's own step."""
 
 from __future__ import annotations
 
-from functools import partial
-
 import pytest
 
 from spark_jobs.lake import Lake
-from tests.support import change_event, demo_registry, land, own_steps, run, silver_rows
+from tests.support import change_event, demo_registry, land, planner_run, silver_rows
 
 TYPING_TABLES = {name: {"topic": f"shop.public.{name}", "keys": ["id"], "quality": {"max_quarantined": "100%"}}
                  for name in ("late", "late_too")}
@@ -22,7 +20,7 @@ def test_a_column_takes_the_type_of_its_first_value_and_never_becomes_text(spark
     an integer first and text later in that batch: bigint, the text quarantined. `s` holds text: a number or a
     boolean for it is quarantined, never kept as its text. The two tables' batches go through the silver pass (a
     batch with a column new and mixed through its own plan), or each through its own plan."""
-    runs = partial(own_steps, monkeypatch) if own_plan else run
+    runs = planner_run(monkeypatch, own_plan)
     config, landing, lake = demo_registry(tmp_path, [], TYPING_TABLES), tmp_path / "landing", tmp_path / "lake"
     for table in TYPING_TABLES:
         land(landing, f"shop.public.{table}", offset=0, lines=[

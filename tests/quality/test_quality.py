@@ -15,7 +15,7 @@ from spark_jobs.errors import GateFailed
 from spark_jobs.lake import Lake
 from spark_jobs.layers import gold
 from spark_jobs.registry import load_registry
-from tests.support import change_event, data_docs_text, land, run, silver_rows, summary_line
+from tests.support import change_event, data_docs_text, land, published_summaries, run, silver_rows, summary_line
 
 ORDERS = "shop.public.orders"
 
@@ -28,12 +28,6 @@ def _config(tmp_path, quality=""):
 
 def _run(capsys, tmp_path, config, *extra):
     return run(capsys, config, tmp_path / "landing", tmp_path / "lake", *extra)
-
-
-def _reports(tmp_path, layer):
-    """Every published summary of `layer` for orders, oldest run first."""
-    runs = sorted((tmp_path / "lake" / "reports" / "runs").iterdir(), key=lambda p: p.stat().st_mtime)
-    return [json.loads(f.read_text()) for r in runs for f in r.glob(f"orders.{layer}.json")]
 
 
 def test_one_keyless_delete_in_a_small_batch_is_quarantined_and_the_other_events_go_on(spark, engine, tmp_path, capsys):
@@ -50,7 +44,8 @@ def test_one_keyless_delete_in_a_small_batch_is_quarantined_and_the_other_events
     assert (bronze["events"], bronze["quarantined"], bronze["quarantined_share"], bronze["gate"]) == (
         "15", "delete_has_key:1", "0.0625", "passed-with-warnings")
     assert sorted(silver_rows(spark, engine, tmp_path / "lake", "orders", ("id",))) == [(i,) for i in range(15)]
-    finding = [c for c in _reports(tmp_path, "bronze")[-1]["checks"] if c["expectation"] == "max_quarantined"][0]
+    bronze_checks = published_summaries(tmp_path / "lake", "orders", "bronze")[-1]["checks"]
+    finding = [c for c in bronze_checks if c["expectation"] == "max_quarantined"][0]
     assert (finding["success"], finding["observed"]) == (True, "0.0625 (max 0.05), 1 record(s) (fails from 2)")
     shutil.copytree(tmp_path / "landing", tmp_path / "first_batch")
 
@@ -95,7 +90,7 @@ def test_keyless_events_are_quarantined_and_a_batch_of_only_bad_events_fails_lea
                    "quarantined by event_has_key unexpected=3 of 3\n")
     assert engine.version(Lake(str(tmp_path / "lake")).silver("orders")) == silver_version
     assert engine.read(spark, Lake(str(tmp_path / "lake")).quarantine("orders")).count() == 5
-    failed = _reports(tmp_path, "bronze")[-1]
+    failed = published_summaries(tmp_path / "lake", "orders", "bronze")[-1]
     assert (failed["gate"], failed["quarantined"], failed["error"]) == ("failed", {"event_has_key: id": 3}, err.strip())
     assert [(c["expectation"], c["action"], c["success"]) for c in failed["checks"]][-1] == (
         "max_quarantined", "fail", False)
@@ -124,7 +119,7 @@ def test_tombstone_checks_pass_on_a_clean_batch_and_report_a_violating_one(spark
     assert (bronze["tombstones"], bronze["tombstones_matched"], bronze["tombstones_unmatched"], bronze["gate"]) == (
         "2", "2", "0", "passed")
     assert silver["gate"] == "passed"
-    report = _reports(tmp_path, "silver")[-1]
+    report = published_summaries(tmp_path / "lake", "orders", "silver")[-1]
     assert report["deletes"] == {"received": 4, "before_truncate": 0, "superseded": 1, "stale": 1, "absent": 1,
                                  "removed": 1}
     assert (silver["inserted"], silver["updated"], silver["deleted"], silver["stale_ignored"]) == ("0", "1", "1", "1")
@@ -140,7 +135,7 @@ def test_tombstone_checks_pass_on_a_clean_batch_and_report_a_violating_one(spark
     bronze = summary_line(out, "bronze", "orders")
     assert (bronze["quarantined"], bronze["tombstones_matched"], bronze["tombstones_unmatched"], bronze["gate"],
             bronze["warnings"]) == ("delete_has_key:1", "1", "1", "passed-with-warnings", "2")
-    checks = {c["expectation"]: c for c in _reports(tmp_path, "bronze")[-1]["checks"]}
+    checks = {c["expectation"]: c for c in published_summaries(tmp_path / "lake", "orders", "bronze")[-1]["checks"]}
     assert (checks["delete_has_key"]["unexpected"], checks["tombstone_follows_delete"]["unexpected"]) == (1, 1)
     # the same violation under `fail` stops the batch
     strict = _config(tmp_path, ", quality: {max_quarantined: 50%, checks: {tombstone_follows_delete: fail}}")
@@ -319,12 +314,13 @@ def test_a_new_built_in_check_is_its_record_alone(spark, engine, tmp_path, capsy
     assert [(r["_line"], r["reason"]) for r in quarantine] == [(3, "event_has_source_time: no ts_ms")]
     assert silver["gate"] == "passed-with-warnings"
     assert sorted(silver_rows(spark, engine, tmp_path / "lake", "orders", ("id",))) == [(-2,), (1,), (4,)]
-    bronze_checks = {c["expectation"]: c for c in _reports(tmp_path, "bronze")[-1]["checks"]}
-    silver_checks = {c["expectation"]: c for c in _reports(tmp_path, "silver")[-1]["checks"]}
+    bronze_checks = {c["expectation"]: c for c in published_summaries(tmp_path / "lake", "orders", "bronze")[-1]["checks"]}
+    silver_checks = {c["expectation"]: c for c in published_summaries(tmp_path / "lake", "orders", "silver")[-1]["checks"]}
     assert [(c["action"], c["success"], c["unexpected"], c["total"]) for c in (
         bronze_checks["event_has_source_time"], silver_checks["ids_positive"])] == [
         ("quarantine", False, 1, 4), ("warn", False, 1, 3)]
-    pages = Path(_reports(tmp_path, "silver")[-1]["docs"]).parent / "validations"  # the silver gate's Data Docs site
+    # the silver gate's Data Docs site
+    pages = Path(published_summaries(tmp_path / "lake", "orders", "silver")[-1]["docs"]).parent / "validations"
     assert any("ids are positive" in page.read_text() for page in pages.rglob("*.html"))
     # an override in tables.yaml applies to it like to any built-in check
     strict = _config(tmp_path, ", quality: {max_quarantined: 50%, checks: {ids_positive: fail}}")
