@@ -53,10 +53,19 @@ def _orderable(data_type: T.DataType) -> bool:
     return not isinstance(data_type, (T.MapType, T.VariantType))
 
 
-def effective_changes(latest: DataFrame, state: DataFrame, keys: tuple[str, ...]) -> DataFrame:
-    """Latest events newer than the key's current state; state = live silver rows and the tombstone
-    ledger (key, _seq of the delete). Older events are stale: they never overwrite, and a late event
-    older than a delete never brings the row back."""
-    current = state.select(*keys, F.col("_seq").alias("_state_seq"))
-    joined = latest.join(current, list(keys), "left")
-    return joined.where(F.col("_state_seq").isNull() | (F.col("_seq") > F.col("_state_seq"))).drop("_state_seq")
+# a latest event against its key's state position (`_state_seq`, null: the key has none, `against_state`): newer ones
+# are applied; one at the very position silver holds is a redelivery of the event applied; older ones are stale
+NEWER = "_state_seq IS NULL OR _seq > _state_seq"
+REDELIVERED = "_seq = _state_seq"
+
+
+def against_state(latest: DataFrame, state: DataFrame, keys: tuple[str, ...]) -> DataFrame:
+    """Latest events with their key's current state position as `_state_seq`; state = live silver rows and the
+    tombstone ledger (key, _seq of the delete)."""
+    return latest.join(state.select(*keys, F.col("_seq").alias("_state_seq")), list(keys), "left")
+
+
+def effective_changes(placed: DataFrame) -> DataFrame:
+    """Of the latest events placed against their keys' state (`against_state`), those newer than it (`NEWER`). Older
+    events are stale: they never overwrite, and a late event older than a delete never brings the row back."""
+    return placed.where(NEWER).drop("_state_seq")

@@ -366,8 +366,10 @@ def _counts(plan: PlanCounts, quarantined: dict[str, int], table: TableConfig, b
     quarantined_n = sum(quarantined.values())
     return SilverSummary(
         table=table.name, batch_id=batch_id, events=plan.events + plan.truncates + quarantined_n,
-        duplicates_dropped=plan.events - plan.positions, superseded_in_batch=plan.positions_after_truncate - plan.keys,
-        stale_ignored=(plan.positions - plan.positions_after_truncate) + (plan.keys - plan.effective),
+        # a duplicate: an event at a position the batch holds already, or at the one silver holds for its key
+        duplicates_dropped=plan.events - plan.positions + plan.redelivered,
+        superseded_in_batch=plan.positions_after_truncate - plan.keys,
+        stale_ignored=(plan.positions - plan.positions_after_truncate) + (plan.keys - plan.effective - plan.redelivered),
         ties=plan.ties, truncates=plan.truncates, quarantined=quarantined,
         quarantined_share=share(quarantined_n, plan.rows_in), lag_s=lag_seconds(plan.newest_ts_ms),
         newest_change_ms=plan.newest_ts_ms)

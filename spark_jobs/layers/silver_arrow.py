@@ -44,8 +44,9 @@ def plan(lake: Lake, table: TableConfig, batch: TableBatch) -> ArrowPlan:
     behind = pc.and_(state.column("_ledger_behind"), pc.invert(newer))  # not merged: their entries cleared alone
     ledger = _ledger_rows(table, effective, latest.filter(behind), state.filter(behind))
     figures = batch.figures
+    redelivered = pc.sum(pc.fill_null(pc.equal(latest.column("_seq"), state.column("_state_seq")), False)).as_py()
     counts = PlanCounts(batch.overview["rows"], batch.overview["newest_ts_ms"], 0, figures.events, figures.positions,
-                        figures.positions_after_truncate, figures.keys, figures.ties, rows.num_rows)
+                        figures.positions_after_truncate, figures.keys, figures.ties, rows.num_rows, int(redelivered or 0))
     return ArrowPlan(rows, ledger if rows.num_rows or ledger.num_rows else None,
                      _delete_counts(batch, latest, state), counts)
 

@@ -73,6 +73,7 @@ class PlanCounts:
     keys: int  # keys with an event after the truncate in force
     ties: int
     effective: int  # rows the merge writes
+    redelivered: int  # keys whose newest event is the one silver already holds (changes.REDELIVERED)
 
 
 @dataclass
@@ -102,6 +103,7 @@ class BatchPlan:
     state: DataFrame | None = None  # the keys' current state (current_state)
     rows: DataFrame | None = None  # what the merge writes: latest events newer than the state
     effective: int = 0
+    redelivered: int = 0
     deletes: DataFrame | None = None  # (key, _seq) of each delete received
     delete_counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("received", "before_truncate", "superseded", "stale", "absent"), 0))
@@ -109,7 +111,7 @@ class BatchPlan:
     @property
     def counts(self) -> PlanCounts:
         return PlanCounts(self.rows_in, self.newest_ts_ms, self.truncate_count, self.events, self.positions,
-                          self.positions_after_truncate, self.keys, self.ties, self.effective)
+                          self.positions_after_truncate, self.keys, self.ties, self.effective, self.redelivered)
 
     @property
     def one_task(self) -> bool:
@@ -201,9 +203,11 @@ def _plan_typed(spark: SparkSession, engine: DeltaEngine, table: TableConfig, la
     plan.keys, plan.ties = latest_counts["keys"], int(latest_counts["ties"] or 0)
     plan.state = checkpoint(current_state(spark, engine, lake, table, plan.latest, plan.new_truncate, plan.one_task),
                             plan.one_task)
-    effective = changes.effective_changes(plan.latest, plan.state.select(*table.keys, "_seq"), table.keys)
+    placed = changes.against_state(plan.latest, plan.state, table.keys)
+    effective = changes.effective_changes(placed)
     plan.rows = checkpoint(silver_rows(effective, plan.fields, plan.target_schema), plan.one_task)
-    plan.effective = plan.rows.count()
+    plan.effective, plan.redelivered = one_row(placed.agg(F.count(F.when(sql(changes.NEWER), 1)),
+                                                          F.count(F.when(sql(changes.REDELIVERED), 1))))
     plan.deletes = checkpoint(events.where("op = 'd'").select(*table.keys, "_seq").distinct(), plan.one_task)
     plan.delete_counts = classify_deletes(plan.deletes, plan.latest, plan.state, table.keys, plan.truncated_at,
                                           plan.one_task)

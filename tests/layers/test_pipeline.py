@@ -6,10 +6,22 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
+
 from spark_jobs.generate import Options, generate
 from spark_jobs.lake import Lake, row_count
 from spark_jobs.registry import load_registry
-from tests.support import DEMO_CONFIG, change_event, expected_rows, land, run, silver_rows, summary_line
+from tests.support import (
+    DEMO_CONFIG,
+    change_event,
+    expected_rows,
+    land,
+    planner_run,
+    published_summaries,
+    run,
+    silver_rows,
+    summary_line,
+)
 
 
 def test_demo_tables_equal_the_source_state_and_a_rerun_changes_nothing(spark, engine, tmp_path, capsys):
@@ -41,6 +53,36 @@ def test_demo_tables_equal_the_source_state_and_a_rerun_changes_nothing(spark, e
         assert summary_line(out, "silver", t)["events"] == "0"
         assert engine.version(lake.silver(t)) == versions[t]
         assert row_count(lake.bronze(t)) == next(g.events for g in generated if g.table == t)
+
+
+@pytest.mark.parametrize("own_plan", [False, True], ids=["pass", "own-plan"])
+def test_a_redelivered_event_counts_as_a_duplicate_and_a_late_older_one_as_stale(spark, engine, tmp_path, capsys,
+                                                                                 monkeypatch, own_plan):
+    """One batch holding an exact redelivery of the event silver applied last for a key and an event older than
+    another key's row: the first is `duplicates_dropped`, the second `stale_ignored`, in the run line, the batch's
+    report and the event log alike; silver is as the source left it."""
+    config = tmp_path / "tables.yaml"
+    config.write_text("tables:\n  orders:\n    topic: shop.public.orders\n    keys: [id]\n")
+    landing, lake, runs = tmp_path / "landing", tmp_path / "lake", planner_run(monkeypatch, own_plan)
+    applied = change_event("u", 12, before={"id": 2, "qty": 1}, after={"id": 2, "qty": 2})
+    land(landing, "shop.public.orders", [change_event("c", 10, after={"id": 1, "qty": 1}),
+                                         change_event("c", 11, after={"id": 2, "qty": 1}), applied])
+    assert runs(capsys, config, landing, lake)[:3:2] == (0, "")
+    land(landing, "shop.public.orders", [applied, change_event("u", 9, before={"id": 1, "qty": 0}, after={"id": 1, "qty": 0}),
+                                         change_event("c", 13, after={"id": 3, "qty": 1})], offset=3)
+    code, out, err = runs(capsys, config, landing, lake)
+    assert (code, err) == (0, ""), out
+    counted = ("events", "duplicates_dropped", "superseded_in_batch", "stale_ignored", "inserted", "updated")
+    expected = {"events": 3, "duplicates_dropped": 1, "superseded_in_batch": 0, "stale_ignored": 1, "inserted": 1,
+                "updated": 0}
+    line = summary_line(out, "silver", "orders")
+    assert {c: int(line[c]) for c in counted} == expected, line
+    assert {c: published_summaries(lake, "orders", "silver")[-1][c] for c in counted} == expected
+    logged = engine.read(spark, Lake(str(lake)).event_log).where("kind = 'step' AND layer = 'silver'")
+    newest = logged.orderBy("published_at", ascending=False).first()
+    assert {c: json.loads(newest["summary"])[c] for c in counted} == expected  # the summary it logged
+    assert silver_rows(spark, engine, lake, "orders", ("id",)) == {
+        (1,): {"id": 1, "qty": 1}, (2,): {"id": 2, "qty": 2}, (3,): {"id": 3, "qty": 1}}
 
 
 def test_bad_input_is_counted_quarantined_and_never_fatal(spark, engine, tmp_path, capsys):
