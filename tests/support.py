@@ -425,6 +425,15 @@ def change_event(op: str, lsn: int | None, *, before: dict | None = None, after:
     return json.dumps(event, ensure_ascii=False)
 
 
+def mongo_event(op: str, order: int, document: dict, ts_s: int = 1_730_000_000) -> str:
+    """One change event as Debezium's MongoDB connector writes it: the document as extended JSON text in `after`, the
+    oplog position as the source block's `ts_ms` (whole seconds) and `ord`."""
+    block = {"connector": "mongodb", "name": "mongo1", "ts_ms": ts_s * 1000, "snapshot": "false", "db": "inventory",
+             "collection": "things", "ord": order, "lsid": None, "txnNumber": None}
+    return json.dumps({"before": None, "after": json.dumps(document), "updateDescription": None, "source": block,
+                       "op": op, "ts_ms": ts_s * 1000 + order, "transaction": None})
+
+
 # --- the expected state -------------------------------------------------------------------------------------------
 
 def expected_rows(topic: str, final_rows: dict) -> dict:

@@ -346,11 +346,16 @@ def plain_type(data_type: T.DataType) -> str:
 
 def mixed_typed_by_silver(fields: list[ImageField], target: T.StructType | None) -> list[ImageField]:
     """Mixed fields (`ImageField.mixed`) of columns silver has take the column's type: values of a JSON type it does
-    not hold exactly are then problems (`decode_problems`). Mixed fields new to silver are left as they are."""
+    not hold exactly are then problems (`decode_problems`). Mixed fields new to silver are left as they are.
+    A MongoDB field typed by its wrappers ($date, $numberLong ...) whose silver column is text (its values were of
+    mixed BSON types before) is kept as its extended JSON text too, as in the batch that made the column text: a
+    date there never becomes a timestamp's display form."""
     existing = {f.name: f.dataType for f in target.fields} if target is not None else {}
     typed = {f.name: plain_type(existing[f.name]) for f in fields if f.mixed and f.name in existing}
-    return [replace(f, parse_type=typed[f.name], kinds=JSON_KINDS[typed[f.name]]) if f.name in typed else f
-            for f in fields]
+    as_text = {f.name for f in fields if f.logical in BSON_TYPES and BSON_TYPES[f.logical] != "STRING"
+               and isinstance(existing.get(f.name), T.StringType)}
+    return [replace(f, parse_type=typed[f.name], kinds=JSON_KINDS[typed[f.name]]) if f.name in typed else
+            ImageField(f.name, "STRING") if f.name in as_text else f for f in fields]
 
 
 def fields_from_variant_schema(schema: str | None) -> list[ImageField]:

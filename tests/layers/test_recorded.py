@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from spark_jobs.lake import Lake
-from tests.support import FIXTURES, RECORDED_FINAL, run, silver_rows, summary_line
+from tests.support import FIXTURES, RECORDED_FINAL, land, mongo_event, run, silver_rows, summary_line
 
 
 def land_newest_first(capsys, root: Path, files, landing: Path, lake: Path, table: str) -> None:
@@ -93,6 +93,30 @@ def test_mongodb_change_events_landing_in_reverse_order_over_several_runs(spark,
     code, out, _ = run(capsys, FIXTURES / "tables.yaml", landing, one_run, "--tables", table)
     assert code == 0 and summary_line(out, "bronze", table)["quarantined_share"] == "0.0"
     assert silver_rows(spark, engine, one_run, table, ("_id",)) == MONGO_FINAL[table]
+
+
+def test_a_mongodb_field_of_mixed_types_keeps_each_value_as_its_extended_json_in_every_batch(spark, engine, tmp_path,
+                                                                                            capsys):
+    """A field holding a date, a number and a string is text: each value as its extended JSON (compact), a string as
+    itself. A later batch whose values of it are all dates keeps them so, never a timestamp's display form."""
+    config = tmp_path / "tables.yaml"
+    config.write_text("tables:\n  things:\n    topic: mongo1.inventory.things\n    keys: [_id]\n")
+    landing, lake, oid = tmp_path / "landing", tmp_path / "lake", "65a1f0c2e4b0a1b2c3d4e5{:02x}".format
+    land(landing, "mongo1.inventory.things", [
+        mongo_event("c", 1, {"_id": {"$oid": oid(1)}, "when": {"$date": 1746034410610}}),
+        mongo_event("c", 2, {"_id": {"$oid": oid(2)}, "when": 42}),
+        mongo_event("c", 3, {"_id": {"$oid": oid(3)}, "when": "soon"}),
+        mongo_event("c", 4, {"_id": {"$oid": oid(4)}, "when": {"$date": "2025-04-30T17:33:30.61Z"}})])
+    assert run(capsys, config, landing, lake)[:3:2] == (0, "")
+    land(landing, "mongo1.inventory.things", offset=4, lines=[
+        mongo_event("c", 5, {"_id": {"$oid": oid(5)}, "when": {"$date": {"$numberLong": "1746034410610"}}}),
+        mongo_event("c", 6, {"_id": {"$oid": oid(6)}, "when": {"$date": 1746034410610}})])
+    code, out, err = run(capsys, config, landing, lake)
+    assert (code, err, summary_line(out, "silver", "things")["inserted"]) == (0, "", "2"), out
+    assert silver_rows(spark, engine, lake, "things", ("_id",)) == {
+        (oid(1),): {"when": '{"$date":1746034410610}'}, (oid(2),): {"when": "42"}, (oid(3),): {"when": "soon"},
+        (oid(4),): {"when": '{"$date":"2025-04-30T17:33:30.61Z"}'},
+        (oid(5),): {"when": '{"$date":{"$numberLong":"1746034410610"}}'}, (oid(6),): {"when": '{"$date":1746034410610}'}}
 
 
 def test_a_landing_file_waits_for_its_key_file_and_without_record_keys_a_mongodb_delete_is_quarantined(
