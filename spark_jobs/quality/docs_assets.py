@@ -147,12 +147,19 @@ def fetch() -> list[str]:
     return fetched
 
 
+def not_fetched() -> str | None:
+    """Why Data Docs pages cannot be built here (None: they can): the packages `make assets` has not fetched."""
+    absent = missing()
+    if not absent:
+        return None
+    return f"Data Docs assets not fetched ({', '.join(absent)}): run `make assets` (python -m spark_jobs assets)"
+
+
 def site_files() -> dict[str, Path]:
     """Each vendored file by its path inside `_assets/`; a ConfigError when `make assets` has not run."""
-    absent = missing()
-    if absent:
-        raise ConfigError(f"Data Docs assets not fetched ({', '.join(absent)}): run `make assets` "
-                          "(python -m spark_jobs assets)")
+    why = not_fetched()
+    if why:
+        raise ConfigError(why)
     root = assets_dir()
     return {str(p.relative_to(root)): p for p in sorted(root.rglob("*"))
             if p.is_file() and p.name not in (".complete", ".fetched")}

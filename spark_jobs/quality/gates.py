@@ -135,7 +135,7 @@ def refuses(audit: Audit, checks: list[Check]) -> bool:
 
 def rebuild_data_docs(lake: Lake, table: str) -> None:
     """The table's Data Docs from the validation results its store holds (after maintenance removed old ones)."""
-    gx_project.context(lake, table).build_data_docs(site_names=["reports"])
+    gx_project.Project(gx_project.context(lake, table)).build_docs(None, table)
 
 
 def _audit_values(audit: Audit) -> dict[str, Any]:
@@ -205,7 +205,7 @@ def run_gate(audit: Audit, frames: dict[str, DataFrame], table: str, layer: str,
             validated.append(result_id)
             findings += _findings(outcome.results, frame_checks, audit if frame == AUDIT else None)
         if validated and not actions:
-            project.build_docs(validated)
+            project.build_docs(validated, table)
     docs = f"{lake.data_docs(table)}/index.html"
     gate = GateResult(table, layer, findings, docs if lake.files.exists(docs) else None)
     if raise_on_failure and not gate.success:
@@ -346,7 +346,7 @@ def run_audit_gates(gates: list[AuditGate], layer: str, lake: Lake, run_name: st
                         success = whole and table_passed(r, gate.table)  # a frame not whole fails every table
                         found[gate.table].append((n, _audit_finding(checks[n], gate.audit, success)))
         if validated:
-            project.build_docs(validated)
+            project.build_docs(validated, site)
     docs = f"{lake.data_docs(site)}/index.html"
     shown = docs if lake.files.exists(docs) else None
     return {table: GateResult(table, layer, [f for _, f in sorted(findings, key=lambda x: x[0])], shown)

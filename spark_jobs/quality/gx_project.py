@@ -22,7 +22,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spark_jobs.lake import Lake
+from spark_jobs.logs import logger
+from spark_jobs.quality import docs_assets
 from spark_jobs.stopwatch import in_gx
+
+log = logger(__name__)
 
 MAX_PROJECTS = 1024  # a whole database's tables: a smaller cache would make each of them anew every cycle
 LAKE_BACKEND = {"class_name": "LakeStoreBackend", "module_name": "spark_jobs.quality.gx_store"}
@@ -122,10 +126,17 @@ class Project:
                 outcome = self.checkpoint(frame).run(**run)
         return next(iter(outcome.run_results.items()))
 
-    def build_docs(self, validated: list[Any]) -> None:
-        """The Data Docs pages of the `validated` results, and the site's index."""
-        with in_gx():
-            self.context.build_data_docs(site_names=["reports"], resource_identifiers=validated)
+    def build_docs(self, validated: list[Any] | None, site: str) -> None:
+        """The Data Docs pages of the `validated` results (None: of every result its store holds), and the site's
+        index. Pages are the gate's report, not its verdict: without the assets (said once at the run's start,
+        cli.run) none is built, and a build that fails (a store's error) is logged with its cause, failing no table."""
+        if docs_assets.not_fetched():
+            return
+        try:
+            with in_gx():
+                self.context.build_data_docs(site_names=["reports"], resource_identifiers=validated)
+        except Exception as exc:  # GX wraps a store's failure in its own errors: any of them is only the pages'
+            log.warning(f"Data Docs of {site} not built: {type(exc).__name__}: {exc}; the gate's verdict stands")
 
     def _source(self, where: str) -> Any:
         """The data source, added once: adding it again would replace it, and the assets the checkpoints made
@@ -150,7 +161,8 @@ class Project:
             gx.ValidationDefinition(name=bound, data=batch, suite=suite))
         # Data Docs: a notification's link needs the page the checkpoint's own action writes; without notifications,
         # the gate's pages and the index are written once per gate (each build also renders the site's index page)
-        docs_action = [UpdateDataDocsAction(name="data_docs", site_names=["reports"])] if frame.actions else []
+        docs_action = [UpdateDataDocsAction(name="data_docs", site_names=["reports"])] \
+            if frame.actions and not docs_assets.not_fetched() else []
         return self.context.checkpoints.add_or_update(gx.Checkpoint(
             name=bound, validation_definitions=[definition], actions=[*docs_action, *map(json.loads, frame.actions)],
             result_format=frame.result_format))

@@ -349,3 +349,56 @@ def test_a_fail_check_on_the_events_refuses_the_batch_before_anything_is_publish
     code, out, err = _run(capsys, tmp_path, _config(tmp_path))
     assert (code, err, summary_line(out, "silver", "orders")["gate"]) == (0, "", "passed-with-warnings")
     assert sorted(silver_rows(spark, engine, tmp_path / "lake", "orders", ("id",))) == [(1,), (2,)]
+
+
+def test_without_the_data_docs_assets_every_table_is_published_and_the_run_says_once_why_no_pages_were_built(
+        spark, engine, tmp_path, capsys, monkeypatch):
+    """Data Docs are the gates' report, not their verdict: on a checkout where `make assets` has not run, the run
+    names the missing assets in one line at its start, every gate still decides, and bronze, silver and gold are
+    published; no page is written."""
+    from spark_jobs.generate import Options, generate
+    from spark_jobs.quality import docs_assets
+    from tests.support import DEMO_CONFIG, expected_rows
+
+    monkeypatch.setattr(docs_assets, "assets_dir", lambda: tmp_path / "no_assets")
+    registry = load_registry(DEMO_CONFIG)
+    generated = generate(registry.select(["customers"]), tmp_path / "landing",
+                         Options(rows=20, changes=30, records_per_file=25, seed=5))
+    code, out, err = _run(capsys, tmp_path, DEMO_CONFIG, "--tables", "customers", "--models", "customers_by_state")
+    assert code == 0, out + err
+    said = [line for line in err.splitlines() if line.strip()]
+    assert len(said) == 1 and "no Data Docs pages are built in this run: Data Docs assets not fetched (jquery@" in said[0]
+    assert "run `make assets`" in said[0]
+    assert (summary_line(out, "bronze", "customers")["gate"], summary_line(out, "silver", "customers")["gate"]) == (
+        "passed", "passed")
+    assert summary_line(out, "gold", "customers_by_state")["gate"] == "passed"
+    customers = generated[0]
+    assert silver_rows(spark, engine, tmp_path / "lake", "customers", registry.tables["customers"].keys) == \
+        expected_rows(customers.topic, customers.final_rows)
+    lake = Lake(str(tmp_path / "lake"))
+    by_state = {r["state"]: r["customers"] for r in engine.read(spark, lake.gold("customers_by_state")).collect()}
+    assert by_state == {s: sum(1 for c in customers.final_rows.values() if c["state"] == s)
+                        for s in {c["state"] for c in customers.final_rows.values()}}
+    assert not list((tmp_path / "lake" / "reports" / "data_docs").rglob("*.html"))  # the run's own report is written
+    assert published_summaries(tmp_path / "lake", "customers", "silver")[-1].get("docs") is None  # no page to link
+
+
+def test_a_data_docs_store_that_fails_fails_no_table_and_its_cause_is_logged(spark, engine, tmp_path, capsys,
+                                                                              monkeypatch):
+    """A Data Docs build that fails (the reports' store refusing a write) is reported with its cause per site; the
+    gates' verdicts stand and the batch is published."""
+    from spark_jobs.quality import gx_store
+
+    def refused(self, key, value, **kwargs):  # noqa: ANN001, ANN202
+        raise OSError("the reports' bucket refused the write")
+
+    monkeypatch.setattr(gx_store.DataDocsStoreBackend, "_set", refused)
+    land(tmp_path / "landing", ORDERS, [change_event("c", 10, after={"id": 1}), change_event("c", 11, after={"id": 2})])
+    code, out, err = _run(capsys, tmp_path, _config(tmp_path))
+    assert code == 0, out + err
+    said = [line for line in err.splitlines() if line.strip()]
+    assert said == [f"Data Docs of {layer}-pass not built: OSError: the reports' bucket refused the write; the gate's "
+                    "verdict stands" for layer in ("bronze", "silver")], err  # the passes' sites: the table's gates
+    assert (summary_line(out, "bronze", "orders")["gate"], summary_line(out, "silver", "orders")["gate"]) == (
+        "passed", "passed")
+    assert sorted(silver_rows(spark, engine, tmp_path / "lake", "orders", ("id",))) == [(1,), (2,)]
