@@ -58,8 +58,36 @@ def _run_id(value: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def version() -> str:
+    """The project's version and the versions of what it runs on (the installed distributions', read from their
+    metadata: nothing is imported), as a bug report needs them."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    from spark_jobs.jvm import PACKAGES
+
+    def of(distribution: str) -> str:
+        try:
+            return installed(distribution)
+        except PackageNotFoundError:
+            return "not installed"
+
+    delta_jar = next(c for c in PACKAGES if c.startswith("io.delta:")).rsplit(":", 1)[1]
+    return (f"cdc-medallion {of('cdc-medallion')} (pyspark {of('pyspark')}, delta-spark {delta_jar}, deltalake "
+            f"{of('deltalake')}, great-expectations {of('great-expectations')}, apache-airflow {of('apache-airflow')})")
+
+
+class _Version(argparse.Action):
+    """argparse's own version action reads its text when the parser is made (every run) and wraps it."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        print(version())
+        parser.exit()
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m spark_jobs", description=DESCRIPTION)
+    p.add_argument("--version", action=_Version, nargs=0, help="print the versions and exit")
     sub = p.add_subparsers(dest="command", required=True)
     for add in (_run, _status, _maintain, _serve, _setup, _generate):
         add(sub)

@@ -30,3 +30,19 @@ def test_without_settings_they_are_the_embedded_setups(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     args = parser().parse_args(["run"])
     assert (args.config, args.landing, args.lake) == ("include/tables.yaml", "data/landing", "data/lake")
+
+
+def test_version_names_the_project_and_what_it_runs_on(capsys):
+    """`--version` prints the project's version and its engines', from the installed distributions and the pinned
+    Delta jar, on one line, and exits 0; the commands need none of it."""
+    from importlib.metadata import version
+
+    from spark_jobs.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == (
+        f"cdc-medallion {version('cdc-medallion')} (pyspark {version('pyspark')}, delta-spark 4.4.0, deltalake "
+        f"{version('deltalake')}, great-expectations {version('great-expectations')}, apache-airflow "
+        f"{version('apache-airflow')})\n")
