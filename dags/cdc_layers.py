@@ -147,7 +147,9 @@ for model in W.registry.gold.values():
         deadline=run_deadline(),
         default_args=default_args(),
     ):
+        # its asset's event comes only from a refresh that published (through the alias: none when nothing was new)
         CdcSparkJob(task_id=f"gold_refresh_{model.name}", landing=W.landing, pool=gold_pool(model.name),
-                    cli_args=W.cli_args("--layers", "gold", "--models", model.name), traces=model.name,
-                    inlets=W.reads("gold", model.name), outlets=[W.asset("gold", model.name)],
+                    cli_args=W.cli_args("--layers", "gold", "--models", model.name),
+                    announces=[W.gold_outlets(model.name)], inlets=W.reads("gold", model.name),
+                    outlets=[W.advanced("gold")],
                     doc_md="Runs the model's SQL over silver; publishes it when the gold gate passes.")

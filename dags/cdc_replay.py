@@ -68,8 +68,8 @@ with DAG(
         # the plan's branch skips the models of no replayed table; the others wait for the replay
         [plan, replay] >> CdcSparkJob(
             task_id=f"gold_refresh_{model.name}", landing=W.landing, pool=gold_pool(model.name),
-            cli_args=W.cli_args("--layers", "gold", "--models", model.name), traces=model.name,
-            inlets=W.reads("gold", model.name), outlets=[W.asset("gold", model.name)],
+            cli_args=W.cli_args("--layers", "gold", "--models", model.name), announces=[W.gold_outlets(model.name)],
+            inlets=W.reads("gold", model.name), outlets=[W.advanced("gold")],
             doc_md="Refreshes the model from the replayed silver tables.")
 
 # Set once the tasks are made: a task made under a DAG with params deep-copies them (the list of tables, twice), which

@@ -55,7 +55,10 @@ class PassOutlets:
 
 def advanced(layer: str, summary: Mapping[str, Any]) -> bool:
     """Did the run's step (its report's summary) advance the table's layer? Bronze: it took files and its gate let
-    them through (a failed gate writes nothing)."""
+    them through (a failed gate writes nothing). Gold: its refresh published a new version (one that found its
+    sources unchanged, or the rows it would publish those already published, publishes none: GoldSummary.published)."""
+    if layer == "gold":  # a failed gate publishes nothing; a retry of the run that published says it did
+        return bool(summary.get("published"))
     if summary.get("gate") not in PASSED:
         return False
     if layer == "bronze":
@@ -94,7 +97,7 @@ class CdcSparkJob(BaseOperator):
     def __init__(self, *, cli_args: list[str], landing: str, files_from: str | None = None,
                  topic_tables: Mapping[str, str] | None = None,
                  tables_from: Mapping[str, str] | None = None, announces: Sequence[PassOutlets] = (),
-                 traces: str | None = None, aws_conn_id: str | None = None, command: str = "run",
+                 aws_conn_id: str | None = None, command: str = "run",
                  conn_id: str = "spark_default",
                  conf: dict[str, str] | None = None, env_vars: dict[str, str] | None = None, **kwargs: Any):
         super().__init__(**kwargs)
@@ -110,7 +113,6 @@ class CdcSparkJob(BaseOperator):
         self.landing, self.files_from, self.aws_conn_id = landing, files_from, aws_conn_id or settings().aws_conn_id
         self.tables_from, self.announces, self.topic_tables = tables_from, tuple(announces), topic_tables
         self._lineage: tuple[list[Asset], list[Asset]] = ([], [])  # what the tables a pass advanced read, and wrote
-        self.traces = traces  # a gold model's task: the model whose column lineage goes with its outlet
         # each output's column lineage, as its step's summary traced it (`table.field`s), and what the step read
         self._columns: dict[str, tuple[dict[str, list[str]], Sequence[Asset]]] = {}
         self._process: subprocess.Popen[str] | None = None
@@ -176,18 +178,13 @@ class CdcSparkJob(BaseOperator):
         return ["--tables", ",".join(tables)] if tables else []
 
     def _ended(self, context: Any, code: int, cause: str) -> str | None:
-        """The job has run: a pass task announces what it advanced and hands its failure on (`PassOutlets`); a
-        failed job fails its task, a transient failure (of any task) to be retried."""
-        if self.traces and code == 0:
-            traced = next((s["lineage"] for s in self._summaries(context, self.traces)
-                           if s.get("layer") == "gold" and s.get("lineage")), None)
-            reads, writes = ([a for a in assets if isinstance(a, Asset)] for assets in (self.inlets, self.outlets))
-            self._lineage = (reads, writes)
-            if traced is not None:
-                self._columns.update({a.name: (traced, reads) for a in writes})
-        if not self.announces or code not in (0, *PERMANENT):
-            if code != 0:
-                _fail(code, cause)
+        """The job has run: the task announces what it advanced (`PassOutlets`). A pass over tables (bronze, silver)
+        hands a table's failure on to its verdicts task; a gold model's task is its model's, so its failure is the
+        task's; a failed job otherwise fails its task, a transient failure (of any task) to be retried."""
+        hands_on = any(a.layer != "gold" for a in self.announces) and code in PERMANENT
+        if code != 0 and not hands_on:
+            _fail(code, cause)
+        if not self.announces:
             return None
         self._announce(context)
         return cause or None
@@ -255,6 +252,7 @@ class CdcSparkJob(BaseOperator):
         layer it announces, from the run's report in the lake: every try of the run writes there, so a retry also
         announces what an earlier try did."""
         run_id, summaries = context["run_id"], self._summaries(context)
+        self._lineage, self._columns = ([], []), {}  # this try's: what its run advanced
         for announces in self.announces:
             outlet = context["outlet_events"][announces.alias]
             for summary in summaries:

@@ -56,6 +56,12 @@ class Wiring:
         return PassOutlets(layer, self.lake, self.advanced(layer), {t: self.asset(layer, t) for t in tables},
                            {t: self.reads(layer, t) for t in tables})
 
+    def gold_outlets(self, model: str) -> PassOutlets:
+        """A gold model's task's: its asset, through the alias, only when its refresh published a new version (a
+        DAG scheduled on the model's asset does not run for a refresh that found nothing new)."""
+        return PassOutlets("gold", self.lake, self.advanced("gold"), {model: self.asset("gold", model)},
+                           {model: self.reads("gold", model)})
+
     def landing_asset(self, table: str) -> Asset:
         """A table's landing folder (what bronze reads): an input in lineage, no DAG is scheduled by it."""
         root = self.landing if "://" in self.landing else f"file://{self.landing}"

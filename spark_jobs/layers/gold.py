@@ -65,7 +65,8 @@ def gold_refresh(spark: SparkSession, engine: DeltaEngine, model: GoldModel, lak
             and all(recorded.get(k) == v for k, v in inputs.items()):
         return GoldSummary(table=model.name, batch_id=batch_id, sources=list(model.sources), version=gold_version,
                            gate="skipped (sources unchanged)",
-                           transaction_watermark=recorded.get("transaction_watermark"))
+                           transaction_watermark=recorded.get("transaction_watermark"),
+                           published=recorded.get("published_by") == batch_id or None)
     consistent = {t.name: t for t in model.at_watermark}
     mark, visible, logs = None, None, {}
     if model.transactions:
@@ -161,12 +162,15 @@ def gold_refresh(spark: SparkSession, engine: DeltaEngine, model: GoldModel, lak
             summary.version, summary.refresh = gold_version, "unchanged (the rows at its watermark are those published)"
         else:
             summary.version = engine.overwrite(published, lake.gold(model.name))
+    summary.published = summary.version != gold_version or None
     # written after the publish: a run dying between the two refreshes again, which is harmless
-    # with the watermark it was published at: the newest transaction shown, and its END's offset in the topic
+    # with the watermark it was published at: the newest transaction shown, and its END's offset in the topic; and the
+    # run that published the version, whose retry finds its sources unchanged and still says it published
     lake.files.write(lake.gold_inputs(model.name), json.dumps(
         {**inputs, "gold_version": summary.version, "state_version": state_version, "newest_change_ms": newest,
          "transaction_watermark": summary.transaction_watermark,
-         "transaction_position": mark.position if mark is not None else None}, sort_keys=True))
+         "transaction_position": mark.position if mark is not None else None,
+         "published_by": batch_id if summary.published else recorded.get("published_by")}, sort_keys=True))
     return summary
 
 

@@ -134,5 +134,8 @@ class GoldSummary(LayerSummary):
     lineage: dict[str, list[str]] | None = None  # each column -> the `table.column`s it is computed from (lineage.py)
     # "incremental" (silver's changes moved the groups they touched: layers/gold_plan.py), or "full (<why>)"
     refresh: str | None = None
+    # the refresh (or, for a retry, an earlier try of its run) published a new version: what announces the model's
+    # asset (a refresh that found nothing new publishes none)
+    published: bool | None = None
     changes: int | None = None  # silver rows an incremental refresh read (a change feed's rows, an update's two)
     groups_changed: int | None = None  # groups an incremental refresh wrote (updated, added or deleted)

@@ -288,6 +288,57 @@ def test_a_pass_task_announces_each_table_it_advanced_and_hands_on_the_others_fa
     assert [e.dest_asset_key.name for e in retried[alias].asset_alias_events] == ["cdc.bronze.t", "cdc.bronze.w"]
 
 
+def test_a_gold_task_announces_its_model_only_for_a_refresh_that_published(tmp_path, monkeypatch):
+    """A DAG scheduled on a gold model's asset runs for new gold only: the model's task adds the asset's event (with
+    its lineage) when the run's refresh published a version, or when an earlier try of the run did (its retry finds
+    the sources unchanged); a refresh that published nothing adds none, so Airflow emits none for the alias. A
+    failed refresh fails its task (no verdicts task follows a model's)."""
+    from airflow.sdk import Asset, AssetAlias
+    from airflow.sdk.execution_time.context import OutletEventAccessors
+
+    from cdc_airflow.operators import PassOutlets
+    from spark_jobs import report
+    from spark_jobs.lake import Lake
+
+    lake = Lake(str(tmp_path / "lake"))
+    for run_id, summary in {"published": {"gate": "passed", "refresh": "incremental", "published": True, "rows": 3},
+                            "retried": {"gate": "skipped (sources unchanged)", "published": True},
+                            "unchanged": {"gate": "skipped (sources unchanged)"},
+                            "held": {"gate": "passed", "refresh": "unchanged (the rows at its watermark are those "
+                                                                  "published)"},
+                            "failed": {"gate": "failed"}}.items():
+        report.publish(lake, run_id, {"table": "m", "layer": "gold", "batch_id": run_id, "lineage": {"n": ["s.n"]},
+                                      **summary})
+    fake = tmp_path / "bin" / "spark-submit"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    for name, value in subprocess_env(PATH=f"{fake.parent}:{os.environ['PATH']}",
+                                      AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[1]"}').items():
+        monkeypatch.setenv(name, value)
+    alias, source = AssetAlias(name="cdc.gold.advanced"), Asset(name="cdc.silver.s", uri=f"file://{lake.silver('s')}")
+    job = CdcSparkJob(task_id="gold_refresh_m", landing=str(tmp_path / "landing"), cli_args=["--layers", "gold"],
+                      announces=[PassOutlets("gold", lake.root, alias, {"m": Asset(name="cdc.gold.m",
+                                                                                   uri=f"file://{lake.gold('m')}")},
+                                             {"m": [source]})])
+    announced, lineage = {}, {}
+    for run_id in ("published", "retried", "unchanged", "held"):
+        outlets = OutletEventAccessors()
+        assert job.execute({"ti": SimpleNamespace(), "run_id": run_id, "outlet_events": outlets}) is None
+        announced[run_id] = [(e.dest_asset_key.name, e.extra.get("gate")) for e in outlets[alias].asset_alias_events]
+        facets = job.get_openlineage_facets_on_complete(None)  # what the refresh read and wrote, if it published
+        lineage[run_id] = ([d.name for d in facets.inputs], [d.name for d in facets.outputs])
+    assert announced == {"published": [("cdc.gold.m", "passed")], "retried": [("cdc.gold.m", "skipped (sources unchanged)")],
+                         "unchanged": [], "held": []}
+    wrote = ([lake.silver("s")], [lake.gold("m")])
+    assert lineage == {"published": wrote, "retried": wrote, "unchanged": ([], []), "held": ([], [])}
+    fake.write_text('#!/bin/sh\necho "table=m layer=gold failed: gate" > "$CDC_FAILURE_FILE"; exit 1\n')
+    outlets = OutletEventAccessors()
+    with pytest.raises(AirflowFailException, match="table=m layer=gold failed"):
+        job.execute({"ti": SimpleNamespace(), "run_id": "failed", "outlet_events": outlets})
+    assert outlets[alias].asset_alias_events == []
+
+
 class FakeService:
     """The pipeline service as the operator's hook sees it: a job that runs for `runs_for` polls, its log a line longer
     at each poll; the offsets the polls asked from are in `asked`."""

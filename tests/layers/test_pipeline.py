@@ -4,6 +4,7 @@ with silver compared row for row against the source table's final state."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -45,14 +46,24 @@ def test_demo_tables_equal_the_source_state_and_a_rerun_changes_nothing(spark, e
     assert {r["state"]: r["customers"] for r in by_state.collect()} == {
         s: sum(1 for c in customers if c["state"] == s) for s in {c["state"] for c in customers}}
 
+    assert summary_line(out, "gold", "customers_by_state")["published"] == "True"  # what announces its asset
+    first_run = re.search(r"^run (\S+):", out, re.MULTILINE).group(1)
+
     versions = {t: engine.version(lake.silver(t)) for t in tables}
     code, out, err = run(capsys, DEMO_CONFIG, tmp_path / "landing", tmp_path / "lake", *args)
     assert (code, err) == (0, "")
+    assert "published" not in summary_line(out, "gold", "customers_by_state")  # nothing new: no asset event
     for t in tables:
         assert (summary_line(out, "bronze", t)["files"], summary_line(out, "bronze", t)["recovered_files"]) == ("0", "0")
         assert summary_line(out, "silver", t)["events"] == "0"
         assert engine.version(lake.silver(t)) == versions[t]
         assert row_count(lake.bronze(t)) == next(g.events for g in generated if g.table == t)
+    # a retry of the run that published (its sources unchanged since) still says it did: its task announces it
+    code, out, err = run(capsys, DEMO_CONFIG, tmp_path / "landing", tmp_path / "lake", "--layers", "gold", "--models",
+                         "customers_by_state", "--run-id", first_run)
+    assert (code, err) == (0, "")
+    assert summary_line(out, "gold", "customers_by_state")["gate"].startswith("skipped")
+    assert summary_line(out, "gold", "customers_by_state")["published"] == "True"
 
 
 @pytest.mark.parametrize("own_plan", [False, True], ids=["pass", "own-plan"])
