@@ -229,20 +229,24 @@ def status(args: argparse.Namespace) -> int:
         print(json.dumps(state.as_dict(), indent=2))
         return 0
     empty = []
-    print(f"{'layer':<11}{'table':<24}{'rows':>8}  {'gate':<21}{'lag':>10}  {'pending':>7}  last success")
+    # pending landing files only when the landing was listed (--landing), else the column would be empty on every row
+    counted = args.landing is not None
+    print(f"{'layer':<11}{'table':<24}{'rows':>8}  {'gate':<21}{'lag':>10}  " + ("pending  " if counted else "")
+          + "last success")
     for item in state.tables:
         for layer, s in item.layers.items():
             if not s.rows:
                 empty.append(f"{layer}/{item.name}")
             pending = "" if item.pending_files is None or layer != "bronze" else item.pending_files
             print(f"{layer:<11}{item.name:<24}{'-' if s.rows is None else s.rows:>8}  {s.last_verdict or '':<21}"
-                  f"{human_seconds(s.lag_s):>10}  {pending:>7}  {s.last_success or ''}")
+                  f"{human_seconds(s.lag_s):>10}  " + (f"{pending:>7}  " if counted else "") + (s.last_success or ""))
     for table in registry.tables.values():
         if table.history:
             rows = row_count(lake.history(table.name))
             print(f"{'silver':<11}{table.name + '_history':<24}{'-' if rows is None else rows:>8}")
-    for item in state.tables:
-        print(f"{'quarantine':<11}{item.name:<24}{'-' if item.quarantined_rows is None else item.quarantined_rows:>8}")
+    for item in state.tables:  # a table or model that never quarantined a record has no quarantine table: no row
+        if item.quarantined_rows is not None:
+            print(f"{'quarantine':<11}{item.name:<24}{item.quarantined_rows:>8}")
     index = lake.reports_index
     docs = [p for p in lake.files.list(lake.data_docs("")) if p.count("/") == lake.data_docs("").count("/") + 1
             and p.endswith("/index.html")]

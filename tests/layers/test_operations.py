@@ -295,6 +295,22 @@ def test_status_json_gives_each_tables_pending_files_rows_verdicts_last_success_
     assert (failed["last_verdict"], failed["last_run"]) == ("failed", "second")
     assert failed["last_success"] == customers["layers"]["bronze"]["last_success"]
 
+    # as text, no column or row that is empty: pending files only when the landing is listed, a quarantine row
+    # only for a table that quarantined records (the bad lines above: 3)
+    def text(*landing_args: str) -> list[list[str]]:
+        assert cli.main(["status", "--config", str(config), "--lake", str(lake), *landing_args]) == 0
+        return [line.split() for line in capsys.readouterr().out.splitlines() if line.strip()]
+
+    listed, unlisted = text("--landing", str(landing)), text()
+    assert (listed[0][5], unlisted[0][:6]) == ("pending", ["layer", "table", "rows", "gate", "lag", "last"])
+    rows = {mode: {tuple(row[:2]): row[2:] for row in lines if row[0] in ("bronze", "silver")}
+            for mode, lines in (("listed", listed), ("unlisted", unlisted))}
+    # the lag ("3.0 years") is two words: then the pending count where listed, then the last success
+    assert (rows["listed"][("bronze", "customers")][4], rows["listed"][("silver", "customers")][4]) == (
+        "1", customers["layers"]["silver"]["last_success"])  # pending counts bronze's files alone
+    assert rows["unlisted"][("bronze", "customers")][4] == customers["layers"]["bronze"]["last_success"]
+    assert [row[1:] for row in unlisted if row[0] == "quarantine"] == [["customers", "3"]]
+
 
 def silver_table_rows(lake: Path) -> list[dict]:
     from spark_jobs.lake import read_columns
