@@ -10,7 +10,11 @@ Pure Python: the DAGs import this while parsing (the spark-submit tasks pass `ja
 
 from __future__ import annotations
 
+import os
 import shutil
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from spark_jobs.errors import ConfigError
@@ -103,6 +107,26 @@ def jars() -> list[str]:
     return [str(jar_file(c)) for c in RESOLVED]
 
 
+@contextmanager
+def _output_to(log: Path) -> Iterator[None]:
+    """This process's standard output and error, and those of the processes it starts (the JVM), into `log`: a
+    redirect of the descriptors themselves, which the JVM inherits (sys.stdout would only catch Python's)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with log.open("wb") as sink:
+        os.dup2(sink.fileno(), 1)
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            for fd, copy in zip((1, 2), saved, strict=True):
+                os.dup2(copy, fd)
+                os.close(copy)
+
+
 def fetch() -> list[str]:
     """Resolve PACKAGES into the project's Ivy directory with Spark's own resolver, then check that it found
     exactly RESOLVED. Returns the jars' paths."""
@@ -115,11 +139,20 @@ def fetch() -> list[str]:
                .config("spark.jars.packages", ",".join(PACKAGES)).config("spark.jars.excludes", ",".join(IN_SPARK))
                .config("spark.jars.ivy", str(ivy))
                .config("spark.ui.enabled", "false"))
+    log = ivy / "resolve.log"
+    print(f"resolving {len(PACKAGES)} packages from Maven Central (the resolver's output: {log})", flush=True)
     try:
-        builder.getOrCreate().stop()
-    except Exception as exc:  # the JVM exits before the session exists; its stderr names the coordinate
-        raise ConfigError(f"could not resolve {', '.join(PACKAGES)} from Maven Central into {ivy} "
-                          f"(see the resolver's output above): {exc}") from exc
+        with _output_to(log):  # Ivy writes about 150 lines, its proxy and host warnings among them: kept in the log
+            builder.getOrCreate().stop()
+    except Exception as exc:  # the JVM exits before the session exists; its log names the coordinate
+        lines = [line.strip() for line in log.read_text(errors="replace").splitlines()]
+        # Ivy's summary names each coordinate it could not resolve (`:: group#artifact;version: not found`); the
+        # repositories it could not reach (spark-packages, a proxy) are warnings it lists before it
+        said = "; ".join(dict.fromkeys(line.removeprefix(":: ") for line in lines
+                                       if line.startswith(":: ") and line.endswith(("not found", "FAILED")))) \
+            or next((line for line in reversed(lines) if "Exception" in line), "nothing it said failed")
+        raise ConfigError(f"could not resolve {', '.join(PACKAGES)} from Maven Central into {ivy} (the resolver: "
+                          f"{said}; all it wrote is in {log}): {exc}") from exc
     found = {p.name for p in (ivy / "jars").glob("*.jar")}
     expected = {jar_file(c).name for c in RESOLVED}
     if found != expected:

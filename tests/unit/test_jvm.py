@@ -35,6 +35,18 @@ def test_a_coordinate_that_cannot_be_resolved_fails_naming_it(tmp_path):
         "config error: could not resolve io.delta:delta-spark_2.13:0.0.404 from Maven Central")
 
 
+def test_the_resolvers_output_goes_to_its_log_not_the_terminal(tmp_path, capfd):
+    """What a process started inside writes (the JVM's Ivy lines) lands in the log, and the terminal gets its streams
+    back after, a failure or not."""
+    log = tmp_path / "resolve.log"
+    with pytest.raises(RuntimeError), jvm._output_to(log):
+        subprocess.run(["sh", "-c", "echo ':: resolving dependencies'; echo 'host not found' >&2"], check=True)
+        raise RuntimeError("the resolver failed")
+    print("after")
+    assert log.read_text().splitlines() == [":: resolving dependencies", "host not found"]
+    assert capfd.readouterr() == ("after\n", "")
+
+
 def test_a_local_jvm_finds_the_jars_on_its_class_path_and_copies_none_of_them(spark):
     """spark.jars would copy all of them (672 MB) into every JVM's scratch folder, a local one too, and a JVM killed
     before its shutdown hook leaves the copy behind; a cluster's executors still get them shipped."""
