@@ -25,6 +25,8 @@ from pathlib import Path
 from spark_jobs.errors import ConfigError
 
 VENDOR = "_assets"  # where the files sit, beside the sites (reports/data_docs/<table>/)
+# GX's own static files (fonts, images, styles: 3.9 MB), one copy beside the sites for all of them (gx_store)
+GX_STATIC = "_gx_static"
 REGISTRY = "https://registry.npmjs.org"
 
 
@@ -95,11 +97,11 @@ PACKAGES = (
             (("https://cdn.jsdelivr.net/npm/vega-embed@6", "build/vega-embed.min.js"),)),
 )
 
-# GX's logos, from the images GX ships in its own package (static/images of every site)
+# GX's logos, from the images GX ships in its own package (the static/images of the sites' one copy, GX_STATIC)
 _LOGOS = re.compile(r"https://great-expectations-web-assets\.s3\.us-east-2\.amazonaws\.com/[A-Za-z_-]+\.png[^\"']*")
 _NEWSLETTER = re.compile(r"<p>\s*Stay current on everything GX with our newsletter.*?</p>", re.DOTALL)
 # the CDNs' subresource-integrity attributes: the same bytes are served from the site now
-_STATIC = re.compile(r'\b(src|href)="(?:\.\./)*static/')
+_STATIC = re.compile(r'\b(src|href)="(?:\.{1,2}/)*static/')  # GX's `./static/`, `../../static/` ...
 _INTEGRITY = re.compile(r'\s+(integrity="[^"]*"|crossorigin="anonymous")')
 
 
@@ -166,16 +168,17 @@ def site_files() -> dict[str, Path]:
 
 
 def offline_page(html: str, depth: int) -> str:
-    """A Data Docs page that loads nothing from the internet: CDN URLs point at the site's vendored copies,
-    logos at GX's own images, no newsletter. `depth`: how many folders below the site root the page is."""
+    """A Data Docs page that loads nothing from the internet: CDN URLs point at the sites' vendored copies,
+    GX's static files and logos at the sites' one copy of them, no newsletter. `depth`: how many folders below the
+    site root the page is."""
     up = "../" * depth
     # GX counts a dotted suite name (`orders.silver.events`) as one folder when it makes a page's links to
     # the site's static files, and writes it as three: the real depth is the one that holds
-    html = _STATIC.sub(lambda m: f'{m.group(1)}="{up}static/', html)
+    html = _STATIC.sub(lambda m: f'{m.group(1)}="{up}../{GX_STATIC}/', html)
     for package in PACKAGES:
         for url, inside in package.files:
             html = html.replace(url, f"{up}../{VENDOR}/{package.home}/{inside}")
-    html = _LOGOS.sub(f"{up}static/images/logo-long.png", html)
+    html = _LOGOS.sub(f"{up}../{GX_STATIC}/images/logo-long.png", html)
     html = _NEWSLETTER.sub("", html)
     return _INTEGRITY.sub("", html)
 

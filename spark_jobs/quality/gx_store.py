@@ -21,7 +21,7 @@ from great_expectations.data_context.store.tuple_store_backend import TupleFiles
 from great_expectations.exceptions import InvalidKeyError
 
 from spark_jobs.logs import logger
-from spark_jobs.quality.docs_assets import VENDOR, offline_page, vendored_files, without_inline_code
+from spark_jobs.quality.docs_assets import GX_STATIC, VENDOR, offline_page, vendored_files, without_inline_code
 from spark_jobs.storage import is_s3, lake_files
 
 log = logger(__name__)
@@ -134,15 +134,16 @@ def _escaped(value: Any) -> Any:
 
 class DataDocsStoreBackend(LakeStoreBackend):
     """A table's Data Docs site: pages are written offline-ready (quality/docs_assets.py), linking to the
-    vendored styles and scripts beside the sites, copied there when a lake's first page is written."""
+    vendored styles and scripts beside the sites, copied there when a lake's first page is written, and to one copy
+    of GX's static files beside them too (each site held its own: 28 of the demo's 31 MB of reports)."""
 
     _assets_present = False
     _static_present = False
 
     def _set(self, key: Any, value: Any, **kwargs: Any) -> str:  # type: ignore[override]  # as GX's own
-        if isinstance(key, tuple) and key[:1] == ("static",):  # GX's own fonts, images and styles
+        if isinstance(key, tuple) and key[:1] == ("static",):  # GX's own fonts, images and styles: the shared copy
             self._ensure_static()
-            return self._path(key)
+            return f"{self._beside_sites(GX_STATIC)}/{'/'.join(key[1:])}"
         relative = self._convert_key_to_filepath(key if isinstance(key, tuple) else key.to_tuple())
         if relative.endswith(".html") and isinstance(value, str):
             self._ensure_assets()
@@ -156,22 +157,28 @@ class DataDocsStoreBackend(LakeStoreBackend):
     def _ensure_assets(self) -> None:
         if self._assets_present:
             return
-        folder = f"{self.full_base_directory.rsplit('/', 1)[0]}/{VENDOR}"
+        folder = self._beside_sites(VENDOR)
         files = vendored_files()
         pinned = "\n".join(f"{name} {hashlib.sha256(data).hexdigest()}" for name, data in sorted(files.items())).encode()
         self._copy_unless_marked(f"{folder}/.complete", pinned,
                                  lambda: [(f"{folder}/{name}", data) for name, data in files.items()])
         self._assets_present = True
 
+    def _beside_sites(self, folder: str) -> str:
+        """A folder of files every site of the lake links to, beside the sites (reports/data_docs/<folder>)."""
+        return f"{self.full_base_directory.rsplit('/', 1)[0]}/{folder}"
+
     def _ensure_static(self) -> None:
         """GX copies its static files (4 MB of fonts, images and styles) into the site on every Data Docs build,
-        so every gate wrote them again: on S3, 20 PUTs and 4 MB a gate. They change only with GX: the site's copy
-        is made when its marker names other contents (a new GX, a copy cut short, a deleted site), else kept."""
+        so every gate wrote them again: on S3, 20 PUTs and 4 MB a gate, and a copy in every site. They change only
+        with GX: the sites' one copy is made when its marker names other contents (a new GX, a copy cut short, a
+        deleted folder), else kept."""
         if self._static_present:  # a build sets them one by one: the first checks for all
             return
         files, digest = gx_static_files()
-        self._copy_unless_marked(self._path(("static", ".complete")), digest,
-                                 lambda: [(self._path(key), source.read_bytes()) for key, source in files.items()])
+        shared = self._beside_sites(GX_STATIC)
+        self._copy_unless_marked(f"{shared}/.complete", digest, lambda: [
+            (f"{shared}/{'/'.join(key[1:])}", source.read_bytes()) for key, source in files.items()])
         self._static_present = True
 
     def _copy_unless_marked(self, marker: str, stamp: bytes, contents: Callable[[], list[tuple[str, bytes]]]) -> None:

@@ -2,6 +2,7 @@
 findings per expectation with its action; a gate fails on a `fail` finding (one line naming table, layer,
 expectation and counts) and publishes Data Docs either way."""
 
+import re
 import uuid
 from pathlib import Path
 
@@ -24,7 +25,7 @@ PAIR = TableConfig(name="pairs", topic="t", keys=("a", "b"))
 def _rows_gate(df, table, lake, **kwargs):
     """Silver's gate on its merged rows alone (the key checks)."""
     audit = Audit(Figures(), tally({"rows": df}, flagged("silver"), table.keys))
-    return run_gate(audit, {}, table.name, "silver", silver_checks(table), lake, **kwargs)
+    return run_gate(audit, {}, table.name, "silver", silver_checks(table), lake, run_name="r1", **kwargs)
 
 
 def test_silver_key_checks_pass_and_publish_data_docs(spark, tmp_path):
@@ -198,7 +199,7 @@ def test_a_tables_gx_objects_are_made_once_and_again_only_when_its_checks_change
     events = spark.createDataFrame([("c", "", None, None, None)], "op STRING, _missing_key STRING, _flat_op STRING, "
                                                                  "_flat_deleted STRING, _follows_delete BOOLEAN")
     audit = Audit(Figures(), tally({"events": events}, flagged("bronze")))
-    assert run_gate(audit, {}, "orders", "bronze", bronze_checks(TABLE), lake).success
+    assert run_gate(audit, {}, "orders", "bronze", bronze_checks(TABLE), lake, run_name="r1").success
     assert _rows_gate(good, TABLE, lake).success
     assert made == ["orders.silver.audit", "orders.bronze.audit"]
     lenient = TableConfig(name="orders", topic="t", keys=("id",), quality=Quality(overrides=(("key_unique", "warn"),)))
@@ -225,33 +226,41 @@ def test_gx_objects_the_lake_lost_under_a_running_process_are_made_again(spark, 
     assert (tmp_path / "lake" / "reports" / "data_docs" / "orders" / "index.html").exists()
 
 
-def test_gx_static_files_are_copied_into_a_site_once_not_by_every_gate(spark, tmp_path, monkeypatch):
-    """GX copies its fonts, images and styles (4 MB) into the site on every Data Docs build: the site keeps its
-    copy while it is whole, and a site that lost it gets it again."""
+def test_gx_static_files_are_copied_once_for_every_site_not_by_every_gate(spark, tmp_path, monkeypatch):
+    """GX copies its fonts, images and styles (4 MB) into the site on every Data Docs build: the lake keeps one copy
+    beside the sites while it is whole, every site's pages link to it, another table's site writes none of its own,
+    and a lake that lost the copy gets it again."""
+    import dataclasses
     import shutil
 
     import great_expectations
 
     from spark_jobs import storage
+    from spark_jobs.quality.docs_assets import GX_STATIC
 
     written = []
     write = storage.LocalFiles.write
     monkeypatch.setattr(storage.LocalFiles, "write", lambda self, path, data: written.append(path) or write(self, path, data))
     lake = Lake(str(tmp_path))
-    static = Path(lake.data_docs("orders")) / "static"
+    static = Path(lake.data_docs("orders")).parent / GX_STATIC
     good = spark.createDataFrame([(1, "x"), (2, "y")], "id INT, v STRING")
     shipped = Path(great_expectations.__file__).parent / "render" / "view" / "static"  # what GX's build copies
 
     def copied() -> dict[str, bytes]:
-        return {str(p.relative_to(static.parent)): p.read_bytes() for p in static.rglob("*")
+        return {str(p.relative_to(static)): p.read_bytes() for p in static.rglob("*")
                 if p.is_file() and p.name != ".complete"}
 
     assert _rows_gate(good, TABLE, lake).success
-    expected = {str(p.relative_to(shipped.parent)): p.read_bytes() for p in shipped.rglob("*") if p.is_file()}
+    expected = {str(p.relative_to(shipped)): p.read_bytes() for p in shipped.rglob("*") if p.is_file()}
     assert len(expected) >= 20 and copied() == expected
+    page = (Path(lake.data_docs("orders")) / "index.html").read_text()
+    assert f'href="../{GX_STATIC}/images/favicon.ico"' in page and not re.search(r'"(\.{1,2}/)*static/', page)
     written.clear()
     assert _rows_gate(good, TABLE, lake).success
-    assert written and not [p for p in written if "/static/" in p]  # the gate's pages, not GX's files
+    other = dataclasses.replace(TABLE, name="customers")
+    assert _rows_gate(good, other, lake).success
+    assert written and not [p for p in written if f"/{GX_STATIC}/" in p or "/static/" in p]  # pages, not GX's files
+    assert not (Path(lake.data_docs("customers")) / "static").exists()
     shutil.rmtree(static)
     assert _rows_gate(good, TABLE, lake).success
     assert copied() == expected
@@ -279,11 +288,11 @@ def test_a_tables_gates_share_one_gx_project_whether_or_not_they_validate_rows_o
     events = spark.createDataFrame([("c", "", None, None, None)], "op STRING, _missing_key STRING, _flat_op STRING, "
                                                                  "_flat_deleted STRING, _follows_delete BOOLEAN")
     bronze = Audit(Figures(), tally({"events": events}, flagged("bronze")))
-    assert run_gate(bronze, {}, "orders", "bronze", bronze_checks(TABLE), lake).success
+    assert run_gate(bronze, {}, "orders", "bronze", bronze_checks(TABLE), lake, run_name="r1").success
     upserts = spark.createDataFrame([(1, "x"), (2, None)], "id INT, v STRING")
     not_null = UserExpectation("expect_column_values_to_not_be_null", '{"column": "v"}', "warn", "table 'orders'")
     result = run_gate(Audit(Figures()), {"upserts": upserts}, "orders", "silver", user_checks((not_null,), "upserts"),
-                      lake)
+                      lake, run_name="r1")
     assert [(f.check, f.success, f.unexpected) for f in result.findings] == [
         ("expect_column_values_to_not_be_null(v)", False, 1)]
     assert made == ["orders"]
