@@ -456,7 +456,7 @@ def _audit_gate(tallies: dict[str, Tally], batch: _Batch, summary: BronzeSummary
     """The bronze gate on the batch's audit: its checks' tallies and the batch's figures."""
     table = batch.table
     figures = Figures(sum((summary.quarantined or {}).values()), summary.quarantined_share or 0.0)
-    return AuditGate(table.name, "bronze", Audit(figures, tallies), bronze_checks(table), batch.lake,
+    return AuditGate(table.name, "bronze", Audit(figures, tallies), bronze_checks(table), batch.lake, batch.batch_id,
                      table.quality.actions)
 
 

@@ -177,7 +177,8 @@ def gate(audit: Audit, frames: dict[str, DataFrame], name: str, layer: str, chec
          summary: LayerSummary, actions: tuple[str, ...] = ()) -> GateResult:
     """Run a gate over the batch's audit (and the frames a user's expectations read); the summary records the
     findings (and, when the gate fails, goes with the exception so the failed run's report still has it)."""
-    return settle(run_gate(audit, frames, name, layer, checks, lake, raise_on_failure=False, actions=actions), summary)
+    return settle(run_gate(audit, frames, name, layer, checks, lake, run_name=summary.batch_id, raise_on_failure=False,
+                           actions=actions), summary)
 
 
 def settle(result: GateResult, summary: LayerSummary) -> GateResult:

@@ -313,7 +313,8 @@ def apply_planned(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
 
     merged = dict(zip(("rows", "deletes"), silver_arrow.merged_audit(lake, table, read, batch_id), strict=True))
     after = gates.reconciled(audit)
-    joint = AuditGate(table.name, "silver", after, checks, lake, table.quality.actions) if gate is None else None
+    joint = AuditGate(table.name, "silver", after, checks, lake, batch_id, table.quality.actions) if gate is None \
+        else None
     answer = yield MergedAudit(spark, merged, table.keys, joint)
     gates.after(after.with_tallies(answer.tallies), engine, published, answer.verdict)
     return summary

@@ -172,8 +172,8 @@ def _shown(check: Check, audit: Audit) -> str:
 _SEVERITY = {FAIL: "critical", QUARANTINE: "warning", WARN: "info"}
 
 
-def run_gate(audit: Audit, frames: dict[str, DataFrame], table: str, layer: str, checks: list[Check], lake: Lake,
-             raise_on_failure: bool = True, actions: tuple[str, ...] = ()) -> GateResult:
+def run_gate(audit: Audit, frames: dict[str, DataFrame], table: str, layer: str, checks: list[Check], lake: Lake, *,
+             run_name: str, raise_on_failure: bool = True, actions: tuple[str, ...] = ()) -> GateResult:
     """Validate the audit's row and each frame of a user's expectations against their checks, through a GX
     Checkpoint each, whose actions update Data Docs (and run the table's notification `actions`), and return the
     verdict; raise GateFailed when a `fail` check fails (unless told not to: the caller then raises after
@@ -191,7 +191,7 @@ def run_gate(audit: Audit, frames: dict[str, DataFrame], table: str, layer: str,
     # the process's Spark application, whether or not this gate has frames on Spark: one project per table
     spark_app = SparkSession.active().sparkContext.applicationId
     project = gx_project.project(lake, table, spark_app)
-    run_id = RunIdentifier(run_name=f"{table}.{layer}")
+    run_id = RunIdentifier(run_name=run_name)  # the pipeline's run: GX's results and pages name the run they gated
     findings: list[Finding] = []
     validated = []
     with project.lock:
@@ -274,11 +274,12 @@ class AuditGate:
     audit: Audit
     checks: list[Check]
     lake: Lake
+    run_name: str  # the pipeline's run
     actions: tuple[str, ...] = ()  # the table's notification actions (JSON): run by its own Checkpoint
 
     def answer_alone(self) -> GateResult:
-        return run_gate(self.audit, {}, self.table, self.layer, self.checks, self.lake, raise_on_failure=False,
-                        actions=self.actions)
+        return run_gate(self.audit, {}, self.table, self.layer, self.checks, self.lake, run_name=self.run_name,
+                        raise_on_failure=False, actions=self.actions)
 
 
 def answer_gates(asked: dict[str, AuditGate], run_name: str) -> dict[str, GateResult]:

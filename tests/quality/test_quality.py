@@ -402,3 +402,18 @@ def test_a_data_docs_store_that_fails_fails_no_table_and_its_cause_is_logged(spa
     assert (summary_line(out, "bronze", "orders")["gate"], summary_line(out, "silver", "orders")["gate"]) == (
         "passed", "passed")
     assert sorted(silver_rows(spark, engine, tmp_path / "lake", "orders", ("id",))) == [(1,), (2,)]
+
+
+def test_every_gates_gx_run_is_the_pipelines_run(spark, engine, tmp_path, capsys):
+    """GX's validation results and their Data Docs pages are filed under the pipeline's run id, for a table's own
+    gate (a user's expectation on its rows) and the passes' gates alike, so a run's reports are found by its id."""
+    config = _config(tmp_path, ", expectations: [{expect_column_values_to_not_be_null: {column: id}, "
+                               "layer: silver, action: warn}]")
+    land(tmp_path / "landing", ORDERS, [change_event("c", 10, after={"id": 1}), change_event("c", 11, after={"id": 2})])
+    code, out, err = _run(capsys, tmp_path, config, "--run-id", "manual__2026-12-02")
+    assert (code, err) == (0, ""), out
+    results = sorted((tmp_path / "lake").rglob("validations/**/*.json"))
+    pages = sorted((tmp_path / "lake" / "reports" / "data_docs").rglob("validations/**/*.html"))
+    sites = {p.relative_to(tmp_path / "lake" / "reports" / "data_docs").parts[0] for p in pages}
+    assert sites == {"bronze-pass", "orders"}, pages  # bronze's pass; silver's own gate (its user's expectation)
+    assert results and all("manual__2026-12-02" in p.parts for p in [*results, *pages]), [*results, *pages]
