@@ -402,6 +402,16 @@ def upload_landing(endpoint: str, local: Path, uri: str) -> list[str]:
     return keys
 
 
+def customers_project(root: Path) -> Path:
+    """A deployment's project folder under `root` with one table, the sample customers, and its gold model
+    customers_by_state: its include/tables.yaml."""
+    config = root / "include" / "tables.yaml"
+    (root / "include" / "gold").mkdir(parents=True)
+    config.write_text("tables:\n  customers:\n    topic: burst.burst_bank.customers\n    keys: [custkey]\n")
+    shutil.copy(ROOT / "include" / "gold" / "customers_by_state.sql", root / "include" / "gold")
+    return config
+
+
 def demo_registry(tmp_path: Path, names: list[str], hand_made: dict | None = None) -> Path:
     """A registry of the demo's tables `names` (as include/tables.yaml declares them) and `hand_made` ones."""
     demo = yaml.safe_load(DEMO_CONFIG.read_text())["tables"]

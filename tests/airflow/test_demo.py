@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import time
 import urllib.error
@@ -26,6 +25,7 @@ from tests.support import (
     airflow_home,
     aws_connection,
     chromium,
+    customers_project,
     first_run_reaches_gold,
     free_port,
     pipeline_service,
@@ -245,10 +245,7 @@ def demo(tmp_path_factory) -> Iterator[Demo]:
     from spark_jobs.registry import load_registry
 
     root = tmp_path_factory.mktemp("demo")
-    config = root / "include" / "tables.yaml"
-    (root / "include" / "gold").mkdir(parents=True)
-    config.write_text("tables:\n  customers:\n    topic: burst.burst_bank.customers\n    keys: [custkey]\n")
-    shutil.copy(ROOT / "include" / "gold" / "customers_by_state.sql", root / "include" / "gold")
+    config = customers_project(root)
     landing, lake = "s3://landing/cdc", root / "lake"
     generated = generate(load_registry(str(config)).select(None), root / "sink", Options(rows=50, changes=50))
     # the service serves this deployment, with its own S3 credentials; Airflow reaches it through its connection

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -24,10 +23,10 @@ from spark_jobs.registry import load_registry
 from spark_jobs.report import load_run
 from tests.support import (
     COMPOSE_AIRFLOW,
-    ROOT,
     AirflowStack,
     airflow_env,
     compose_file,
+    customers_project,
     pipeline_service,
     s3_environment,
     s3_server,
@@ -59,10 +58,7 @@ def deployment(tmp_path_factory, postgres_server):
     """One stack for the module's tests (their start is not what they test): PostgreSQL's database copied from one
     migrated once per worker, the service without its warm-up (test_service.py has one), Airflow's four components."""
     root = tmp_path_factory.mktemp("scheduler")
-    config = root / "include" / "tables.yaml"
-    (root / "include" / "gold").mkdir(parents=True)
-    config.write_text("tables:\n  customers:\n    topic: burst.burst_bank.customers\n    keys: [custkey]\n")
-    shutil.copy(ROOT / "include" / "gold" / "customers_by_state.sql", root / "include" / "gold")
+    config = customers_project(root)
     landing, lake = "s3://landing/cdc", root / "lake"
     (generated,) = generate(load_registry(str(config)).select(None), root / "sink", Options(rows=40, changes=40))
     # the tasks submit their jobs to the pipeline service, the default way to run (docs/operations.md); they wait deferred
