@@ -23,7 +23,7 @@ from cdc_airflow.params import landing_window_args
 from cdc_airflow.triggers import ServiceJobTrigger, job_ended
 from spark_jobs.event_log import PASSED
 from spark_jobs.landing import is_remote
-from spark_jobs.settings import PROJECT_ROOT, Settings, job_environment, resolve_uri, settings
+from spark_jobs.settings import PROJECT_ROOT, Settings, job_environment, settings
 from spark_jobs.storage import is_s3
 
 # spark-submit runs the package's entry point as a script
@@ -271,16 +271,15 @@ class CdcSparkJob(BaseOperator):
                 self.log.info("table=%s layer=%s: advanced (gate %s); asset event %s", table, announces.layer,
                               summary["gate"], asset.name)
 
-    def _summaries(self, context: Any, only: str | None = None) -> list[dict[str, Any]]:
-        """The run's report (every step's summary; `only`: one table's or model's) from the lake."""
+    def _summaries(self, context: Any) -> list[dict[str, Any]]:
+        """The run's report (every step's summary) from the lake the task announces tables of."""
         from spark_jobs import report
         from spark_jobs.lake import Lake
 
-        lake = self.announces[0].lake if self.announces else resolve_uri(settings().lake_uri)
+        lake = self.announces[0].lake
         remote = s3_environment(s3_settings(self.aws_conn_id)) if is_s3(lake) else {}
         with job_environment(remote):
-            summaries = report.load_run(Lake(lake), context["run_id"])
-        return [s for s in summaries if only is None or s.get("table") == only]
+            return report.load_run(Lake(lake), context["run_id"])
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """OpenLineage's operator protocol (its provider calls it as the task ends): a pass task's inputs and outputs
