@@ -143,7 +143,7 @@ class DataDocsStoreBackend(LakeStoreBackend):
     def _set(self, key: Any, value: Any, **kwargs: Any) -> str:  # type: ignore[override]  # as GX's own
         if isinstance(key, tuple) and key[:1] == ("static",):  # GX's own fonts, images and styles: the shared copy
             self._ensure_static()
-            return f"{self._beside_sites(GX_STATIC)}/{'/'.join(key[1:])}"
+            return self._static_path(key)
         relative = self._convert_key_to_filepath(key if isinstance(key, tuple) else key.to_tuple())
         if relative.endswith(".html") and isinstance(value, str):
             self._ensure_assets()
@@ -168,6 +168,10 @@ class DataDocsStoreBackend(LakeStoreBackend):
         """A folder of files every site of the lake links to, beside the sites (reports/data_docs/<folder>)."""
         return f"{self.full_base_directory.rsplit('/', 1)[0]}/{folder}"
 
+    def _static_path(self, key: tuple[str, ...]) -> str:
+        """Where GX's static file of `key` (`("static", "fonts", ...)`, as its build stores it) lies: the sites' copy."""
+        return f"{self._beside_sites(GX_STATIC)}/{'/'.join(key[1:])}"
+
     def _ensure_static(self) -> None:
         """GX copies its static files (4 MB of fonts, images and styles) into the site on every Data Docs build,
         so every gate wrote them again: on S3, 20 PUTs and 4 MB a gate, and a copy in every site. They change only
@@ -176,9 +180,8 @@ class DataDocsStoreBackend(LakeStoreBackend):
         if self._static_present:  # a build sets them one by one: the first checks for all
             return
         files, digest = gx_static_files()
-        shared = self._beside_sites(GX_STATIC)
-        self._copy_unless_marked(f"{shared}/.complete", digest, lambda: [
-            (f"{shared}/{'/'.join(key[1:])}", source.read_bytes()) for key, source in files.items()])
+        self._copy_unless_marked(self._static_path(("static", ".complete")), digest,
+                                 lambda: [(self._static_path(key), source.read_bytes()) for key, source in files.items()])
         self._static_present = True
 
     def _copy_unless_marked(self, marker: str, stamp: bytes, contents: Callable[[], list[tuple[str, bytes]]]) -> None:

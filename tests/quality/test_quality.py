@@ -12,10 +12,22 @@ import pytest
 
 from spark_jobs.debezium import envelope
 from spark_jobs.errors import GateFailed
+from spark_jobs.generate import Options, generate
 from spark_jobs.lake import Lake
 from spark_jobs.layers import gold
+from spark_jobs.quality import docs_assets
 from spark_jobs.registry import load_registry
-from tests.support import change_event, data_docs_text, land, published_summaries, run, silver_rows, summary_line
+from tests.support import (
+    DEMO_CONFIG,
+    change_event,
+    data_docs_text,
+    expected_rows,
+    land,
+    published_summaries,
+    run,
+    silver_rows,
+    summary_line,
+)
 
 ORDERS = "shop.public.orders"
 
@@ -356,10 +368,6 @@ def test_without_the_data_docs_assets_every_table_is_published_and_the_run_says_
     """Data Docs are the gates' report, not their verdict: on a checkout where `make assets` has not run, the run
     names the missing assets in one line at its start, every gate still decides, and bronze, silver and gold are
     published; no page is written."""
-    from spark_jobs.generate import Options, generate
-    from spark_jobs.quality import docs_assets
-    from tests.support import DEMO_CONFIG, expected_rows
-
     monkeypatch.setattr(docs_assets, "assets_dir", lambda: tmp_path / "no_assets")
     registry = load_registry(DEMO_CONFIG)
     generated = generate(registry.select(["customers"]), tmp_path / "landing",
