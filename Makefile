@@ -62,7 +62,7 @@ spark_jobs/quality/docs_static/.fetched: spark_jobs/quality/docs_assets.py | ven
 java:
 	@major=$$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1); \
 	if [ -z "$$major" ] || [ "$$major" -lt 17 ]; then \
-	  echo "Java 17 or newer is required for Spark 4 (found: $${major:-none}). Install it, e.g. apt-get install openjdk-17-jre-headless" >&2; \
+	  echo "Java 17 or newer is required for Spark 4 (found: $${major:-none}). Install it, e.g. apt-get install default-jre-headless (Debian)" >&2; \
 	  exit 1; fi
 
 # Debian packages the tests use: the reports' browser test drives chromium through its chromedriver; the

@@ -96,6 +96,22 @@ def test_every_image_is_pinned_to_an_exact_version_and_none_is_a_deleted_minio_o
         assert not name.startswith("minio/"), f"{image}: the minio repositories were deleted from Docker Hub"
 
 
+def test_the_images_are_current_the_long_running_services_restart_and_airflow_keeps_its_logs():
+    """PostgreSQL at a supported major (18's image refuses a volume at .../data: its data lives one level down), a
+    Java package every current Debian ships (trixie has no openjdk-17), restarts for what runs on, none for the
+    one-shots (`unless-stopped` would start a finished one again), and one logs volume the scheduler and the
+    triggerer write and the API server reads."""
+    postgres = SERVICES["postgres"]
+    assert int(postgres["image"].split(":")[1].split(".")[0]) >= 18
+    assert "postgres-data:/var/lib/postgresql" in postgres["volumes"]
+    assert "default-jre-headless" in BUILD and "openjdk-" not in BUILD
+    one_shots = {"s3-init", "sample-landing", "airflow-init"}
+    for name, service in SERVICES.items():
+        assert service.get("restart", "no") == ("no" if name in one_shots else "unless-stopped"), name
+    logs = {name for name, s in SERVICES.items() if "airflow-logs:/opt/airflow/logs" in s.get("volumes", [])}
+    assert logs == {"airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer"}
+
+
 def test_the_s3_server_is_the_maintained_one_that_honours_conditional_writes():
     """RustFS (the lease and delta-rs rely on If-None-Match / If-Match); every S3 client points at it."""
     assert SERVICES["s3"]["image"].startswith("rustfs/rustfs:")
@@ -284,7 +300,8 @@ def test_each_secret_reaches_only_the_containers_that_use_it():
         "airflow-init": AIRFLOW_AUTH, "airflow-apiserver": AIRFLOW_AUTH}
     assert mounts("service-ca") == {name: f"{SERVICE_CA}:ro" for name in ["pipeline-service", *AIRFLOW[1:]]} | {
         "airflow-init": SERVICE_CA}
-    assert set(COMPOSE["volumes"]) == {"postgres-data", "s3-data", "airflow-auth", "service-auth", "service-ca"}
+    assert set(COMPOSE["volumes"]) == {"postgres-data", "s3-data", "airflow-auth", "service-auth", "service-ca",
+                                       "airflow-logs"}
 
 
 def test_every_named_volume_is_mounted_where_the_image_has_a_folder_its_user_owns():
