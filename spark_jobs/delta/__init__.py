@@ -164,3 +164,23 @@ CHANGE_FEED = "delta.enableChangeDataFeed"
 
 def records_changes(configuration: dict[str, str]) -> bool:
     return configuration.get(CHANGE_FEED, "false").lower() == "true"
+
+
+UPKEEP = {"OPTIMIZE", "VACUUM START", "VACUUM END", "SET TBLPROPERTIES"}  # maintenance's and settings': no row changes
+
+
+def commits_between(engine: DeltaEngine, path: str, after: int, upto: int) -> list[dict[str, Any]] | None:
+    """The table's commits after `after` up to `upto` from its log, None when it no longer holds them all. The log is
+    read back from the table's current version, which a writer may have moved past `upto` since."""
+    if upto <= after:
+        return []
+    newest = engine.version(path) or upto
+    commits = [c for c in engine.history(path, newest - after) if after < c["version"] <= upto]
+    return commits if len(commits) == upto - after else None
+
+
+def upkeep_only(engine: DeltaEngine, path: str, after: int, upto: int) -> bool:
+    """Every commit to the table after `after` up to `upto` changed no row: maintenance's (spark_jobs/maintenance.py
+    compacts, vacuums, keeps its log) or a setting's (gold turns silver's change feed on)."""
+    commits = commits_between(engine, path, after, upto)
+    return commits is not None and all(c.get("operation") in UPKEEP for c in commits)

@@ -16,7 +16,15 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from spark_jobs.delta import DeltaEngine, MergeSpec, all_nullable, spark_frame
+from spark_jobs.delta import (
+    UPKEEP,
+    DeltaEngine,
+    MergeSpec,
+    all_nullable,
+    commits_between,
+    spark_frame,
+    upkeep_only,
+)
 from spark_jobs.errors import PipelineError
 from spark_jobs.lake import Lake
 from spark_jobs.layers import gold_state, transactions
@@ -221,7 +229,7 @@ def _changes_since(spark: SparkSession, engine: DeltaEngine, lake: Lake, model: 
     if with_state:
         written.append(("its state", lake.gold_state(model.name), state_version, recorded.get("state_version")))
     for name, path, version, was in written:
-        if was is None or version is None or was > version or not _upkeep_only(engine, path, was, version):
+        if was is None or version is None or was > version or not upkeep_only(engine, path, was, version):
             return f"{name} changed since its last refresh"
     if recorded.get("model") != inputs["model"]:
         return "its definition changed"
@@ -366,29 +374,9 @@ _CHANGED_ROWS = {"num_target_rows_inserted": 1, "num_target_rows_updated": 2, "n
 _WRITTEN_ROWS = ("num_added_rows", "numOutputRows")  # an append's
 
 
-_UPKEEP = {"OPTIMIZE", "VACUUM START", "VACUUM END", "SET TBLPROPERTIES"}  # maintenance's: no row changes
-
-
-def _commits(engine: DeltaEngine, path: str, after: int, upto: int) -> list[dict[str, Any]] | None:
-    """The table's commits after `after` up to `upto` from its log, None when it no longer holds them all. The log is
-    read back from the table's current version, which a writer may have moved past `upto` since."""
-    if upto <= after:
-        return []
-    newest = engine.version(path) or upto
-    commits = [c for c in engine.history(path, newest - after) if after < c["version"] <= upto]
-    return commits if len(commits) == upto - after else None
-
-
-def _upkeep_only(engine: DeltaEngine, path: str, after: int, upto: int) -> bool:
-    """Every commit to a model's own table since the refresh that wrote `after` is maintenance's (spark_jobs/
-    maintenance.py compacts, vacuums): its rows are the ones that refresh left."""
-    commits = _commits(engine, path, after, upto)
-    return commits is not None and all(c.get("operation") in _UPKEEP for c in commits)
-
-
 def _not_replayable(engine: DeltaEngine, path: str, table: str, after: int, upto: int) -> str | None:
     """Why silver's commits after `after` up to `upto` are not replayed onto a model's state, if they are not."""
-    commits = _commits(engine, path, after, upto)
+    commits = commits_between(engine, path, after, upto)
     if commits is None:
         return f"silver {table}'s log no longer holds every commit since the last refresh"
     changed = 0
@@ -397,7 +385,7 @@ def _not_replayable(engine: DeltaEngine, path: str, table: str, after: int, upto
         metrics = commit.get("operationMetrics") or {}
         if operation == "WRITE" and str(parameters.get("mode", "")).strip('"') == "Append":
             changed += sum(int(metrics.get(name, 0)) for name in _WRITTEN_ROWS)
-        elif operation in _REPLAYED | _UPKEEP:
+        elif operation in _REPLAYED | UPKEEP:
             changed += sum(int(metrics.get(name, 0)) * weight for name, weight in _CHANGED_ROWS.items())
         else:
             mode = f" {parameters['mode']}" if "mode" in parameters else ""

@@ -13,7 +13,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark_jobs.debezium import types
-from spark_jobs.delta import DeltaEngine, MergeSpec, driver_rows, spark_frame
+from spark_jobs.delta import DeltaEngine, MergeSpec, driver_rows, spark_frame, upkeep_only
 from spark_jobs.delta.delta_rs import DeltaRsEngine, NewFiles
 from spark_jobs.errors import GateFailed, PipelineError
 from spark_jobs.lake import Lake, read_columns
@@ -89,8 +89,10 @@ def read_pass(spark: SparkSession, engine: DeltaEngine, tables: list[TableConfig
         if files is None or not files.files or not _fits_a_pass([files]):
             continue  # no new rows (a commit that added no file: its own step finds none), or more than a small batch
         version, target = engine.current(lake.silver(table.name)) or (None, None)
-        if progress.silver_version is not None and version != progress.silver_version:
-            continue  # an interrupted run's commits: its own step recovers them
+        recorded = progress.silver_version
+        if recorded is not None and version != recorded and not (
+                version is not None and upkeep_only(engine, lake.silver(table.name), recorded, version)):
+            continue  # an interrupted run's commits: its own step recovers them (maintenance's and settings' change no row)
         groups.setdefault(files.schema, []).append(silver_pass.Candidate(
             table, progress.bronze_version, files, progress.truncated_at, version, target))
     passes = [p for group in groups.values() for p in in_passes(group, lambda p: _fits_a_pass([c.files for c in p]))]
