@@ -33,6 +33,28 @@ def _mix(value: str) -> tuple[int, int, int]:
     return int(parts[0]), int(parts[1]), int(parts[2])
 
 
+def _phases(value: str) -> frozenset[int]:
+    parts = _csv(value)
+    if not parts or not all(p.isdigit() for p in parts):
+        raise argparse.ArgumentTypeError("phase numbers, e.g. 0 or 1,2 (0: the snapshot)")
+    return frozenset(int(p) for p in parts)
+
+
+def _ends_at(value: str) -> int | None:
+    """`--ends-at`: epoch milliseconds, or None for the generator's fixed start."""
+    import datetime as dt
+
+    if value == "fixed":
+        return None
+    if value == "now":
+        return int(dt.datetime.now(dt.UTC).timestamp() * 1000)
+    try:
+        at = dt.datetime.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError("now, fixed or an ISO-8601 time, e.g. 2026-12-01T09:30:00Z") from None
+    return int((at if at.tzinfo else at.replace(tzinfo=dt.UTC)).timestamp() * 1000)
+
+
 def _file_list(value: str) -> frozenset[str]:
     text = Path(value[1:]).read_text() if value.startswith("@") else value
     try:
@@ -216,3 +238,9 @@ def _generate(sub: Any) -> None:
     gen.add_argument("--redeliver", type=float, default=0.0, help="share of change events delivered twice")
     gen.add_argument("--shuffle", action="store_true", help="change events land in random order within a batch")
     gen.add_argument("--mix", type=_mix, default=(20, 70, 10), help="percent of changes that insert,update,delete")
+    gen.add_argument("--phases", type=_phases, default=None,
+                     help="land only these phases, e.g. 0 (the snapshot) or 1,2 (change batches of --batches); a later "
+                          "call with the same options lands the others at the offsets they would have had")
+    gen.add_argument("--ends-at", type=_ends_at, default="now", dest="ends_ms",
+                     help="the source time of the newest commit: now (the default, so lags read as a live source's "
+                          "would), an ISO-8601 time, or 'fixed' (2023-11-14, the same files at every call)")

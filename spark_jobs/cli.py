@@ -210,7 +210,8 @@ def generate(args: argparse.Namespace) -> int:
     registry = load_registry(args.config)
     opts = Options(rows=args.rows, changes=args.changes, seed=args.seed, records_per_file=args.records_per_file,
                    partitions=args.partitions, compress=args.compress, format=args.format, batches=args.batches,
-                   redeliver=args.redeliver, shuffle=args.shuffle, mix=args.mix)
+                   redeliver=args.redeliver, shuffle=args.shuffle, mix=args.mix, ends_ms=args.ends_ms,
+                   phases=args.phases)
     for t in write_files(registry.select(args.tables), resolve_uri(args.landing), opts):
         print(f"{t.table:<22} topic={t.topic} events={t.events} tombstones={t.tombstones} files={len(t.files)} "
               f"final_rows={len(t.final_rows)}" + (f" batches={len(t.batches) - 1}" if args.batches else ""))

@@ -16,7 +16,7 @@ import gzip
 import json
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +38,15 @@ class Options:
     compress: bool = False  # .json.gz instead of .json (Avro: deflate blocks)
     format: str = "json"  # json | avro (the sink's AvroFormat: no tombstones, logical types in the Avro schema)
     start_offset: int = 0  # first Kafka offset (continue a topic across generate calls)
-    start_ms: int = 1_700_000_000_000
+    start_ms: int = 1_700_000_000_000  # the source time of the first snapshot row (reproducible files)
+    ends_ms: int | None = None  # instead: the source time of the newest commit (e.g. now), start_ms moved to suit
     batches: int = 0  # > 0: the snapshot lands first, then the changes in this many batches of files
     redeliver: float = 0.0  # share of change events the sink receives twice (at-least-once delivery)
     shuffle: bool = False  # change events of a batch land in random order, not in commit order
     mix: tuple[int, int, int] = (20, 70, 10)  # percent of change events that insert, update, delete
+    # land only these phases (0: the snapshot, 1..batches: the change batches); the others are generated, not
+    # written, so a later call with the same options lands them at the offsets they would have had
+    phases: frozenset[int] | None = None
 
 
 @dataclass
@@ -195,6 +199,7 @@ class _Sink:
         self.offsets = {p: opts.start_offset for p in range(opts.partitions)}
         self.pending: dict[int, list[str]] = {p: [] for p in range(opts.partitions)}
         self.written: list[str] = []
+        self.lands = True  # False: the phase being sent takes its offsets but lands no file
 
     def line(self, key: tuple[Any, ...], payload: dict[str, Any] | None) -> tuple[int, str]:
         text = "null" if payload is None else json.dumps(
@@ -221,6 +226,8 @@ class _Sink:
         path = (f"{self.landing}/topics/{topic}/partition={partition}/"
                 f"{topic}+{partition}+{self.offsets[partition]:010d}{ext}")
         self.offsets[partition] += len(lines)  # a tombstone the Avro sink drops still took its offset
+        if not self.lands:
+            return
         text = "\n".join(lines) + "\n"
         if self.opts.format == "avro":
             data = avro_file(self.profile, [json.loads(line) for line in lines if line != "null"], self.opts.compress)
@@ -239,7 +246,10 @@ def write_table(profile: SourceProfile, table: str, landing: str, opts: Options,
     """Generate the table's history and land it phase by phase (`batches`: the files of each phase). Within a
     phase, `redeliver` sends a share of the change events again later (a connector restart: the same events
     at new offsets) and `shuffle` lands the change events in random order (a delete keeps its tombstone)."""
-    rng = random.Random(opts.seed * 1_000 + index)
+    if opts.ends_ms is not None:
+        opts = replace(opts, start_ms=opts.start_ms + opts.ends_ms - _newest_commit_ms(profile, opts, index),
+                       ends_ms=None)
+    rng = _history_rng(opts, index)
     delivery = random.Random(f"{opts.seed}-delivery-{index}")  # apart, so the history is the same either way
     state: State = {}
     sink, out = _Sink(profile, landing, opts), GeneratedTable(table, profile.topic, state)
@@ -248,8 +258,8 @@ def write_table(profile: SourceProfile, table: str, landing: str, opts: Options,
     def send(unit: list[tuple[int, str]]) -> None:
         for partition, text in unit:
             sink.add(partition, text)
-            out.events += text != "null"
-            out.tombstones += text == "null" and opts.format != "avro"
+            out.events += sink.lands and text != "null"
+            out.tombstones += sink.lands and text == "null" and opts.format != "avro"
 
     def land() -> None:
         held.extend([unit for unit in held if delivery.random() < opts.redeliver] if opts.redeliver else [])
@@ -261,10 +271,12 @@ def write_table(profile: SourceProfile, table: str, landing: str, opts: Options,
         out.batches.append(sink.flush())
 
     current = 0
+    sink.lands = opts.phases is None or 0 in opts.phases
     for phase, unit in history(profile, opts, rng, state):
         if phase != current:
             land()
             current = phase
+            sink.lands = opts.phases is None or phase in opts.phases
         lines = [sink.line(key, payload) for key, payload in unit]
         if unit[0][1] is not None and unit[0][1]["op"] == "r":  # changes replace a row's dict, never alter it
             out.snapshot_rows[unit[0][0]] = state[unit[0][0]]
@@ -276,6 +288,19 @@ def write_table(profile: SourceProfile, table: str, landing: str, opts: Options,
     land()
     out.files = sorted(f for batch in out.batches for f in batch)
     return out
+
+
+def _history_rng(opts: Options, index: int) -> random.Random:
+    return random.Random(opts.seed * 1_000 + index)
+
+
+def _newest_commit_ms(profile: SourceProfile, opts: Options, index: int) -> int:
+    """The source time of the history's last event: the history replayed without landing it (its clock depends on
+    every draw before it)."""
+    newest = opts.start_ms
+    for _, unit in history(profile, opts, _history_rng(opts, index), {}):
+        newest = unit[0][1]["source"]["ts_ms"]
+    return newest
 
 
 def generate(tables: list[TableConfig], landing: str | Path, opts: Options) -> list[GeneratedTable]:
