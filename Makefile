@@ -83,8 +83,11 @@ debs:
 # The service authenticates every caller: it writes its address and a secret it made (mode 600) as the Airflow
 # connection `cdc_service`, which the tasks use (CDC_SERVICE_CONN_ID).
 SERVICE_CONNECTION := $(ROOT)/.service-connection.json
+# The sample source lands as a live one would: its snapshot, dated to end now, then (after a first round of runs)
+# its changes, so every trend page has two runs to draw and every lag is the seconds since the source's last commit
+DEMO_LANDING := generate --landing data/landing --batches 1
 demo: venv java jars assets bytecode
-	$(BIN)/python -m spark_jobs generate --landing data/landing
+	$(BIN)/python -m spark_jobs $(DEMO_LANDING) --phases 0
 	@rm -f $(SERVICE_CONNECTION); \
 	$(BIN)/python -m spark_jobs serve --port 0 --connection-file $(SERVICE_CONNECTION) > $(AIRFLOW_HOME)-service.log 2>&1 & \
 	service=$$!; trap 'kill $$service 2>/dev/null; wait $$service' EXIT; \
@@ -96,11 +99,14 @@ demo: venv java jars assets bytecode
 	  sleep 0.5; done; export CDC_SERVICE_CONN_ID=cdc_service AIRFLOW_CONN_CDC_SERVICE="$$(cat $(SERVICE_CONNECTION))"; \
 	echo "pipeline service up: Airflow connection cdc_service from $(SERVICE_CONNECTION)"; \
 	: "each layer's DAG in turn (a scheduler would start silver and gold from the assets bronze updates), all in one"; \
-	: "Airflow process: a process per DAG would pay Airflow's start 11 times (cdc_airflow/dag_runs.py)"; \
-	$(BIN)/python -m cdc_airflow.dag_runs $$($(BIN)/python -c "$$LAYER_DAGS") 2>&1 | tee $(AIRFLOW_HOME)-dags-test.log | \
-	  grep --line-buffered '^airflow dags test '; \
+	: "Airflow process: a process per DAG would pay Airflow's start 11 times (cdc_airflow/dag_runs.py); the changes"; \
+	: "land between the two rounds"; \
+	dags=$$($(BIN)/python -c "$$LAYER_DAGS"); \
+	$(BIN)/python -m cdc_airflow.dag_runs $$dags "spark_jobs $(DEMO_LANDING) --phases 1" $$dags 2>&1 | \
+	  tee $(AIRFLOW_HOME)-dags-test.log | grep --line-buffered '^airflow dags test \|^spark_jobs '; \
 	[ "$${PIPESTATUS[0]}" = 0 ] || { tail -50 $(AIRFLOW_HOME)-dags-test.log; exit 1; }
 	$(BIN)/python -m spark_jobs status --lake data/lake --require-tables
+	@echo "The Airflow UI with these runs, their reports and where every table stands: make ui"
 
 # the pipeline service in the foreground, for a scheduler of your own: it writes its Airflow connection (address and
 # secret) to .service-connection.json; e.g. AIRFLOW_CONN_CDC_SERVICE="$$(cat .service-connection.json)" and
