@@ -24,7 +24,7 @@ export LAYER_DAGS := from spark_jobs.registry import load_registry; from spark_j
 r = load_registry(settings().config); \
 print(" ".join(["cdc_bronze", "cdc_silver", *("cdc_gold_" + m for m in r.gold)]))
 
-.PHONY: demo serve test soak e2e lint bench venv bytecode java jars assets debs clean-demo compose-env
+.PHONY: demo ui serve test soak e2e lint bench venv bytecode java jars assets debs clean-demo compose-env
 
 venv: $(VENV)/.installed
 # the development lock (the runtime lock plus test and lint tools), then the project itself, editable
@@ -107,6 +107,14 @@ demo: venv java jars assets bytecode
 	[ "$${PIPESTATUS[0]}" = 0 ] || { tail -50 $(AIRFLOW_HOME)-dags-test.log; exit 1; }
 	$(BIN)/python -m spark_jobs status --lake data/lake --require-tables
 	@echo "The Airflow UI with these runs, their reports and where every table stands: make ui"
+
+# The Airflow UI on this machine's loopback after `make demo`: its DAG runs, each run's Data quality tab, and under
+# Browse the pipeline's status (every table and layer: rows, lag, last verdict) and its reports. The login is the
+# demo's own: admin, with a password drawn once into .airflow/ui-passwords.json (mode 600) and printed before
+# the server starts (cdc_airflow/ui.py). UI_PORT picks another port; Ctrl-C stops it.
+UI_PORT ?= 8080
+ui: venv bytecode
+	$(BIN)/python -m cdc_airflow.ui --port $(UI_PORT)
 
 # the pipeline service in the foreground, for a scheduler of your own: it writes its Airflow connection (address and
 # secret) to .service-connection.json; e.g. AIRFLOW_CONN_CDC_SERVICE="$$(cat .service-connection.json)" and
