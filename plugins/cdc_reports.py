@@ -2,7 +2,8 @@
 
 A FastAPI app mounted on the API server at /cdc-reports serves `<lake>/reports/` (the run history, each
 run's report, GX Data Docs) from a folder, or from S3 with the `aws_default` connection's credentials,
-and a menu entry ("CDC data quality") shows it inside the UI. Every request goes through Airflow's own
+and a menu entry ("CDC data quality") shows it inside the UI; a second ("CDC status") shows where every table
+stands, rendered per request. Every request goes through Airflow's own
 authentication (the UI's JWT cookie or a bearer token) and needs the permission to view plugins; without
 a session the browser is sent to Airflow's login page. Paths are resolved inside the reports folder and
 cannot leave it.
@@ -18,6 +19,7 @@ from urllib.parse import quote
 
 from airflow.plugins_manager import AirflowPlugin
 from fastapi import FastAPI, HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, RedirectResponse, Response
 
 from cdc_airflow.hooks import s3_client, s3_settings
@@ -35,6 +37,7 @@ app = FastAPI(title="CDC data-quality reports", docs_url=None, redoc_url=None, o
 # served from the installed package, never from the lake, so whoever can write to the lake cannot add code (GX's
 # pages keep only the scripts its templates write: quality/docs_assets.py). Nothing is fetched or posted.
 VENDOR_PATH = f"data_docs/{VENDOR}/"
+STATUS = "status"  # the page rendered per request (where every table stands now), not a file of the lake
 
 
 def policy(request: Request) -> str:
@@ -83,7 +86,9 @@ async def serve(path: str, request: Request) -> Response:
     if refused is not None:
         return refused
     lake = reports_lake()
-    if path.startswith(VENDOR_PATH):
+    if path == STATUS:
+        response = await run_in_threadpool(_status_page, lake)
+    elif path.startswith(VENDOR_PATH):
         response = _serve_vendored(path.removeprefix(VENDOR_PATH))
     elif not lake.on_s3:
         response = _serve_folder(Path(lake.reports), path)
@@ -93,6 +98,17 @@ async def serve(path: str, request: Request) -> Response:
     response.headers["X-Content-Type-Options"] = "nosniff"
     response.headers["Referrer-Policy"] = "no-referrer"
     return response
+
+
+def _status_page(lake: Lake) -> Response:
+    """Where every table stands, now: the same `lake_status` as `python -m spark_jobs status` (Delta logs and the event
+    log, no Spark), in a worker thread: it reads every table's log."""
+    from spark_jobs.registry import load_registry
+    from spark_jobs.report import render_status
+    from spark_jobs.status import lake_status
+
+    state = lake_status(load_registry(settings().config), lake, None)
+    return Response(render_status(state), media_type="text/html", headers={"Cache-Control": "no-store"})
 
 
 @cache
@@ -150,7 +166,9 @@ class CdcReportsPlugin(AirflowPlugin):
     fastapi_apps = [{"app": app, "url_prefix": PREFIX, "name": "CDC data-quality reports"}]
     # the menu entry, and a tab on every DAG run page with the report of that run (the pipeline's runs are
     # reported under their Airflow run id; the UI puts the run's id in place of {RUN_ID})
-    external_views = [{"name": "CDC data quality", "href": f"{PREFIX}/", "destination": "nav", "category": "browse",
+    external_views = [{"name": "CDC status", "href": f"{PREFIX}/{STATUS}", "destination": "nav", "category": "browse",
+                       "url_route": "cdc-status"},
+                      {"name": "CDC data quality", "href": f"{PREFIX}/", "destination": "nav", "category": "browse",
                        "url_route": "cdc-reports"},
                       {"name": "Data quality", "href": f"{PREFIX}/runs/{{RUN_ID}}/index.html", "destination": "dag_run",
                        "url_route": "cdc-run-report"}]

@@ -220,7 +220,7 @@ def generate(args: argparse.Namespace) -> int:
 
 def status(args: argparse.Namespace) -> int:
     from spark_jobs.lake import Lake, row_count
-    from spark_jobs.report import human_seconds
+    from spark_jobs.report import OLD_LAG_S, human_seconds, lag_text
     from spark_jobs.status import lake_status
 
     registry = load_registry(args.config)
@@ -248,6 +248,12 @@ def status(args: argparse.Namespace) -> int:
     for item in state.tables:  # a table or model that never quarantined a record has no quarantine table: no row
         if item.quarantined_rows is not None:
             print(f"{'quarantine':<11}{item.name:<24}{item.quarantined_rows:>8}")
+    old = [(s.lag_s, s.newest_change_at, f"{layer}/{item.name}") for item in state.tables
+           for layer, s in item.layers.items() if s.lag_s is not None and s.lag_s >= OLD_LAG_S]
+    if old:  # a quiet source (or old sample files) more often than a slow pipeline: say what the lag is measured from
+        lag, newest, where = max(old)
+        print(f"\nlag: now less the source commit time of the newest change a layer holds; {where}'s is "
+              f"{lag_text(lag, newest)}")
     index = lake.reports_index
     docs = [p for p in lake.files.list(lake.data_docs("")) if p.count("/") == lake.data_docs("").count("/") + 1
             and p.endswith("/index.html")]

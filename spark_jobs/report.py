@@ -16,6 +16,7 @@ from spark_jobs.lake import Lake
 
 if TYPE_CHECKING:
     from spark_jobs.event_log import Step
+    from spark_jobs.status import LakeStatus
 
 STYLE = ("body{font-family:system-ui,sans-serif;margin:1.5em;color:#1b1f24}td,th{padding:3px 10px;text-align:left;"
          "vertical-align:top}th{background:#eef1f4}table{border-collapse:collapse;margin:.4em 0 1.2em}"
@@ -77,6 +78,20 @@ def human_seconds(value: Any) -> str:
     return f"{s / (86400 * 365.25):.1f} years"
 
 
+# A lag over a day is more often a quiet source (or old sample files) than a slow pipeline: such a lag names the
+# source commit it is measured from
+OLD_LAG_S = 86_400
+
+
+def lag_text(lag_s: Any, newest_change_at: dt.datetime | str | None) -> str:
+    """A lag as people read it; one over a day says what it is measured from: the source's commit time."""
+    text = human_seconds(lag_s)
+    if not text or newest_change_at is None or float(lag_s) < OLD_LAG_S:
+        return text
+    at = dt.datetime.fromisoformat(newest_change_at) if isinstance(newest_change_at, str) else newest_change_at
+    return f"{text} (since the source's commit at {at.astimezone(dt.UTC):%Y-%m-%d %H:%M} UTC)"
+
+
 def load_run(lake: Lake, run_id: str, paths: list[str] | None = None) -> list[dict[str, Any]]:
     """A run's summaries, from `paths` when the caller has listed them already."""
     order = {"bronze": 0, "silver": 1, "gold": 2}
@@ -130,9 +145,15 @@ def _check_row(c: dict[str, Any]) -> str:
             f"<td>{_e(unexpected)}</td><td>{_e(observed)}</td></tr>")
 
 
+def _count(s: dict[str, Any], key: str) -> str:
+    if key == "lag_s":
+        newest = s.get("newest_change_ms")
+        return lag_text(s[key], None if newest is None else dt.datetime.fromtimestamp(newest / 1000, dt.UTC))
+    return human_seconds(s[key]) if key in SECONDS else str(s[key])
+
+
 def _section(s: dict[str, Any]) -> str:
-    counts = "".join(f"<tr><th>{k}</th><td>{_e(human_seconds(s[k]) if k in SECONDS else s[k])}</td></tr>"
-                     for k in COUNTS if s.get(k) not in (None, ""))
+    counts = "".join(f"<tr><th>{k}</th><td>{_e(_count(s, k))}</td></tr>" for k in COUNTS if s.get(k) not in (None, ""))
     parts = [f"<h2 id='{_e(s['table'])}.{_e(s['layer'])}'>{_e(s['layer'])} · {_e(s['table'])} — "
              f"{_verdict(s.get('gate'))}</h2>"]
     if s.get("error"):
@@ -203,7 +224,8 @@ def render_index(lake: Lake, steps: list[Step]) -> str:
     names = sorted({s.table for s in steps})
     links = " · ".join(f"<a href='tables/{_e(t)}.html'>{_e(t)}</a>" for t in names)
     body = ("<h1>CDC pipeline runs</h1><p>Newest first. Each run links to its report; each report links to the "
-            f"Great Expectations Data Docs of its tables.</p><p>Trends per table: {links}</p>"
+            "Great Expectations Data Docs of its tables. <a href='status'>Where every table stands now</a> (in the "
+            f"Airflow UI; <code>python -m spark_jobs status</code> on a terminal).</p><p>Trends per table: {links}</p>"
             "<table><tr><th>run</th><th>started</th><th>verdict</th>"
             "<th>quarantined</th><th>gates</th></tr>" + "".join(rows) + "</table>")
     path = lake.reports_index
@@ -214,12 +236,14 @@ def render_index(lake: Lake, steps: list[Step]) -> str:
 # Charts are drawn here as inline SVG: the pages must render from the lake's files and behind a firewall with
 # no script, and the plotting library at hand (altair, which GX brings) needs a Vega runtime of its own version
 COLOURS = ("#0969da", "#1a7f37", "#9a6700", "#b00020", "#8250df")
+LABELLED = 20  # runs up to which every point is labelled with its value
 
 
 def line_chart(title: str, labels: list[str], series: dict[str, list[float | None]], shown: Any = str) -> str:
-    """One SVG line chart over the runs (oldest left): a line and a dot per series and run with a value
-    (the dot's tooltip says which run and how much), the y axis from 0 to the largest value."""
-    width, height, left, bottom, top = 660, 190, 78, 24, 14
+    """One SVG line chart over the runs (oldest left): a line and a dot per series and run with a value, each dot
+    labelled with its value (the newest only, past LABELLED runs) and its tooltip saying which run, the y axis from 0
+    to the largest value."""
+    width, height, left, bottom, top = 660, 200, 78, 24, 28
     values = [v for points in series.values() for v in points if v is not None]
     if not values:
         return f"<p class='chart-empty'>{_e(title)}: no figures yet</p>"
@@ -230,7 +254,7 @@ def line_chart(title: str, labels: list[str], series: dict[str, list[float | Non
         return left + i * step, top + (height - top - bottom) * (1 - v / high)
 
     parts = [f"<svg class='chart' role='img' aria-label='{_e(title)}' width='{width}' height='{height + 18}' "
-             f"xmlns='http://www.w3.org/2000/svg'><text x='{left}' y='10' font-size='12' font-weight='600'>{_e(title)}"
+             f"xmlns='http://www.w3.org/2000/svg'><text x='{left}' y='12' font-size='12' font-weight='600'>{_e(title)}"
              "</text>",
              f"<line x1='{left}' y1='{height - bottom}' x2='{width - 8}' y2='{height - bottom}' stroke='#8c959f'/>",
              f"<line x1='{left}' y1='{top}' x2='{left}' y2='{height - bottom}' stroke='#8c959f'/>",
@@ -245,6 +269,9 @@ def line_chart(title: str, labels: list[str], series: dict[str, list[float | Non
         parts.append(f"<polyline class='series' points='{line}' fill='none' stroke='{colour}' stroke-width='1.5'/>")
         parts += [f"<circle cx='{x:.1f}' cy='{y:.1f}' r='2.5' fill='{colour}'><title>{_e(labels[i])}: {_e(name)} "
                   f"{_e(shown(v))}</title></circle>" for i, v in dots for x, y in [xy(i, v)]]
+        parts += [f"<text class='point' x='{x:.1f}' y='{y - 5:.1f}' font-size='10' fill='{colour}' "
+                  f"text-anchor='{'end' if i == len(labels) - 1 and i else 'middle'}'>{_e(shown(v))}</text>"
+                  for i, v in dots if len(dots) <= LABELLED or i == dots[-1][0] for x, y in [xy(i, v)]]
         parts.append(f"<text x='{left + 8 + n * 120}' y='{height + 14}' font-size='11' fill='{colour}'>■ {_e(name)}</text>")
     return "".join(parts) + "</svg>"
 
@@ -268,7 +295,7 @@ def render_table(lake: Lake, table: str, steps: list[Step], failed: dict[tuple[s
     charts = []
     if labels:
         lag_layer = "gold" if any("gold" in layers for _, layers in mine) else "silver"
-        charts.append(line_chart("Lag: the newest source change, seen by the run", labels,
+        charts.append(line_chart("Lag: the run's time less the source commit time of the newest change it held", labels,
                                  {lag_layer: figure(lag_layer, "lag_s")}, human_seconds))
         rows = ({"rows": figure("gold", "rows")} if lag_layer == "gold" else
                 {"events in": figure("bronze", "events"), "inserted": figure("silver", "inserted"),
@@ -291,3 +318,30 @@ def render_table(lake: Lake, table: str, steps: list[Step], failed: dict[tuple[s
     path = f"{lake.reports}/tables/{table}.html"
     lake.files.write(path, _page(f"CDC table {table}", body))
     return path
+
+
+def _ago(at: str | None, now: dt.datetime) -> str:
+    if not at:
+        return ""
+    return f"{human_seconds((now - dt.datetime.fromisoformat(at)).total_seconds())} ago"
+
+
+def render_status(state: LakeStatus) -> str:
+    """Where every table stands (`status.lake_status`, which `python -m spark_jobs status` prints): each table's and
+    gold model's layers with rows, lag, the newest verdict and how long ago the last success was, linked to the run
+    and the trend page. Rendered when asked (the Airflow plugin's /cdc-reports/status), so the lag is now's."""
+    now = dt.datetime.fromisoformat(state.at)
+    rows = []
+    for item in state.tables:
+        for layer, s in item.layers.items():
+            run = f"<a href='runs/{_e(s.last_run)}/index.html'>{_e(s.last_run)}</a>" if s.last_run else ""
+            rows.append(f"<tr><td><a href='tables/{_e(item.name)}.html'>{_e(item.name)}</a></td><td>{_e(layer)}</td>"
+                        f"<td>{'' if s.rows is None else f'{s.rows:,}'}</td><td>{_e(lag_text(s.lag_s, s.newest_change_at))}"
+                        f"</td><td>{_verdict(s.last_verdict) if s.last_verdict else 'no run yet'}</td>"
+                        f"<td>{_e(_ago(s.last_success, now))}</td><td>{run}</td></tr>")
+    body = (f"<p><a href='./'>← all runs</a></p><h1>Where every table stands</h1><p>As of {_e(state.at[:19])}Z. "
+            "Lag: now less the source commit time of the newest change the layer holds (Debezium's "
+            "<code>source.ts_ms</code>), as of its last passed run. Rows: the table's now.</p>"
+            "<table><tr><th>table</th><th>layer</th><th>rows</th><th>lag</th><th>last verdict</th>"
+            "<th>last success</th><th>last run</th></tr>" + "".join(rows) + "</table>")
+    return _page("CDC pipeline status", body)

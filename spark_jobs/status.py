@@ -22,6 +22,7 @@ class LayerStatus:
     last_run: str | None = None
     last_success: str | None = None  # when the newest run that passed its gate published (ISO 8601, UTC)
     lag_s: float | None = None  # now minus the newest source change the layer holds, as of its last success
+    newest_change_at: str | None = None  # that change's source commit time (ISO 8601, UTC): what the lag is measured from
 
 
 @dataclass
@@ -60,6 +61,7 @@ def layer_status(lake: Lake, name: str, layer: str, now: dt.datetime | None = No
         status.last_success = standing.last_passed.published_at.isoformat()
     if standing.newest_change_at is not None:
         status.lag_s = round((now - standing.newest_change_at).total_seconds(), 3)
+        status.newest_change_at = standing.newest_change_at.isoformat()
     return status
 
 

@@ -5,6 +5,7 @@ and one writer per table holds through a lease object instead of an OS file lock
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import threading
@@ -77,9 +78,14 @@ def test_recorded_connector_output_with_landing_and_lake_on_s3_gives_the_source_
     assert silver_rows(spark, engine, LAKE, "pg_customers", ("id",)) == RECORDED_FINAL["pg_customers"]
 
     assert cli.main(["status", "--config", str(FIXTURES / "tables.yaml"), "--lake", LAKE]) == 0
-    status = {tuple(line.split()[:2]): line.split()[2:] for line in capsys.readouterr().out.splitlines()[1:]
-              if line.strip() and not line.startswith(("tables:", "reports:"))}
+    out = capsys.readouterr().out
+    status = {tuple(line.split()[:2]): line.split()[2:] for line in out.splitlines()[1:]
+              if line.strip() and not line.startswith(("tables:", "reports:", "lag:"))}
     assert status[("silver", "pg_customers")][:2] == [str(len(RECORDED_FINAL["pg_customers"])), "passed"]
+    # the recorded connector output is years old: the lag says it is measured from the source's commit time
+    assert re.search(r"^lag: now less the source commit time of the newest change a layer holds; (bronze|silver)/"
+                     r"pg_customers's is \d+\.\d years \(since the source's commit at 20\d\d-\d\d-\d\d \d\d:\d\d UTC\)$",
+                     out, re.MULTILINE), out
 
 
 def test_one_writer_per_table_holds_on_s3_and_a_dead_writers_lease_is_taken_over(s3, monkeypatch, capsys):

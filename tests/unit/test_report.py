@@ -51,6 +51,7 @@ def test_each_table_has_a_trend_page_with_charts_over_its_runs_in_human_units(tm
                                    "quarantined_share": share})
         publish(lake, f"run-{n}", {"table": "orders", "layer": "silver", "gate": "failed" if n == 2 else "passed",
                                    "inserted": inserted, "updated": 1, "deleted": 0, "lag_s": lag, "seconds": 0.85,
+                                   "newest_change_ms": 1_700_000_000_000 if n == 0 else None,
                                    "checks": [{**CHECKS[1], "success": n != 2}]})
         finish(lake, f"run-{n}", ["orders"])
     page = (tmp_path / "reports" / "tables" / "orders.html").read_text()
@@ -58,12 +59,50 @@ def test_each_table_has_a_trend_page_with_charts_over_its_runs_in_human_units(tm
     assert page.count("<polyline class='series'") == 1 + 4 + 2  # lag; in, inserted, updated, deleted; two layers
     assert "<title>" in page and "silver 3.0 years</title>" in page and "silver 2.0 h</title>" in page
     assert "bronze 50.0%</title>" in page
+    # every point labelled with its value, where the tooltip alone once said it
+    assert page.count("<text class='point'") == 3 + 4 * 3 + 3  # silver's share has no figure: no point
+    assert ">3.0 years</text>" in page and ">42.0 s</text>" in page and ">2.0 h</text>" in page
     # runs newest first, each with its verdicts and the checks that did not pass
     assert page.index("run-2") < page.index("run-1") < page.index("run-0")
     assert "<span class='failed'>failed</span></td><td></td><td>max_quarantined</td>" in page
     assert "<a href='tables/orders.html'>orders</a>" in (tmp_path / "reports" / "index.html").read_text()
     run_page = (tmp_path / "reports" / "runs" / "run-0" / "index.html").read_text()
-    assert "<tr><th>lag_s</th><td>3.0 years</td></tr>" in run_page and "<td>850 ms</td>" in run_page
+    # a lag over a day names the source commit it is measured from
+    assert ("<tr><th>lag_s</th><td>3.0 years (since the source&#x27;s commit at 2023-11-14 22:13 UTC)</td></tr>"
+            in run_page)
+    assert "<td>850 ms</td>" in run_page
+    assert "<tr><th>lag_s</th><td>42.0 s</td></tr>" in (tmp_path / "reports" / "runs" / "run-1" / "index.html").read_text()
+
+
+def test_a_chart_of_one_run_labels_its_point_and_one_of_many_labels_the_newest():
+    from spark_jobs.report import LABELLED, line_chart
+
+    one = line_chart("Lag", ["12:00"], {"silver": [30.0]}, lambda v: f"{v:.0f} s")
+    assert "<circle" in one and "<text class='point' x='78.0' y='23.0' font-size='10' fill='#0969da' " \
+        "text-anchor='middle'>30 s</text>" in one
+    many = line_chart("Lag", [str(i) for i in range(LABELLED + 1)], {"silver": [float(i) for i in range(LABELLED + 1)]})
+    assert many.count("<circle") == LABELLED + 1 and many.count("<text class='point'") == 1
+    assert f">{float(LABELLED)}</text>" in many
+
+
+def test_the_status_page_shows_every_layer_with_its_lag_verdict_and_last_success_and_escapes_names():
+    from spark_jobs.report import render_status
+    from spark_jobs.status import LakeStatus, LayerStatus, TableStatus
+
+    fresh = LayerStatus(rows=1200, last_verdict="passed", last_run="manual__<run>", lag_s=95.5,
+                        last_success="2026-12-02T11:58:00+00:00", newest_change_at="2026-12-02T11:58:24.500000+00:00")
+    old = LayerStatus(rows=3, last_verdict="failed", last_run="r2", lag_s=3 * 365.25 * 86400,
+                      last_success="2026-12-01T12:00:00+00:00", newest_change_at="2023-12-02T12:00:00+00:00")
+    state = LakeStatus("lake", "2026-12-02T12:00:00+00:00", [
+        TableStatus("<b>orders</b>", "table", layers={"bronze": fresh, "silver": LayerStatus()}),
+        TableStatus("by_state", "gold", layers={"gold": old})])
+    page = render_status(state)
+    assert "<b>orders</b>" not in page and "&lt;b&gt;orders&lt;/b&gt;" in page  # a source's names are escaped
+    assert ("<td>bronze</td><td>1,200</td><td>1.6 min</td><td><span class='passed'>passed</span></td>"
+            "<td>2.0 min ago</td><td><a href='runs/manual__&lt;run&gt;/index.html'>manual__&lt;run&gt;</a></td>") in page
+    assert "<td>silver</td><td></td><td></td><td>no run yet</td><td></td><td></td>" in page
+    assert ("<td>3.0 years (since the source&#x27;s commit at 2023-12-02 12:00 UTC)</td><td><span class='failed'>failed"
+            "</span></td><td>1.0 d ago</td>") in page
 
 
 def test_the_report_retention_removes_old_runs_from_the_event_log_and_records_the_reports_it_lacks(tmp_path,
