@@ -1067,8 +1067,9 @@ class AirflowCli:
 
 
 
-def first_run_reaches_gold(airflow: AirflowCli, config: Path, lake_root: Path | str, final: dict) -> list[dict]:
-    """The layer DAGs in turn: bronze takes the sensor's files, silver equals the source, gold passes."""
+def first_run_reaches_gold(airflow: AirflowCli, config: Path, lake_root: Path | str, final: dict,
+                           bronze_rows: int = 100) -> list[dict]:
+    """The layer DAGs in turn: bronze takes the sensor's files, silver equals the source (`final`), gold passes."""
     from spark_jobs.lake import Lake
 
     lake = Lake(str(lake_root))
@@ -1079,7 +1080,7 @@ def first_run_reaches_gold(airflow: AirflowCli, config: Path, lake_root: Path | 
     status = airflow.sh(str(BIN / "python"), "-m", "spark_jobs", "status", "--config", str(config), "--lake", lake.root,
                         "--require-tables", extra_env={k: v for k, v in os.environ.items() if k.startswith("AWS_")})
     table = {tuple(line.split()[:2]): line.split()[2:] for line in status.stdout.splitlines()[1:] if line.strip()}
-    assert table[("bronze", "customers")][:2] == ["100", "passed"]
+    assert table[("bronze", "customers")][:2] == [str(bronze_rows), "passed"]
     assert table[("gold", "customers_by_state")][1] == "passed"
     assert table[("silver", "customers")][1] == "passed"
     silver = silver_table(lake.silver("customers"))

@@ -13,7 +13,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -43,15 +43,12 @@ ARTIFACTS = Path(os.environ.get("CDC_TEST_ARTIFACTS", ROOT / "test-artifacts"))
 
 
 @contextmanager
-def api_server(env: dict[str, str], home: Path) -> Iterator[str]:
-    """`airflow api-server` on a free loopback port with one viewer user (reader / reader-pass)."""
+def api_server(env: dict[str, str], home: Path) -> Iterator[tuple[str, str]]:
+    """The Airflow UI as `make ui` starts it (`python -m cdc_airflow.ui`) on a free loopback port: its address and the
+    admin's password, read from the line it prints before the server starts (and from the file that line names)."""
     port = free_port()
-    (home / "passwords.json").write_text(json.dumps({"reader": "reader-pass"}))
-    env = {**env, "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "reader:viewer",
-           "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
-           "AIRFLOW__API_AUTH__JWT_SECRET": "browser-test-secret", "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}"}
     log = (home / "api-server.log").open("w")
-    server = subprocess.Popen([str(BIN / "airflow"), "api-server", "-H", "127.0.0.1", "-p", str(port), "-w", "1"],
+    server = subprocess.Popen([str(BIN / "python"), "-m", "cdc_airflow.ui", "--port", str(port)],
                               cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -64,7 +61,12 @@ def api_server(env: dict[str, str], home: Path) -> Iterator[str]:
             except (urllib.error.URLError, ConnectionError):
                 assert time.monotonic() < deadline, "API server did not start: " + (home / "api-server.log").read_text()[-3000:]
                 time.sleep(1)
-        yield base
+        printed = (home / "api-server.log").read_text().splitlines()[0]
+        passwords = home / "ui-passwords.json"
+        password = json.loads(passwords.read_text())["admin"]
+        assert printed == f"Airflow UI: {base}/  user admin, password {password} ({passwords}); Ctrl-C stops it"
+        assert passwords.stat().st_mode & 0o777 == 0o600
+        yield base, password
     finally:
         stop_process_groups([server], grace_s=5)
         log.close()
@@ -84,12 +86,13 @@ def _get(url: str, **headers: str) -> tuple[int, str, dict[str, str]]:
         return e.code, e.read().decode(), dict(e.headers)
 
 
-def check_reports_behind_airflow_auth(base: str) -> None:
-    status, _, _ = _get(f"{base}/cdc-reports/", Accept="application/json")
-    assert status == 401
+def check_reports_behind_airflow_auth(base: str, password: str) -> None:
+    for page in ("", "status"):  # the reports and the status page rendered per request alike
+        status, _, _ = _get(f"{base}/cdc-reports/{page}", Accept="application/json")
+        assert status == 401, page
     status, _, headers = _get(f"{base}/cdc-reports/", Accept="text/html")
     assert status == 307 and "/auth/login" in headers["location"]
-    login = urllib.request.Request(f"{base}/auth/token", data=json.dumps({"username": "reader", "password": "reader-pass"})
+    login = urllib.request.Request(f"{base}/auth/token", data=json.dumps({"username": "admin", "password": password})
                                    .encode(), headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(login, timeout=30) as r:
         token = json.loads(r.read())["access_token"]
@@ -107,12 +110,15 @@ def check_reports_behind_airflow_auth(base: str) -> None:
     status, page, headers = _get(f"{base}/cdc-reports/data_docs/silver-pass/", Authorization=f"Bearer {token}")
     assert status == 200 and headers["content-type"].startswith("text/html") and "Great Expectations" in page
     assert headers["content-security-policy"].startswith(scripts_only)
-    for escape in ("..%2f..%2fpasswords.json", "%2e%2e/%2e%2e/passwords.json", "runs/..%2f..%2f..%2fpasswords.json"):
+    # the reports are <root>/lake/reports, the UI's passwords <root>/airflow/ui-passwords.json
+    for escape in ("..%2f..%2fairflow%2fui-passwords.json", "%2e%2e/%2e%2e/airflow/ui-passwords.json",
+                   "runs/..%2f..%2f..%2fairflow/ui-passwords.json"):
         status, body, _ = _get(f"{base}/cdc-reports/{escape}", Authorization=f"Bearer {token}")
-        assert (status, "reader-pass" in body) == (404, False), escape
+        assert (status, password in body) == (404, False), escape
 
 
-def browse_reports_in_the_airflow_ui(base: str, screenshot: Path, bronze_run: str, lake: Path) -> str:
+def browse_reports_in_the_airflow_ui(base: str, password: str, screenshot: Path, bronze_run: str, lake: Path,
+                                     silver_rows: int) -> str:
     """Log in through Airflow's login page, open the plugin's menu entry and return the report's text; then
     a table's trend page, a DAG run's "Data quality" tab and the Data Docs, and scripts planted in the lake."""
     from selenium.webdriver.common.by import By
@@ -123,8 +129,8 @@ def browse_reports_in_the_airflow_ui(base: str, screenshot: Path, bronze_run: st
     try:
         wait = WebDriverWait(driver, 90)
         driver.get(f"{base}/plugin/cdc-reports")
-        wait.until(EC.presence_of_element_located((By.NAME, "username"))).send_keys("reader")
-        driver.find_element(By.NAME, "password").send_keys("reader-pass")
+        wait.until(EC.presence_of_element_located((By.NAME, "username"))).send_keys("admin")
+        driver.find_element(By.NAME, "password").send_keys(password)
         driver.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
         wait.until(EC.frame_to_be_available_and_switch_to_it((By.TAG_NAME, "iframe")))
         wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, "table tr td a")))
@@ -132,6 +138,7 @@ def browse_reports_in_the_airflow_ui(base: str, screenshot: Path, bronze_run: st
         driver.switch_to.default_content()
         screenshot.parent.mkdir(parents=True, exist_ok=True)
         driver.save_screenshot(str(screenshot))
+        check_status_page(driver, base, screenshot.with_name("status.png"), silver_rows)
         check_trend_charts(driver, base, screenshot.with_name("table-trends.png"))
         check_dag_run_tab(driver, base, bronze_run, screenshot.with_name("dag-run-data-quality-tab.png"))
         check_data_docs_render_offline(driver, base, screenshot.with_name("data-docs-offline.png"))
@@ -141,8 +148,38 @@ def browse_reports_in_the_airflow_ui(base: str, screenshot: Path, bronze_run: st
         driver.quit()
 
 
+# a lag as the pages print it: seconds or minutes for sample files dated now, never hours, days or years
+RECENT_LAG = re.compile(r"^\d+\.\d (s|min)$")
+
+
+def check_status_page(driver, base: str, screenshot: Path, silver_rows: int) -> None:
+    """Browse → CDC status: every table and layer with its rows, a lag in seconds or minutes (the sample files are
+    dated to end when they were made), the last verdict and how long ago the last success was."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(driver, 60)
+    driver.get(f"{base}/plugin/cdc-status")
+    wait.until(EC.frame_to_be_available_and_switch_to_it((By.TAG_NAME, "iframe")))
+    wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, "table tr td")))
+    rows = [[cell.text for cell in row.find_elements(By.TAG_NAME, "td")]
+            for row in driver.find_elements(By.CSS_SELECTOR, "table tr") if row.find_elements(By.TAG_NAME, "td")]
+    heading = driver.find_element(By.TAG_NAME, "h1").text
+    driver.switch_to.default_content()
+    driver.save_screenshot(str(screenshot))
+    assert heading == "Where every table stands"
+    assert [(r[0], r[1], r[2], r[4]) for r in rows] == [("customers", "bronze", "100", "passed"),
+                                                      ("customers", "silver", str(silver_rows), "passed"),
+                                                      ("customers_by_state", "gold", rows[2][2], "passed")], rows
+    for row in rows:
+        assert RECENT_LAG.match(row[3]), row
+        assert re.match(r"^\d+\.\d (s|min) ago$", row[5]), row
+
+
 def check_trend_charts(driver, base: str, screenshot: Path) -> None:
-    """The table's trend page draws its three charts (lag, rows per run, quarantined share) over the runs."""
+    """The table's trend page draws its three charts (lag, rows per run, quarantined share) as lines over the demo's
+    two runs, each point labelled with its value: the lag in seconds or minutes."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as EC
     from selenium.webdriver.support.ui import WebDriverWait
@@ -151,10 +188,16 @@ def check_trend_charts(driver, base: str, screenshot: Path) -> None:
     WebDriverWait(driver, 60).until(EC.presence_of_element_located((By.CSS_SELECTOR, "svg.chart")))
     charts = driver.find_elements(By.CSS_SELECTOR, "svg.chart")
     assert [c.get_attribute("aria-label") for c in charts] == [
-        "Lag: the newest source change, seen by the run", "Rows per run", "Quarantined share of the batch"]
+        "Lag: the run's time less the source commit time of the newest change it held", "Rows per run",
+        "Quarantined share of the batch"]
     assert all(c.size["width"] > 600 and c.size["height"] > 150 for c in charts)  # laid out, not collapsed
     assert len(charts[1].find_elements(By.CSS_SELECTOR, "polyline.series")) == 4
-    assert charts[1].find_elements(By.CSS_SELECTOR, "circle")  # a dot per run and series
+    lag_line = charts[0].find_element(By.CSS_SELECTOR, "polyline.series").get_attribute("points").split()
+    assert len(lag_line) == 2, lag_line  # a line through both runs, not a dot
+    lags = [label.text for label in charts[0].find_elements(By.CSS_SELECTOR, "text.point")]
+    assert len(lags) == 2 and all(RECENT_LAG.match(lag) for lag in lags), lags
+    inserted = charts[1].find_elements(By.CSS_SELECTOR, "text.point")
+    assert len(inserted) == 8 and all(label.is_displayed() for label in inserted)  # 4 series x 2 runs
     driver.save_screenshot(str(screenshot))
 
 
@@ -240,14 +283,18 @@ class Demo:
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory) -> Iterator[Demo]:
     """Files landing in a bucket (a local S3 server) taken to silver and gold through the layer DAGs (`airflow dags
-    test`, the tasks' jobs on the pipeline service): the first run, which the module's tests go on from."""
+    test`, the tasks' jobs on the pipeline service) as `make demo` lands them: the snapshot, dated to end now, then
+    the changes. The module's tests go on from the two runs."""
     from spark_jobs.generate import Options, generate
     from spark_jobs.registry import load_registry
 
     root = tmp_path_factory.mktemp("demo")
     config = customers_project(root)
     landing, lake = "s3://landing/cdc", root / "lake"
-    generated = generate(load_registry(str(config)).select(None), root / "sink", Options(rows=50, changes=50))
+    tables = load_registry(str(config)).select(None)
+    opts = Options(rows=50, changes=50, batches=1, ends_ms=int(time.time() * 1000))
+    snapshot = generate(tables, root / "sink", replace(opts, phases=frozenset({0})))[0]
+    generated = generate(tables, root / "changes", replace(opts, phases=frozenset({1})))
     # the service serves this deployment, with its own S3 credentials; Airflow reaches it through its connection
     deployment = {"CDC_CONFIG": str(config), "CDC_LANDING_URI": landing, "CDC_LAKE_URI": str(lake)}
     with ExitStack() as stack:
@@ -271,7 +318,13 @@ def demo(tmp_path_factory) -> Iterator[Demo]:
         airflow_home(root / "airflow")  # `airflow db migrate`'s database
         pools = airflow.sh(str(BIN / "python"), "-m", "cdc_airflow.pools")  # the writer pools, as the README sets them up
         assert "1 writer pools of one slot: cdc_gold_customers_by_state" in pools.stdout
-        silver = first_run_reaches_gold(airflow, config, lake, generated[0].final_rows)
+        first_run_reaches_gold(airflow, config, lake, snapshot.snapshot_rows, bronze_rows=50)
+        upload_landing(s3_endpoint, root / "changes", landing)
+        log, _, _ = airflow.dag_runs(("cdc_bronze",), ("cdc_silver",), ("cdc_gold_customers_by_state",))
+        assert "table=customers: 2 landing file(s) for bronze" in log
+        silver = silver_table(str(lake / "silver" / "customers"))
+        assert {(r["custkey"],): {c: r[c] for c in r if not c.startswith("_")} for r in silver} == \
+            generated[0].final_rows
         yield Demo(airflow, env, root, lake, silver)
 
 
@@ -281,10 +334,11 @@ def test_each_layer_task_names_what_it_read_and_the_delta_table_it_wrote_in_its_
 
 def test_the_reports_are_in_the_airflow_ui_behind_its_login(demo):
     """The latest run's verdicts, the trend charts, a DAG run's tab and the Data Docs, in headless chromium."""
-    with api_server(demo.env, demo.root / "airflow") as base:
-        check_reports_behind_airflow_auth(base)
+    with api_server(demo.env, demo.root / "airflow") as (base, password):
+        check_reports_behind_airflow_auth(base, password)
         bronze_run = next(p.parent.name for p in (demo.lake / "reports" / "runs").glob("*/customers.bronze.json"))
-        text = browse_reports_in_the_airflow_ui(base, ARTIFACTS / "airflow-ui-cdc-reports.png", bronze_run, demo.lake)
+        text = browse_reports_in_the_airflow_ui(base, password, ARTIFACTS / "airflow-ui-cdc-reports.png", bronze_run,
+                                                demo.lake, len(demo.silver))
     latest = text.split("CDC pipeline runs", 1)[1].splitlines()
     assert [line for line in latest if "gold/customers_by_state" in line][0].split()[2] == "passed"
     assert "silver/customers: passed" in text and "bronze/customers: passed" in text
