@@ -13,7 +13,6 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from spark_jobs.delta import (
@@ -54,10 +53,11 @@ from spark_jobs.state import writer_lock
 
 def gold_refresh(spark: SparkSession, engine: DeltaEngine, model: GoldModel, lake: Lake,
                  batch_id: str, landing: str | None = None) -> GoldSummary:
-    """Run the model's SQL over silver, gate the result, then overwrite the gold table: write-audit-publish,
-    a failed gate leaves gold at its previous version. When nothing it reads has changed since the version
-    it published (the same silver versions, model definition and gold version), it is not refreshed,
-    unless its result or verdict depends on the clock (see `depends_on_the_clock`).
+    """Run the model's SQL over silver, gate the result, then publish it: write-audit-publish, a failed gate leaves
+    gold at its previous version. Plan -> rows by strategy (`_rows`: whole, by its group state, or its touched keys
+    computed again) -> gate -> publish, as dbt's incremental materialisation calls one strategy. When nothing it
+    reads has changed since the version it published (the same silver versions, model definition and gold version),
+    it is not refreshed, unless its result or verdict depends on the clock (see `depends_on_the_clock`).
 
     Sources whose connector publishes its transactions (`model.at_watermark`) are read as of one transaction
     watermark (layers/transactions.py), after taking the transaction topic's new files from `landing`."""
@@ -75,6 +75,28 @@ def gold_refresh(spark: SparkSession, engine: DeltaEngine, model: GoldModel, lak
                            gate="skipped (sources unchanged)",
                            transaction_watermark=recorded.get("transaction_watermark"),
                            published=recorded.get("published_by") == batch_id or None)
+    sources, mark = _read_sources(spark, engine, lake, model, inputs)
+    computed = analyzed(spark, sources, model.sql)[0]  # the model over its sources, as Spark analyzed it (no job)
+    refresh = _Refresh(spark, engine, lake, model, batch_id, sources, computed, recorded, inputs, gold_version)
+    rows = _rows(refresh, planned)
+    summary = _summary(refresh, rows, ingested, mark)
+    published = _gated(refresh, rows, summary)
+    state_version = _publish(refresh, rows, published, summary)
+    # written after the publish: a run dying between the two refreshes again, which is harmless
+    # with the watermark it was published at: the newest transaction shown, and its END's offset in the topic; and the
+    # run that published the version, whose retry finds its sources unchanged and still says it published
+    lake.files.write(lake.gold_inputs(model.name), json.dumps(
+        {**inputs, "gold_version": summary.version, "state_version": state_version,
+         "newest_change_ms": rows.newest_change_ms, "transaction_watermark": summary.transaction_watermark,
+         "transaction_position": mark.position if mark is not None else None,
+         "published_by": batch_id if summary.published else recorded.get("published_by")}, sort_keys=True))
+    return summary
+
+
+def _read_sources(spark: SparkSession, engine: DeltaEngine, lake: Lake, model: GoldModel, inputs: dict[str, Any]
+                  ) -> tuple[dict[str, DataFrame], transactions.Watermark | None]:
+    """Each source's silver at the version `inputs` took, or as of the model's transaction watermark (and that
+    watermark) for the sources read at one."""
     consistent = {t.name: t for t in model.at_watermark}
     mark, visible, logs = None, None, {}
     if model.transactions:
@@ -91,95 +113,146 @@ def gold_refresh(spark: SparkSession, engine: DeltaEngine, model: GoldModel, lak
         if silver is None:
             raise PipelineError(model.name, "gold", f"source silver table {source!r} does not exist yet")
         sources[source] = silver
-    computed = analyzed(spark, sources, model.sql)[0]  # the model over its sources, as Spark analyzed it (no job)
-    traced = model_lineage(model.sql)
-    summary = GoldSummary(table=model.name, batch_id=batch_id, sources=list(model.sources))
-    built: DataFrame | None = None  # a model kept incrementally, refreshed whole: its state, built from silver
-    moved: gold_state.Moved | None = None  # refreshed incrementally: its state moved
-    changed_rows: pa.Table | None = None  # refreshed incrementally: its rows of the groups touched (GONE: deleted)
-    why_whole, newest_change = (planned if isinstance(planned, str) else None), None
+    return sources, mark
+
+
+@dataclass(frozen=True)
+class _Refresh:
+    """What a refresh reads: the model, its sources as read, the model over them (analyzed, no job), and what the
+    refresh that published `gold_version` recorded (`recorded`) beside what this one read (`inputs`)."""
+
+    spark: SparkSession
+    engine: DeltaEngine
+    lake: Lake
+    model: GoldModel
+    batch_id: str
+    sources: dict[str, DataFrame]
+    computed: DataFrame
+    recorded: dict[str, Any]
+    inputs: dict[str, Any]
+    gold_version: int | None
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """The model's rows after a refresh (`result`: what the gate sees), how they were made, and what publishing them
+    writes: the rows of the keys touched (`changed`, `GONE` = 1: deleted) merged into gold, else `result` written
+    whole; the group state moved (`state_moved`, merged) or built whole (`state_built`, written whole)."""
+
+    result: DataFrame
+    refresh: str  # incremental | full (why)
+    newest_change_ms: int | None  # the newest source time of a row the model holds
+    changed: pa.Table | None = None
+    state_moved: pa.Table | None = None
+    state_built: DataFrame | None = None
+    changes: int | None = None  # the change feed's rows an incremental refresh read
+    groups_changed: int | None = None
+
+
+def _rows(refresh: _Refresh, planned: IncrementalPlan | GroupsPlan | str) -> _Rows:
+    """The model's rows by the strategy its plan names: whole, by its group state, or its touched keys again."""
     if isinstance(planned, IncrementalPlan):
-        schema = computed.schema  # the model's column types
-        found = _moved(spark, engine, lake, model, planned, sources[planned.source], recorded, inputs, gold_version)
-        if isinstance(found, str):
-            built = gold_state.build(sources[planned.source], planned).localCheckpoint()
-            result = gold_state.model_rows(built, planned, schema, sources[planned.source]).localCheckpoint()
-            why_whole = found
-        else:
-            moved = found
-            changed_rows = gold_state.model_rows(spark_frame(spark, moved.state), planned, schema,
-                                                 sources[planned.source]).toArrow()
-            summary.changes, summary.groups_changed, newest_change = moved.changes, moved.groups, moved.newest_change_ms
-    elif isinstance(planned, GroupsPlan):
-        regrouped = _regrouped(spark, engine, lake, model, planned, sources, computed.schema, recorded, inputs,
-                               gold_version)
-        if isinstance(regrouped, str):
-            why_whole = regrouped
-        else:
-            changed_rows = regrouped.rows
-            summary.changes, summary.groups_changed, newest_change = \
-                regrouped.changes, regrouped.rows.num_rows, regrouped.newest_change_ms
-    if changed_rows is not None:
-        result = _patched(spark, engine.read(spark, lake.gold(model.name), version=gold_version), changed_rows,
-                          model.keys)
-        summary.refresh = "incremental"
-        newest = max(filter(None, [recorded.get("newest_change_ms"), newest_change]), default=None)
-    else:
-        if built is None:
-            result = computed.localCheckpoint()
-        summary.refresh = f"full ({why_whole})"
-        newest = _newest(sources.values())
-    rows = result.count()
-    summary.rows, summary.lag_s, summary.newest_change_ms = rows, lag_seconds(newest), newest
-    summary.lineage = {c: traced.get(c, []) for c in result.columns}
+        return _by_group_state(refresh, planned)
+    if isinstance(planned, GroupsPlan):
+        return _by_regrouping(refresh, planned)
+    return _whole(refresh, planned)
+
+
+def _whole(refresh: _Refresh, why: str) -> _Rows:
+    return _Rows(refresh.computed.localCheckpoint(), f"full ({why})", _newest(refresh.sources.values()))
+
+
+def _by_group_state(refresh: _Refresh, planned: IncrementalPlan) -> _Rows:
+    """The model's per-group state moved by its source's changes, and the rows of the groups they moved; or, where
+    its changes cannot be replayed, the state built from all of silver and every row computed from it."""
+    silver, schema = refresh.sources[planned.source], refresh.computed.schema
+    found = _moved(refresh, planned, silver)
+    if isinstance(found, str):
+        built = gold_state.build(silver, planned).localCheckpoint()
+        result = gold_state.model_rows(built, planned, schema, silver).localCheckpoint()
+        return _Rows(result, f"full ({found})", _newest(refresh.sources.values()), state_built=built)
+    changed = gold_state.model_rows(spark_frame(refresh.spark, found.state), planned, schema, silver).toArrow()
+    return _incremental(refresh, changed, found.changes, found.groups, found.newest_change_ms, found.state)
+
+
+def _by_regrouping(refresh: _Refresh, planned: GroupsPlan) -> _Rows:
+    """The model computed again for the keys its sources' changes touched; whole where they cannot be replayed."""
+    regrouped = _regrouped(refresh, planned)
+    if isinstance(regrouped, str):
+        return _whole(refresh, regrouped)
+    return _incremental(refresh, regrouped.rows, regrouped.changes, regrouped.rows.num_rows, regrouped.newest_change_ms)
+
+
+def _incremental(refresh: _Refresh, changed: pa.Table, changes: int, groups: int, newest_change_ms: int | None,
+                 state_moved: pa.Table | None = None) -> _Rows:
+    published = refresh.engine.read(refresh.spark, refresh.lake.gold(refresh.model.name), version=refresh.gold_version)
+    newest = max(filter(None, [refresh.recorded.get("newest_change_ms"), newest_change_ms]), default=None)
+    return _Rows(_patched(refresh.spark, published, changed, refresh.model.keys), "incremental", newest, changed=changed,
+                 state_moved=state_moved, changes=changes, groups_changed=groups)
+
+
+def _summary(refresh: _Refresh, rows: _Rows, ingested: transactions.Ingested | None,
+             mark: transactions.Watermark | None) -> GoldSummary:
+    model, traced = refresh.model, model_lineage(refresh.model.sql)
+    summary = GoldSummary(table=model.name, batch_id=refresh.batch_id, sources=list(model.sources),
+                          refresh=rows.refresh, changes=rows.changes, groups_changed=rows.groups_changed)
+    summary.rows, summary.lag_s = rows.result.count(), lag_seconds(rows.newest_change_ms)
+    summary.newest_change_ms = rows.newest_change_ms
+    summary.lineage = {c: traced.get(c, []) for c in rows.result.columns}
     if ingested is not None:
         summary.transaction_files, summary.transactions_ended = ingested.files, ingested.ends
         summary.transactions_quarantined = sum(ingested.quarantined.values()) or None
     if mark is not None:
         summary.transaction_watermark, summary.transactions_waiting = mark.transaction or "none", mark.waiting
         summary.waiting_for, summary.transaction_ids_unmatched = mark.blocked_by, mark.ids_unmatched
+    return summary
+
+
+def _gated(refresh: _Refresh, rows: _Rows, summary: GoldSummary) -> DataFrame:
+    """The rows to publish, once the model's gate passed on them (it raises when it fails): those a `quarantine`
+    expectation refused are kept aside first, as silver's are."""
+    model, result, engine, lake = refresh.model, rows.result, refresh.engine, refresh.lake
     check_columns(result, model.expectations, "the model's columns")
-    published, quarantine = _quarantine_by_expectations(model, result, batch_id)
+    published, quarantine = _quarantine_by_expectations(model, result, refresh.batch_id)
     audited = {"rows": result}
     if model.references:
-        audited["references"] = _references(spark, engine, lake, model, result, inputs["silver_versions"])
-    figures = Figures(rows=rows, lag_s=summary.lag_s)
+        audited["references"] = _references(refresh.spark, engine, lake, model, result, refresh.inputs["silver_versions"])
+    counted = summary.rows or 0
+    figures = Figures(rows=counted, lag_s=summary.lag_s)
     if quarantine is not None:
-        # the rows a `quarantine` expectation refused are kept aside before the gate, as silver's are
-        summary.quarantined = write_quarantine(engine, lake, model.name, quarantine, "gold", batch_id)
+        summary.quarantined = write_quarantine(engine, lake, model.name, quarantine, "gold", refresh.batch_id)
         figures.quarantined = sum(summary.quarantined.values())
-        figures.quarantined_share = summary.quarantined_share = share(figures.quarantined, rows)
+        figures.quarantined_share = summary.quarantined_share = share(figures.quarantined, counted)
     gate(Audit(figures, tally(audited, flagged("gold"), model.keys)), {"model": result}, model.name, "gold",
          gold_checks(model), lake, summary, model.quality.actions)
-    # the state first: a run dying between the two, or before the inputs below, finds a version it did not record and
-    # rebuilds both
+    return published
+
+
+def _publish(refresh: _Refresh, rows: _Rows, published: DataFrame, summary: GoldSummary) -> int | None:
+    """Writes the state, then gold (a run dying between the two, or before the inputs are recorded, finds a version
+    it did not record and rebuilds both); sets the summary's version. Returns the state's version."""
+    engine, lake, model, gold_version = refresh.engine, refresh.lake, refresh.model, refresh.gold_version
     state_path, state_version = lake.gold_state(model.name), None
-    if changed_rows is not None:
-        if changed_rows.num_rows:
-            if moved is not None:
+    if rows.changed is not None:
+        if rows.changed.num_rows:
+            if rows.state_moved is not None:
                 state_keys = tuple(group_columns(len(model.keys)))
-                state_version = engine.merge(moved.state, state_path, _rows_merge(state_keys)).version
-            summary.version = engine.merge(changed_rows, lake.gold(model.name), _rows_merge(model.keys)).version
+                state_version = engine.merge(rows.state_moved, state_path, _rows_merge(state_keys)).version
+            summary.version = engine.merge(rows.changed, lake.gold(model.name), _rows_merge(model.keys)).version
         else:  # only what its references read changed: nothing to write
-            summary.version, state_version = gold_version, engine.version(state_path) if moved is not None else None
+            summary.version = gold_version
+            state_version = engine.version(state_path) if rows.state_moved is not None else None
     else:
-        if built is not None:
-            state_version = engine.overwrite(built, state_path)
-        if model.transactions and _same_rows(published, engine.read(spark, lake.gold(model.name), version=gold_version)):
+        if rows.state_built is not None:
+            state_version = engine.overwrite(rows.state_built, state_path)
+        if model.transactions and _same_rows(published, engine.read(refresh.spark, lake.gold(model.name),
+                                                                     version=gold_version)):
             # while its watermark is held, a model at a watermark would publish the same rows again at each refresh
             summary.version, summary.refresh = gold_version, "unchanged (the rows at its watermark are those published)"
         else:
             summary.version = engine.overwrite(published, lake.gold(model.name))
     summary.published = summary.version != gold_version or None
-    # written after the publish: a run dying between the two refreshes again, which is harmless
-    # with the watermark it was published at: the newest transaction shown, and its END's offset in the topic; and the
-    # run that published the version, whose retry finds its sources unchanged and still says it published
-    lake.files.write(lake.gold_inputs(model.name), json.dumps(
-        {**inputs, "gold_version": summary.version, "state_version": state_version, "newest_change_ms": newest,
-         "transaction_watermark": summary.transaction_watermark,
-         "transaction_position": mark.position if mark is not None else None,
-         "published_by": batch_id if summary.published else recorded.get("published_by")}, sort_keys=True))
-    return summary
+    return state_version
 
 
 def incremental_plan(model: GoldModel) -> IncrementalPlan | GroupsPlan | str:
@@ -216,11 +289,11 @@ def _record_changes(engine: DeltaEngine, lake: Lake, table: str, batch_id: str) 
         engine.record_changes(path)
 
 
-def _changes_since(spark: SparkSession, engine: DeltaEngine, lake: Lake, model: GoldModel, tables: tuple[str, ...],
-                   recorded: dict[str, Any], inputs: dict[str, Any], gold_version: int | None, with_state: bool
-                   ) -> dict[str, DataFrame] | str:
-    """The change feed of each of `tables` that changed since the refresh that published `gold_version` (its rows
-    with `_change_type`), or why the model is refreshed whole instead."""
+def _changes_since(refresh: _Refresh, tables: tuple[str, ...], with_state: bool) -> dict[str, DataFrame] | str:
+    """The change feed of each of `tables` that changed since the refresh that published the model's gold version
+    (its rows with `_change_type`), or why the model is refreshed whole instead."""
+    spark, engine, lake, model = refresh.spark, refresh.engine, refresh.lake, refresh.model
+    recorded, inputs, gold_version = refresh.recorded, refresh.inputs, refresh.gold_version
     state_version = engine.version(lake.gold_state(model.name)) if with_state else None
     if gold_version is None or (with_state and state_version is None):
         return "first refresh"
@@ -249,15 +322,14 @@ def _changes_since(spark: SparkSession, engine: DeltaEngine, lake: Lake, model: 
     return found
 
 
-def _moved(spark: SparkSession, engine: DeltaEngine, lake: Lake, model: GoldModel, planned: IncrementalPlan,
-           silver: DataFrame, recorded: dict[str, Any], inputs: dict[str, Any], gold_version: int | None
-           ) -> gold_state.Moved | str:
-    """The model's state moved by its source's changes since the refresh that published `gold_version`, or why it is
-    rebuilt from all of silver instead."""
-    found = _changes_since(spark, engine, lake, model, planned.tables, recorded, inputs, gold_version, True)
+def _moved(refresh: _Refresh, planned: IncrementalPlan, silver: DataFrame) -> gold_state.Moved | str:
+    """The model's state moved by its source's changes since the refresh that published its gold version, or why it
+    is rebuilt from all of silver instead."""
+    engine, lake, model = refresh.engine, refresh.lake, refresh.model
+    found = _changes_since(refresh, planned.tables, True)
     if isinstance(found, str):
         return found
-    state = engine.read(spark, lake.gold_state(model.name), version=engine.version(lake.gold_state(model.name)))
+    state = engine.read(refresh.spark, lake.gold_state(model.name), version=engine.version(lake.gold_state(model.name)))
     assert state is not None
     # none: only a table its references read changed, and no group moves
     changes = found.get(planned.source, silver.limit(0).withColumn("_change_type", F.lit("insert")))
@@ -273,12 +345,11 @@ class Regrouped:
     newest_change_ms: int | None  # the newest source time of a row they added
 
 
-def _regrouped(spark: SparkSession, engine: DeltaEngine, lake: Lake, model: GoldModel, planned: GroupsPlan,
-               sources: dict[str, DataFrame], schema: T.StructType, recorded: dict[str, Any], inputs: dict[str, Any],
-               gold_version: int | None) -> Regrouped | str:
-    """The model computed again for the keys its sources' changes since the refresh that published `gold_version`
+def _regrouped(refresh: _Refresh, planned: GroupsPlan) -> Regrouped | str:
+    """The model computed again for the keys its sources' changes since the refresh that published its gold version
     touched (gold_plan.GroupsPlan), or why it is computed whole instead."""
-    found = _changes_since(spark, engine, lake, model, planned.tables, recorded, inputs, gold_version, False)
+    spark, model, sources, schema = refresh.spark, refresh.model, refresh.sources, refresh.computed.schema
+    found = _changes_since(refresh, planned.tables, False)
     if isinstance(found, str):
         return found
     scope = view_scope(model)

@@ -16,7 +16,7 @@ from unittest import mock
 
 import pytest
 
-from spark_jobs.delta import MergeSpec
+from spark_jobs.delta import MergeSpec, commits_between
 from spark_jobs.delta.engines import make_engine
 from spark_jobs.lake import Lake
 from spark_jobs.layers import gold
@@ -106,7 +106,7 @@ def test_silvers_commits_since_the_last_refresh_are_read_even_when_a_later_batch
     for i in range(6):  # versions 0..5
         apply_rows = spark.createDataFrame([(i, "CA", 700, dt.date(2020, 1, 1), "c", i)], SILVER)
         engine.merge(apply_rows, lake.silver("customers"), APPLY)
-    commits = gold._commits(engine, lake.silver("customers"), 1, 3)
+    commits = commits_between(engine, lake.silver("customers"), 1, 3)
     assert commits is not None and sorted(c["version"] for c in commits) == [2, 3]
     assert gold._not_replayable(engine, lake.silver("customers"), "customers", 1, 3) is None
 
