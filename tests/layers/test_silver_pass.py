@@ -284,18 +284,24 @@ def test_a_pass_holds_at_most_one_tasks_rows(spark, engine, tmp_path, capsys, mo
         assert silver_rows(spark, engine, lake, name, ("id",)) == {(2,): {"id": 2, "qty": n}}, name
 
 
+def _two_tables_through_a_pass(tmp_path: Path, capsys, names: list[str]) -> tuple[Path, Path, Path]:  # noqa: ANN001
+    """`names`' first event each, through bronze and silver in one run: silver's first batch, planned in a pass."""
+    config = demo_registry(tmp_path, [], {n: {"topic": f"shop.public.{n}", "keys": ["id"]} for n in names})
+    landing, lake = tmp_path / LANDING, tmp_path / "lake"
+    for name in names:
+        land(landing, f"shop.public.{name}", offset=0, lines=[_event("c", {"id": 1, "qty": 1}, 10)])
+    code, out, err = run(capsys, config, landing, lake, "--layers", "bronze,silver")
+    assert code == 0 and f"{len(names)} of {len(names)} tables' new bronze rows planned in one pass" in out, out + err
+    return config, landing, lake
+
+
 def test_tables_whose_bronze_added_no_files_are_left_to_their_own_step(spark, engine, tmp_path, capsys):
     """A bronze commit that adds no file (a table property set, as maintenance may) gives silver nothing to read: no
     shared pass is tried over such tables (a scan of no files fails), and each one's own step finds nothing new."""
     import deltalake
 
     names = ["one", "two"]
-    config = demo_registry(tmp_path, [], {n: {"topic": f"shop.public.{n}", "keys": ["id"]} for n in names})
-    landing, lake = tmp_path / LANDING, tmp_path / "lake"
-    for name in names:
-        land(landing, f"shop.public.{name}", offset=0, lines=[_event("c", {"id": 1, "qty": 1}, 10)])
-    code, out, err = run(capsys, config, landing, lake, "--layers", "bronze,silver")
-    assert code == 0 and "2 of 2 tables' new bronze rows planned in one pass" in out, out + err
+    config, landing, lake = _two_tables_through_a_pass(tmp_path, capsys, names)
     for name in names:
         deltalake.DeltaTable(Lake(str(lake)).bronze(name)).alter.set_table_properties(
             {"delta.logRetentionDuration": "interval 30 days"})
@@ -313,12 +319,7 @@ def test_a_commit_that_changes_no_silver_row_keeps_the_next_batch_in_the_pass(sp
     import deltalake
 
     names = ["one", "two"]
-    config = demo_registry(tmp_path, [], {n: {"topic": f"shop.public.{n}", "keys": ["id"]} for n in names})
-    landing, lake = tmp_path / LANDING, tmp_path / "lake"
-    for name in names:
-        land(landing, f"shop.public.{name}", offset=0, lines=[_event("c", {"id": 1, "qty": 1}, 10)])
-    code, out, err = run(capsys, config, landing, lake, "--layers", "bronze,silver")
-    assert code == 0 and "2 of 2 tables' new bronze rows planned in one pass" in out, out + err
+    config, landing, lake = _two_tables_through_a_pass(tmp_path, capsys, names)
     one, two = (deltalake.DeltaTable(Lake(str(lake)).silver(name)) for name in names)
     one.alter.set_table_properties({"delta.enableChangeDataFeed": "true"})
     two.optimize.compact()
