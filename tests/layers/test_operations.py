@@ -269,7 +269,7 @@ def test_status_json_gives_each_tables_pending_files_rows_verdicts_last_success_
     before = status()
     assert before["customers"]["pending_files"] == len(landed.files)
     assert before["customers"]["layers"]["silver"] == {"rows": None, "last_verdict": None, "last_run": None,
-                                                       "last_success": None, "lag_s": None}
+                                                       "last_success": None, "lag_s": None, "newest_change_at": None}
     code, _, err = run(capsys, config, landing, lake, "--run-id", "first")
     assert (code, err) == (0, ""), err
     after = status()
@@ -283,6 +283,8 @@ def test_status_json_gives_each_tables_pending_files_rows_verdicts_last_success_
     # the generator's changes are from 2024: the lag is the age of the newest change, now
     newest_s = max(r["_source_ts_ms"] for r in silver_table_rows(lake)) / 1000
     assert abs(silver["lag_s"] - (dt.datetime.now(dt.UTC).timestamp() - newest_s)) < 300
+    # and what it is measured from: that change's source commit time
+    assert dt.datetime.fromisoformat(silver["newest_change_at"]).timestamp() == newest_s
     assert (gold["kind"], gold["layers"]["gold"]["last_verdict"]) == ("gold", "passed")
 
     # a new landing file is pending; a failed gate is the newest verdict, the last success stays
