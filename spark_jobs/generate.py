@@ -299,7 +299,8 @@ def _newest_commit_ms(profile: SourceProfile, opts: Options, index: int) -> int:
     every draw before it)."""
     newest = opts.start_ms
     for _, unit in history(profile, opts, _history_rng(opts, index), {}):
-        newest = unit[0][1]["source"]["ts_ms"]
+        payload = unit[0][1]  # a unit starts with its event; only a tombstone after it is None
+        newest = newest if payload is None else payload["source"]["ts_ms"]
     return newest
 
 
