@@ -166,7 +166,7 @@ def _by_group_state(refresh: _Refresh, planned: IncrementalPlan) -> _Rows:
     """The model's per-group state moved by its source's changes, and the rows of the groups they moved; or, where
     its changes cannot be replayed, the state built from all of silver and every row computed from it."""
     silver, schema = refresh.sources[planned.source], refresh.computed.schema
-    found = _moved(refresh, planned, silver)
+    found = _moved(refresh, planned)
     if isinstance(found, str):
         built = gold_state.build(silver, planned).localCheckpoint()
         result = gold_state.model_rows(built, planned, schema, silver).localCheckpoint()
@@ -322,10 +322,10 @@ def _changes_since(refresh: _Refresh, tables: tuple[str, ...], with_state: bool)
     return found
 
 
-def _moved(refresh: _Refresh, planned: IncrementalPlan, silver: DataFrame) -> gold_state.Moved | str:
+def _moved(refresh: _Refresh, planned: IncrementalPlan) -> gold_state.Moved | str:
     """The model's state moved by its source's changes since the refresh that published its gold version, or why it
     is rebuilt from all of silver instead."""
-    engine, lake, model = refresh.engine, refresh.lake, refresh.model
+    engine, lake, model, silver = refresh.engine, refresh.lake, refresh.model, refresh.sources[planned.source]
     found = _changes_since(refresh, planned.tables, True)
     if isinstance(found, str):
         return found
