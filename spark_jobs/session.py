@@ -52,18 +52,27 @@ SESSION_CONF = {
 CODEGEN_CACHE_ENTRIES = 1000
 
 
+# The share of Spark's memory pool that cached blocks keep from execution (Spark's default: half). What the jobs cache
+# are local checkpoints kept on disk too (a read reused two or three times), so evicting one costs a disk read, while
+# an aggregate or a sort denied memory fails its task: at 512 MB of driver heap (a pool of about 127 MB) bronze's
+# tally of a 50 MB file beside another job failed with UNABLE_TO_ACQUIRE_MEMORY (got 0) while checkpoints of the
+# same file held their protected half (tests/airflow/test_service_process.py).
+STORAGE_FRACTION = "0.2"
+
+
 def jvm_conf(master: str) -> dict[str, str]:
     """What a JVM on `master` must start with: the pinned jars (`jar_conf`), Delta's SQL extension and catalog, and
     the driver's heap, and S3A's settings for s3:// and s3a:// paths (spark_jobs/storage.py).
     New Delta tables get deletion vectors, so delta-spark's merges and deletes mark rows instead of rewriting
     whole files (readers of either engine honour them: spark_jobs/delta). Compiled classes are kept for reuse
-    (CODEGEN_CACHE_ENTRIES)."""
+    (CODEGEN_CACHE_ENTRIES), and cached blocks give way to execution (STORAGE_FRACTION)."""
     from spark_jobs.jvm import DELTA_CONF
     from spark_jobs.storage import hadoop_s3a_conf
 
     return {**jar_conf(master), **DELTA_CONF, "spark.driver.memory": settings().driver_memory,
             "spark.databricks.delta.properties.defaults.enableDeletionVectors": "true",
             "spark.sql.codegen.cache.maxEntries": str(CODEGEN_CACHE_ENTRIES),
+            "spark.memory.storageFraction": STORAGE_FRACTION,
             **{f"spark.hadoop.{k}": v for k, v in hadoop_s3a_conf(with_keys=False).items()}}
 
 
