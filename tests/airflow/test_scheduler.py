@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from spark_jobs.registry import load_registry
 from spark_jobs.report import load_run
 from tests.support import (
     COMPOSE_AIRFLOW,
+    ROOT,
     AirflowStack,
     airflow_env,
     compose_file,
@@ -70,6 +72,7 @@ def deployment(tmp_path_factory, postgres_server):
         smtp, mails = stack.enter_context(smtp_sink())
         home = root / "airflow"
         env = airflow_env(home, postgres_server.airflow_database("scheduler"), service, endpoint, deployment,
+                          AIRFLOW__CORE__DAGS_FOLDER=str(dags_with_a_gold_consumer(root / "dags")),
                           CDC_SENSOR_TIMEOUT="240", CDC_SENSOR_POKE_INTERVAL="2",
                           # a job held back by a table's writer lock outlasts its task's wait on the worker: it defers
                           CDC_TASK_WAIT="2",
@@ -82,6 +85,26 @@ def deployment(tmp_path_factory, postgres_server):
         airflow = AirflowStack(env, home)
         stack.enter_context(airflow.running())
         yield Deployment(airflow, endpoint, root, landing, lake, generated, mails)
+
+
+GOLD_CONSUMER = "reads_customers_by_state"
+
+
+def dags_with_a_gold_consumer(folder: Path) -> Path:
+    """The project's DAG files beside a user's DAG scheduled on the gold model's asset, as a team adds its own."""
+    folder.mkdir()
+    for dag in (ROOT / "dags").glob("*.py"):
+        (folder / dag.name).symlink_to(dag)
+    (folder / f"{GOLD_CONSUMER}.py").write_text(f"""from airflow.sdk import DAG, Asset, task
+
+with DAG("{GOLD_CONSUMER}", schedule=[Asset.ref(name="cdc.gold.customers_by_state")]):
+    @task
+    def read_the_model() -> None:
+        pass
+
+    read_the_model()
+""")
+    return folder
 
 
 def test_compose_healthchecks_and_the_service_connection_form_on_the_running_stack(deployment):
@@ -149,6 +172,16 @@ def test_landed_files_reach_gold_through_the_sensor_and_the_assets_then_replays_
         (r["dag_run_id"] for r in airflow.runs("cdc_gold_customers_by_state")
          if r["run_type"] == "asset_triggered"), None))
     airflow.finished("cdc_gold_customers_by_state", gold_run)
+    # the model published: the DAG scheduled on its asset runs once. A manual refresh finds its sources unchanged
+    # and publishes nothing: no gold event, nothing queued for that DAG, no second run
+    consumed = airflow.wait("the gold consumer's run", lambda: airflow.runs(GOLD_CONSUMER) or None)
+    assert [r["run_type"] for r in consumed] == ["asset_triggered"]
+    noop = airflow.api("POST", "/dags/cdc_gold_customers_by_state/dagRuns", {"logical_date": None})["dag_run_id"]
+    airflow.finished("cdc_gold_customers_by_state", noop)
+    assert airflow.api("GET", "/assets/events?source_dag_id=cdc_gold_customers_by_state"
+                              f"&source_run_id={quote(noop, safe='')}")["asset_events"] == []
+    assert airflow.api("GET", f"/dags/{GOLD_CONSUMER}/assets/queuedEvents")["queued_events"] == []
+    assert len(airflow.runs(GOLD_CONSUMER)) == 1
     tables = Lake(str(lake))
     assert row_count(tables.bronze("customers")) == generated.events
     assert silver_rows(tables) == generated.final_rows
@@ -208,19 +241,29 @@ def work_done_is_not_lost_to_the_scheduler(airflow: AirflowStack, s3_endpoint: s
 
 
 def compose_healthchecks_pass(airflow: AirflowStack) -> None:
-    """docker-compose.yaml's healthchecks of its four Airflow services, run against this stack as they would run in
-    each container (the file had none: `docker compose ps` could not show them healthy)."""
-    checks = []
-    for name in COMPOSE_AIRFLOW[1:]:
-        test = compose_file()["services"][name]["healthcheck"]["test"]
-        assert test[0] == "CMD", test
-        command = [sys.executable if part == "python" else part.replace("http://localhost:8080", airflow.base)
-                   for part in test[1:]]
-        checks.append((name, subprocess.Popen(command, env=airflow.env, stdout=subprocess.PIPE,
-                                              stderr=subprocess.STDOUT, text=True)))
-    for name, check in checks:  # at once: each is a process start of its own
-        out, _ = check.communicate(timeout=300)
-        assert check.returncode == 0, (name, out[-2000:])
+    """docker-compose.yaml's healthchecks of its four Airflow services, run against this stack as Docker runs them in
+    each container: a service is healthy at its check's first success, and unhealthy after `retries` failures in a
+    row, `interval` apart (the file had none: `docker compose ps` could not show them healthy)."""
+    services = compose_file()["services"]
+    with ThreadPoolExecutor(len(COMPOSE_AIRFLOW) - 1) as pool:  # at once: each is a process start of its own
+        verdicts = list(pool.map(lambda name: (name, _healthy(airflow, services[name]["healthcheck"])),
+                                 COMPOSE_AIRFLOW[1:]))
+    for name, (healthy, out) in verdicts:
+        assert healthy, (name, out[-2000:])
+
+
+def _healthy(airflow: AirflowStack, check: dict) -> tuple[bool, str]:
+    """Whether `check` passes within its retries, and the output of its last try."""
+    assert check["test"][0] == "CMD", check
+    command = [sys.executable if part == "python" else part.replace("http://localhost:8080", airflow.base)
+               for part in check["test"][1:]]
+    for attempt in range(check.get("retries", 3)):  # Docker's default
+        if attempt:
+            time.sleep(int(check.get("interval", "30s").removesuffix("s")))
+        done = subprocess.run(command, env=airflow.env, capture_output=True, text=True, timeout=300)
+        if done.returncode == 0:
+            return True, done.stdout
+    return False, done.stdout + done.stderr
 
 
 def service_jobs(log: Path) -> dict[str, tuple[str, str]]:
