@@ -14,7 +14,6 @@ shared pass are gated on their audits together, a row each, in one validation of
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import asdict, dataclass, field
 from functools import partial
@@ -304,12 +303,12 @@ def pass_site(layer: str) -> str:
 
 
 def run_audit_gates(gates: list[AuditGate], layer: str, lake: Lake, run_name: str) -> dict[str, GateResult]:
-    """Many tables' gates on their audits, by table, in one GX validation per set of checks (a whole database's
-    tables share theirs unless their settings differ), where each alone costs one: a frame with a row per table,
-    `table` its unexpected-index column, so GX's result names each failing table and each table's verdict comes from
-    its own row (a value not measured for a table is null there: GX skips it, and it is no finding of that table's).
-    One Data Docs page per validation, built once for them all under the layer's pass site; GX's run is `run_name`
-    (the pipeline's run). Nothing raises for a failing table: its caller decides (`GateResult.success`)."""
+    """Many tables' gates on their audits, by table, in one GX validation of the layer's suite `<layer>.audit`, where
+    each alone costs one: a frame with a row per table, `table` its unexpected-index column, so GX's result names each
+    failing table and each table's verdict comes from its own row (a value not measured for a table is null there: GX
+    skips it, and it is no finding of that table's). Tables whose settings differ share the suite: each of their
+    checks holds for its own tables' rows (`_restricted`). One Data Docs page, under the layer's pass site; GX's run is
+    `run_name` (the pipeline's run). Nothing raises for a failing table: its caller decides (`GateResult.success`)."""
     import pandas as pd
     from great_expectations.core.run_identifier import RunIdentifier
     from pyspark.sql import SparkSession
@@ -318,37 +317,53 @@ def run_audit_gates(gates: list[AuditGate], layer: str, lake: Lake, run_name: st
 
     site = pass_site(layer)
     project = gx_project.project(lake, site, SparkSession.active().sparkContext.applicationId)
-    run_id = RunIdentifier(run_name=run_name)
+    values = {gate.table: _audit_values(gate.audit) for gate in sorted(gates, key=lambda g: g.table)}  # the page's order
     groups: dict[str, list[AuditGate]] = {}
-    for gate in sorted(gates, key=lambda g: g.table):  # the page's rows in the tables' order
+    for gate in sorted(gates, key=lambda g: g.table):
         groups.setdefault(repr([c for c in gate.checks if c.frame == AUDIT]), []).append(gate)
+    checks: list[tuple[Check, list[AuditGate]]] = []  # each of the suite's checks, and the tables it holds for
+    for members in groups.values():
+        checks += [(check, members) for check in members[0].checks
+                   if check.frame == AUDIT and any(_measured(check, values[g.table]) for g in members)]
     found: dict[str, list[tuple[int, Finding]]] = {gate.table: [] for gate in gates}
-    validated = []
+    if not checks:
+        return {table: GateResult(table, layer, [], None) for table in found}
+    suited = [_restricted(check, members, len(groups) > 1, [g.table for g in gates]) for check, members in checks]
     with project.lock:
-        for identity, members in groups.items():
-            values = {gate.table: _audit_values(gate.audit) for gate in members}
-            checks = [c for c in members[0].checks
-                      if c.frame == AUDIT and any(_measured(c, v) for v in values.values())]
-            if not checks:
+        result_id, outcome = project.validate(gx_project.FrameValidation(
+            f"{layer}.{AUDIT}", gx_project.AUDIT, repr(suited), partial(_pass_suite, checks=suited),
+            {"result_format": "COMPLETE", "unexpected_index_column_names": [TABLE]}, ()),
+            pd.DataFrame([{TABLE: table, **v} for table, v in values.items()]), run_id=RunIdentifier(run_name=run_name),
+            parameters={PASS_TABLES: list(values)})
+        whole = all(r.success for r in outcome.results if (r.expectation_config.meta or {}).get(PASS_TABLES))
+        for r in outcome.results:
+            if "n" not in (r.expectation_config.meta or {}):
                 continue
-            digest = hashlib.sha256(identity.encode()).hexdigest()[:8]  # tables whose settings differ: a suite each
-            result_id, outcome = project.validate(gx_project.FrameValidation(
-                f"{layer}.{AUDIT}.{digest}", gx_project.AUDIT, repr(checks), partial(_pass_suite, checks=checks),
-                {"result_format": "COMPLETE", "unexpected_index_column_names": [TABLE]}, ()),
-                pd.DataFrame([{TABLE: table, **v} for table, v in values.items()]), run_id, {PASS_TABLES: list(values)})
-            validated.append(result_id)
-            whole = all(r.success for r in outcome.results if (r.expectation_config.meta or {}).get(PASS_TABLES))
-            for r in outcome.results:
-                if "n" not in (r.expectation_config.meta or {}):
-                    continue
-                n = r.expectation_config.meta["n"]
-                for gate in members:
-                    if _measured(checks[n], values[gate.table]):
-                        success = whole and table_passed(r, gate.table)  # a frame not whole fails every table
-                        found[gate.table].append((n, _audit_finding(checks[n], gate.audit, success)))
-        if validated:
-            project.build_docs(validated, site)
+            n = r.expectation_config.meta["n"]
+            check, members = checks[n]
+            for gate in members:
+                if _measured(check, values[gate.table]):
+                    success = whole and table_passed(r, gate.table)  # a frame not whole fails every table
+                    found[gate.table].append((n, _audit_finding(check, gate.audit, success)))
+        project.build_docs([result_id], site)
     docs = f"{lake.data_docs(site)}/index.html"
     shown = docs if lake.files.exists(docs) else None
     return {table: GateResult(table, layer, [f for _, f in sorted(findings, key=lambda x: x[0])], shown)
             for table, findings in found.items()}
+
+
+
+def _restricted(check: Check, members: list[AuditGate], several: bool, tables: list[str]) -> Check:
+    """The check as the pass's suite holds it: on the rows of `members`' tables alone when the pass's tables do not
+    all share their checks (a row condition on the frame's table column, beside the check's own; said by the
+    tables it leaves out when they are fewer, as when a few of a database's tables have settings of their own)."""
+    from spark_jobs.quality.docs_views import TABLE
+
+    if not several:
+        return check
+    own, others = sorted(g.table for g in members), sorted(set(tables) - {g.table for g in members})
+    on_tables = f"{TABLE} not in {others!r}" if len(others) < len(own) else f"{TABLE} in {own!r}"
+    condition = check.kwargs.get("row_condition")
+    kwargs = {**check.kwargs, "row_condition": f"({on_tables}) and ({condition})" if condition else on_tables,
+              "condition_parser": "pandas"}
+    return Check(check.name, check.frame, check.type, kwargs, check.action, check.description)

@@ -301,3 +301,41 @@ def test_a_tables_gates_share_one_gx_project_whether_or_not_they_validate_rows_o
     assert [(f.check, f.success, f.unexpected) for f in result.findings] == [
         ("expect_column_values_to_not_be_null(v)", False, 1)]
     assert made == ["orders"]
+
+
+def test_a_pass_of_tables_whose_settings_differ_is_one_validation_of_its_layers_suite_and_each_verdict_its_own(
+        spark, tmp_path, monkeypatch):
+    """A pass gates tables with the default settings and tables with their own (a warned check, a higher quarantine
+    limit) in one GX validation of one suite, `silver.audit`: each table's findings are those of its own gate alone."""
+    import dataclasses
+
+    from spark_jobs.quality import gx_project
+    from spark_jobs.quality.gates import AuditGate, run_audit_gates
+
+    made = []
+    make = gx_project.Project._make
+    monkeypatch.setattr(gx_project.Project, "_make", lambda self, frame: made.append(frame.name) or make(self, frame))
+    lake = Lake(str(tmp_path))
+    lenient = Quality(overrides=(("key_unique", "warn"),), max_quarantined=0.6)
+    qualities = {"a": Quality(), "b": Quality(), "c": Quality(), "d": lenient, "e": lenient}
+    duplicated = {"a", "d"}  # a duplicate key: fails a, warns d
+    quarantined = {"b", "e"}  # half the batch quarantined: over b's limit, under e's
+    gates = []
+    for name, quality in qualities.items():
+        table = dataclasses.replace(TABLE, name=name, quality=quality)
+        tallies = {"key_not_null": Tally(4, 0), "key_unique": Tally(4, 2 if name in duplicated else 0)}
+        figures = Figures(quarantined=4, quarantined_share=0.5) if name in quarantined else Figures()
+        gates.append(AuditGate(name, "silver", Audit(figures, tallies), silver_checks(table), lake, "r1"))
+    together = run_audit_gates(gates, "silver", lake, "r1")
+    assert made == ["silver.audit"]
+    assert {t: r.verdict() for t, r in together.items()} == {
+        "a": "failed", "b": "failed", "c": "passed", "d": "passed-with-warnings", "e": "passed"}
+    for gate in gates:
+        alone = gate.answer_alone()
+        assert together[gate.table].findings == alone.findings and together[gate.table].layer == "silver"
+    assert "silver.audit" in data_docs_text(Path(together["a"].docs))
+    # the page's row per table: each judged by its own checks alone (d's key_unique warns; e is within its limit)
+    page = next((tmp_path / "reports" / "data_docs" / "silver-pass" / "validations").rglob("r1/*/*.html"))
+    cells = re.findall(r'<div class="show-scrollbars">([^<]*)</div>', data_docs_text(page).split("Checks it failed")[1])
+    assert cells[:15] == ["a", "failed", "key_unique", "b", "failed", "max_quarantined", "c", "passed", "-",
+                          "d", "passed-with-warnings", "key_unique", "e", "passed", "-"]
