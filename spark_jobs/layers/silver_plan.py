@@ -199,15 +199,15 @@ def _plan_typed(spark: SparkSession, engine: DeltaEngine, table: TableConfig, la
                                 F.countDistinct(F.when(after_truncate, position)).alias("positions_after_truncate")))
     plan.events, plan.positions, plan.positions_after_truncate = counts
     plan.latest = checkpoint(changes.latest_per_key(events.where(after_truncate), table.keys), plan.one_task)
-    latest_counts = one_row(plan.latest.agg(F.count(F.lit(1)).alias("keys"), F.sum(F.col("_tie").cast("int")).alias("ties")))
-    plan.keys, plan.ties = latest_counts["keys"], int(latest_counts["ties"] or 0)
     plan.state = checkpoint(current_state(spark, engine, lake, table, plan.latest, plan.new_truncate, plan.one_task),
                             plan.one_task)
-    placed = changes.against_state(plan.latest, plan.state, table.keys)
+    placed = changes.against_state(plan.latest, plan.state, table.keys)  # a row per latest key: the state is one too
     effective = changes.effective_changes(placed)
     plan.rows = checkpoint(silver_rows(effective, plan.fields, plan.target_schema), plan.one_task)
-    plan.effective, plan.redelivered = one_row(placed.agg(F.count(F.when(sql(changes.NEWER), 1)),
-                                                          F.count(F.when(sql(changes.REDELIVERED), 1))))
+    plan.keys, ties, plan.effective, plan.redelivered = one_row(placed.agg(
+        F.count(F.lit(1)), F.sum(F.col("_tie").cast("int")), F.count(F.when(sql(changes.NEWER), 1)),
+        F.count(F.when(sql(changes.REDELIVERED), 1))))
+    plan.ties = int(ties or 0)
     plan.deletes = checkpoint(events.where("op = 'd'").select(*table.keys, "_seq").distinct(), plan.one_task)
     plan.delete_counts = classify_deletes(plan.deletes, plan.latest, plan.state, table.keys, plan.truncated_at,
                                           plan.one_task)
