@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from pyspark.sql import Column, DataFrame, Row
+from pyspark.sql import Column, DataFrame, Observation, Row
 from pyspark.sql import functions as F
 
 from spark_jobs.delta import DeltaEngine, MergeSpec, driver_rows
@@ -133,6 +134,15 @@ def checkpoint(df: DataFrame, together: bool) -> DataFrame:
     # a small batch's plans have none.) That first reader reads every row (an aggregate, a collect, a count): a
     # `limit` first would leave the rest to be made later, from inputs that may be gone (a pass's staged files)
     return df.localCheckpoint(eager=False).coalesce(1)
+
+
+def counted_checkpoint(df: DataFrame) -> tuple[DataFrame, int]:
+    """`df` materialised, and its rows counted by the same Spark job (an observed metric), where a count after it
+    would run its own (two, with its exchange). Eager only: a lazy checkpoint's reader does not report what the
+    plan under it observed."""
+    observed = Observation(f"rows-{uuid.uuid4().hex}")  # one per materialisation: tables run in threads at once
+    materialised = df.observe(observed, F.count(F.lit(1)).alias("rows")).localCheckpoint()
+    return materialised, int(observed.get["rows"])
 
 
 def join_side(df: DataFrame, together: bool) -> DataFrame:

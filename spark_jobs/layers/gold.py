@@ -27,7 +27,7 @@ from spark_jobs.delta import (
 from spark_jobs.errors import PipelineError
 from spark_jobs.lake import Lake
 from spark_jobs.layers import gold_state, transactions
-from spark_jobs.layers.common import gate, lag_seconds, one_row, share, write_quarantine
+from spark_jobs.layers.common import ONE_TASK_ROWS, counted_checkpoint, gate, lag_seconds, one_row, share, write_quarantine
 from spark_jobs.layers.gold_plan import (
     JOINED,
     GroupsPlan,
@@ -140,6 +140,7 @@ class _Rows:
     whole; the group state moved (`state_moved`, merged) or built whole (`state_built`, written whole)."""
 
     result: DataFrame
+    count: int  # its rows, observed as it was materialised
     refresh: str  # incremental | full (why)
     newest_change_ms: int | None  # the newest source time of a row the model holds
     changed: pa.Table | None = None
@@ -159,7 +160,7 @@ def _rows(refresh: _Refresh, planned: IncrementalPlan | GroupsPlan | str) -> _Ro
 
 
 def _whole(refresh: _Refresh, why: str) -> _Rows:
-    return _Rows(refresh.computed.localCheckpoint(), f"full ({why})", _newest(refresh.sources.values()))
+    return _Rows(*_materialised(refresh.computed), f"full ({why})", _newest(refresh.sources.values()))
 
 
 def _by_group_state(refresh: _Refresh, planned: IncrementalPlan) -> _Rows:
@@ -169,8 +170,8 @@ def _by_group_state(refresh: _Refresh, planned: IncrementalPlan) -> _Rows:
     found = _moved(refresh, planned)
     if isinstance(found, str):
         built = gold_state.build(silver, planned).localCheckpoint()
-        result = gold_state.model_rows(built, planned, schema, silver).localCheckpoint()
-        return _Rows(result, f"full ({found})", _newest(refresh.sources.values()), state_built=built)
+        result = _materialised(gold_state.model_rows(built, planned, schema, silver))
+        return _Rows(*result, f"full ({found})", _newest(refresh.sources.values()), state_built=built)
     changed = gold_state.model_rows(spark_frame(refresh.spark, found.state), planned, schema, silver).toArrow()
     return _incremental(refresh, changed, found.changes, found.groups, found.newest_change_ms, found.state)
 
@@ -187,8 +188,15 @@ def _incremental(refresh: _Refresh, changed: pa.Table, changes: int, groups: int
                  state_moved: pa.Table | None = None) -> _Rows:
     published = refresh.engine.read(refresh.spark, refresh.lake.gold(refresh.model.name), version=refresh.gold_version)
     newest = max(filter(None, [refresh.recorded.get("newest_change_ms"), newest_change_ms]), default=None)
-    return _Rows(_patched(refresh.spark, published, changed, refresh.model.keys), "incremental", newest, changed=changed,
+    return _Rows(*_patched(refresh.spark, published, changed, refresh.model.keys), "incremental", newest, changed=changed,
                  state_moved=state_moved, changes=changes, groups_changed=groups)
+
+
+def _materialised(rows: DataFrame) -> tuple[DataFrame, int]:
+    """The model's rows materialised, and how many: a model of up to one task's rows in one partition, so that its
+    gate's aggregates and windows run in place (common.checkpoint), a Spark job each where each exchange was one."""
+    result, count = counted_checkpoint(rows)
+    return (result.coalesce(1) if count <= ONE_TASK_ROWS else result), count
 
 
 def _summary(refresh: _Refresh, rows: _Rows, ingested: transactions.Ingested | None,
@@ -196,7 +204,7 @@ def _summary(refresh: _Refresh, rows: _Rows, ingested: transactions.Ingested | N
     model, traced = refresh.model, model_lineage(refresh.model.sql)
     summary = GoldSummary(table=model.name, batch_id=refresh.batch_id, sources=list(model.sources),
                           refresh=rows.refresh, changes=rows.changes, groups_changed=rows.groups_changed)
-    summary.rows, summary.lag_s = rows.result.count(), lag_seconds(rows.newest_change_ms)
+    summary.rows, summary.lag_s = rows.count, lag_seconds(rows.newest_change_ms)
     summary.newest_change_ms = rows.newest_change_ms
     summary.lineage = {c: traced.get(c, []) for c in rows.result.columns}
     if ingested is not None:
@@ -425,13 +433,13 @@ def _grouped(rows: pa.Table, columns: list[str]) -> list[tuple[Any, ...]]:
 
 
 def _patched(spark: SparkSession, published: DataFrame | None, changed_rows: pa.Table, keys: tuple[str, ...]
-             ) -> DataFrame:
+             ) -> tuple[DataFrame, int]:
     """The model's published rows with the changed groups' rows in place of theirs (`GONE` ones left out): what gold
-    will hold, for the gate."""
+    will hold, for the gate, and how many they are."""
     assert published is not None
     changed = spark_frame(spark, changed_rows)
     kept = published.join(changed, gold_state.same_keys(keys, published, changed), "left_anti")
-    return kept.unionByName(changed.where(f"{gold_state.GONE} = 0").drop(gold_state.GONE)).localCheckpoint()
+    return _materialised(kept.unionByName(changed.where(f"{gold_state.GONE} = 0").drop(gold_state.GONE)))
 
 
 # what each commit to silver may be for its change feed to be replayed onto a model's state; anything else (a
