@@ -136,13 +136,19 @@ def checkpoint(df: DataFrame, together: bool) -> DataFrame:
     return df.localCheckpoint(eager=False).coalesce(1)
 
 
+def observed_checkpoint(df: DataFrame, *measures: Column) -> tuple[DataFrame, dict[str, Any]]:
+    """`df` materialised, and `measures` (named aggregates over its rows) taken by the same Spark job as observed
+    metrics, where an aggregate after it would run its own (two, with an exchange, under adaptive execution). Eager
+    only: a lazy checkpoint's reader reports zero for what the plan under it observed (measured)."""
+    observed = Observation(f"measures-{uuid.uuid4().hex}")  # one per materialisation: tables run in threads at once
+    materialised = df.observe(observed, *measures).localCheckpoint()
+    return materialised, observed.get
+
+
 def counted_checkpoint(df: DataFrame) -> tuple[DataFrame, int]:
-    """`df` materialised, and its rows counted by the same Spark job (an observed metric), where a count after it
-    would run its own (two, with its exchange). Eager only: a lazy checkpoint's reader does not report what the
-    plan under it observed."""
-    observed = Observation(f"rows-{uuid.uuid4().hex}")  # one per materialisation: tables run in threads at once
-    materialised = df.observe(observed, F.count(F.lit(1)).alias("rows")).localCheckpoint()
-    return materialised, int(observed.get["rows"])
+    """`df` materialised, and how many rows it holds (`observed_checkpoint`)."""
+    materialised, measured = observed_checkpoint(df, F.count(F.lit(1)).alias("rows"))
+    return materialised, int(measured["rows"])
 
 
 def join_side(df: DataFrame, together: bool) -> DataFrame:

@@ -9,6 +9,7 @@ from pyspark.sql import functions as F
 from spark_jobs.debezium import types
 from spark_jobs.delta import DeltaEngine, MergeSpec
 from spark_jobs.lake import Lake
+from spark_jobs.layers.common import counted_checkpoint
 from spark_jobs.layers.silver_plan import silver_rows
 from spark_jobs.registry import TableConfig
 
@@ -27,7 +28,7 @@ def apply_history(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     path = lake.history(table.name)
     existing = engine.read(spark, path)
     keys = list(table.keys)
-    new = None
+    new, added = None, 0
     if events is not None:
         # one row per (key, position); an event already in history keeps its first-applied version
         first = Window.partitionBy(*keys, "_seq").orderBy(F.col("_source_file").desc(), F.col("_line").desc())
@@ -35,8 +36,7 @@ def apply_history(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
         new = silver_rows(deduped, fields, engine.schema(path))
         if existing is not None:
             new = new.join(existing.select(*keys, "_seq"), [*keys, "_seq"], "left_anti")
-        new = new.localCheckpoint()
-    added = new.count() if new is not None else 0
+        new, added = counted_checkpoint(new)  # counted by the job that makes them
     if not added and not recompute_all:
         return 0
     chains = None

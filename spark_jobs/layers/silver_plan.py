@@ -16,7 +16,15 @@ from spark_jobs.delta import DeltaEngine
 from spark_jobs.errors import ConfigError
 from spark_jobs.lake import Lake
 from spark_jobs.layers import changes
-from spark_jobs.layers.common import ONE_TASK_BYTES, ONE_TASK_ROWS, QUARANTINED_COLUMNS, checkpoint, join_side, one_row
+from spark_jobs.layers.common import (
+    ONE_TASK_BYTES,
+    ONE_TASK_ROWS,
+    QUARANTINED_COLUMNS,
+    checkpoint,
+    join_side,
+    observed_checkpoint,
+    one_row,
+)
 from spark_jobs.quality.user_expectations import check_columns, named_columns, violations
 from spark_jobs.registry import TableConfig
 from spark_jobs.sql_text import ident, labels_where, literal, sql
@@ -131,8 +139,8 @@ def plan_batch(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lak
     ordered = ordering.order_key(batch, table.sequence_by)
     if table.transactions:
         ordered = ordering.with_transaction_key(ordered)
-    ordered = ordered.localCheckpoint()
-    overview = one_row(ordered.agg(*overview_columns(envelope.holds_placeholder(table.unavailable_value_placeholder))))
+    ordered, overview = observed_checkpoint(
+        ordered, *overview_columns(envelope.holds_placeholder(table.unavailable_value_placeholder)))
     # truncate (op=t): the table is empty as of its position; every older event is stale
     truncates = ordered.where("op = 't'").withColumn("reason", sql(
         f"CASE WHEN _seq IS NULL THEN {literal(missing_sequence(table))}"

@@ -11,7 +11,7 @@ from pyspark.sql import functions as F
 from spark_jobs.debezium import envelope
 from spark_jobs.delta import DeltaEngine, MergeSpec
 from spark_jobs.lake import Lake
-from spark_jobs.layers.common import one_row
+from spark_jobs.layers.common import observed_checkpoint, one_row
 from spark_jobs.sql_text import sql
 from spark_jobs.state import ingest_log
 
@@ -47,9 +47,9 @@ def track_pending_tombstones(spark: SparkSession, engine: DeltaEngine, lake: Lak
     if engine.version(path) is not None:
         pending = engine.read(spark, path)
         assert pending is not None
-        settled = envelope.resolve_pending_tombstones(pending, classified).localCheckpoint()
-        counts = one_row(settled.agg(F.count(F.lit(1)).alias("settled"),
-                                     F.count(F.when(F.col("_follows_delete"), 1)).alias("late")))
+        settled, counts = observed_checkpoint(envelope.resolve_pending_tombstones(pending, classified),
+                                              F.count(F.lit(1)).alias("settled"),
+                                              F.count(F.when(F.col("_follows_delete"), 1)).alias("late"))
         settled_late = counts["late"]
         if counts["settled"]:
             engine.merge(settled.select("_source_file", "_line"), path,

@@ -150,3 +150,25 @@ def test_a_small_batchs_rows_are_written_from_the_driver_and_a_bigger_ones_by_sp
     # driver
     assert handed.count(True) == (0 if small else 4), handed
     assert silver_rows(spark, engine, lake.root, "customers", ("custkey",)) == g.final_rows
+
+
+@pytest.mark.parametrize("rows", [0, 1, 2_000])
+def test_a_checkpoints_measures_are_taken_by_the_job_that_makes_its_rows(spark, rows):
+    """`observed_checkpoint`: the measures equal the aggregate over the materialised rows (none, one, many over
+    several partitions and an exchange), and cost no Spark job beyond the checkpoint's own."""
+    df = spark.range(rows, numPartitions=3).withColumn("k", F.col("id") % 7).groupBy("k").agg(F.max("id").alias("top"))
+    measures = (F.count(F.lit(1)).alias("groups"), F.max("top").alias("top"), F.sum("k").alias("ks"))
+    context = spark.sparkContext
+    jobs = {}
+    for group, make in (("bare", lambda: (df.localCheckpoint(), None)),
+                        ("observed", lambda: common.observed_checkpoint(df, *measures))):
+        context.setJobGroup(group, group)
+        try:
+            materialised, measured = make()
+        finally:
+            context.setJobGroup("", "")
+        jobs[group] = len(context.statusTracker().getJobIdsForGroup(group))
+    expected = materialised.agg(*measures).first().asDict()
+    assert measured == expected and expected["groups"] == min(rows, 7)
+    assert jobs["observed"] == jobs["bare"]
+    assert common.counted_checkpoint(df)[1] == min(rows, 7)
