@@ -15,7 +15,7 @@ shared pass are gated on their audits together, a row each, in one validation of
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -317,40 +317,39 @@ def run_audit_gates(gates: list[AuditGate], layer: str, lake: Lake, run_name: st
 
     site = pass_site(layer)
     project = gx_project.project(lake, site, SparkSession.active().sparkContext.applicationId)
-    values = {gate.table: _audit_values(gate.audit) for gate in sorted(gates, key=lambda g: g.table)}  # the page's order
+    ordered = sorted(gates, key=lambda g: g.table)  # the page's rows in the tables' order
+    values = {gate.table: _audit_values(gate.audit) for gate in ordered}
     groups: dict[str, list[AuditGate]] = {}
-    for gate in sorted(gates, key=lambda g: g.table):
+    for gate in ordered:
         groups.setdefault(repr([c for c in gate.checks if c.frame == AUDIT]), []).append(gate)
     checks: list[tuple[Check, list[AuditGate]]] = []  # each of the suite's checks, and the tables it holds for
     for members in groups.values():
         checks += [(check, members) for check in members[0].checks
                    if check.frame == AUDIT and any(_measured(check, values[g.table]) for g in members)]
     found: dict[str, list[tuple[int, Finding]]] = {gate.table: [] for gate in gates}
-    if not checks:
-        return {table: GateResult(table, layer, [], None) for table in found}
-    suited = [_restricted(check, members, len(groups) > 1, [g.table for g in gates]) for check, members in checks]
-    with project.lock:
-        result_id, outcome = project.validate(gx_project.FrameValidation(
-            f"{layer}.{AUDIT}", gx_project.AUDIT, repr(suited), partial(_pass_suite, checks=suited),
-            {"result_format": "COMPLETE", "unexpected_index_column_names": [TABLE]}, ()),
-            pd.DataFrame([{TABLE: table, **v} for table, v in values.items()]), run_id=RunIdentifier(run_name=run_name),
-            parameters={PASS_TABLES: list(values)})
-        whole = all(r.success for r in outcome.results if (r.expectation_config.meta or {}).get(PASS_TABLES))
-        for r in outcome.results:
-            if "n" not in (r.expectation_config.meta or {}):
-                continue
-            n = r.expectation_config.meta["n"]
-            check, members = checks[n]
-            for gate in members:
-                if _measured(check, values[gate.table]):
-                    success = whole and table_passed(r, gate.table)  # a frame not whole fails every table
-                    found[gate.table].append((n, _audit_finding(check, gate.audit, success)))
-        project.build_docs([result_id], site)
+    suited = [_restricted(check, members, len(groups) > 1, list(values)) for check, members in checks]
+    if checks:  # none measured for any of the tables: nothing to validate, no page
+        with project.lock:
+            result_id, outcome = project.validate(gx_project.FrameValidation(
+                f"{layer}.{AUDIT}", gx_project.AUDIT, repr(suited), partial(_pass_suite, checks=suited),
+                {"result_format": "COMPLETE", "unexpected_index_column_names": [TABLE]}, ()),
+                pd.DataFrame([{TABLE: table, **v} for table, v in values.items()]), run_id=RunIdentifier(run_name=run_name),
+                parameters={PASS_TABLES: list(values)})
+            whole = all(r.success for r in outcome.results if (r.expectation_config.meta or {}).get(PASS_TABLES))
+            for r in outcome.results:
+                if "n" not in (r.expectation_config.meta or {}):
+                    continue
+                n = r.expectation_config.meta["n"]
+                check, members = checks[n]
+                for gate in members:
+                    if _measured(check, values[gate.table]):
+                        success = whole and table_passed(r, gate.table)  # a frame not whole fails every table
+                        found[gate.table].append((n, _audit_finding(check, gate.audit, success)))
+            project.build_docs([result_id], site)
     docs = f"{lake.data_docs(site)}/index.html"
     shown = docs if lake.files.exists(docs) else None
     return {table: GateResult(table, layer, [f for _, f in sorted(findings, key=lambda x: x[0])], shown)
             for table, findings in found.items()}
-
 
 
 def _restricted(check: Check, members: list[AuditGate], several: bool, tables: list[str]) -> Check:
@@ -364,6 +363,5 @@ def _restricted(check: Check, members: list[AuditGate], several: bool, tables: l
     own, others = sorted(g.table for g in members), sorted(set(tables) - {g.table for g in members})
     on_tables = f"{TABLE} not in {others!r}" if len(others) < len(own) else f"{TABLE} in {own!r}"
     condition = check.kwargs.get("row_condition")
-    kwargs = {**check.kwargs, "row_condition": f"({on_tables}) and ({condition})" if condition else on_tables,
-              "condition_parser": "pandas"}
-    return Check(check.name, check.frame, check.type, kwargs, check.action, check.description)
+    return replace(check, kwargs={**check.kwargs, "condition_parser": "pandas",
+                                  "row_condition": f"({on_tables}) and ({condition})" if condition else on_tables})
