@@ -633,9 +633,9 @@ def deliver(draw, log: list[Event]):
 
 
 @st.composite
-def bundles(draw):
+def bundles(draw, tenants: range = range(HISTORIES_PER_EXAMPLE)):
     """Independent tenants' logs interleaved into one topic partition (each keeps its own order)."""
-    logs = [draw(histories(tenant, truncates=False)) for tenant in range(HISTORIES_PER_EXAMPLE)]
+    logs = [draw(histories(tenant, truncates=False)) for tenant in tenants]
     merged, cursors = [], [0] * len(logs)
     while any(c < len(log) for c, log in zip(cursors, logs, strict=True)):
         tenant = draw(st.sampled_from([t for t, log in enumerate(logs) if cursors[t] < len(log)]))
@@ -660,16 +660,17 @@ def truncate_histories(draw):
     return deliver(draw, log), [log]
 
 
-def bronze_batch(spark, files, run: int):
-    """What bronze holds for these files: the same transforms the bronze job runs."""
-    rows = [(f"topics/{TABLE.topic}/partition=0/{TABLE.topic}+0+{offset:010d}.json", i + 1, line)
+def bronze_batch(spark, files, run: int, table: TableConfig = TABLE, version: int | None = None):
+    """What bronze holds for these files: the same transforms the bronze job runs (rows of bronze's `version`; else
+    the run's)."""
+    rows = [(f"topics/{table.topic}/partition=0/{table.topic}+0+{offset:010d}.json", i + 1, line)
             for offset, chunk in files for i, line in enumerate(chunk)]
     lines = spark.createDataFrame(rows, "_source_file STRING, _line BIGINT, _raw STRING")
-    classified = envelope.classify(envelope.parse_envelope(lines), TABLE.keys)
+    classified = envelope.classify(envelope.parse_envelope(lines), table.keys)
     return classified.where("_kind = 'event'").select(
         "_source_file", "_line", "_raw", "op", "ts_ms", "source", "before", "after", "_schema",
-        F.lit(f"run-{run}").alias("_batch_id"), F.lit(run).cast("long").alias("_bronze_version"),
-        F.current_timestamp().alias("_ingested_at"))
+        F.lit(f"run-{run}").alias("_batch_id"), F.lit(run if version is None else version).cast("long").alias(
+            "_bronze_version"), F.current_timestamp().alias("_ingested_at"))
 
 
 def position(seq: str | None) -> tuple[int, int] | None:

@@ -167,10 +167,10 @@ def answer_merged(asked: dict[str, MergedAudit], batch_id: str) -> dict[str, Mer
 
 
 def silver_merge(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake: Lake, batch_id: str,
-                 read: TableBatch | None = None) -> Generator[MergedAudit, Merged, SilverSummary]:
+                 read: TableBatch | None = None, gate: Gate | None = None) -> Generator[MergedAudit, Merged, SilverSummary]:
     """Apply the bronze rows silver has not seen (gated inside), then record the progress. `read`: the batch as a
     silver pass planned it (read_pass), taken when silver and bronze are still as the pass found them; that batch
-    asks for its merged rows' tallies (and its gate's verdict) once merged (MergedAudit)."""
+    asks for its merged rows' tallies (and its gate's verdict) once merged (MergedAudit). `gate` as apply_changes."""
     progress = silver_progress(lake, table.name)
     bronze_version = engine.version(lake.bronze(table.name))
     if bronze_version is None or bronze_version <= progress.bronze_version:
@@ -190,14 +190,14 @@ def silver_merge(spark: SparkSession, engine: DeltaEngine, table: TableConfig, l
                         f"its own: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}")
     try:
         if read is not None and planned is not None:
-            summary = yield from apply_planned(spark, engine, table, lake, read, planned, batch_id)
+            summary = yield from apply_planned(spark, engine, table, lake, read, planned, batch_id, gate)
             truncated_at = read.truncated_at
         else:
             bronze = engine.read(spark, lake.bronze(table.name), version=bronze_version)
             assert bronze is not None
             summary, truncated_at = apply_changes(spark, engine, table, lake,
                                                   bronze.where(F.col("_bronze_version") > progress.bronze_version),
-                                                  progress.truncated_at, batch_id)
+                                                  progress.truncated_at, batch_id, gate)
     except GateFailed as failure:
         if isinstance(failure.summary, SilverSummary):
             failure.summary.bronze_version = bronze_version

@@ -17,13 +17,17 @@ each other in one table: the first test runs a bundle of HISTORIES_PER_EXAMPLE h
 (each tenant's keys are its own) and checks each against its own model, which keeps Spark's fixed cost
 per run from dominating. Truncate empties the whole table, so the second test runs one history per table.
 
-Profiles: `ci` (default: 6 bundles = 240 histories, and 10 truncate histories) and `long` (10,000
-histories and 300 truncate histories):
+The third test runs the same histories through silver's shared pass (silver.read_pass, each table's batch finished
+on the driver), history off: each example's tenants spread over three tables of different columns, planned together.
+
+Profiles: `ci` (default: 6 bundles = 240 histories, 10 truncate histories, and 6 passes = 234 histories) and `long`
+(10,000 histories, 300 truncate histories and 9,750 through the pass):
     HYPOTHESIS_PROFILE=long pytest tests/properties/test_properties.py   # about 1.5 hours on 2 cores
 """
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from unittest import mock
@@ -33,11 +37,23 @@ from hypothesis import strategies as st
 
 from spark_jobs.delta.delta_rs import DeltaRsEngine
 from spark_jobs.lake import Lake
-from spark_jobs.layers import silver_plan
+from spark_jobs.layers import silver, silver_plan
 from spark_jobs.layers.silver import apply_changes
-from tests.support import COMMON, TABLE, bronze_batch, bundles, image, position, reference, silver_gate, truncate_histories
+from spark_jobs.registry import TableConfig
+from tests.support import (
+    COMMON,
+    HISTORIES_PER_EXAMPLE,
+    TABLE,
+    bronze_batch,
+    bundles,
+    image,
+    position,
+    reference,
+    silver_gate,
+    truncate_histories,
+)
 
-PROFILES = {"ci": (6, 10), "long": (250, 300)}  # (bundles, truncate histories)
+PROFILES = {"ci": (6, 10), "long": (250, 300)}  # (bundles and passes, truncate histories)
 BUNDLES, TRUNCATE_HISTORIES = PROFILES[os.environ.get("HYPOTHESIS_PROFILE", "ci")]
 
 
@@ -97,3 +113,104 @@ def test_silver_and_history_equal_the_model_for_every_tenant_whatever_the_arriva
 def test_truncates_empty_the_table_as_of_their_position_whatever_the_arrival(spark, delivery, partitioned):
     runs, logs = delivery
     check(spark, runs, logs, partitioned)
+
+
+# the pass's tables: each its own tenants, and a column of its own in every image (none, text, an integer)
+PASS_TABLES = tuple(TableConfig(name=f"items{j}", topic=f"src.public.items{j}", keys=("tenant", "id")) for j in range(3))
+OWN_COLUMNS = ({}, {"label": "x"}, {"weight": 7})
+
+
+@st.composite
+def pass_bundles(draw):
+    """A bundle per pass table, together HISTORIES_PER_EXAMPLE histories' worth."""
+    per = HISTORIES_PER_EXAMPLE // len(PASS_TABLES)
+    return [draw(bundles(range(j * per, (j + 1) * per))) for j in range(len(PASS_TABLES))]
+
+
+def _own_columns(files, columns: dict):
+    """The sink files with `columns` in each event's images."""
+    def line(text: str) -> str:
+        if text == "null":
+            return text
+        event = json.loads(text)
+        for side in ("before", "after"):
+            if event[side] is not None:
+                event[side] = {**event[side], **columns}
+        return json.dumps(event)
+    return [(offset, [line(t) for t in chunk]) for offset, chunk in files]
+
+
+def _land(spark, engine, lake, table, files, run) -> bool:
+    """The files' events appended to the table's bronze as its next version, as the bronze step commits them (files
+    of no event, Kafka tombstones alone: no commit). Were any?"""
+    version = engine.version(lake.bronze(table.name))
+    rows = bronze_batch(spark, files, run, table, 0 if version is None else version + 1)
+    if rows.isEmpty():
+        return False
+    engine.append(rows, lake.bronze(table.name))
+    return True
+
+
+def _silver_step(spark, engine, lake, batch_id):
+    """Silver for every pass table as a run does it (run_plan): the pass read, each table's step to its merged
+    audit, the audits answered together, each step to its end. Returns the summaries and how many the pass planned."""
+    planned = silver.read_pass(spark, engine, list(PASS_TABLES), lake)
+    asking, summaries = {}, {}
+    for table in PASS_TABLES:
+        work = silver.silver_merge(spark, engine, table, lake, batch_id, planned.get(table.name), silver_gate)
+        try:
+            asking[table.name] = (work, next(work))
+        except StopIteration as done:  # its own plan: no question asked
+            summaries[table.name] = done.value
+    answers = silver.answer_merged({name: question for name, (_, question) in asking.items()}, batch_id) if asking else {}
+    for name, (work, _) in asking.items():
+        try:
+            work.send(answers[name])
+            raise AssertionError("a step asks once")
+        except StopIteration as done:
+            summaries[name] = done.value
+    return summaries, len(asking)
+
+
+def _deleted_keys(log) -> set:
+    """The keys whose last event in commit order is a delete: the tombstone ledger's."""
+    last = {}
+    for e in sorted(log, key=lambda e: e.position):
+        last[(e.tenant, e.key)] = e.op
+    return {key for key, op in last.items() if op == "d"}
+
+
+@settings(max_examples=BUNDLES, **COMMON)
+@given(pass_bundles())
+def test_the_shared_pass_equals_the_model_for_every_tenant_of_every_table_whatever_the_arrival(spark, deliveries):
+    engine = DeltaRsEngine()  # the pass lists a table's new files with delta-rs
+    deliveries = [([_own_columns(files, columns) for files in runs], logs)
+                  for (runs, logs), columns in zip(deliveries, OWN_COLUMNS, strict=True)]
+    with tempfile.TemporaryDirectory(prefix="prop-pass-") as folder:
+        lake = Lake(folder)
+        landed = through_pass = 0
+        for run in range(max(len(runs) for runs, _ in deliveries)):
+            for table, (runs, _) in zip(PASS_TABLES, deliveries, strict=True):
+                if run < len(runs):
+                    landed += _land(spark, engine, lake, table, runs[run], run)
+            through_pass += _silver_step(spark, engine, lake, f"run-{run}")[1]
+        assert through_pass == landed, "a batch went to its table's own plan: this test holds the pass's"
+        for table, (_, logs), columns in zip(PASS_TABLES, deliveries, OWN_COLUMNS, strict=True):
+            rows = engine.read(spark, lake.silver(table.name))
+            got = {} if rows is None else {(r["tenant"], r["id"]): (image(r), {c: r[c] for c in columns})
+                                           for r in rows.collect()}
+            expected = {key: (row, columns) for log in logs for key, row in reference(log)[0].items()}
+            assert got == expected, table.name
+            ledger = engine.read(spark, lake.tombstones(table.name))
+            got_deleted = set() if ledger is None else {(r["tenant"], r["id"]) for r in ledger.collect()}
+            assert got_deleted == set().union(*map(_deleted_keys, logs)), table.name
+        # every table's last run landed again: the pass applies nothing, and silver makes no commit
+        versions = {t.name: engine.version(lake.silver(t.name)) for t in PASS_TABLES}
+        for table, (runs, _) in zip(PASS_TABLES, deliveries, strict=True):
+            if runs:
+                _land(spark, engine, lake, table, runs[-1], len(runs))
+        summaries, _ = _silver_step(spark, engine, lake, "again")
+        assert {name: (s.inserted, s.updated, s.deleted) for name, s in summaries.items() if s.events} == {
+            name: (0, 0, 0) for name, s in summaries.items() if s.events}
+        assert {t.name: engine.version(lake.silver(t.name)) for t in PASS_TABLES} == versions
+    spark.catalog.clearCache()
