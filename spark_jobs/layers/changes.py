@@ -53,9 +53,15 @@ def _orderable(data_type: T.DataType) -> bool:
     return not isinstance(data_type, (T.MapType, T.VariantType))
 
 
+def newer(seq: str, state_seq: str) -> str:
+    """SQL text: is the event at position `seq` newer than its key's state at `state_seq` (null: the key has none)?
+    The one statement of "apply only if newer": the plan's, the merges' and the delete counts'."""
+    return f"({state_seq} IS NULL OR {seq} > {state_seq})"
+
+
 # a latest event against its key's state position (`_state_seq`, null: the key has none, `against_state`): newer ones
 # are applied; one at the very position silver holds is a redelivery of the event applied; older ones are stale
-NEWER = "_state_seq IS NULL OR _seq > _state_seq"
+NEWER = newer("_seq", "_state_seq")
 REDELIVERED = "_seq = _state_seq"
 
 

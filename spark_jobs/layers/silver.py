@@ -18,6 +18,7 @@ from spark_jobs.delta.delta_rs import DeltaRsEngine, NewFiles
 from spark_jobs.errors import GateFailed, PipelineError
 from spark_jobs.lake import Lake, read_columns
 from spark_jobs.layers import silver_arrow, silver_pass, transactions
+from spark_jobs.layers.changes import newer
 from spark_jobs.layers.common import (
     PASS_BYTES,
     PASS_ROWS,
@@ -46,11 +47,12 @@ from spark_jobs.registry import TableConfig
 log = logger(__name__)
 
 # Silver: apply the newest event per key when it is newer than the row (docs/architecture.md, "Silver").
-SILVER_MERGE = MergeSpec(keys=(), delete_when="s._op = 'd' AND s._seq > t._seq",
-                         update_when="s._op <> 'd' AND s._seq > t._seq", insert_when="s._op <> 'd'")
+_NEWER_THAN_ROW = newer("s._seq", "t._seq")
+SILVER_MERGE = MergeSpec(keys=(), delete_when=f"s._op = 'd' AND {_NEWER_THAN_ROW}",
+                         update_when=f"s._op <> 'd' AND {_NEWER_THAN_ROW}", insert_when="s._op <> 'd'")
 # Tombstone ledger: the mirror image. A delete records (key, seq); a newer insert or update clears it.
-LEDGER_MERGE = MergeSpec(keys=(), delete_when="s._op <> 'd' AND s._seq > t._seq",
-                         update_when="s._op = 'd' AND s._seq > t._seq", insert_when="s._op = 'd'")
+LEDGER_MERGE = MergeSpec(keys=(), delete_when=f"s._op <> 'd' AND {_NEWER_THAN_ROW}",
+                         update_when=f"s._op = 'd' AND {_NEWER_THAN_ROW}", insert_when="s._op = 'd'")
 
 
 PROGRESS_SCHEMA = ("layer STRING, bronze_version BIGINT, truncated_at STRING, _batch_id STRING, updated_at TIMESTAMP, "

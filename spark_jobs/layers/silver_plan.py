@@ -375,7 +375,7 @@ def classify_deletes(deletes: DataFrame, latest: DataFrame, state: DataFrame, ke
         join_side(state.select(*keys, F.col("_seq").alias("_state_seq"), "_live"), small), list(keys), "left")
     outcome = deletes.join(join_side(winners, small), list(keys), "left").withColumn(
         "_winner", F.coalesce(F.col("_winner_seq") == F.col("_seq"), F.lit(False)))
-    newer = F.col("_state_seq").isNull() | (F.col("_seq") > F.col("_state_seq"))
+    newer = sql(changes.NEWER)
     counts = one_row(outcome.agg(
         F.count(F.lit(1)).alias("received"), F.count(F.when(before, 1)).alias("before_truncate"),
         F.count(F.when(~before & ~F.col("_winner"), 1)).alias("superseded"),
