@@ -150,8 +150,6 @@ def bronze_ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
         yield from _ingest_read(engine, _Batch(table, lake, batch_id, files, []), read, summary)
         listing.advance(lake, table.name)
         return summary
-    # names Spark cannot read where they are get copies in the lake, which a cluster's executors see as the
-    # driver does
     # a backlog goes in bounded batches of files, each its own commit in landing order: memory stays bounded,
     # and a run that dies midway keeps the batches it committed (the retry takes the rest)
     size = settings().bronze_batch_files
@@ -160,25 +158,8 @@ def bronze_ingest(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     for number, chunk in enumerate(chunks, 1):
         part = summary if len(chunks) == 1 else BronzeSummary(table=table.name, batch_id=batch_id, files=len(chunk),
                                                                mode=summary.mode)
-        staging = lake.staged_files(table.name, batch_id)
-        try:
-            batch = _Batch(table, lake, batch_id, chunk,
-                           _in_bronze(engine, lake, table.name, chunk) if selection.reprocess else [])
-            keys = {f.keys_file: f for f in chunk if f.keys_file and table.record_keys}
-            staged_keys = spark_paths(landing, list(keys), f"{staging}/keys")
-            unreadable = _ingest(spark, engine, batch, spark_paths(landing, chunk, staging),
-                                 {staged: keys[f] for staged, f in staged_keys.items()}, part)
-        except Exception as exc:
-            if ran_out_of_memory(exc):
-                largest = sorted(chunk, key=lambda f: -f.size)[:3]
-                raise OutOfMemory(table.name, "bronze", "the Spark driver ran out of memory reading "
-                                  + ", ".join(f"{f.path} ({f.size:,} bytes)" for f in largest)
-                                  + (f" and {len(chunk) - 3} more file(s)" if len(chunk) > 3 else "")
-                                  + f"; a line must fit in the driver's heap, CDC_DRIVER_MEMORY={settings().driver_memory}: "
-                                  "raise it, or set the file aside (run --mode skip --files ...)") from exc
-            raise
-        finally:
-            lake.files.delete_tree(staging)
+        unreadable = _ingest_chunk(spark, engine, _Batch(table, lake, batch_id, chunk, _in_bronze(
+            engine, lake, table.name, chunk) if selection.reprocess else []), landing, part)
         if part is not summary:
             summary.absorb(part)
             unreadable_n += unreadable
@@ -263,6 +244,30 @@ def _read_shared(spark: SparkSession, engine: DeltaEngine, lake: Lake, landing: 
 
 def _tables(n: int) -> str:
     return "1 table's" if n == 1 else f"{n} tables'"
+
+
+def _ingest_chunk(spark: SparkSession, engine: DeltaEngine, batch: _Batch, landing: str, part: BronzeSummary) -> int:
+    """One bounded batch of a table's files into bronze, staged where Spark reads them (names it cannot read where
+    they are get copies in the lake, which a cluster's executors see as the driver does); how many were unreadable.
+    A driver out of memory is said with the largest files and what to do."""
+    table, chunk = batch.table, batch.files
+    staging = batch.lake.staged_files(table.name, batch.batch_id)
+    try:
+        keys = {f.keys_file: f for f in chunk if f.keys_file and table.record_keys}
+        staged_keys = spark_paths(landing, list(keys), f"{staging}/keys")
+        return _ingest(spark, engine, batch, spark_paths(landing, chunk, staging),
+                       {staged: keys[f] for staged, f in staged_keys.items()}, part)
+    except Exception as exc:
+        if ran_out_of_memory(exc):
+            largest = sorted(chunk, key=lambda f: -f.size)[:3]
+            raise OutOfMemory(table.name, "bronze", "the Spark driver ran out of memory reading "
+                              + ", ".join(f"{f.path} ({f.size:,} bytes)" for f in largest)
+                              + (f" and {len(chunk) - 3} more file(s)" if len(chunk) > 3 else "")
+                              + f"; a line must fit in the driver's heap, CDC_DRIVER_MEMORY={settings().driver_memory}: "
+                              "raise it, or set the file aside (run --mode skip --files ...)") from exc
+        raise
+    finally:
+        batch.lake.files.delete_tree(staging)
 
 
 def _ingest_read(engine: DeltaEngine, batch: _Batch, read: TableRead, summary: BronzeSummary

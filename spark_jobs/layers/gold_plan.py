@@ -96,17 +96,9 @@ def plan(sql: str, keys: tuple[str, ...]) -> IncrementalPlan | str:
             or any(isinstance(g, (exp.Rollup, exp.Cube, exp.GroupingSets)) for g in group.expressions):
         return "it groups by ROLLUP, CUBE or GROUPING SETS"
     items = query.expressions
-    groups: list[exp.Expr] = []
-    for g in group.expressions:
-        if isinstance(g, exp.Literal) and not g.is_string:  # GROUP BY 1: the first column's expression
-            position = int(g.this)
-            if not 1 <= position <= len(items):
-                return f"GROUP BY {position} names no column"
-            g = items[position - 1].unalias()
-        if any(g.find_all(exp.AggFunc)):
-            return "it groups by an aggregate"
-        if all(g != known for known in groups):
-            groups.append(g)
+    groups = _grouped(group.expressions, items)
+    if isinstance(groups, str):
+        return groups
     aggregates: list[Aggregate] = []
     outputs: list[tuple[str, str]] = []
     for item in items:
@@ -134,6 +126,22 @@ def plan(sql: str, keys: tuple[str, ...]) -> IncrementalPlan | str:
     return IncrementalPlan(source=source.this.name, where=where.this.sql("spark") if where else None,
                            groups=tuple(g.sql("spark") for g in groups), aggregates=tuple(aggregates),
                            outputs=tuple(outputs))
+
+
+def _grouped(expressions: list[exp.Expr], items: list[exp.Expr]) -> list[exp.Expr] | str:
+    """The GROUP BY's distinct expressions (`GROUP BY 1`: the first selected column's), or why they cannot be."""
+    groups: list[exp.Expr] = []
+    for g in expressions:
+        if isinstance(g, exp.Literal) and not g.is_string:  # GROUP BY 1: the first column's expression
+            position = int(g.this)
+            if not 1 <= position <= len(items):
+                return f"GROUP BY {position} names no column"
+            g = items[position - 1].unalias()
+        if any(g.find_all(exp.AggFunc)):
+            return "it groups by an aggregate"
+        if all(g != known for known in groups):
+            groups.append(g)
+    return groups
 
 
 def _aggregate_problem(body: exp.Expr) -> str | None:

@@ -147,6 +147,23 @@ def _name(f: LandingFile) -> str:
     return f.path.rsplit("/", 1)[-1]
 
 
+def _numbered(spark: SparkSession, scan: DataFrame, numbering: list[tuple[str, int, int, int, str]],
+              together: bool) -> DataFrame:
+    """The scan's lines as (`_source_file`, `_line`, `_text`): each line's number in its file from its block's
+    (`numbering`: uri, block start, the block's first row id, lines in the file's blocks before it, the file)."""
+    # a small batch's few blocks: literal lookups, where a broadcast of the mapping is a Spark job; over thousands
+    # of blocks a lookup in a literal map (a scan of its entries, per line) costs more than a join
+    if together:
+        shift = lookup({f"{uri} {block}": before + 1 - first for uri, block, first, before, _ in numbering},
+                       "concat_ws(' ', _uri, CAST(_block AS STRING))")
+        return scan.select(lookup({uri: path for uri, _, _, _, path in numbering}, "_uri").alias("_source_file"),
+                           (sql("_row") + shift).alias("_line"), sql("_text"))
+    mapping = spark.createDataFrame(numbering, "_uri STRING, _block BIGINT, _first BIGINT, _before BIGINT, "
+                                               "_source_file STRING")
+    return scan.join(F.broadcast(mapping), ["_uri", "_block"]).select(
+        "_source_file", (F.col("_row") - F.col("_first") + F.col("_before") + 1).alias("_line"), "_text")
+
+
 def _json_lines(spark: SparkSession, staged: dict[str, LandingFile],
                 together: bool) -> tuple[DataFrame | None, dict[LandingFile, str]]:
     """JSON-lines files as lines, numbered in their file; read line by line and split across tasks, so memory
@@ -191,16 +208,7 @@ def _json_lines(spark: SparkSession, staged: dict[str, LandingFile],
             unreadable[f] = f"unreadable_file: {_name(f)}: {problem}"
     if not numbering:
         return None, unreadable
-    if together:  # a small batch's few blocks: literal lookups, where a broadcast of the mapping is a Spark job
-        shift = lookup({f"{uri} {block}": before + 1 - first for uri, block, first, before, _ in numbering},
-                       "concat_ws(' ', _uri, CAST(_block AS STRING))")
-        numbered = scan.select(lookup({uri: path for uri, _, _, _, path in numbering}, "_uri").alias("_source_file"),
-                               (sql("_row") + shift).alias("_line"), sql("_text"))
-    else:  # a lookup in a literal map is a scan of its entries: per line, over thousands of blocks, a join is cheaper
-        mapping = spark.createDataFrame(numbering, "_uri STRING, _block BIGINT, _first BIGINT, _before BIGINT, "
-                                                   "_source_file STRING")
-        numbered = scan.join(F.broadcast(mapping), ["_uri", "_block"]).select(
-            "_source_file", (F.col("_row") - F.col("_first") + F.col("_before") + 1).alias("_line"), "_text")
+    numbered = _numbered(spark, scan, numbering, together)
     utf8 = sql("is_valid_utf8(_text)")
     lines = envelope.line_fields(numbered.where(utf8) if invalid else numbered, max_line)
     if not invalid:
