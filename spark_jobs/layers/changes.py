@@ -65,10 +65,12 @@ NEWER = newer("_seq", "_state_seq")
 REDELIVERED = "_seq = _state_seq"
 
 
-def against_state(latest: DataFrame, state: DataFrame, keys: tuple[str, ...]) -> DataFrame:
+def against_state(latest: DataFrame, state: DataFrame, keys: tuple[str, ...], small: bool = False) -> DataFrame:
     """Latest events with their key's current state position as `_state_seq`; state = live silver rows and the
-    tombstone ledger (key, _seq of the delete)."""
-    return latest.join(state.select(*keys, F.col("_seq").alias("_state_seq")), list(keys), "left")
+    tombstone ledger (key, _seq of the delete). `small`: a one-partition batch's, its state broadcast (a join of
+    two one-partition frames is otherwise shuffled, a Spark job per exchange for each action over it)."""
+    state = state.select(*keys, F.col("_seq").alias("_state_seq"))
+    return latest.join(F.broadcast(state) if small else state, list(keys), "left")
 
 
 def effective_changes(placed: DataFrame) -> DataFrame:

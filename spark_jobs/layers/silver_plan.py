@@ -209,7 +209,7 @@ def _plan_typed(spark: SparkSession, engine: DeltaEngine, table: TableConfig, la
     plan.latest = checkpoint(changes.latest_per_key(events.where(after_truncate), table.keys), plan.one_task)
     plan.state = checkpoint(current_state(spark, engine, lake, table, plan.latest, plan.new_truncate, plan.one_task),
                             plan.one_task)
-    placed = changes.against_state(plan.latest, plan.state, table.keys)  # a row per latest key: the state is one too
+    placed = changes.against_state(plan.latest, plan.state, table.keys, plan.one_task)  # a row per key, as the state
     effective = changes.effective_changes(placed)
     plan.rows = checkpoint(silver_rows(effective, plan.fields, plan.target_schema), plan.one_task)
     plan.keys, ties, plan.effective, plan.redelivered = one_row(placed.agg(
