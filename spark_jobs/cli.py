@@ -219,7 +219,8 @@ def generate(args: argparse.Namespace) -> int:
 
 
 def status(args: argparse.Namespace) -> int:
-    from spark_jobs.lake import Lake, row_count
+    from spark_jobs.delta.reads import row_count
+    from spark_jobs.lake import Lake
     from spark_jobs.report import OLD_LAG_S, human_seconds, lag_text
     from spark_jobs.status import lake_status
 

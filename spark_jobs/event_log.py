@@ -19,7 +19,6 @@ from typing import Any
 
 from spark_jobs.lake import Lake
 from spark_jobs.settings import environ
-from spark_jobs.storage import delta_storage_options
 
 STEP, EXPECTATION = "step", "expectation"
 PASSED = ("passed", "passed-with-warnings")
@@ -128,16 +127,11 @@ class Step:
 
 def _query(lake: Lake, sql: str, env: Mapping[str, str] = environ) -> list[dict[str, Any]]:
     """`sql` over the event log (named `t`), through delta-rs' DataFusion; [] before the first run."""
-    from deltalake import DeltaTable
-    from deltalake.exceptions import TableNotFoundError
+    from spark_jobs.delta.reads import query_table
 
-    from spark_jobs.delta.features import query
-
-    try:
-        table = DeltaTable(lake.event_log, storage_options=delta_storage_options(lake.event_log, env))
-    except TableNotFoundError:
+    columns = query_table(lake.event_log, sql, env)
+    if columns is None:
         return []
-    columns = query(table, sql)
     return [dict(zip(columns, values, strict=True)) for values in zip(*columns.values(), strict=True)]
 
 

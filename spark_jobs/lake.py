@@ -4,16 +4,13 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from spark_jobs.settings import environ
-from spark_jobs.storage import LocalFiles, S3Files, arrow_path, arrow_s3, delta_storage_options, is_s3, lake_files
+from spark_jobs.storage import LocalFiles, S3Files, is_s3, lake_files
 
 if TYPE_CHECKING:
-    import pyarrow as pa
-    import pyarrow.compute as pc
+    pass
 
 # A run id names a folder of the reports: a strict name, never a path (Airflow's run ids, `manual__2026-11-25T08:00:00+00:00`,
 # and the pipeline's own batch ids fit it; Airflow's default pattern for run ids given by hand is the same set of characters)
@@ -157,67 +154,3 @@ class Lake:
         """A layer's table as a URI (an Airflow asset's): file:// for a local lake."""
         location = self.root if "://" in self.root else f"file://{self.root}"
         return f"{location}/{layer}/{name}"
-
-
-def row_count(path: str) -> int | None:
-    """Rows in a Delta table from its file statistics (no data read, no JVM); None when absent."""
-    from deltalake import DeltaTable
-    from deltalake.exceptions import TableNotFoundError
-
-    from spark_jobs.delta.features import query, unplain_features
-
-    try:
-        table = DeltaTable(path, storage_options=delta_storage_options(path))
-    except TableNotFoundError:
-        return None
-    if unplain_features(table):  # statistics count rows a deletion vector has deleted
-        return int(query(table, "SELECT COUNT(*) AS n FROM t")["n"][0])
-    actions = table.get_add_actions(flatten=True)
-    return sum(v for v in actions.column("num_records").to_pylist() if v is not None)
-
-
-def read_columns(path: str, columns: list[str] | None = None,
-                 env: Mapping[str, str] = environ) -> dict[str, list[Any]] | None:
-    """A Delta table's columns (all when None) as Python values (`read_arrow`); None when the table is absent."""
-    table = read_arrow(path, columns, env)
-    return None if table is None else table.to_pydict()
-
-
-def read_arrow(path: str, columns: list[str] | None = None, env: Mapping[str, str] = environ,
-               where: Callable[[pa.Schema], pc.Expression] | None = None) -> pa.Table | None:
-    """A Delta table's columns (all when None), read without Spark (the sensor, status, the silver pass) and without
-    delta-rs' dataset readers: pyarrow over the snapshot's files, or delta-rs' DataFusion provider where deletion
-    vectors make a plain Parquet read wrong. None when the table is absent. `env` holds an S3 lake's AWS_* settings
-    (spark_jobs/storage.py). A partitioned table's partition columns are not in its files: read others. `where`
-    makes, from the schema read (of `columns`, strings as strings), the filter its rows must pass: applied to each
-    batch as the files are read, so that memory holds the rows kept, not the table (a big silver table's keys, of
-    which a batch touches a few)."""
-    import pyarrow as pa
-    import pyarrow.dataset as ds
-    from deltalake import DeltaTable
-    from deltalake.exceptions import TableNotFoundError
-
-    from spark_jobs.delta import table_files
-    from spark_jobs.delta.features import query, unplain_features
-
-    try:
-        table = DeltaTable(path, storage_options=delta_storage_options(path, env))
-    except TableNotFoundError:
-        return None
-    if unplain_features(table):
-        read = pa.table(query(table, f"SELECT {', '.join(columns) if columns else '*'} FROM t"))
-        return read if where is None else read.filter(where(read.schema))
-    files = table_files(table)
-    if not files:
-        schema = pa.schema(table.schema().to_arrow())
-        return schema.empty_table().select(columns) if columns else schema.empty_table()
-    filesystem = arrow_s3(env) if is_s3(path) else None
-    dataset = ds.dataset([arrow_path(f) for f in files], format="parquet", filesystem=filesystem)
-    if where is None:
-        return dataset.to_table(columns=columns)
-    # filtered batch by batch, as strings: delta-rs writes them as views, which Arrow's filter and comparisons do not
-    # take (nor the statistics a dataset's own filter prunes files by)
-    plain = {pa.string_view(): pa.string(), pa.binary_view(): pa.binary()}
-    schema = pa.schema([f.with_type(plain.get(f.type, f.type)) for f in dataset.schema if not columns or f.name in columns])
-    keep = where(schema)
-    return pa.Table.from_batches([b.cast(schema).filter(keep) for b in dataset.to_batches(columns=schema.names)], schema)

@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from spark_jobs.delta.reads import snapshot_files
 from spark_jobs.lake import Lake
 from spark_jobs.layers.gold_plan import group_columns
 from spark_jobs.layers.summary import LayerSummary
 from spark_jobs.logs import logger
 from spark_jobs.registry import GoldModel, Maintenance, Registry, TableConfig
 from spark_jobs.state import transactions_name
-from spark_jobs.storage import delta_storage_options
 
 log = logger(__name__)
 
@@ -138,7 +138,7 @@ def maintain_transactions(engine: Any, lake: Lake, topic: str, policy: Maintenan
 def maintain_delta(engine: Any, name: str, path: str, policy: Maintenance, cluster: tuple[str, ...]) -> DeltaUpkeep | None:
     """Compact (when at least `min_small_files` files are under the target size), checkpoint, vacuum. None
     when the table does not exist (a table without history, a model never published)."""
-    before = _snapshot_files(path)
+    before = snapshot_files(path)
     if before is None:
         return None
     stored_before = _stored_files(path)
@@ -149,25 +149,12 @@ def maintain_delta(engine: Any, name: str, path: str, policy: Maintenance, clust
         engine.compact(path, target, cluster if policy.cluster_by_key else ())
     engine.checkpoint(path, policy.retain_versions_s)
     engine.vacuum(path, policy.retain_versions_s)
-    after = _snapshot_files(path)
+    after = snapshot_files(path)
     assert after is not None
     return DeltaUpkeep(name=name, path=path, files_before=len(before[1]), files_after=len(after[1]),
                        bytes_before=sum(before[1]), bytes_after=sum(after[1]), stored_before=stored_before,
                        stored_after=_stored_files(path), version_before=before[0], version_after=after[0],
                        compacted=compacted)
-
-
-def _snapshot_files(path: str) -> tuple[int, list[int]] | None:
-    """The version and the sizes of the snapshot's data files, from the log (no data read, either engine)."""
-    from deltalake import DeltaTable
-    from deltalake.exceptions import TableNotFoundError
-
-    try:
-        table = DeltaTable(path, storage_options=delta_storage_options(path))
-    except TableNotFoundError:
-        return None
-    sizes = table.get_add_actions(flatten=True).column("size_bytes").to_pylist()
-    return table.version(), [int(s) for s in sizes]
 
 
 def _stored_files(path: str) -> int:

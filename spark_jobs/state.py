@@ -19,8 +19,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from spark_jobs.delta.reads import read_columns
 from spark_jobs.errors import ConfigError, TableBusy
-from spark_jobs.lake import Lake, read_columns
+from spark_jobs.lake import Lake
 from spark_jobs.landing import LandingFile, LandingWindow, folder_of, list_topic
 from spark_jobs.logs import logger
 from spark_jobs.settings import environ, settings

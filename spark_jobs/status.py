@@ -8,8 +8,9 @@ import datetime as dt
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from spark_jobs.delta.reads import row_count
 from spark_jobs.event_log import Standing, standings
-from spark_jobs.lake import Lake, row_count
+from spark_jobs.lake import Lake
 from spark_jobs.registry import Registry
 
 EMPTY = Standing(None, None, None)  # a layer with no step in the event log

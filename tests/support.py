@@ -34,7 +34,8 @@ from pyspark.sql import functions as F
 
 from spark_jobs import cli
 from spark_jobs.debezium import envelope
-from spark_jobs.lake import Lake, row_count
+from spark_jobs.delta.reads import row_count
+from spark_jobs.lake import Lake
 from spark_jobs.registry import TableConfig, load_registry
 from spark_jobs.service_client import JobStatus, ServiceConnection, poll
 
@@ -1028,10 +1029,10 @@ def airflow_env(home: Path, database: str, service, s3_endpoint: str | None, dep
 
 
 def silver_table(path: str) -> list[dict]:
-    """Rows of a Delta table read without Spark, local or on S3 (spark_jobs.lake.read_columns)."""
+    """Rows of a Delta table read without Spark, local or on S3 (spark_jobs.delta.reads.read_columns)."""
     import pyarrow as pa
 
-    from spark_jobs.lake import read_columns
+    from spark_jobs.delta.reads import read_columns
 
     return sorted(pa.table(read_columns(path)).to_pylist(), key=lambda r: r["custkey"])
 

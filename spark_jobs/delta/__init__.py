@@ -14,6 +14,7 @@ if TYPE_CHECKING:  # the package's pure modules (features) are read where pyspar
     from typing import TypeAlias
 
     import pyarrow as pa
+    import pyarrow.compute as pc
     from deltalake import DeltaTable
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql import types as T
@@ -44,12 +45,33 @@ class MergeResult:
     deleted: int
 
 
+@dataclass(frozen=True)
+class NewFiles:
+    """A table's files added since a version: what a reader of only its new rows opens."""
+
+    version: int
+    files: tuple[str, ...]
+    schema: str  # the table's schema, as JSON
+    size: int  # the files' bytes
+    rows: int | None  # the files' rows, from their statistics; None when a file has none
+
+
 class DeltaEngine(Protocol):
     name: str
+    # lists and reads a table's files on the driver, without Spark (delta-rs): what the silver pass plans from
+    reads_on_driver: bool
 
     def version(self, path: str) -> int | None: ...  # None when there is no table at `path`
     def schema(self, path: str) -> T.StructType | None: ...
     def read(self, spark: SparkSession, path: str, version: int | None = None) -> DataFrame | None: ...
+    def current(self, path: str) -> tuple[int, str] | None: ...  # version and schema (JSON) from one read of the log
+    # the files of the current version not there at version `after` (-1: none was); None when nothing is newer, or
+    # when they are not listed for a driver-side reader
+    def new_files(self, path: str, after: int) -> NewFiles | None: ...
+    # the rows (of `columns`) passing `where` (made from the schema read), on the driver as Arrow: a few keys' rows
+    # of a big table, memory holding the rows kept; None when there is no table
+    def read_where(self, path: str, columns: list[str], where: Callable[[pa.Schema], pc.Expression]
+                   ) -> pa.Table | None: ...
     # `small`: the rows of a small batch, which fit in the driver's memory; an engine committing from the driver
     # (delta-rs) takes them there as Arrow rather than through a Spark write (its job and commit protocol)
     def append(self, df: Rows, path: str, partition_by: tuple[str, ...] = (), small: bool = False) -> int: ...

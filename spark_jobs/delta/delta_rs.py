@@ -26,17 +26,17 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
 from deltalake import Schema as DeltaSchema
-from deltalake.exceptions import TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
 from pyarrow import fs as pafs
 from pyspark.sql import DataFrame, SparkSession
@@ -46,6 +46,7 @@ from spark_jobs.delta import (
     CHANGE_FEED,
     MergeResult,
     MergeSpec,
+    NewFiles,
     all_nullable,
     datafusion_ident,
     key_predicate,
@@ -57,6 +58,7 @@ from spark_jobs.delta import (
 )
 from spark_jobs.delta.features import unplain_features
 from spark_jobs.delta.file_stats import delta_stats
+from spark_jobs.delta.reads import open_table, read_arrow
 from spark_jobs.errors import UnsupportedTable
 from spark_jobs.settings import settings
 from spark_jobs.storage import arrow_path, arrow_s3, delta_storage_options, is_s3
@@ -125,19 +127,9 @@ class _Staged:
             self.fs.delete_dir(self.root)
 
 
-@dataclass(frozen=True)
-class NewFiles:
-    """A table's files added since a version: what a reader of only its new rows opens."""
-
-    version: int
-    files: tuple[str, ...]
-    schema: str  # the table's schema, as JSON
-    size: int  # the files' bytes
-    rows: int | None  # the files' rows, from their statistics; None when a file has none
-
-
 class DeltaRsEngine:
     name = "delta-rs"
+    reads_on_driver = True
 
     def __init__(self, storage_options: dict[str, str] | None = None):
         self.storage_options = storage_options  # None: a table's own (spark_jobs/storage.py: local, or S3 from AWS_*)
@@ -147,10 +139,7 @@ class DeltaRsEngine:
         return self.storage_options if self.storage_options is not None else delta_storage_options(path)
 
     def _table(self, path: str, version: int | None = None) -> DeltaTable | None:
-        try:
-            return DeltaTable(path, version=version, storage_options=self._options(path))
-        except TableNotFoundError:
-            return None
+        return open_table(path, version, options=self._options(path))
 
     def version(self, path: str) -> int | None:
         table = self._table(path)
@@ -184,6 +173,9 @@ class DeltaRsEngine:
         rows = [r for _, r in added]
         return NewFiles(table.version(), new, table.schema().to_json(), sum(size for size, _ in added),
                         None if None in rows else sum(rows))
+
+    def read_where(self, path: str, columns: list[str], where: Callable[[pa.Schema], pc.Expression]) -> pa.Table | None:
+        return read_arrow(path, columns, where=where, options=self._options(path))
 
     def read(self, spark: SparkSession, path: str, version: int | None = None) -> DataFrame | None:
         table = self._table(path, version)

@@ -3,9 +3,11 @@ docker-compose Spark image). Same MergeSpec meaning as delta-rs."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
@@ -13,12 +15,14 @@ from spark_jobs.delta import (
     CHANGE_FEED,
     MergeResult,
     MergeSpec,
+    NewFiles,
     key_predicate,
     log_retention,
     records_changes,
     retention_hours,
     spark_frame,
 )
+from spark_jobs.delta.reads import open_table, read_arrow
 from spark_jobs.sql_text import ident, literal
 
 if TYPE_CHECKING:
@@ -27,6 +31,7 @@ if TYPE_CHECKING:
 
 class DeltaSparkEngine:
     name = "delta-spark"
+    reads_on_driver = False
 
     def __init__(self, spark: SparkSession):
         from delta.tables import DeltaTable  # the Python API; needs the JVM jars at call time
@@ -53,6 +58,17 @@ class DeltaSparkEngine:
         if version is not None:
             reader = reader.option("versionAsOf", version)
         return reader.load(path)
+
+    def current(self, path: str) -> tuple[int, str] | None:
+        version = self.version(path)
+        schema = self.schema(path) if version is not None else None
+        return None if version is None or schema is None else (version, schema.json())
+
+    def new_files(self, path: str, after: int) -> NewFiles | None:
+        return None  # Spark reads a table's new rows itself (each table's own plan): nothing is listed for the driver
+
+    def read_where(self, path: str, columns: list[str], where: Callable[[pa.Schema], pc.Expression]) -> pa.Table | None:
+        return read_arrow(path, columns, where=where)  # the snapshot's files, read on the driver as delta-rs reads them
 
     def _frame(self, df: Rows) -> DataFrame:
         return spark_frame(self.spark, df) if isinstance(df, pa.Table) else df
@@ -134,12 +150,8 @@ class DeltaSparkEngine:
 
     def _records_changes(self, path: str, version: int) -> bool:
         # the table's settings at that version, from its log (delta-rs reads a log as well as Delta does)
-        from deltalake import DeltaTable
-
-        from spark_jobs.storage import delta_storage_options
-
-        return records_changes(DeltaTable(path, version=version, storage_options=delta_storage_options(path))
-                               .metadata().configuration)
+        table = open_table(path, version)
+        return table is not None and records_changes(table.metadata().configuration)
 
     def changes_recorded(self, path: str) -> bool:
         return self._records_changes(path, self.version(path) or 0)

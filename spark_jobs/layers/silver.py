@@ -13,10 +13,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark_jobs.debezium import types
-from spark_jobs.delta import DeltaEngine, MergeSpec, driver_rows, spark_frame, upkeep_only
-from spark_jobs.delta.delta_rs import DeltaRsEngine, NewFiles
+from spark_jobs.delta import DeltaEngine, MergeSpec, NewFiles, driver_rows, spark_frame, upkeep_only
+from spark_jobs.delta.reads import read_columns
 from spark_jobs.errors import GateFailed, PipelineError
-from spark_jobs.lake import Lake, read_columns
+from spark_jobs.lake import Lake
 from spark_jobs.layers import silver_arrow, silver_pass, transactions
 from spark_jobs.layers.changes import newer
 from spark_jobs.layers.common import (
@@ -82,7 +82,7 @@ def read_pass(spark: SparkSession, engine: DeltaEngine, tables: list[TableConfig
     own steps to take (silver_merge), in passes of at most PASS_ROWS rows and PASS_BYTES bytes. Only delta-rs lists a table's
     new files without Spark. A pass that fails leaves each table to plan its own batch, which then fails or not on its
     own input."""
-    if not isinstance(engine, DeltaRsEngine):
+    if not engine.reads_on_driver:
         return {}
     groups: dict[str, list[silver_pass.Candidate]] = {}  # by bronze's schema: a scan reads one
     for table in (t for t in tables if silver_pass.may_join(t)):
@@ -186,7 +186,7 @@ def silver_merge(spark: SparkSession, engine: DeltaEngine, table: TableConfig, l
     if read is not None and not read.widened and read.holds(progress.bronze_version, progress.truncated_at,
                                                            silver_version, bronze_version):
         try:
-            planned = silver_arrow.plan(lake, table, read)
+            planned = silver_arrow.plan(engine, lake, table, read)
         except pa.ArrowException as exc:  # not swallowed: nothing is written yet, and the table's own plan takes it
             log.warning(f"silver: {table.name}'s batch from the shared pass could not be planned on the driver, it plans "
                         f"its own: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}")
@@ -315,7 +315,7 @@ def apply_planned(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     summary.tombstones_expired = _expire_tombstones(engine, lake, table)
     summary.deletes = {**plan.delete_counts, "removed": removed}
 
-    merged = dict(zip(("rows", "deletes"), silver_arrow.merged_audit(lake, table, read, batch_id), strict=True))
+    merged = dict(zip(("rows", "deletes"), silver_arrow.merged_audit(engine, lake, table, read, batch_id), strict=True))
     after = gates.reconciled(audit)
     joint = AuditGate(table.name, "silver", after, checks, lake, batch_id, table.quality.actions) if gate is None \
         else None

@@ -14,8 +14,8 @@ from functools import reduce
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_jobs.delta import all_nullable
-from spark_jobs.lake import Lake, read_arrow
+from spark_jobs.delta import DeltaEngine, all_nullable
+from spark_jobs.lake import Lake
 from spark_jobs.layers.silver_pass import TableBatch
 from spark_jobs.layers.silver_plan import SILVER_META, PlanCounts
 from spark_jobs.registry import TableConfig
@@ -31,9 +31,9 @@ class ArrowPlan:
     counts: PlanCounts
 
 
-def plan(lake: Lake, table: TableConfig, batch: TableBatch) -> ArrowPlan:
+def plan(engine: DeltaEngine, lake: Lake, table: TableConfig, batch: TableBatch) -> ArrowPlan:
     latest = batch.latest
-    state = _aligned_state(lake, table, latest)
+    state = _aligned_state(engine, lake, table, latest)
     newer = _newer(latest.column("_seq"), state.column("_state_seq"))
     effective = latest.filter(newer)
     row = effective.column("_row").combine_chunks()
@@ -57,7 +57,7 @@ def _key_columns(rows: pa.Table, keys: tuple[str, ...]) -> pa.Table:
 
 
 def _among(keys: pa.Table, or_equal: tuple[str, str] | None = None) -> Callable[[pa.Schema], pc.Expression]:
-    """`lake.read_arrow`'s filter: rows whose every key column holds one of `keys`' values in it (a superset of the
+    """`DeltaEngine.read_where`'s filter: rows whose every key column holds one of `keys`' values in it (a superset of the
     rows of `keys`, which a join then takes), or whose column `or_equal[0]` is `or_equal[1]`. Values are cast to the
     table's types (Spark's keys may be narrower)."""
     def where(schema: pa.Schema) -> pc.Expression:
@@ -71,14 +71,14 @@ def _among(keys: pa.Table, or_equal: tuple[str, str] | None = None) -> Callable[
     return where
 
 
-def _aligned_state(lake: Lake, table: TableConfig, latest: pa.Table) -> pa.Table:
+def _aligned_state(engine: DeltaEngine, lake: Lake, table: TableConfig, latest: pa.Table) -> pa.Table:
     """silver_plan.current_state of each of `latest`'s keys, in its order: `_state_seq` and `_live` (null: the key has
     no state), `_ledger_behind` (false then)."""
     keys = list(table.keys)
     wanted = _key_columns(latest, table.keys).append_column("_at", pa.array(range(latest.num_rows), pa.int64()))
     entries = []
     for path, live in ((lake.silver(table.name), True), (lake.tombstones(table.name), False)):
-        current = read_arrow(path, [*keys, "_seq"], where=_among(wanted.select(keys)))
+        current = engine.read_where(path, [*keys, "_seq"], _among(wanted.select(keys)))
         if current is not None and current.num_rows:
             current = current.select([*keys, "_seq"]).cast(pa.schema([*wanted.select(keys).schema, pa.field(
                 "_seq", latest.schema.field("_seq").type)]))
@@ -145,13 +145,14 @@ def _delete_counts(batch: TableBatch, latest: pa.Table, state: pa.Table) -> dict
             "absent": count(pc.and_(pc.and_(winner, newer), pc.invert(live)))}
 
 
-def merged_audit(lake: Lake, table: TableConfig, batch: TableBatch, batch_id: str) -> tuple[pa.Table, pa.Table]:
+def merged_audit(engine: DeltaEngine, lake: Lake, table: TableConfig, batch: TableBatch, batch_id: str
+                 ) -> tuple[pa.Table, pa.Table]:
     """silver_plan.merged_audit, read back from the merged silver table: its rows of the batch's keys and those this
     batch wrote (key, `_seq`), and each delete received (`_seq`) with `_live_seq`, its key's live position now."""
     keys = list(table.keys)
     touched = _key_columns(batch.latest, table.keys)
     received = _key_columns(batch.deletes, table.keys).append_column("_seq", batch.deletes.column("_seq"))
-    silver = read_arrow(lake.silver(table.name), [*keys, "_seq", "_batch_id"], where=_among(
+    silver = engine.read_where(lake.silver(table.name), [*keys, "_seq", "_batch_id"], _among(
         pa.concat_tables([touched, received.select(keys)]), ("_batch_id", batch_id)))
     if silver is None:
         rows = touched.slice(0, 0).append_column("_seq", batch.latest.column("_seq").slice(0, 0))

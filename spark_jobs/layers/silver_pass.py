@@ -21,8 +21,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from spark_jobs.debezium import envelope, ordering, types
-from spark_jobs.delta import all_nullable
-from spark_jobs.delta.delta_rs import NewFiles
+from spark_jobs.delta import NewFiles, all_nullable
 from spark_jobs.layers import changes, silver_plan
 from spark_jobs.layers.common import PASS_BYTES, PASS_ROWS, QUARANTINED_COLUMNS, checkpoint, lookup
 from spark_jobs.quality.audit import Tally, tally_by

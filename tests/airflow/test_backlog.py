@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from spark_jobs.delta.reads import read_columns, row_count
 from spark_jobs.generate import Options, generate
-from spark_jobs.lake import Lake, read_columns, row_count
+from spark_jobs.lake import Lake
 from spark_jobs.registry import load_registry
 from spark_jobs.state import pending_files, read_marks
 from tests.support import BIN, ROOT, AirflowCli, airflow_home, pipeline_service, service_airflow_env, subprocess_env

@@ -388,7 +388,7 @@ def lineage_names_the_delta_tables(events_file: Path, lake: Path) -> None:
 def maintenance_keeps_the_rows(log: str, lake: Path, silver: list[dict]) -> None:
     """cdc_maintenance through Airflow (delta-rs: plain processes, no JVM): bronze's appends and silver's
     commits compacted, the rows as they were, each table's counts in the run's report."""
-    from spark_jobs.lake import row_count
+    from spark_jobs.delta.reads import row_count
 
     assert "maintain customers bronze: files " in log and "maintain customers_by_state gold: files 1 -> 1" in log
     assert silver_table(str(lake / "silver" / "customers")) == silver
@@ -399,7 +399,7 @@ def maintenance_keeps_the_rows(log: str, lake: Path, silver: list[dict]) -> None
 
 
 def replays_leave_silver_unchanged(airflow: AirflowCli, lake: Path, silver: list[dict]) -> None:
-    from spark_jobs.lake import row_count
+    from spark_jobs.delta.reads import row_count
 
     # a second run finds nothing new: the deferred sensor gives up after its timeout and skips the run
     silver_log = sorted((lake / "silver" / "customers" / "_delta_log").glob("*.json"))

@@ -8,8 +8,9 @@ import time
 
 import pytest
 
+from spark_jobs.delta.reads import row_count
 from spark_jobs.generate import Options, generate
-from spark_jobs.lake import Lake, row_count
+from spark_jobs.lake import Lake
 from spark_jobs.registry import load_registry
 from tests.support import (
     AirflowStack,

@@ -18,8 +18,9 @@ from urllib.parse import quote
 
 import pytest
 
+from spark_jobs.delta.reads import row_count
 from spark_jobs.generate import Options, generate
-from spark_jobs.lake import Lake, row_count
+from spark_jobs.lake import Lake
 from spark_jobs.registry import load_registry
 from spark_jobs.report import load_run
 from tests.support import (
@@ -278,7 +279,7 @@ def service_jobs(log: Path) -> dict[str, tuple[str, str]]:
 
 
 def silver_rows(lake: Lake) -> dict:
-    from spark_jobs.lake import read_columns
+    from spark_jobs.delta.reads import read_columns
 
     columns = read_columns(lake.silver("customers"))
     assert columns is not None

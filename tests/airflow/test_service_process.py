@@ -99,7 +99,8 @@ def test_a_file_of_a_tenth_of_the_heap_ingests_and_a_job_beside_it_succeeds(tmp_
         done = wait_for_job(service, heavy)
     assert (done.state, done.exit_code) == ("succeeded", 0), done.log[-3000:]
     bronze = summary_line(done.log, "bronze", "customers")
-    from spark_jobs.lake import Lake, row_count
+    from spark_jobs.delta.reads import row_count
+    from spark_jobs.lake import Lake
 
     quarantined = row_count(Lake(str(lake)).quarantine("customers"))
     assert (int(bronze["lines"]), int(bronze["events"]), int(bronze["tombstones"]), quarantined) == (
@@ -141,7 +142,8 @@ def test_a_job_that_runs_out_of_memory_fails_alone_naming_its_file_and_the_setti
             "the driver's heap, CDC_DRIVER_MEMORY=512m: raise it, or set the file aside (run --mode skip --files ...)")
         assert (done.state, done.exit_code) == ("succeeded", 0), done.log[-3000:]
         assert jobs_known(service) == 2  # and it still serves
-    from spark_jobs.lake import Lake, row_count
+    from spark_jobs.delta.reads import row_count
+    from spark_jobs.lake import Lake
 
     assert row_count(Lake(str(lake)).bronze("customers")) is None  # nothing of the failed batch was written
     assert row_count(Lake(str(lake)).silver("products")) == len(small.final_rows)

@@ -51,7 +51,8 @@ def test_state_reads_exit_cleanly_every_time(tmp_path):
 
     log = pa.table({"file": ["topics/pagila.public.actor/partition=0/pagila.public.actor+0+0000000000.json"]})
     write_deltalake(str(tmp_path / "lake" / "_state" / "ingest_log" / "actor"), log)
-    script = ("from spark_jobs.lake import Lake, row_count; from spark_jobs.state import pending_files; "
+    script = ("from spark_jobs.lake import Lake; from spark_jobs.delta.reads import row_count; "
+              "from spark_jobs.state import pending_files; "
               f"lake = Lake({str(tmp_path / 'lake')!r}); "
               f"print(len(pending_files({str(landing)!r}, lake, 'actor', 'pagila.public.actor')), "
               "row_count(lake.ingest_log('actor')))")

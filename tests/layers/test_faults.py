@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from spark_jobs.lake import Lake, row_count
+from spark_jobs.delta.reads import row_count
+from spark_jobs.lake import Lake
 from tests.support import change_event, run, silver_rows, summary_line
 
 TOPIC = "shop.public.orders"

@@ -14,9 +14,10 @@ import pytest
 
 from spark_jobs import cli
 from spark_jobs.delta.delta_rs import DeltaRsEngine
+from spark_jobs.delta.reads import row_count
 from spark_jobs.errors import PipelineError, TableBusy
 from spark_jobs.generate import Options, generate
-from spark_jobs.lake import Lake, row_count
+from spark_jobs.lake import Lake
 from spark_jobs.landing import LandingWindow, list_topic
 from spark_jobs.layers import bronze
 from spark_jobs.registry import load_registry
@@ -315,7 +316,7 @@ def test_status_json_gives_each_tables_pending_files_rows_verdicts_last_success_
 
 
 def silver_table_rows(lake: Path) -> list[dict]:
-    from spark_jobs.lake import read_columns
+    from spark_jobs.delta.reads import read_columns
 
     columns = read_columns(Lake(str(lake)).silver("customers"))
     assert columns is not None

@@ -16,8 +16,9 @@ import boto3
 import pytest
 
 from spark_jobs import cli, state
+from spark_jobs.delta.reads import row_count
 from spark_jobs.errors import TableBusy
-from spark_jobs.lake import Lake, row_count
+from spark_jobs.lake import Lake
 from spark_jobs.state import writer_lock
 from spark_jobs.storage import S3Files
 from tests.support import FIXTURES, RECORDED_FINAL, run, s3_environment, silver_rows, summary_line, upload_landing

@@ -269,8 +269,8 @@ def dv_table(spark, path):
 
 
 def test_a_table_with_deletion_vectors_reads_its_rows_and_delta_rs_never_writes_it(any_engine, spark, tmp_path):
+    from spark_jobs.delta.reads import row_count
     from spark_jobs.errors import UnsupportedTable
-    from spark_jobs.lake import row_count
 
     path = str(tmp_path / "t")
     version = dv_table(spark, path)

@@ -1,4 +1,4 @@
-"""lake.read_arrow's filter (what the silver pass reads of a big silver table: the rows of the batch's keys, not the
+"""delta.reads.read_arrow's filter (what the silver pass reads of a big silver table: the rows of the batch's keys, not the
 table): exactly the rows a full read then filtered would give, over many files, with the value sets of another type
 than the table's columns."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pyarrow as pa
 from deltalake import write_deltalake
 
-from spark_jobs.lake import read_arrow
+from spark_jobs.delta.reads import read_arrow
 from spark_jobs.layers.silver_arrow import _among
 
 

@@ -1,0 +1,105 @@
+"""Reads of a Delta table on the driver, without Spark and without a JVM: its log's figures, its rows as Arrow, SQL over
+it. The one place a Delta table is opened outside the engines' own writes (the sensor, status, the event log,
+maintenance's figures, the silver pass). Nothing heavy at module level: the DAG processor imports this."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from spark_jobs.settings import environ
+from spark_jobs.storage import arrow_path, arrow_s3, delta_storage_options, is_s3
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from deltalake import DeltaTable
+
+
+def open_table(path: str, version: int | None = None, env: Mapping[str, str] = environ,
+               options: dict[str, str] | None = None) -> DeltaTable | None:
+    """The table at `path` (at `version`; None: its newest), with the lake's storage settings (`options`, else those
+    `env` gives: local, or S3 from AWS_*); None when there is no table."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        return DeltaTable(path, version=version,
+                          storage_options=options if options is not None else delta_storage_options(path, env))
+    except TableNotFoundError:
+        return None
+
+
+def query_table(path: str, sql: str, env: Mapping[str, str] = environ) -> dict[str, list[Any]] | None:
+    """`sql` over the table (named `t`), through delta-rs' DataFusion, as columns; None when there is no table."""
+    from spark_jobs.delta.features import query
+
+    table = open_table(path, env=env)
+    return None if table is None else query(table, sql)
+
+
+def row_count(path: str) -> int | None:
+    """Rows in a Delta table from its file statistics (no data read, no JVM); None when absent."""
+    from spark_jobs.delta.features import query, unplain_features
+
+    table = open_table(path)
+    if table is None:
+        return None
+    if unplain_features(table):  # statistics count rows a deletion vector has deleted
+        return int(query(table, "SELECT COUNT(*) AS n FROM t")["n"][0])
+    actions = table.get_add_actions(flatten=True)
+    return sum(v for v in actions.column("num_records").to_pylist() if v is not None)
+
+
+def snapshot_files(path: str) -> tuple[int, list[int]] | None:
+    """The version and the sizes of the snapshot's data files, from the log (no data read); None when absent."""
+    table = open_table(path)
+    if table is None:
+        return None
+    sizes = table.get_add_actions(flatten=True).column("size_bytes").to_pylist()
+    return table.version(), [int(s) for s in sizes]
+
+
+def read_columns(path: str, columns: list[str] | None = None,
+                 env: Mapping[str, str] = environ) -> dict[str, list[Any]] | None:
+    """A Delta table's columns (all when None) as Python values (`read_arrow`); None when the table is absent."""
+    table = read_arrow(path, columns, env)
+    return None if table is None else table.to_pydict()
+
+
+def read_arrow(path: str, columns: list[str] | None = None, env: Mapping[str, str] = environ,
+               where: Callable[[pa.Schema], pc.Expression] | None = None,
+               options: dict[str, str] | None = None) -> pa.Table | None:
+    """A Delta table's columns (all when None), read without Spark and without delta-rs' dataset readers: pyarrow over
+    the snapshot's files, or delta-rs' DataFusion provider where deletion vectors make a plain Parquet read wrong.
+    None when the table is absent. `env` holds an S3 lake's AWS_* settings (spark_jobs/storage.py; `options`, an
+    engine's own). A partitioned table's partition columns are not in its files: read others. `where` makes, from the
+    schema read (of `columns`, strings as strings), the filter its rows must pass: applied to each batch as the files
+    are read, so that memory holds the rows kept, not the table (a big silver table's keys, of which a batch touches
+    a few)."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    from spark_jobs.delta import table_files
+    from spark_jobs.delta.features import query, unplain_features
+
+    table = open_table(path, env=env, options=options)
+    if table is None:
+        return None
+    if unplain_features(table):
+        read = pa.table(query(table, f"SELECT {', '.join(columns) if columns else '*'} FROM t"))
+        return read if where is None else read.filter(where(read.schema))
+    files = table_files(table)
+    if not files:
+        schema = pa.schema(table.schema().to_arrow())
+        return schema.empty_table().select(columns) if columns else schema.empty_table()
+    filesystem = arrow_s3(env) if is_s3(path) else None
+    dataset = ds.dataset([arrow_path(f) for f in files], format="parquet", filesystem=filesystem)
+    if where is None:
+        return dataset.to_table(columns=columns)
+    # filtered batch by batch, as strings: delta-rs writes them as views, which Arrow's filter and comparisons do not
+    # take (nor the statistics a dataset's own filter prunes files by)
+    plain = {pa.string_view(): pa.string(), pa.binary_view(): pa.binary()}
+    schema = pa.schema([f.with_type(plain.get(f.type, f.type)) for f in dataset.schema if not columns or f.name in columns])
+    keep = where(schema)
+    return pa.Table.from_batches([b.cast(schema).filter(keep) for b in dataset.to_batches(columns=schema.names)], schema)
