@@ -23,7 +23,7 @@ from spark_jobs.layers.common import checkpoint, lookup, now
 from spark_jobs.layers.landing_reader import read_landing
 from spark_jobs.layers.summary import Counts
 from spark_jobs.layers.tombstones import TombstoneCounts, counting, preceding_rows
-from spark_jobs.quality.audit import Tally, tally_by
+from spark_jobs.quality.audit import Tally, collect_with, grouped_tally
 from spark_jobs.quality.expectations import QUARANTINE, flagged, row_checks
 from spark_jobs.registry import TableConfig
 from spark_jobs.sql_text import ident, sql
@@ -150,12 +150,15 @@ def read_together(spark: SparkSession, engine: DeltaEngine, lake: Lake, landing:
         tallies = {name: fold_tally(table_groups) for name, table_groups in groups.items()}
         matched = _match_tombstones(spark, engine, lake, classified, tallies, table_of)
         # the tombstones' counts in the audit's aggregate: no Spark job of their own
-        audited = tally_by({"events": audited_lines(classified, matched, "_table")}, flagged("bronze"), "_table",
-                           counting() if matched is not None else None)
+        # the tombstones' counts in the audit's aggregate, which the events' collect takes: no Spark job of their own
+        grouped = grouped_tally({"events": audited_lines(classified, matched, "_table")}, flagged("bronze"), "_table",
+                                counting() if matched is not None else None)
+        collected, audited = collect_with(
+            {"events": bronze_rows(classified.where("_kind = 'event'"), batch_id, 0, "_table")}, grouped)
         audits = {name: a.tallies for name, a in audited.items()}
         tombstones = {name: TombstoneCounts(a.measures["matched"], a.measures["waiting"])
                       for name, a in audited.items() if matched is not None}
-        events_by = _split(bronze_rows(classified.where("_kind = 'event'"), batch_id, 0, "_table").toArrow())
+        events_by = _split(collected["events"])
         quarantined = any(t.quarantined for t in tallies.values())
         quarantine = classified.where("_kind = 'quarantine'").select("_table", "_source_file", "_line", "_raw",
                                                                      "reason").collect() if quarantined else []

@@ -21,10 +21,10 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from spark_jobs.debezium import envelope, ordering, types
-from spark_jobs.delta import NewFiles, all_nullable
+from spark_jobs.delta import NewFiles
 from spark_jobs.layers import changes, silver_plan
 from spark_jobs.layers.common import PASS_BYTES, PASS_ROWS, QUARANTINED_COLUMNS, checkpoint, lookup
-from spark_jobs.quality.audit import Tally, tally_by
+from spark_jobs.quality.audit import GroupedTally, Tallied, Tally, collect_with, grouped_tally
 from spark_jobs.quality.expectations import flagged
 from spark_jobs.registry import TableConfig
 from spark_jobs.sql_text import ident, literal, named_struct, per_table, sql, sql_type
@@ -238,21 +238,27 @@ def _after_truncate(truncated_at: dict[str, str | None]) -> Column:
     return sql(per_table(truncated_at, lambda at: f"_seq > {literal(str(at))}" if at else "true"))
 
 
-def event_counts(typed: DataFrame, truncated_at: dict[str, str | None]) -> dict[str, EventCounts]:
-    """Every table's EventCounts, in one aggregate over `typed` (one partition: `typed_events`): silver's checks
-    (`silver_plan.event_audit` by (`_table`, `_key`)) and the counts beside them. A position is counted at its first
-    event (a window over the partition the audit's window uses), not by a distinct count: Spark plans distinct counts
-    with an exchange, a Spark job more."""
+def event_counts(typed: DataFrame, truncated_at: dict[str, str | None]) -> GroupedTally:
+    """Every table's EventCounts' aggregate over `typed` (one partition: `typed_events`), collected with the newest
+    events (`_collect`; `counted` reads it): silver's checks (`silver_plan.event_audit` by (`_table`, `_key`)) and the
+    counts beside them. A position is counted at its first event (a window over the partition the audit's window
+    uses), not by a distinct count: Spark plans distinct counts with an exchange, a Spark job more."""
     usable = F.col("reason").isNull()
     position = Window.partitionBy("_table", "_key", "_seq", usable).orderBy("_source_file", "_line")
     marked = typed.withColumns({"_first": F.row_number().over(position) == 1, "_after": _after_truncate(truncated_at)})
     audit = silver_plan.event_audit(marked, ("_table", "_key"), "_table", "reason", "_first", "_after")
     first = usable & F.col("_first")
-    counted = tally_by({"events": audit}, flagged("silver", "events"), "_table", {
+    grouped = grouped_tally({"events": audit}, flagged("silver", "events"), "_table", {
         "events": F.count(F.when(usable, 1)), "positions": F.count(F.when(first, 1)),
         "positions_after_truncate": F.count(F.when(first & F.col("_after"), 1))})
+    assert grouped is not None  # measures are always counted
+    return grouped
+
+
+def counted(tallied: dict[str, Tallied]) -> dict[str, EventCounts]:
+    """The tables' EventCounts from `event_counts`' tallies."""
     return {name: EventCounts(c.measures["events"], c.measures["positions"], c.measures["positions_after_truncate"],
-                              c.tallies) for name, c in counted.items()}
+                              c.tallies) for name, c in tallied.items()}
 
 
 def may_join(table: TableConfig) -> bool:
@@ -326,46 +332,52 @@ def read_together(spark: SparkSession, candidates: list[Candidate]) -> dict[str,
         return {}
     typed = typed_events(events.where(F.col("_table").isin(list(typings))), list(typings.values()))
     truncated_at = {name: by_name[name].truncated_at for name in typings}
-    counted = event_counts(typed, truncated_at)
+    counts = event_counts(typed, truncated_at)
+    # the newest events are read once, by the collect: not materialised; the counts and the row events typing
+    # quarantined are collected with them, in the same Spark job
+    collected = _collect(typed, newest_per_key(typed, truncated_at), typings, counts)
+    latest, received = collected.latest, collected.deletes
+    counts_of = collected.counts
     none = EventCounts(0, 0, 0, {e.name: Tally(0, 0) for e in flagged("silver", "events")})
     quarantine: dict[str, list[tuple[str, int, str, str]]] = {name: [] for name in typings}
-    # a row event typing quarantined is one the counts lack: none, no collect (a Spark job)
-    if any(counted.get(name, none).events < found[name].figures["changes"] for name in typings):
-        for r in typed.where("reason IS NOT NULL").select("_table", *QUARANTINED_COLUMNS).collect():
-            quarantine[r["_table"]].append((r["_source_file"], r["_line"], r["_raw"], r["reason"]))
-    # the newest events are read once, by the collect: not materialised
-    latest, received = _collect(typed, newest_per_key(typed, truncated_at), typings)
+    for r in collected.quarantine.to_pylist():
+        quarantine[r["_table"]].append((r["_source_file"], r["_line"], r["_raw"], r["reason"]))
     return {name: TableBatch(
         by_name[name].applied, by_name[name].truncated_at, by_name[name].silver_version, by_name[name].files.version,
-        found[name].figures, counted.get(name, none).figures(latest[name]), counted.get(name, none).audit,
+        found[name].figures, counts_of.get(name, none).figures(latest[name]), counts_of.get(name, none).audit,
         quarantine[name], latest[name], received[name], typings[name].widening[1]) for name in typings}
 
 
-def _collect(typed: DataFrame, newest: DataFrame, typings: dict[str, TableTyping]
-             ) -> tuple[dict[str, pa.Table], dict[str, pa.Table]]:
-    """Every table's newest events and deletes, typed as silver's columns, in one Arrow collect: one column per
-    shape of silver row (null in other tables' rows), split by table on the driver."""
+@dataclass(frozen=True)
+class _Collected:
+    latest: dict[str, pa.Table]  # by table: the newest events
+    deletes: dict[str, pa.Table]  # by table: the deletes received
+    quarantine: pa.Table  # the row events typing quarantined: `_table` and QUARANTINED_COLUMNS
+    counts: dict[str, EventCounts]  # by table
+
+
+def _collect(typed: DataFrame, newest: DataFrame, typings: dict[str, TableTyping], counts: GroupedTally) -> _Collected:
+    """Every table's newest events and deletes, typed as silver's columns, with the row events typing quarantined
+    and the tables' counts, in one Arrow collect: one column per shape of silver row (null in other tables' rows),
+    split by table on the driver."""
     shapes: dict[str, list[str]] = {}
     for name, typing in typings.items():
         shapes.setdefault(typing.silver_type.json(), []).append(name)
     rows = {f"_r{i}": _shape_column(shape, tuple(names), f"_r{i}") for i, (shape, names) in enumerate(shapes.items())}
     meta = silver_plan.meta_columns()
-    latest = newest.select(*[sql(text) for text in ("_table", "true AS _latest", "_key", "_seq", "op", "_events", "_tie")],
+    latest = newest.select(*[sql(text) for text in ("_table", "_key", "_seq", "op", "_events", "_tie")],
                            *[meta[c] for c in silver_plan.SILVER_META if c not in ("_op", "_seq")], *rows.values())
-    deletes = deletes_received(typed).select(*[sql(text) for text in ("_table", "false AS _latest", "_key", "_seq")],
-                                             *rows.values())
-    collected = latest.unionByName(deletes, allowMissingColumns=True).toArrow()
-    collected = collected.cast(all_nullable(collected.schema))
-    carried = {True: [c for c in latest.columns if c not in rows and c not in ("_table", "_latest")],
-               False: ["_key", "_seq"]}
-    split: dict[bool, dict[str, pa.Table]] = {True: {}, False: {}}
+    deletes = deletes_received(typed).select(*[sql(text) for text in ("_table", "_key", "_seq")], *rows.values())
+    quarantined = typed.where("reason IS NOT NULL").select(sql("_table"), *[sql(ident(c)) for c in QUARANTINED_COLUMNS])
+    found, tallied = collect_with({"latest": latest, "delete": deletes, "quarantine": quarantined}, counts)
+    carried = {"latest": [c for c in latest.columns if c not in rows and c != "_table"], "delete": ["_key", "_seq"]}
+    split: dict[str, dict[str, pa.Table]] = {"latest": {}, "delete": {}}
     for i, names in enumerate(shapes.values()):
         for name in names:
-            own = collected.filter(pc.equal(collected.column("_table"), name))
             for kind, out in split.items():
-                part = own.filter(pc.equal(own.column("_latest"), kind))
-                out[name] = part.select([*carried[kind], f"_r{i}"]).rename_columns([*carried[kind], "_row"])
-    return split[True], split[False]
+                own = found[kind].filter(pc.equal(found[kind].column("_table"), name))
+                out[name] = own.select([*carried[kind], f"_r{i}"]).rename_columns([*carried[kind], "_row"])
+    return _Collected(split["latest"], split["delete"], found["quarantine"], counted(tallied))
 
 
 @lru_cache(maxsize=1024)

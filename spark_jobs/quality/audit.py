@@ -4,6 +4,7 @@ figures. The gate validates this one row (quality/gates.py): no audited row leav
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import reduce
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 
-from spark_jobs.delta import spark_frame
+from spark_jobs.delta import all_nullable, spark_frame
 from spark_jobs.quality.expectations import Expectation
 from spark_jobs.sql_text import ident, literal, sql
 
@@ -99,7 +100,15 @@ def tally_by(frames: dict[str, DataFrame], checks: list[Expectation], by: str,
     batches audited at once. `measures`: counts the caller takes from the same aggregate (aggregate columns over
     the frames' own columns), so that they cost no Spark job of their own. A value with no rows is absent (its
     tallies are all zero)."""
-    return _tallies({"": (frames, ())}, checks, by, measures or {}, False)
+    grouped = grouped_tally(frames, checks, by, measures)
+    return {} if grouped is None else grouped.read(grouped.frame.collect())
+
+
+def grouped_tally(frames: dict[str, DataFrame], checks: list[Expectation], by: str,
+                  measures: dict[str, Column] | None = None) -> GroupedTally | None:
+    """`tally_by`'s aggregate, not collected: for a caller that collects it in the job that collects its rows (a
+    union, as observe's metrics cannot be grouped by table). None: nothing to count."""
+    return _aggregate({"": (frames, ())}, checks, by, measures or {}, False)
 
 
 @dataclass(frozen=True)
@@ -110,15 +119,60 @@ class Tallied:
     measures: dict[str, int]
 
 
+@dataclass(frozen=True)
+class GroupedTally:
+    """A grouped tally's aggregate (`frame`: a row per group, its column `group` first, then `a<n>` and `f<n>` for
+    each of `checks`, `m_<name>` for each measure) and how its collected rows read."""
+
+    frame: DataFrame
+    group: str
+    checks: list[Expectation]
+    measures: tuple[str, ...]
+
+    def read(self, rows: Iterable[Any]) -> dict[str, Tallied]:  # Spark's rows, or dicts of their columns
+        return {row[self.group]: Tallied({e.name: Tally(row[f"a{n}"], row[f"f{n}"]) for n, e in enumerate(self.checks)},
+                                         {name: int(row[f"m_{name}"] or 0) for name in self.measures})
+                for row in rows}
+
+
+def collect_with(parts: dict[str, DataFrame], grouped: GroupedTally | None
+                 ) -> tuple[dict[str, pa.Table], dict[str, Tallied]]:
+    """Each of `parts` as Arrow (its own columns), and `grouped`'s tallies, in one Spark job: a union whose rows say
+    their part (`_part`), split on the driver. A tally of its own was a Spark job more a batch; observe's metrics
+    cannot be grouped by table."""
+    import pyarrow.compute as pc
+
+    tagged = [df.select(sql(f"{literal(name)} AS _part"), "*") for name, df in parts.items()]
+    if grouped is not None:
+        tagged.append(grouped.frame.select(sql(f"{literal(_COUNTS)} AS _part"), "*"))
+    both = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), tagged).toArrow()
+    both = both.cast(all_nullable(both.schema))
+
+    def part(name: str, columns: list[str]) -> pa.Table:
+        return both.filter(pc.equal(both.column("_part"), name)).select(columns)
+
+    found = {name: part(name, df.columns) for name, df in parts.items()}
+    return found, {} if grouped is None else grouped.read(part(_COUNTS, grouped.frame.columns).to_pylist())
+
+
+_COUNTS = "_cdc_counts"  # collect_with's part of the tally's rows
+
+
 _BATCH = "_cdc_batch"  # the batch a stacked flag row belongs to (tally_each)
 
 
 def _tallies(batches: dict[str, tuple[dict[str, DataFrame], tuple[str, ...]]], checks: list[Expectation],
              by: str | None, measures: dict[str, Column], together: bool) -> dict[str, Tallied]:
+    grouped = _aggregate(batches, checks, by, measures, together)
+    return {} if grouped is None else grouped.read(grouped.frame.collect())
+
+
+def _aggregate(batches: dict[str, tuple[dict[str, DataFrame], tuple[str, ...]]], checks: list[Expectation],
+               by: str | None, measures: dict[str, Column], together: bool) -> GroupedTally | None:
     """Grouped by `by` (a column of the frames) when given, else by batch."""
     counted = [e for e in checks if any(e.rows in frames for frames, _ in batches.values())]
     if not counted and not measures:
-        return {}
+        return None
     group = by or _BATCH
     parts = []
     for batch, (frames, keys) in batches.items():
@@ -132,9 +186,7 @@ def _tallies(batches: dict[str, tuple[dict[str, DataFrame], tuple[str, ...]]], c
     stacked = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), parts)
     if together and len(parts) > 1:  # each part one partition: so is their stack, and the aggregate needs no exchange
         stacked = stacked.coalesce(1)
-    rows = stacked.groupBy(group).agg(*[sql(text) for n in range(len(counted)) for text in (
+    frame = stacked.groupBy(group).agg(*[sql(text) for n in range(len(counted)) for text in (
         f"count(_c{n}) AS a{n}", f"count(CASE WHEN NOT _c{n} THEN 1 END) AS f{n}")],
-        *[m.alias(f"m_{name}") for name, m in measures.items()]).collect()
-    return {row[group]: Tallied({e.name: Tally(row[f"a{n}"], row[f"f{n}"]) for n, e in enumerate(counted)},
-                                {name: int(row[f"m_{name}"] or 0) for name in measures})
-            for row in rows}
+        *[m.alias(f"m_{name}") for name, m in measures.items()])
+    return GroupedTally(frame, group, counted, tuple(measures))

@@ -120,7 +120,8 @@ def test_events_typed_together_come_out_as_each_alone(spark, engine, tmp_path, c
     # the newest event per key, and the plan's counts, as each table's own plan (silver_plan.plan_batch) finds them
     truncated_at = {n: silver_progress(lake, n).truncated_at for n in names}
     newest = silver_pass.newest_per_key(together, truncated_at)
-    counted = silver_pass.event_counts(together, truncated_at)
+    grouped = silver_pass.event_counts(together, truncated_at)
+    counted = silver_pass.counted(grouped.read(grouped.frame.collect()))
     deletes = silver_pass.deletes_received(together)
     for typing in typings:
         table = typing.table
