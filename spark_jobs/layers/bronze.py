@@ -25,9 +25,9 @@ from spark_jobs.layers.bronze_pass import (
     audited_lines,
     bronze_rows,
     fold_tally,
+    line_groups,
     quarantining,
     read_together,
-    tally_groups,
 )
 from spark_jobs.layers.common import (
     ONE_TASK_BYTES,
@@ -357,7 +357,7 @@ def _ingest(spark: SparkSession, engine: DeltaEngine, batch: _Batch, staged: dic
     classified = checkpoint(envelope.classify(parsed, table.keys, quarantining(table)), small)
     raw = _raw_events(classified, table)
     classified = _quarantine_by_expectations(classified, raw, table)
-    tally = fold_tally(tally_groups(classified))
+    tally = fold_tally(line_groups(classified).collect())
     _quarantine(spark, engine, batch, classified, tally.quarantined, unreadable, summary)
     # tombstone lines that open a file follow a record of an earlier batch: look in bronze for those only
     earlier = preceding_rows(spark, engine, lake, table.name, tally.opening) if tally.opening else None

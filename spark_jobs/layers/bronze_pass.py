@@ -1,14 +1,15 @@
 """Bronze's Spark work over many small tables' new landing files in one pass: one scan, parse and classification of
-every table's JSON lines, one tally, one audit aggregate and one Arrow collect of the rows, split by table on the
-driver. A cycle over a whole database then costs a few Spark jobs, not a few dozen a table (tests/benchmarks/RESULTS.md,
-workload D). Each table still gates, quarantines, commits and logs its own batch under its own writer lock
-(bronze.bronze_ingest), which first checks that its files are still the ones read here."""
+every table's JSON lines, then one Arrow collect of the rows with their line tally and their audit, split by table on
+the driver. A cycle over a whole database then costs a few Spark jobs, not a few dozen a table
+(tests/benchmarks/RESULTS.md, workload D). Each table still gates, quarantines, commits and logs its own batch under
+its own writer lock (bronze.bronze_ingest), which first checks that its files are still the ones read here."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import reduce
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -59,14 +60,13 @@ class LineTally:
         return sum(stats[2] for stats in self.per_file.values())
 
 
-def tally_groups(classified: DataFrame, *by: str) -> list[Row]:
+def line_groups(classified: DataFrame, *by: str) -> DataFrame:
     """The classified lines counted by (`by`,) file, kind, reason and expectation: what LineTally folds."""
     return classified.groupBy(*[sql(ident(c)) for c in (*by, "_source_file", "_kind", "reason", "_expectation")]).agg(
-        *[sql(text) for text in ("count(1) AS n", "max(ts_ms) AS newest", "max(_kind = 'tombstone' AND _line = 1) AS opens")]
-    ).collect()
+        *[sql(text) for text in ("count(1) AS n", "max(ts_ms) AS newest", "max(_kind = 'tombstone' AND _line = 1) AS opens")])
 
 
-def fold_tally(groups: Iterable[Row]) -> LineTally:
+def fold_tally(groups: Iterable[Row | dict[str, Any]]) -> LineTally:
     groups = list(groups)
     per_file: dict[str, list[int]] = {}
     quarantined: Counts = {}
@@ -144,53 +144,78 @@ def read_together(spark: SparkSession, engine: DeltaEngine, lake: Lake, landing:
         parsed = parsed.withColumn("_schema", F.coalesce("_typed_schema", "_schema")).drop("_typed_schema")
         rules = {c.table.name: (c.table.keys, quarantining(c.table)) for c in candidates}
         classified = checkpoint(envelope.classify_tables(parsed, rules), True)
-        groups: dict[str, list[Row]] = {c.table.name: [] for c in candidates}
-        for group in tally_groups(classified, "_table"):
-            groups[group["_table"]].append(group)
-        tallies = {name: fold_tally(table_groups) for name, table_groups in groups.items()}
-        matched = _match_tombstones(spark, engine, lake, classified, tallies, table_of)
-        # the tombstones' counts in the audit's aggregate: no Spark job of their own
-        # the tombstones' counts in the audit's aggregate, which the events' collect takes: no Spark job of their own
-        grouped = grouped_tally({"events": audited_lines(classified, matched, "_table")}, flagged("bronze"), "_table",
-                                counting() if matched is not None else None)
-        collected, audited = collect_with(
-            {"events": bronze_rows(classified.where("_kind = 'event'"), batch_id, 0, "_table")}, grouped)
-        audits = {name: a.tallies for name, a in audited.items()}
-        tombstones = {name: TombstoneCounts(a.measures["matched"], a.measures["waiting"])
-                      for name, a in audited.items() if matched is not None}
-        events_by = _split(collected["events"])
-        quarantined = any(t.quarantined for t in tallies.values())
-        quarantine = classified.where("_kind = 'quarantine'").select("_table", "_source_file", "_line", "_raw",
-                                                                     "reason").collect() if quarantined else []
-        waiting = (_split(matched.where("_previous_unseen AND _part <> _source_file").select(
-            "_table", "_source_file", "_line", "_part", "_offset").toArrow())
-            if matched is not None and any(t.waiting for t in tombstones.values()) else {})
+        # the rest in one Spark job: the rows collected with the line tally, the audit and the tombstones' counts. The
+        # tombstones are matched before the tally says which files open with one, as if none did; when one does, the
+        # delete before it is among bronze's rows: matched again with them, and the audit counted again
+        read = _collect(classified, _match_tombstones(spark, engine, lake, classified, {}, table_of), batch_id, True)
+        tallies = {c.table.name: fold_tally(read.lines.get(c.table.name, [])) for c in candidates}
+        opening = {name: t.opening for name, t in tallies.items() if t.opening}
+        if opening:
+            read = replace(_collect(classified, _match_tombstones(spark, engine, lake, classified, opening, table_of),
+                                    batch_id, False), events=read.events, quarantine=read.quarantine)
     finally:
         for folder in staged_at:
             lake.files.delete_tree(folder)
-    no_events = next(iter(events_by.values())).slice(0, 0)
+    no_events = next(iter(read.events.values())).slice(0, 0)
     no_audit = {e.name: Tally(0, 0) for e in flagged("bronze", "events")}
     unreadable_by: dict[str, dict[LandingFile, str]] = {c.table.name: {} for c in candidates}
     for f, reason in unreadable.items():
         unreadable_by[table_of[f.path]][f] = reason
     quarantine_by: dict[str, list[tuple[str, int, str, str]]] = {c.table.name: [] for c in candidates}
-    for r in quarantine:
+    for r in read.quarantine.to_pylist():
         quarantine_by[r["_table"]].append((r["_source_file"], r["_line"], r["_raw"], r["reason"]))
     return {c.table.name: TableRead(
         _identity(c.files), c.done, tallies[c.table.name], unreadable_by[c.table.name],
-        tombstones.get(c.table.name, TombstoneCounts(0, 0)), audits.get(c.table.name, no_audit),
-        events_by.get(c.table.name, no_events), quarantine_by[c.table.name], waiting.get(c.table.name))
+        read.tombstones.get(c.table.name, TombstoneCounts(0, 0)), read.audits.get(c.table.name, no_audit),
+        read.events.get(c.table.name, no_events), quarantine_by[c.table.name], read.waiting.get(c.table.name))
         for c in candidates}
 
 
+@dataclass(frozen=True)
+class _Collected:
+    """What a pass collects of its classified lines, by table, in one Spark job."""
+
+    lines: dict[str, list[dict[str, Any]]]  # line_groups' rows
+    audits: dict[str, dict[str, Tally]]
+    tombstones: dict[str, TombstoneCounts]
+    events: dict[str, pa.Table]  # bronze's rows (_split)
+    quarantine: pa.Table  # `_table`, `_source_file`, `_line`, `_raw`, `reason` of each quarantined line
+    waiting: dict[str, pa.Table]  # tombstones whose previous record has not landed (_split)
+
+
+def _collect(classified: DataFrame, matched: DataFrame, batch_id: str, rows: bool) -> _Collected:
+    """The audit of the classified lines (the tombstones `matched`) and the waiting tombstones, collected with the
+    line tally, the events' rows and the quarantined lines when `rows`: one Spark job."""
+    grouped = grouped_tally({"events": audited_lines(classified, matched, "_table")}, flagged("bronze"), "_table",
+                            counting())
+    parts = {"waiting": matched.where("_previous_unseen AND _part <> _source_file").select(
+        "_table", "_source_file", "_line", "_part", "_offset")}
+    if rows:
+        parts |= {"events": bronze_rows(classified.where("_kind = 'event'"), batch_id, 0, "_table"),
+                  "quarantine": classified.where("_kind = 'quarantine'").select(
+                      "_table", "_source_file", "_line", "_raw", "reason"),
+                  "lines": line_groups(classified, "_table")}
+    found, audited = collect_with(parts, grouped)
+    lines: dict[str, list[dict[str, Any]]] = {}
+    for group in found["lines"].to_pylist() if rows else []:
+        lines.setdefault(group["_table"], []).append(group)
+    empty = pa.table({})
+    return _Collected(lines, {name: a.tallies for name, a in audited.items()},
+                      {name: TombstoneCounts(a.measures["matched"], a.measures["waiting"]) for name, a in audited.items()},
+                      _split(found["events"]) if rows else {}, found.get("quarantine", empty), _waiting(found["waiting"]))
+
+
+def _waiting(rows: pa.Table) -> dict[str, pa.Table]:
+    return _split(rows) if rows.num_rows else {}
+
+
 def _match_tombstones(spark: SparkSession, engine: DeltaEngine, lake: Lake, classified: DataFrame,
-                      tallies: dict[str, LineTally], table_of: dict[str, str]) -> DataFrame | None:
-    """Every table's tombstone lines matched to the records before them (bronze's rows too, for those opening a
-    file: their tables' earlier batches), by table. Topics are each one table's, so places never mix."""
-    if not any(t.tombstones for t in tallies.values()):
-        return None
-    earlier_parts = [rows.select("_source_file", "_line", "op") for name, t in tallies.items() if t.opening
-                     if (rows := preceding_rows(spark, engine, lake, name, t.opening)) is not None]
+                      opening: dict[str, list[str]], table_of: dict[str, str]) -> DataFrame:
+    """Every table's tombstone lines matched to the records before them (and to bronze's rows, for the files
+    `opening` names by table: those that open with one, the delete before it in an earlier batch), by table. Topics
+    are each one table's, so places never mix."""
+    earlier_parts = [rows.select("_source_file", "_line", "op") for name, files in opening.items()
+                     if (rows := preceding_rows(spark, engine, lake, name, files)) is not None]
     earlier = reduce(DataFrame.unionByName, earlier_parts) if earlier_parts else None
     return checkpoint(envelope.match_tombstones(classified, earlier), True).withColumn(
         "_table", lookup(table_of, "_source_file"))

@@ -138,18 +138,18 @@ class GroupedTally:
 def collect_with(parts: dict[str, DataFrame], grouped: GroupedTally | None
                  ) -> tuple[dict[str, pa.Table], dict[str, Tallied]]:
     """Each of `parts` as Arrow (its own columns), and `grouped`'s tallies, in one Spark job: a union whose rows say
-    their part (`_part`), split on the driver. A tally of its own was a Spark job more a batch; observe's metrics
+    their part (`_cdc_part`), split on the driver. A tally of its own was a Spark job more a batch; observe's metrics
     cannot be grouped by table."""
     import pyarrow.compute as pc
 
-    tagged = [df.select(sql(f"{literal(name)} AS _part"), "*") for name, df in parts.items()]
+    tagged = [df.select(sql(f"{literal(name)} AS _cdc_part"), "*") for name, df in parts.items()]
     if grouped is not None:
-        tagged.append(grouped.frame.select(sql(f"{literal(_COUNTS)} AS _part"), "*"))
+        tagged.append(grouped.frame.select(sql(f"{literal(_COUNTS)} AS _cdc_part"), "*"))
     both = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), tagged).toArrow()
     both = both.cast(all_nullable(both.schema))
 
     def part(name: str, columns: list[str]) -> pa.Table:
-        return both.filter(pc.equal(both.column("_part"), name)).select(columns)
+        return both.filter(pc.equal(both.column("_cdc_part"), name)).select(columns)
 
     found = {name: part(name, df.columns) for name, df in parts.items()}
     return found, {} if grouped is None else grouped.read(part(_COUNTS, grouped.frame.columns).to_pylist())
