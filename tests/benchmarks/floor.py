@@ -26,8 +26,8 @@ from deltalake import DeltaTable, write_deltalake
 
 # spark_jobs.layers.silver.SILVER_MERGE, restated so the floor imports no pyspark (the harness checks they agree:
 # check_floor_restates_the_pipeline)
-DELETE_WHEN = "s._op = 'd' AND s._seq > t._seq"
-UPDATE_WHEN = "s._op <> 'd' AND s._seq > t._seq"
+DELETE_WHEN = "s._op = 'd' AND (t._seq IS NULL OR s._seq > t._seq)"
+UPDATE_WHEN = "s._op <> 'd' AND (t._seq IS NULL OR s._seq > t._seq)"
 INSERT_WHEN = "s._op <> 'd'"
 # PostgreSQL's log position as spark_jobs.debezium.ordering orders it: the LSN, then snapshot events first
 SNAPSHOT_MARKERS = ("true", "first", "last", "first_in_data_collection", "last_in_data_collection")
