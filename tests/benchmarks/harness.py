@@ -357,24 +357,30 @@ def w2(bench: Bench) -> None:
     check_equal(spark_silver, floor_silver, generated)
     for mode, _ in bench.modes:
         check_equal(lakes[mode] / "silver" / TABLE, floor_silver, generated)
+    # the batch's own GX seconds, which no floor pays, are allowed on top of 2x the Spark floor (the service times
+    # validations and Data Docs pages together, so the allowance is a little wider than issue 80's); a batch off the
+    # service has no such figure
+    gx_p50 = percentile(gx[1:], 0.5) if gx else 0.0
     for mode, how in bench.modes:
         for name, share in (("p50", 0.5), ("p95", 0.95)):
             # the first batch of each warms the page cache (and the server's JIT): "once warm" leaves it out
             p, f = percentile(seconds[mode][1:], share), percentile(seconds["floor"][1:], share)
             figure = Figure("W2", f"{name} per batch of {per_batch:,} ({batches} batches, {rows:,} rows), {how}, "
-                                  f"{bench.engine}", p, f, "p50 <= 2 s, <= 2x Spark floor" if name == "p50" else "",
+                                  f"{bench.engine}", p, f,
+                            "p50 <= 2 s, <= 2x Spark floor + its GX seconds" if name == "p50" else "",
                             warm_floor=percentile(seconds["warm"][1:], share),
                             spark_floor=percentile(seconds["spark"][1:], share))
-            figure.met = (p <= 2 and p <= 2 * figure.spark_floor) if name == "p50" and figure.spark_floor else None
+            allowed = 2 * figure.spark_floor + (gx_p50 if mode == "service" else 0.0) if figure.spark_floor else 0.0
+            figure.met = (p <= 2 and p <= allowed) if name == "p50" and figure.spark_floor else None
             bench.add(figure)
     if jobs:  # what a batch costs in Spark jobs (bronze and silver, gates and audits included)
         figure = Figure("W2", f"Spark jobs per batch of {per_batch:,}, p50, on the pipeline service, {bench.engine}",
-                        statistics.median(jobs), target="<= 12", note="a count of Spark jobs, not seconds")
-        figure.met = figure.project <= 12
+                        statistics.median(jobs), target="<= 5", note="a count of Spark jobs, not seconds")
+        figure.met = figure.project <= 5
         bench.add(figure)
     if gx:  # the gates' fixed cost beside the Spark floor: two validations and their pages, whatever the batch's size
         bench.add(Figure("W2", f"seconds in Great Expectations per batch of {per_batch:,}, p50, on the pipeline service, "
-                               f"{bench.engine}", percentile(gx[1:], 0.5), spark_floor=percentile(seconds["spark"][1:], 0.5)))
+                               f"{bench.engine}", gx_p50, spark_floor=percentile(seconds["spark"][1:], 0.5)))
 
 
 def percentile(values: list[float], share: float) -> float:
