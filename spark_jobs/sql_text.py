@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping
 from functools import lru_cache
-from typing import TypeVar
+from typing import Any, TypeVar
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -73,3 +75,50 @@ def per_table(rules: Mapping[str, Rule], text_of: Callable[[Rule], str]) -> str:
         return text_of(next(iter(tables_of)))
     branches = [f"WHEN _table IN ({', '.join(map(literal, names))}) THEN {text_of(rule)}" for rule, names in tables_of.items()]
     return f"CASE {' '.join(branches)} END"
+
+
+def holds(rows: pa.Table, condition: str) -> pa.ChunkedArray:
+    """Where the SQL `condition` holds in each of `rows` (false where it is null, as a WHERE reads it): the driver's
+    Arrow finish of a small table (layers/silver_arrow.py) evaluates a rule's one text, the text Spark plans, and
+    restates none. The condition may name columns and literals and use IS [NOT] NULL, NOT, AND, OR and the six
+    comparisons, which Arrow evaluates as Spark does (Kleene logic, strings by their bytes); anything else is a
+    ValueError. Written here because no library evaluates SQL text over an Arrow table with the runtime's packages
+    (sqlglot parses it; DataFusion's SQL, in deltalake, reads only Delta tables)."""
+    from pyarrow import acero
+
+    project = acero.Declaration.from_sequence([
+        acero.Declaration("table_source", acero.TableSourceNodeOptions(rows)),
+        acero.Declaration("project", acero.ProjectNodeOptions([_arrow_condition(condition)], ["holds"]))])
+    return pc.fill_null(project.to_table(use_threads=False).column("holds"), False)
+
+
+@lru_cache(maxsize=256)
+def _arrow_condition(condition: str) -> pc.Expression:
+    import sqlglot
+
+    return _arrow(sqlglot.parse_one(condition, read="spark"), condition)
+
+
+def _arrow(node: Any, condition: str) -> pc.Expression:
+    from sqlglot import exp
+
+    comparisons = {exp.EQ: "__eq__", exp.NEQ: "__ne__", exp.GT: "__gt__", exp.GTE: "__ge__", exp.LT: "__lt__",
+                   exp.LTE: "__le__"}
+    if isinstance(node, exp.Paren):
+        return _arrow(node.this, condition)
+    if isinstance(node, exp.Column) and not node.table:
+        return pc.field(node.name)
+    if isinstance(node, exp.Literal):
+        return pc.scalar(node.this if node.is_string else (float(node.this) if "." in node.this else int(node.this)))
+    if isinstance(node, exp.Boolean):
+        return pc.scalar(bool(node.this))
+    if isinstance(node, exp.Is) and isinstance(node.expression, exp.Null):
+        return _arrow(node.this, condition).is_null()
+    if isinstance(node, exp.Not):
+        return ~_arrow(node.this, condition)
+    if isinstance(node, (exp.And, exp.Or)):
+        left, right = _arrow(node.this, condition), _arrow(node.expression, condition)
+        return left & right if isinstance(node, exp.And) else left | right
+    if type(node) in comparisons:
+        return getattr(_arrow(node.this, condition), comparisons[type(node)])(_arrow(node.expression, condition))
+    raise ValueError(f"{condition!r}: Arrow does not evaluate {node.sql(dialect='spark')!r} here")

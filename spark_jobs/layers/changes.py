@@ -55,7 +55,8 @@ def _orderable(data_type: T.DataType) -> bool:
 
 def newer(seq: str, state_seq: str) -> str:
     """SQL text: is the event at position `seq` newer than its key's state at `state_seq` (null: the key has none)?
-    The one statement of "apply only if newer": the plan's, the merges' and the delete counts'."""
+    The one statement of "apply only if newer": the plan's, the merges' and the delete counts', in Spark and in the
+    silver pass's Arrow finish (sql_text.holds evaluates this text there)."""
     return f"({state_seq} IS NULL OR {seq} > {state_seq})"
 
 

@@ -2,8 +2,9 @@
 state, the rows silver's merge writes, the tombstone ledger's rows, where each delete goes, and the rows the gate
 audits after the merge. These are silver_plan's rules (current_state, effective_changes, silver_rows,
 classify_deletes, merged_audit) and silver's (_merge_ledger), written again for the driver: as Spark queries they
-cost a small table more to build and plan than the work itself (tests/benchmarks/RESULTS.md, issue 32).
-tests/layers/test_silver_pass.py holds every table's outcome equal to its own plan's."""
+cost a small table more to build and plan than the work itself (tests/benchmarks/RESULTS.md, issue 32). "Newer than
+its key's state" and "redelivered" are not written again: their one SQL text (layers/changes.py) is evaluated here
+over Arrow (sql_text.holds). tests/layers/test_silver_pass.py holds every table's outcome equal to its own plan's."""
 
 from __future__ import annotations
 
@@ -16,9 +17,11 @@ import pyarrow.compute as pc
 
 from spark_jobs.delta import DeltaEngine, all_nullable
 from spark_jobs.lake import Lake
+from spark_jobs.layers import changes
 from spark_jobs.layers.silver_pass import TableBatch
 from spark_jobs.layers.silver_plan import SILVER_META, PlanCounts
 from spark_jobs.registry import TableConfig
+from spark_jobs.sql_text import holds
 
 
 @dataclass(frozen=True)
@@ -34,7 +37,8 @@ class ArrowPlan:
 def plan(engine: DeltaEngine, lake: Lake, table: TableConfig, batch: TableBatch) -> ArrowPlan:
     latest = batch.latest
     state = _aligned_state(engine, lake, table, latest)
-    newer = _newer(latest.column("_seq"), state.column("_state_seq"))
+    placed = pa.table({"_seq": latest.column("_seq"), "_state_seq": state.column("_state_seq")})  # changes.against_state
+    newer = holds(placed, changes.NEWER)
     effective = latest.filter(newer)
     row = effective.column("_row").combine_chunks()
     rows = pa.Table.from_arrays(
@@ -44,7 +48,7 @@ def plan(engine: DeltaEngine, lake: Lake, table: TableConfig, batch: TableBatch)
     behind = pc.and_(state.column("_ledger_behind"), pc.invert(newer))  # not merged: their entries cleared alone
     ledger = _ledger_rows(table, effective, latest.filter(behind), state.filter(behind))
     figures = batch.figures
-    redelivered = pc.sum(pc.fill_null(pc.equal(latest.column("_seq"), state.column("_state_seq")), False)).as_py()
+    redelivered = pc.sum(holds(placed, changes.REDELIVERED)).as_py()
     counts = PlanCounts(batch.overview["rows"], batch.overview["newest_ts_ms"], 0, figures.events, figures.positions,
                         figures.positions_after_truncate, figures.keys, figures.ties, rows.num_rows, int(redelivered or 0))
     return ArrowPlan(rows, ledger if rows.num_rows or ledger.num_rows else None,
@@ -100,11 +104,6 @@ def _aligned_state(engine: DeltaEngine, lake: Lake, table: TableConfig, latest: 
                               pc.fill_null(aligned.column("_ledger_behind"), False))
 
 
-def _newer(seq: pa.ChunkedArray, state_seq: pa.ChunkedArray) -> pa.ChunkedArray:
-    """silver_plan's effective_changes: a position after the key's state, or a key without one."""
-    return pc.fill_null(pc.or_kleene(pc.is_null(state_seq), pc.greater(seq, state_seq)), False)
-
-
 def _ledger_rows(table: TableConfig, effective: pa.Table, behind: pa.Table, behind_state: pa.Table) -> pa.Table:
     """silver._merge_ledger's source: the merged events (deletes enter, newer upserts clear), and a live key's ledger
     entry older than its row (a run killed between the two merges), cleared at the row's position."""
@@ -133,7 +132,7 @@ def _delete_counts(batch: TableBatch, latest: pa.Table, state: pa.Table) -> dict
     before = (pc.less_equal(seq, batch.truncated_at) if batch.truncated_at
               else pa.array([False] * outcome.num_rows, pa.bool_()))
     winner = pc.fill_null(pc.equal(outcome.column("_winner_seq"), seq), False)
-    newer = _newer(seq, outcome.column("_state_seq"))
+    newer = holds(outcome, changes.NEWER)
     live = pc.fill_null(outcome.column("_live"), False)
 
     def count(mask: pa.ChunkedArray | pa.Array) -> int:

@@ -63,3 +63,29 @@ def test_a_lookup_maps_keys_of_any_characters_to_their_values(spark):
     numbers = {key: n * 2**40 for n, key in enumerate(AWKWARD)}  # past an INT: the map's values are BIGINT
     got = frame.select("k", lookup(texts, "k").alias("text"), lookup(numbers, "k").alias("number")).collect()
     assert {r["k"]: (r["text"], r["number"]) for r in got} == {key: (texts[key], numbers[key]) for key in AWKWARD}
+
+
+def test_a_condition_holds_over_arrow_where_spark_says_it_holds(spark):
+    """sql_text.holds, the silver pass's Arrow finish's reading of a rule's text, agrees with Spark's row for row,
+    nulls and ties included: the rules' texts (layers/changes.py) and a condition of every construct it takes."""
+    import itertools
+
+    import pyarrow as pa
+    import pytest
+
+    from spark_jobs.layers import changes
+    from spark_jobs.sql_text import holds
+
+    values = [None, "0000a", "0000b", "it's", ""]
+    pairs = list(itertools.product(values, repeat=2))
+    rows = pa.table({"_seq": [p[0] for p in pairs], "_state_seq": [p[1] for p in pairs]})
+    rows = rows.append_column("n", pa.array(range(rows.num_rows), pa.int64()))
+    frame = spark.createDataFrame(rows.to_pylist(), "_seq string, _state_seq string, n long")
+    for condition in (changes.NEWER, changes.REDELIVERED, changes.newer("_state_seq", "_seq"),
+                      f"NOT (_seq IS NOT NULL AND _seq <> {literal(AWKWARD[1])}) OR _state_seq <= _seq AND n >= 3 AND n < 20",
+                      f"{literal(chr(39))} = _seq OR `n` = 7 OR _state_seq >= '0000b' AND NOT n > 2.5 = false"):
+        expected = [r["n"] for r in frame.where(sql(condition)).orderBy("n").collect()]
+        assert [n for n, h in zip(range(rows.num_rows), holds(rows, condition).to_pylist(), strict=True) if h] == expected, \
+            condition
+    with pytest.raises(ValueError, match="does not evaluate"):
+        holds(rows, "_seq LIKE 'a%'")
