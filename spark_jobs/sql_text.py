@@ -80,8 +80,8 @@ def per_table(rules: Mapping[str, Rule], text_of: Callable[[Rule], str]) -> str:
 def holds(rows: pa.Table, condition: str) -> pa.ChunkedArray:
     """Where the SQL `condition` holds in each of `rows` (false where it is null, as a WHERE reads it): the driver's
     Arrow finish of a small table (layers/silver_arrow.py) evaluates a rule's one text, the text Spark plans, and
-    restates none. The condition may name columns and literals and use IS [NOT] NULL, NOT, AND, OR and the six
-    comparisons, which Arrow evaluates as Spark does (Kleene logic, strings by their bytes); anything else is a
+    restates none. The condition may name columns and literals and use IS [NOT] NULL, NOT, AND, OR, coalesce and the
+    six comparisons, which Arrow evaluates as Spark does (Kleene logic, strings by their bytes); anything else is a
     ValueError. Written here because no library evaluates SQL text over an Arrow table with the runtime's packages
     (sqlglot parses it; DataFusion's SQL, in deltalake, reads only Delta tables)."""
     from pyarrow import acero
@@ -116,6 +116,8 @@ def _arrow(node: Any, condition: str) -> pc.Expression:
         return _arrow(node.this, condition).is_null()
     if isinstance(node, exp.Not):
         return ~_arrow(node.this, condition)
+    if isinstance(node, exp.Coalesce):
+        return pc.coalesce(*[_arrow(n, condition) for n in (node.this, *node.expressions)])
     if isinstance(node, (exp.And, exp.Or)):
         left, right = _arrow(node.this, condition), _arrow(node.expression, condition)
         return left & right if isinstance(node, exp.And) else left | right

@@ -7,7 +7,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from spark_jobs.sql_text import ident, named_struct, sql
+from spark_jobs.sql_text import ident, literal, named_struct, sql
 
 # What an event says (op and both images): two events at one position with different content tie
 EVENT_CONTENT = "concat_ws('\\u0001', op, coalesce(before, ''), coalesce(after, ''))"
@@ -64,6 +64,23 @@ def newer(seq: str, state_seq: str) -> str:
 # are applied; one at the very position silver holds is a redelivery of the event applied; older ones are stale
 NEWER = newer("_seq", "_state_seq")
 REDELIVERED = "_seq = _state_seq"
+
+
+def after_truncate(truncated_at: str | None) -> str:
+    """SQL text: is the event at `_seq` after the truncate in force at `truncated_at` (None: none is)? A truncate
+    empties the table as of its position: events at or before it apply to nothing."""
+    return f"_seq > {literal(truncated_at)}" if truncated_at else "true"
+
+
+def delete_outcomes(truncated_at: str | None) -> dict[str, str]:
+    """SQL text of where a delete the batch received (`_seq`, once per key and position) goes, beside its key's
+    newest event in the batch (`_winner_seq`: null unless that is a delete) and its key's state (`_state_seq`,
+    `_live`): before the truncate in force, superseded by a later event of its key, stale (the state is newer),
+    or applied to a key that is not live (`absent`: the ledger records it). The rest remove live rows, as many as the
+    merge must report (the silver gate's check)."""
+    before, winner = f"NOT {after_truncate(truncated_at)}", "coalesce(_winner_seq = _seq, false)"
+    return {"before_truncate": before, "superseded": f"NOT ({before}) AND NOT {winner}",
+            "stale": f"{winner} AND NOT {NEWER}", "absent": f"{winner} AND {NEWER} AND NOT coalesce(_live, false)"}
 
 
 def against_state(latest: DataFrame, state: DataFrame, keys: tuple[str, ...], small: bool = False) -> DataFrame:

@@ -3,8 +3,9 @@ state, the rows silver's merge writes, the tombstone ledger's rows, where each d
 audits after the merge. These are silver_plan's rules (current_state, effective_changes, silver_rows,
 classify_deletes, merged_audit) and silver's (_merge_ledger), written again for the driver: as Spark queries they
 cost a small table more to build and plan than the work itself (tests/benchmarks/RESULTS.md, issue 32). "Newer than
-its key's state" and "redelivered" are not written again: their one SQL text (layers/changes.py) is evaluated here
-over Arrow (sql_text.holds). tests/layers/test_silver_pass.py holds every table's outcome equal to its own plan's."""
+its key's state", "redelivered" and where each delete goes are not written again: their one SQL text
+(layers/changes.py) is evaluated here over Arrow (sql_text.holds). tests/layers/test_silver_pass.py holds every
+table's outcome equal to its own plan's."""
 
 from __future__ import annotations
 
@@ -123,25 +124,14 @@ def _ledger_rows(table: TableConfig, effective: pa.Table, behind: pa.Table, behi
 
 
 def _delete_counts(batch: TableBatch, latest: pa.Table, state: pa.Table) -> dict[str, int]:
-    """silver_plan.classify_deletes: where each delete received goes."""
+    """silver_plan.classify_deletes: where each delete received goes (changes.delete_outcomes' texts)."""
     is_delete = pc.equal(latest.column("op"), "d")
     winners = pa.table({"_key": latest.column("_key"), "_winner_seq": latest.column("_seq"),
                         "_state_seq": state.column("_state_seq"), "_live": state.column("_live")}).filter(is_delete)
     outcome = batch.deletes.select(["_key", "_seq"]).join(winners, "_key", join_type="left outer")
-    seq = outcome.column("_seq")
-    before = (pc.less_equal(seq, batch.truncated_at) if batch.truncated_at
-              else pa.array([False] * outcome.num_rows, pa.bool_()))
-    winner = pc.fill_null(pc.equal(outcome.column("_winner_seq"), seq), False)
-    newer = holds(outcome, changes.NEWER)
-    live = pc.fill_null(outcome.column("_live"), False)
-
-    def count(mask: pa.ChunkedArray | pa.Array) -> int:
-        return int(pc.sum(pc.cast(mask, pa.int64())).as_py() or 0)
-
-    return {"received": outcome.num_rows, "before_truncate": count(before),
-            "superseded": count(pc.and_(pc.invert(before), pc.invert(winner))),
-            "stale": count(pc.and_(winner, pc.invert(newer))),
-            "absent": count(pc.and_(pc.and_(winner, newer), pc.invert(live)))}
+    return {"received": outcome.num_rows, **{
+        place: int(pc.sum(pc.cast(holds(outcome, text), pa.int64())).as_py() or 0)
+        for place, text in changes.delete_outcomes(batch.truncated_at).items()}}
 
 
 def merged_audit(engine: DeltaEngine, lake: Lake, table: TableConfig, batch: TableBatch, batch_id: str

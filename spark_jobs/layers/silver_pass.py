@@ -27,7 +27,7 @@ from spark_jobs.layers.common import PASS_BYTES, PASS_ROWS, QUARANTINED_COLUMNS,
 from spark_jobs.quality.audit import GroupedTally, Tallied, Tally, collect_with, grouped_tally
 from spark_jobs.quality.expectations import flagged
 from spark_jobs.registry import TableConfig
-from spark_jobs.sql_text import ident, literal, named_struct, per_table, sql, sql_type
+from spark_jobs.sql_text import ident, named_struct, per_table, sql, sql_type
 
 
 @dataclass(frozen=True)
@@ -235,7 +235,7 @@ class EventCounts:
 
 def _after_truncate(truncated_at: dict[str, str | None]) -> Column:
     """Is the event after its table's truncate in force?"""
-    return sql(per_table(truncated_at, lambda at: f"_seq > {literal(str(at))}" if at else "true"))
+    return sql(per_table(truncated_at, changes.after_truncate))
 
 
 def event_counts(typed: DataFrame, truncated_at: dict[str, str | None]) -> GroupedTally:

@@ -201,7 +201,7 @@ def _plan_typed(spark: SparkSession, engine: DeltaEngine, table: TableConfig, la
     plan.quarantine = plan.quarantine.unionByName(typed.where("reason IS NOT NULL").select(*QUARANTINED_COLUMNS))
     events = typed.where("reason IS NULL")
     plan.audited["events"] = event_audit(typed, table.keys)
-    after_truncate = F.col("_seq") > F.lit(plan.truncated_at) if plan.truncated_at else F.lit(True)
+    after_truncate = sql(changes.after_truncate(plan.truncated_at))
     position = F.struct(*table.keys, "_seq")
     counts = one_row(events.agg(F.count(F.lit(1)).alias("events"), F.countDistinct(position).alias("positions"),
                                 F.countDistinct(F.when(after_truncate, position)).alias("positions_after_truncate")))
@@ -370,17 +370,11 @@ def classify_deletes(deletes: DataFrame, latest: DataFrame, state: DataFrame, ke
     a key that is not live (`absent`: the ledger records it). Applied deletes of live keys are the rows
     the merge removes: the gate checks that the merge reports exactly that many. `small`: one-partition frames
     (common.join_side)."""
-    before = F.col("_seq") <= F.lit(truncated_at) if truncated_at else F.lit(False)
     winners = latest.where("op = 'd'").select(*keys, F.col("_seq").alias("_winner_seq")).join(
         join_side(state.select(*keys, F.col("_seq").alias("_state_seq"), "_live"), small), list(keys), "left")
-    outcome = deletes.join(join_side(winners, small), list(keys), "left").withColumn(
-        "_winner", F.coalesce(F.col("_winner_seq") == F.col("_seq"), F.lit(False)))
-    newer = sql(changes.NEWER)
-    counts = one_row(outcome.agg(
-        F.count(F.lit(1)).alias("received"), F.count(F.when(before, 1)).alias("before_truncate"),
-        F.count(F.when(~before & ~F.col("_winner"), 1)).alias("superseded"),
-        F.count(F.when(F.col("_winner") & ~newer, 1)).alias("stale"),
-        F.count(F.when(F.col("_winner") & newer & ~F.coalesce("_live", F.lit(False)), 1)).alias("absent")))
+    outcome = deletes.join(join_side(winners, small), list(keys), "left")
+    counts = one_row(outcome.agg(F.count(F.lit(1)).alias("received"), *[
+        F.count(F.when(sql(text), 1)).alias(place) for place, text in changes.delete_outcomes(truncated_at).items()]))
     return counts.asDict()
 
 

@@ -76,14 +76,18 @@ def test_a_condition_holds_over_arrow_where_spark_says_it_holds(spark):
     from spark_jobs.layers import changes
     from spark_jobs.sql_text import holds
 
-    values = [None, "0000a", "0000b", "it's", ""]
-    pairs = list(itertools.product(values, repeat=2))
-    rows = pa.table({"_seq": [p[0] for p in pairs], "_state_seq": [p[1] for p in pairs]})
+    positions = [None, "0000a", "0000b", "it's"]
+    combos = list(itertools.product(positions, positions, positions, [None, True, False]))
+    names = ["_seq", "_state_seq", "_winner_seq", "_live"]
+    rows = pa.table({name: [c[i] for c in combos] for i, name in enumerate(names)})
     rows = rows.append_column("n", pa.array(range(rows.num_rows), pa.int64()))
-    frame = spark.createDataFrame(rows.to_pylist(), "_seq string, _state_seq string, n long")
-    for condition in (changes.NEWER, changes.REDELIVERED, changes.newer("_state_seq", "_seq"),
-                      f"NOT (_seq IS NOT NULL AND _seq <> {literal(AWKWARD[1])}) OR _state_seq <= _seq AND n >= 3 AND n < 20",
-                      f"{literal(chr(39))} = _seq OR `n` = 7 OR _state_seq >= '0000b' AND NOT n > 2.5 = false"):
+    frame = spark.createDataFrame(rows.to_pylist(), "_seq string, _state_seq string, _winner_seq string, _live boolean, n long")
+    rules = [changes.NEWER, changes.REDELIVERED, changes.after_truncate(None), changes.after_truncate("0000a"),
+             *changes.delete_outcomes(None).values(), *changes.delete_outcomes("0000a").values()]
+    for condition in (*rules, changes.newer("_state_seq", "_seq"),
+                      f"NOT (_seq IS NOT NULL AND _seq <> {literal(AWKWARD[1])}) OR _state_seq <= _seq AND n >= 3 AND n < 90",
+                      f"{literal(chr(39))} = _seq OR `n` = 7 OR _state_seq >= '0000b' AND NOT n > 2.5 = false",
+                      "coalesce(_live, _seq < _winner_seq, n < 40) AND true"):
         expected = [r["n"] for r in frame.where(sql(condition)).orderBy("n").collect()]
         assert [n for n, h in zip(range(rows.num_rows), holds(rows, condition).to_pylist(), strict=True) if h] == expected, \
             condition
