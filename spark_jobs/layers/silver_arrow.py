@@ -3,9 +3,9 @@ state, the rows silver's merge writes, the tombstone ledger's rows, where each d
 audits after the merge. These are silver_plan's rules (current_state, effective_changes, silver_rows,
 classify_deletes, merged_audit) and silver's (_merge_ledger), written again for the driver: as Spark queries they
 cost a small table more to build and plan than the work itself (tests/benchmarks/RESULTS.md, issue 32). "Newer than
-its key's state", "redelivered" and where each delete goes are not written again: their one SQL text
-(layers/changes.py) is evaluated here over Arrow (sql_text.holds). tests/layers/test_silver_pass.py holds every
-table's outcome equal to its own plan's."""
+its key's state", "redelivered", where each delete goes and the rows the audit checks are not written again: their
+one SQL text (layers/changes.py, silver_plan.audited_rows) is evaluated here over Arrow (sql_text.holds).
+tests/layers/test_silver_pass.py holds every table's outcome equal to its own plan's."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from spark_jobs.delta import DeltaEngine, all_nullable
 from spark_jobs.lake import Lake
 from spark_jobs.layers import changes
 from spark_jobs.layers.silver_pass import TableBatch
-from spark_jobs.layers.silver_plan import SILVER_META, PlanCounts
+from spark_jobs.layers.silver_plan import SILVER_META, PlanCounts, audited_rows
 from spark_jobs.registry import TableConfig
 from spark_jobs.sql_text import holds
 
@@ -151,8 +151,7 @@ def merged_audit(engine: DeltaEngine, lake: Lake, table: TableConfig, batch: Tab
         [*touched.schema, pa.field("_seq", batch.latest.schema.field("_seq").type), pa.field("_batch_id", pa.string())]))
     marked = silver.join(touched.append_column("_touched", pa.array([True] * touched.num_rows, pa.bool_())), keys,
                          join_type="left outer")
-    rows = marked.filter(pc.or_(pc.fill_null(marked.column("_touched"), False),
-                                pc.fill_null(pc.equal(marked.column("_batch_id"), batch_id), False))).select([*keys, "_seq"])
+    rows = marked.filter(holds(marked, audited_rows(batch_id))).select([*keys, "_seq"])
     live = silver.select([*keys, "_seq"]).rename_columns([*keys, "_live_seq"])
     deletes = received.join(live, keys, join_type="left outer")
     return rows, deletes.select(["_seq", "_live_seq"])

@@ -378,6 +378,12 @@ def classify_deletes(deletes: DataFrame, latest: DataFrame, state: DataFrame, ke
     return counts.asDict()
 
 
+def audited_rows(batch_id: str) -> str:
+    """SQL text: is a merged silver row one the post-merge audit checks, of a key the batch touched (`_touched`,
+    null: not) or written by the batch? Its checks scale with the batch, not the table."""
+    return f"coalesce(_touched, false) OR _batch_id = {literal(batch_id)}"
+
+
 def merged_audit(spark: SparkSession, engine: DeltaEngine, target_path: str, latest: DataFrame, deletes: DataFrame,
                   keys: tuple[str, ...], batch_id: str) -> tuple[DataFrame, DataFrame]:
     """Read back from the merged silver table: the rows of the batch's keys and the rows this batch
@@ -387,8 +393,8 @@ def merged_audit(spark: SparkSession, engine: DeltaEngine, target_path: str, lat
     if silver is None:
         silver = latest.select(*keys, "_seq", F.lit(batch_id).alias("_batch_id")).limit(0)
     touched = latest.select(*keys).withColumn("_touched", F.lit(True))
-    rows = (silver.join(touched, list(keys), "left").where(F.col("_touched") | (F.col("_batch_id") == batch_id))
-            .select(*keys, "_seq"))
+    # F.expr, not sql_text.sql: a batch's id is in the text, which no later batch shares
+    rows = silver.join(touched, list(keys), "left").where(F.expr(audited_rows(batch_id))).select(*keys, "_seq")
     live = silver.select(*keys, F.col("_seq").alias("_live_seq")).join(deletes.select(*keys), list(keys), "left_semi")
     return rows, deletes.join(live, list(keys), "left").select("_seq", "_live_seq")
 
