@@ -84,14 +84,15 @@ def delete_outcomes(truncated_at: str | None) -> dict[str, str]:
 
 
 def against_state(latest: DataFrame, state: DataFrame, keys: tuple[str, ...], small: bool = False) -> DataFrame:
-    """Latest events with their key's current state position as `_state_seq`; state = live silver rows and the
-    tombstone ledger (key, _seq of the delete). `small`: a one-partition batch's, its state broadcast (a join of
-    two one-partition frames is otherwise shuffled, a Spark job per exchange for each action over it)."""
-    state = state.select(*keys, F.col("_seq").alias("_state_seq"))
+    """Latest events with their key's current state: its position as `_state_seq` and whether it is live (`_live`);
+    state = live silver rows and the tombstone ledger (key, _seq of the delete, `_live`). `small`: a one-partition
+    batch's, its state broadcast (a join of two one-partition frames is otherwise shuffled, a Spark job per exchange
+    for each action over it)."""
+    state = state.select(*keys, F.col("_seq").alias("_state_seq"), "_live")
     return latest.join(F.broadcast(state) if small else state, list(keys), "left")
 
 
 def effective_changes(placed: DataFrame) -> DataFrame:
     """Of the latest events placed against their keys' state (`against_state`), those newer than it (`NEWER`). Older
     events are stale: they never overwrite, and a late event older than a delete never brings the row back."""
-    return placed.where(NEWER).drop("_state_seq")
+    return placed.where(NEWER).drop("_state_seq", "_live")

@@ -7,6 +7,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
+from functools import reduce
 from typing import Any, TypeVar
 
 from pyspark.sql import Column, DataFrame, Observation, Row
@@ -162,6 +163,16 @@ def one_row(df: DataFrame) -> Row:
     row = df.first()
     assert row is not None
     return row
+
+
+def single_rows(*aggregates: DataFrame) -> list[Row]:
+    """The single rows of global aggregates (each has exactly one), in one Spark job: each as a struct of its own in
+    their union, collected together, where a `one_row` each was a Spark job each (and its shared inputs' lazy
+    checkpoints made again in each)."""
+    tagged = [df.select(F.struct(*df.columns).alias(f"_cdc_row{n}")) for n, df in enumerate(aggregates)]
+    rows = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), tagged).collect()
+    assert len(rows) == len(aggregates)
+    return [next(row[f"_cdc_row{n}"] for row in rows if row[f"_cdc_row{n}"] is not None) for n in range(len(aggregates))]
 
 
 def lookup(values: dict[str, str] | dict[str, int], key: str) -> Column:

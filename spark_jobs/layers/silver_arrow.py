@@ -1,10 +1,10 @@
 """A small table's batch after the silver pass (layers/silver_pass.py), planned on the driver in Arrow: its keys'
 state, the rows silver's merge writes, the tombstone ledger's rows, where each delete goes, and the rows the gate
 audits after the merge. These are silver_plan's rules (current_state, effective_changes, silver_rows,
-classify_deletes, merged_audit) and silver's (_merge_ledger), written again for the driver: as Spark queries they
+delete_outcome_counts, merged_audit) and silver's (_merge_ledger), written again for the driver: as Spark queries they
 cost a small table more to build and plan than the work itself (tests/benchmarks/RESULTS.md, issue 32). "Newer than
 its key's state", "redelivered", where each delete goes and the rows the audit checks are not written again: their
-one SQL text (layers/changes.py, silver_plan.audited_rows) is evaluated here over Arrow (sql_text.holds).
+one SQL text (layers/changes.py, silver_plan.AUDITED_ROWS) is evaluated here over Arrow (sql_text.holds).
 tests/layers/test_silver_pass.py holds every table's outcome equal to its own plan's."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from spark_jobs.delta import DeltaEngine, all_nullable
 from spark_jobs.lake import Lake
 from spark_jobs.layers import changes
 from spark_jobs.layers.silver_pass import TableBatch
-from spark_jobs.layers.silver_plan import SILVER_META, PlanCounts, audited_rows
+from spark_jobs.layers.silver_plan import AUDITED_ROWS, SILVER_META, PlanCounts
 from spark_jobs.registry import TableConfig
 from spark_jobs.sql_text import holds
 
@@ -124,7 +124,7 @@ def _ledger_rows(table: TableConfig, effective: pa.Table, behind: pa.Table, behi
 
 
 def _delete_counts(batch: TableBatch, latest: pa.Table, state: pa.Table) -> dict[str, int]:
-    """silver_plan.classify_deletes: where each delete received goes (changes.delete_outcomes' texts)."""
+    """silver_plan.delete_outcome_counts: where each delete received goes (changes.delete_outcomes' texts)."""
     is_delete = pc.equal(latest.column("op"), "d")
     winners = pa.table({"_key": latest.column("_key"), "_winner_seq": latest.column("_seq"),
                         "_state_seq": state.column("_state_seq"), "_live": state.column("_live")}).filter(is_delete)
@@ -151,7 +151,8 @@ def merged_audit(engine: DeltaEngine, lake: Lake, table: TableConfig, batch: Tab
         [*touched.schema, pa.field("_seq", batch.latest.schema.field("_seq").type), pa.field("_batch_id", pa.string())]))
     marked = silver.join(touched.append_column("_touched", pa.array([True] * touched.num_rows, pa.bool_())), keys,
                          join_type="left outer")
-    rows = marked.filter(holds(marked, audited_rows(batch_id))).select([*keys, "_seq"])
+    marked = marked.append_column("_audited_batch", pa.array([batch_id] * marked.num_rows, pa.string()))
+    rows = marked.filter(holds(marked, AUDITED_ROWS)).select([*keys, "_seq"])
     live = silver.select([*keys, "_seq"]).rename_columns([*keys, "_live_seq"])
     deletes = received.join(live, keys, join_type="left outer")
     return rows, deletes.select(["_seq", "_live_seq"])

@@ -24,6 +24,7 @@ from spark_jobs.layers.common import (
     join_side,
     observed_checkpoint,
     one_row,
+    single_rows,
 )
 from spark_jobs.quality.user_expectations import check_columns, named_columns, violations
 from spark_jobs.registry import TableConfig
@@ -203,22 +204,23 @@ def _plan_typed(spark: SparkSession, engine: DeltaEngine, table: TableConfig, la
     plan.audited["events"] = event_audit(typed, table.keys)
     after_truncate = sql(changes.after_truncate(plan.truncated_at))
     position = F.struct(*table.keys, "_seq")
-    counts = one_row(events.agg(F.count(F.lit(1)).alias("events"), F.countDistinct(position).alias("positions"),
-                                F.countDistinct(F.when(after_truncate, position)).alias("positions_after_truncate")))
-    plan.events, plan.positions, plan.positions_after_truncate = counts
+    counts = events.agg(F.count(F.lit(1)).alias("events"), F.countDistinct(position).alias("positions"),
+                        F.countDistinct(F.when(after_truncate, position)).alias("positions_after_truncate"))
     plan.latest = checkpoint(changes.latest_per_key(events.where(after_truncate), table.keys), plan.one_task)
     plan.state = checkpoint(current_state(spark, engine, lake, table, plan.latest, plan.new_truncate, plan.one_task),
                             plan.one_task)
     placed = changes.against_state(plan.latest, plan.state, table.keys, plan.one_task)  # a row per key, as the state
     effective = changes.effective_changes(placed)
     plan.rows = checkpoint(silver_rows(effective, plan.fields, plan.target_schema), plan.one_task)
-    plan.keys, ties, plan.effective, plan.redelivered = one_row(placed.agg(
-        F.count(F.lit(1)), F.sum(F.col("_tie").cast("int")), F.count(F.when(sql(changes.NEWER), 1)),
-        F.count(F.when(sql(changes.REDELIVERED), 1))))
-    plan.ties = int(ties or 0)
+    placements = placed.agg(F.count(F.lit(1)), F.sum(F.col("_tie").cast("int")), F.count(F.when(sql(changes.NEWER), 1)),
+                            F.count(F.when(sql(changes.REDELIVERED), 1)))
     plan.deletes = checkpoint(events.where("op = 'd'").select(*table.keys, "_seq").distinct(), plan.one_task)
-    plan.delete_counts = classify_deletes(plan.deletes, plan.latest, plan.state, table.keys, plan.truncated_at,
-                                          plan.one_task)
+    outcomes = delete_outcome_counts(plan.deletes, placed, table.keys, plan.truncated_at, plan.one_task)
+    counted, placed_counts, delete_counts = single_rows(counts, placements, outcomes)  # one Spark job for the three
+    plan.events, plan.positions, plan.positions_after_truncate = counted
+    plan.keys, ties, plan.effective, plan.redelivered = placed_counts
+    plan.ties = int(ties or 0)
+    plan.delete_counts = delete_counts.asDict()
     return effective
 
 
@@ -363,25 +365,23 @@ def event_audit(typed: DataFrame, keys: tuple[str, ...], *carried: str) -> DataF
                         sql(f"CASE WHEN {usable} THEN {variants} END AS _variants"))
 
 
-def classify_deletes(deletes: DataFrame, latest: DataFrame, state: DataFrame, keys: tuple[str, ...],
-                      truncated_at: str | None, small: bool = False) -> dict[str, int]:
-    """Where each delete the batch received (one per key and position) goes: before the truncate in force,
-    superseded by a later event of its key in the batch, stale (the key's state is newer), or applied to
-    a key that is not live (`absent`: the ledger records it). Applied deletes of live keys are the rows
-    the merge removes: the gate checks that the merge reports exactly that many. `small`: one-partition frames
-    (common.join_side)."""
-    winners = latest.where("op = 'd'").select(*keys, F.col("_seq").alias("_winner_seq")).join(
-        join_side(state.select(*keys, F.col("_seq").alias("_state_seq"), "_live"), small), list(keys), "left")
+def delete_outcome_counts(deletes: DataFrame, placed: DataFrame, keys: tuple[str, ...], truncated_at: str | None,
+                          small: bool = False) -> DataFrame:
+    """The aggregate of where each delete the batch received (one per key and position) goes, beside its key's newest
+    event placed against the key's state (changes.against_state): before the truncate in force, superseded by a later
+    event of its key in the batch, stale (the key's state is newer), or applied to a key that is not live (`absent`:
+    the ledger records it). Applied deletes of live keys are the rows the merge removes: the gate checks that the merge
+    reports exactly that many. `small`: one-partition frames (common.join_side)."""
+    winners = placed.where("op = 'd'").select(*keys, F.col("_seq").alias("_winner_seq"), "_state_seq", "_live")
     outcome = deletes.join(join_side(winners, small), list(keys), "left")
-    counts = one_row(outcome.agg(F.count(F.lit(1)).alias("received"), *[
-        F.count(F.when(sql(text), 1)).alias(place) for place, text in changes.delete_outcomes(truncated_at).items()]))
-    return counts.asDict()
+    return outcome.agg(F.count(F.lit(1)).alias("received"), *[
+        F.count(F.when(sql(text), 1)).alias(place) for place, text in changes.delete_outcomes(truncated_at).items()])
 
 
-def audited_rows(batch_id: str) -> str:
-    """SQL text: is a merged silver row one the post-merge audit checks, of a key the batch touched (`_touched`,
-    null: not) or written by the batch? Its checks scale with the batch, not the table."""
-    return f"coalesce(_touched, false) OR _batch_id = {literal(batch_id)}"
+# SQL text: is a merged silver row one the post-merge audit checks, of a key the batch touched (`_touched`, null: not)
+# or written by the batch (`_audited_batch`, its id bound as a column, so the text is one for every batch and parsed
+# once)? Its checks scale with the batch, not the table.
+AUDITED_ROWS = "coalesce(_touched, false) OR _batch_id = _audited_batch"
 
 
 def merged_audit(spark: SparkSession, engine: DeltaEngine, target_path: str, latest: DataFrame, deletes: DataFrame,
@@ -393,8 +393,8 @@ def merged_audit(spark: SparkSession, engine: DeltaEngine, target_path: str, lat
     if silver is None:
         silver = latest.select(*keys, "_seq", F.lit(batch_id).alias("_batch_id")).limit(0)
     touched = latest.select(*keys).withColumn("_touched", F.lit(True))
-    # F.expr, not sql_text.sql: a batch's id is in the text, which no later batch shares
-    rows = silver.join(touched, list(keys), "left").where(F.expr(audited_rows(batch_id))).select(*keys, "_seq")
+    rows = silver.join(touched, list(keys), "left").withColumn("_audited_batch", F.lit(batch_id)).where(
+        sql(AUDITED_ROWS)).select(*keys, "_seq")
     live = silver.select(*keys, F.col("_seq").alias("_live_seq")).join(deletes.select(*keys), list(keys), "left_semi")
     return rows, deletes.join(live, list(keys), "left").select("_seq", "_live_seq")
 

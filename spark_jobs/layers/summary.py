@@ -99,7 +99,7 @@ class SilverSummary(LayerSummary):
     updated: int | None = None
     deleted: int | None = None
     tombstones_expired: int | None = None
-    deletes: Counts | None = None  # where each delete went (layers/silver_plan.classify_deletes)
+    deletes: Counts | None = None  # where each delete went (layers/silver_plan.delete_outcome_counts)
     history_rows: int | None = None
     recovered_commits: int | None = None  # applied by an interrupted run, counted here
     widened: list[str] | None = None  # columns whose source type widened, silver's tables widened with them

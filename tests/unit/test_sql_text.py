@@ -74,7 +74,7 @@ def test_a_condition_holds_over_arrow_where_spark_says_it_holds(spark):
     import pytest
 
     from spark_jobs.layers import changes
-    from spark_jobs.layers.silver_plan import audited_rows
+    from spark_jobs.layers.silver_plan import AUDITED_ROWS
     from spark_jobs.sql_text import holds
 
     positions = [None, "0000a", "0000b", "it's"]
@@ -82,13 +82,15 @@ def test_a_condition_holds_over_arrow_where_spark_says_it_holds(spark):
     names = ["_seq", "_state_seq", "_winner_seq", "_live"]
     rows = pa.table({name: [c[i] for c in combos] for i, name in enumerate(names)})
     rows = rows.append_column("n", pa.array(range(rows.num_rows), pa.int64()))
-    # the audit's rule reads the batch id and whether the batch touched the key: here `_seq` and `_live`
-    rows = rows.append_column("_batch_id", rows.column("_seq")).append_column("_touched", rows.column("_live"))
+    # the audit's rule reads a row's batch, the audited one and whether the batch touched the key: here `_seq`,
+    # `_winner_seq` and `_live`
+    rows = rows.append_column("_batch_id", rows.column("_seq")).append_column(
+        "_audited_batch", rows.column("_winner_seq")).append_column("_touched", rows.column("_live"))
     frame = spark.createDataFrame(rows.to_pylist(), "_seq string, _state_seq string, _winner_seq string, _live boolean, "
-                                                    "n long, _batch_id string, _touched boolean")
+                                                    "n long, _batch_id string, _audited_batch string, _touched boolean")
     rules = [changes.NEWER, changes.REDELIVERED, changes.after_truncate(None), changes.after_truncate("0000a"),
              *changes.delete_outcomes(None).values(), *changes.delete_outcomes("0000a").values(),
-             audited_rows("0000b"), audited_rows("it's")]
+             AUDITED_ROWS]
     for condition in (*rules, changes.newer("_state_seq", "_seq"),
                       f"NOT (_seq IS NOT NULL AND _seq <> {literal(AWKWARD[1])}) OR _state_seq <= _seq AND n >= 3 AND n < 90",
                       f"{literal(chr(39))} = _seq OR `n` = 7 OR _state_seq >= '0000b' AND NOT n > 2.5 = false",
