@@ -64,6 +64,10 @@ def newer(seq: str, state_seq: str) -> str:
 # are applied; one at the very position silver holds is a redelivery of the event applied; older ones are stale
 NEWER = newer("_seq", "_state_seq")
 REDELIVERED = "_seq = _state_seq"
+# a key's ledger entry older than its live row (`_ledger_behind`: a run killed between silver's merge and the ledger's
+# left both), which the batch's merge does not replace with a newer event: the ledger clears it on its own, at the row's
+# position (`_state_seq`)
+LEDGER_CLEARED = f"coalesce(_ledger_behind, false) AND NOT {NEWER}"
 
 
 def after_truncate(truncated_at: str | None) -> str:
@@ -84,15 +88,15 @@ def delete_outcomes(truncated_at: str | None) -> dict[str, str]:
 
 
 def against_state(latest: DataFrame, state: DataFrame, keys: tuple[str, ...], small: bool = False) -> DataFrame:
-    """Latest events with their key's current state: its position as `_state_seq` and whether it is live (`_live`);
-    state = live silver rows and the tombstone ledger (key, _seq of the delete, `_live`). `small`: a one-partition
+    """Latest events with their key's current state (silver_plan.current_state): its position as `_state_seq`, whether
+    it is live (`_live`) and whether a ledger entry lags its live row (`_ledger_behind`). `small`: a one-partition
     batch's, its state broadcast (a join of two one-partition frames is otherwise shuffled, a Spark job per exchange
     for each action over it)."""
-    state = state.select(*keys, F.col("_seq").alias("_state_seq"), "_live")
+    state = state.select(*keys, F.col("_seq").alias("_state_seq"), "_live", "_ledger_behind")
     return latest.join(F.broadcast(state) if small else state, list(keys), "left")
 
 
 def effective_changes(placed: DataFrame) -> DataFrame:
     """Of the latest events placed against their keys' state (`against_state`), those newer than it (`NEWER`). Older
     events are stale: they never overwrite, and a late event older than a delete never brings the row back."""
-    return placed.where(NEWER).drop("_state_seq", "_live")
+    return placed.where(NEWER).drop("_state_seq", "_live", "_ledger_behind")

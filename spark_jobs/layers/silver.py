@@ -17,8 +17,7 @@ from spark_jobs.delta import DeltaEngine, MergeSpec, NewFiles, driver_rows, spar
 from spark_jobs.delta.reads import read_columns
 from spark_jobs.errors import GateFailed, PipelineError
 from spark_jobs.lake import Lake
-from spark_jobs.layers import silver_arrow, silver_pass, transactions
-from spark_jobs.layers.changes import newer
+from spark_jobs.layers import changes, silver_arrow, silver_pass, transactions
 from spark_jobs.layers.common import (
     PASS_BYTES,
     PASS_ROWS,
@@ -43,11 +42,12 @@ from spark_jobs.quality.expectations import flagged
 from spark_jobs.quality.findings import GateResult
 from spark_jobs.quality.gates import AuditGate, Check, answer_gates, may_refuse, refuses, silver_checks
 from spark_jobs.registry import TableConfig
+from spark_jobs.sql_text import sql
 
 log = logger(__name__)
 
 # Silver: apply the newest event per key when it is newer than the row (docs/architecture.md, "Silver").
-_NEWER_THAN_ROW = newer("s._seq", "t._seq")
+_NEWER_THAN_ROW = changes.newer("s._seq", "t._seq")
 SILVER_MERGE = MergeSpec(keys=(), delete_when=f"s._op = 'd' AND {_NEWER_THAN_ROW}",
                          update_when=f"s._op <> 'd' AND {_NEWER_THAN_ROW}", insert_when="s._op <> 'd'")
 # Tombstone ledger: the mirror image. A delete records (key, seq); a newer insert or update clears it.
@@ -402,8 +402,8 @@ def _publish(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake:
     if plan.rows is not None and plan.effective:
         result = engine.merge(plan.rows, target_path, replace(SILVER_MERGE, keys=table.keys), table.partition_by,
                               small=plan.small)
-    if plan.rows is not None and plan.state is not None:
-        _merge_ledger(engine, table, ledger_path, plan.rows, plan.state, plan.effective > 0, plan.small)
+    if plan.rows is not None and plan.placed is not None and (plan.effective or plan.ledger_cleared):
+        _merge_ledger(engine, table, ledger_path, plan.rows, plan.placed, plan.small)
     if table.history and (plan.typed is not None or new_truncates):
         events = plan.typed.where("reason IS NULL") if plan.typed is not None else None
         summary.history_rows = apply_history(spark, engine, table, lake, events, plan.fields,
@@ -439,18 +439,16 @@ def _widen(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake: L
             log.info(f"silver: {table.name}'s {name} widened: {', '.join(str(w) for w in widened if w.column in casts)}")
 
 
-def _merge_ledger(engine: DeltaEngine, table: TableConfig, ledger_path: str, rows: DataFrame, state: DataFrame,
-                  merged: bool, small: bool) -> None:
-    """Deletes the merge applied enter the tombstone ledger; newer upserts clear a key's entry."""
+def _merge_ledger(engine: DeltaEngine, table: TableConfig, ledger_path: str, rows: DataFrame, placed: DataFrame,
+                  small: bool) -> None:
+    """Deletes the merge applied enter the tombstone ledger; newer upserts clear a key's entry, and so does a live row
+    its ledger entry lags (changes.LEDGER_CLEARED, of the latest events `placed` against their keys' state)."""
     ledger = rows.select(*table.keys, "_seq", "_op", F.coalesce(
         "_source_ts_ms", F.unix_millis(F.col("_ingested_at").cast("timestamp"))).alias("_deleted_at_ms"))
-    # a ledger entry older than the key's live row (left by a run killed between the two merges) goes:
-    # as a live event at the row's position, the ledger merge clears it like any newer upsert
-    behind = state.where("_ledger_behind").select(*table.keys, "_seq", F.lit("u").alias("_op"),
-                                                  F.lit(None).cast("long").alias("_deleted_at_ms"))
-    ledger = ledger.unionByName(behind.join(rows.select(*table.keys), list(table.keys), "left_anti"))
-    if merged or behind.limit(1).count():
-        engine.merge(ledger, ledger_path, replace(LEDGER_MERGE, keys=table.keys), small=small)
+    # as a live event at the row's position: the ledger merge clears it like any newer upsert
+    behind = placed.where(sql(changes.LEDGER_CLEARED)).select(*table.keys, F.col("_state_seq").alias("_seq"), F.lit(
+        "u").alias("_op"), F.lit(None).cast("long").alias("_deleted_at_ms"))
+    engine.merge(ledger.unionByName(behind), ledger_path, replace(LEDGER_MERGE, keys=table.keys), small=small)
 
 
 def _restore(engine: DeltaEngine, published: dict[str, int | None]) -> None:

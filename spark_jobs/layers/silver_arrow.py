@@ -38,7 +38,8 @@ class ArrowPlan:
 def plan(engine: DeltaEngine, lake: Lake, table: TableConfig, batch: TableBatch) -> ArrowPlan:
     latest = batch.latest
     state = _aligned_state(engine, lake, table, latest)
-    placed = pa.table({"_seq": latest.column("_seq"), "_state_seq": state.column("_state_seq")})  # changes.against_state
+    placed = pa.table({"_seq": latest.column("_seq"), "_state_seq": state.column("_state_seq"),  # changes.against_state
+                       "_ledger_behind": state.column("_ledger_behind")})
     newer = holds(placed, changes.NEWER)
     effective = latest.filter(newer)
     row = effective.column("_row").combine_chunks()
@@ -46,7 +47,7 @@ def plan(engine: DeltaEngine, lake: Lake, table: TableConfig, batch: TableBatch)
         [*row.flatten(), *[effective.column(c if c != "_op" else "op") for c in SILVER_META]],
         names=[*[f.name for f in row.type], *SILVER_META])
     rows = rows.cast(all_nullable(rows.schema))
-    behind = pc.and_(state.column("_ledger_behind"), pc.invert(newer))  # not merged: their entries cleared alone
+    behind = holds(placed, changes.LEDGER_CLEARED)
     ledger = _ledger_rows(table, effective, latest.filter(behind), state.filter(behind))
     figures = batch.figures
     redelivered = pc.sum(holds(placed, changes.REDELIVERED)).as_py()

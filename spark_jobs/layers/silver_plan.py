@@ -110,9 +110,11 @@ class BatchPlan:
     ties: int = 0
     latest: DataFrame | None = None  # the newest event per key
     state: DataFrame | None = None  # the keys' current state (current_state)
+    placed: DataFrame | None = None  # the latest events beside their keys' state (changes.against_state)
     rows: DataFrame | None = None  # what the merge writes: latest events newer than the state
     effective: int = 0
     redelivered: int = 0
+    ledger_cleared: int = 0  # ledger entries behind their live row the batch clears (changes.LEDGER_CLEARED)
     deletes: DataFrame | None = None  # (key, _seq) of each delete received
     delete_counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("received", "before_truncate", "superseded", "stale", "absent"), 0))
@@ -209,16 +211,16 @@ def _plan_typed(spark: SparkSession, engine: DeltaEngine, table: TableConfig, la
     plan.latest = checkpoint(changes.latest_per_key(events.where(after_truncate), table.keys), plan.one_task)
     plan.state = checkpoint(current_state(spark, engine, lake, table, plan.latest, plan.new_truncate, plan.one_task),
                             plan.one_task)
-    placed = changes.against_state(plan.latest, plan.state, table.keys, plan.one_task)  # a row per key, as the state
+    plan.placed = placed = changes.against_state(plan.latest, plan.state, table.keys, plan.one_task)  # a row per key
     effective = changes.effective_changes(placed)
     plan.rows = checkpoint(silver_rows(effective, plan.fields, plan.target_schema), plan.one_task)
-    placements = placed.agg(F.count(F.lit(1)), F.sum(F.col("_tie").cast("int")), F.count(F.when(sql(changes.NEWER), 1)),
-                            F.count(F.when(sql(changes.REDELIVERED), 1)))
+    placements = placed.agg(F.count(F.lit(1)), F.sum(F.col("_tie").cast("int")), *[
+        F.count(F.when(sql(text), 1)) for text in (changes.NEWER, changes.REDELIVERED, changes.LEDGER_CLEARED)])
     plan.deletes = checkpoint(events.where("op = 'd'").select(*table.keys, "_seq").distinct(), plan.one_task)
     outcomes = delete_outcome_counts(plan.deletes, placed, table.keys, plan.truncated_at, plan.one_task)
     counted, placed_counts, delete_counts = single_rows(counts, placements, outcomes)  # one Spark job for the three
     plan.events, plan.positions, plan.positions_after_truncate = counted
-    plan.keys, ties, plan.effective, plan.redelivered = placed_counts
+    plan.keys, ties, plan.effective, plan.redelivered, plan.ledger_cleared = placed_counts
     plan.ties = int(ties or 0)
     plan.delete_counts = delete_counts.asDict()
     return effective

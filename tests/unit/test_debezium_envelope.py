@@ -241,8 +241,8 @@ def test_effective_changes_drop_events_older_than_the_row_or_its_delete(spark):
     latest = spark.createDataFrame([(1, "05"), (2, "05"), (3, "05"), (4, "05"), (5, "05")], "k INT, _seq STRING")
     # 1: live at 03 -> newer; 2: live at 07 -> stale; 3: deleted at 06 -> stale (no resurrection);
     # 4: deleted at 04 -> newer insert applies; 5: unknown -> applies
-    state = spark.createDataFrame([(1, "03", True), (2, "07", True), (3, "06", False), (4, "04", False)],
-                                  "k INT, _seq STRING, _live BOOLEAN")
+    state = spark.createDataFrame([(1, "03", True, False), (2, "07", True, False), (3, "06", False, False),
+                                   (4, "04", False, False)], "k INT, _seq STRING, _live BOOLEAN, _ledger_behind BOOLEAN")
     got = sorted(r["k"] for r in changes.effective_changes(changes.against_state(latest, state, ("k",))).collect())
     assert got == [1, 4, 5]
 
