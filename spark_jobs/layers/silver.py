@@ -262,7 +262,7 @@ def apply_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     published = {path: engine.version(path) for path in lake.silver_tables(table.name).values()}
     plan = plan_batch(spark, engine, table, lake, batch, truncated_at)
     summary = _counts(plan.counts, write_quarantine(engine, lake, table.name, plan.quarantine, "silver", batch_id,
-                                             small=plan.small), table, batch_id)
+                                                    plan.quarantine_counts, small=plan.small), table, batch_id)
     quarantined = sum((summary.quarantined or {}).values())
     audit = Audit(Figures(quarantined, summary.quarantined_share or 0.0))
     checks = silver_checks(table)

@@ -183,20 +183,14 @@ class Overview:
     def fields(self, table: TableConfig) -> list[types.ImageField] | None:
         """The batch's columns as `silver_plan.image_fields` finds them; None when the pass does not type them
         (MongoDB documents, undescribed envelopes)."""
-        if self.documents or silver_plan.undescribed_schemas(list(self.schemas)):
-            return None
-        inferred = types.fields_from_variant_schema(self.inferred) if self.figures["plain"] else None
-        return silver_plan.combined_fields(table, list(self.schemas), inferred)
+        return silver_plan.overview_fields(table, self.schemas, self.inferred, self.documents, self.figures["plain"])
 
 
 def overviews(events: DataFrame, tables: list[TableConfig]) -> dict[str, Overview]:
     """Every table's overview, in one Spark job (`events`: `scan`'s rows)."""
     placeholders = per_table({t.name: t.unavailable_value_placeholder for t in tables}, envelope.holds_placeholder)
-    plain, bson = "op <> 't' AND _schema IS NULL", envelope.MONGODB
-    rows = events.groupBy(sql("_table")).agg(*silver_plan.overview_columns(placeholders), *[sql(text) for text in (
-        "collect_set(CASE WHEN op <> 't' THEN _schema END) AS _schemas",
-        f"schema_of_variant_agg(CASE WHEN {plain} AND NOT {bson} THEN try_parse_json({envelope.KEY_IMAGE}) END) AS _inferred",
-        f"count(CASE WHEN {plain} AND {bson} THEN 1 END) AS _documents")]).collect()
+    rows = events.groupBy(sql("_table")).agg(*silver_plan.overview_columns(placeholders),
+                                             *[sql(text) for text in silver_plan.FIELD_SOURCES]).collect()
     return {r["_table"]: Overview({k: v for k, v in r.asDict().items() if not k.startswith("_")},
                                   tuple(sorted(r["_schemas"])), r["_inferred"], r["_documents"]) for r in rows}
 

@@ -4,6 +4,7 @@ audit frames the gate checks. Pure reads of the lake; nothing here writes."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from functools import reduce
 
@@ -109,13 +110,13 @@ class BatchPlan:
     keys: int = 0
     ties: int = 0
     latest: DataFrame | None = None  # the newest event per key
-    state: DataFrame | None = None  # the keys' current state (current_state)
     placed: DataFrame | None = None  # the latest events beside their keys' state (changes.against_state)
     rows: DataFrame | None = None  # what the merge writes: latest events newer than the state
     effective: int = 0
     redelivered: int = 0
     ledger_cleared: int = 0  # ledger entries behind their live row the batch clears (changes.LEDGER_CLEARED)
     deletes: DataFrame | None = None  # (key, _seq) of each delete received
+    quarantine_counts: dict[str, int] | None = None  # the quarantine's rows by reason (None: not counted yet)
     delete_counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("received", "before_truncate", "superseded", "stale", "absent"), 0))
 
@@ -143,7 +144,8 @@ def plan_batch(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lak
     if table.transactions:
         ordered = ordering.with_transaction_key(ordered)
     ordered, overview = observed_checkpoint(
-        ordered, *overview_columns(envelope.holds_placeholder(table.unavailable_value_placeholder)))
+        ordered, *overview_columns(envelope.holds_placeholder(table.unavailable_value_placeholder)),
+        *[sql(text) for text in FIELD_SOURCES])
     # truncate (op=t): the table is empty as of its position; every older event is stale
     truncates = ordered.where("op = 't'").withColumn("reason", sql(
         f"CASE WHEN _seq IS NULL THEN {literal(missing_sequence(table))}"
@@ -156,8 +158,11 @@ def plan_batch(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lak
     if plan.one_task:  # materialised already: the planner is only told it is one partition (common.checkpoint)
         ordered = ordered.coalesce(1)
     if overview["changes"]:
+        # the overview's fields, unless unavailable values are marked first (image_fields reads them marked)
+        fields = None if overview["unavailable"] else overview_fields(
+            table, overview["_schemas"], overview["_inferred"], overview["_documents"], overview["plain"])
         _plan_changes(spark, engine, table, lake, ordered.where("op <> 't'"), overview["plain"] > 0,
-                      overview["unavailable"] > 0, plan)
+                      overview["unavailable"] > 0, plan, fields)
     return plan
 
 
@@ -175,14 +180,17 @@ def overview_columns(holds_placeholder: str) -> list[Column]:
 
 
 def _plan_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake: Lake, changes_in: DataFrame,
-                  has_plain: bool, unavailable: bool, plan: BatchPlan) -> None:
-    """The row events' part of the plan: typed, the newest per key, the merge's rows, the deletes. Silver takes a
+                  has_plain: bool, unavailable: bool, plan: BatchPlan, fields: list[types.ImageField] | None) -> None:
+    """The row events' part of the plan: typed, the newest per key, the merge's rows, the deletes (`fields`: the
+    images' columns from the batch's overview; None: image_fields finds them). Silver takes a
     wider type only from an event it applies: when no event the merge writes has a schema that claims the widening
     (a stale event's, which changes no row), the batch is planned again at silver's own types, and the values that
     do not fit them are quarantined naming both types."""
     if unavailable:
         changes_in = envelope.mark_unavailable(changes_in, table.unavailable_value_placeholder)
-    plan.fields = resolve_mixed(image_fields(spark, table, changes_in, has_plain), plan.target_schema, changes_in)
+    if fields is None:
+        fields = image_fields(spark, table, changes_in, has_plain)
+    plan.fields = resolve_mixed(fields, plan.target_schema, changes_in)
     silver_types, before = plan.target_schema, replace(plan)
     plan.target_schema, plan.widened = types.widened(plan.target_schema, types.fields_type(plan.fields))
     effective = _plan_typed(spark, engine, table, lake, changes_in, unavailable, plan)
@@ -209,16 +217,20 @@ def _plan_typed(spark: SparkSession, engine: DeltaEngine, table: TableConfig, la
     counts = events.agg(F.count(F.lit(1)).alias("events"), F.countDistinct(position).alias("positions"),
                         F.countDistinct(F.when(after_truncate, position)).alias("positions_after_truncate"))
     plan.latest = checkpoint(changes.latest_per_key(events.where(after_truncate), table.keys), plan.one_task)
-    plan.state = checkpoint(current_state(spark, engine, lake, table, plan.latest, plan.new_truncate, plan.one_task),
-                            plan.one_task)
-    plan.placed = placed = changes.against_state(plan.latest, plan.state, table.keys, plan.one_task)  # a row per key
+    state = checkpoint(current_state(spark, engine, lake, table, plan.latest, plan.new_truncate, plan.one_task),
+                       plan.one_task)
+    plan.placed = placed = changes.against_state(plan.latest, state, table.keys, plan.one_task)  # a row per key
     effective = changes.effective_changes(placed)
     plan.rows = checkpoint(silver_rows(effective, plan.fields, plan.target_schema), plan.one_task)
     placements = placed.agg(F.count(F.lit(1)), F.sum(F.col("_tie").cast("int")), *[
         F.count(F.when(sql(text), 1)) for text in (changes.NEWER, changes.REDELIVERED, changes.LEDGER_CLEARED)])
     plan.deletes = checkpoint(events.where("op = 'd'").select(*table.keys, "_seq").distinct(), plan.one_task)
     outcomes = delete_outcome_counts(plan.deletes, placed, table.keys, plan.truncated_at, plan.one_task)
-    counted, placed_counts, delete_counts = single_rows(counts, placements, outcomes)  # one Spark job for the three
+    quarantined = plan.quarantine.coalesce(1) if plan.one_task else plan.quarantine  # one_task: grouped in place
+    by_reason = quarantined.groupBy("reason").agg(F.count(F.lit(1)).alias("n")).agg(
+        F.map_from_entries(F.collect_list(F.struct("reason", "n"))).alias("reasons"))
+    counted, placed_counts, delete_counts, reasons = single_rows(counts, placements, outcomes, by_reason)  # one job
+    plan.quarantine_counts = reasons["reasons"]
     plan.events, plan.positions, plan.positions_after_truncate = counted
     plan.keys, ties, plan.effective, plan.redelivered, plan.ledger_cleared = placed_counts
     plan.ties = int(ties or 0)
@@ -246,6 +258,27 @@ def _quarantine_by_expectations(table: TableConfig, typed: DataFrame, plan: Batc
             "reason", F.coalesce("reason", "_failed")).drop("_failed")
         typed = checkpoint(typed, plan.one_task)
     return typed.drop(EVENT_ID)
+
+
+# What a batch's columns are made from, as aggregates of its bronze rows (beside overview_columns; both taken by the
+# job that reads them): the row events' envelope schemas, the variant schema of their plain images and how many of
+# those are MongoDB documents (typed by image_fields' own reading)
+_PLAIN = "op <> 't' AND _schema IS NULL"
+FIELD_SOURCES = (
+    "collect_set(CASE WHEN op <> 't' THEN _schema END) AS _schemas",
+    f"schema_of_variant_agg(CASE WHEN {_PLAIN} AND NOT {envelope.MONGODB} THEN try_parse_json({envelope.KEY_IMAGE}) END)"
+    " AS _inferred",
+    f"count(CASE WHEN {_PLAIN} AND {envelope.MONGODB} THEN 1 END) AS _documents")
+
+
+def overview_fields(table: TableConfig, schemas: Iterable[str], inferred: str | None, documents: int, plain: int
+                    ) -> list[types.ImageField] | None:
+    """The batch's columns as `image_fields` finds them, from its FIELD_SOURCES (and `plain`, overview_columns' count
+    of plain images); None when they are not made from these alone (MongoDB documents, undescribed envelopes)."""
+    schemas = sorted(schemas)
+    if documents or undescribed_schemas(schemas):
+        return None
+    return combined_fields(table, schemas, types.fields_from_variant_schema(inferred) if plain else None)
 
 
 def image_fields(spark: SparkSession, table: TableConfig, events: DataFrame, has_plain: bool) -> list[types.ImageField]:
