@@ -110,6 +110,7 @@ class BatchPlan:
     keys: int = 0
     ties: int = 0
     latest: DataFrame | None = None  # the newest event per key
+    state: DataFrame | None = None  # the keys' current state (current_state)
     placed: DataFrame | None = None  # the latest events beside their keys' state (changes.against_state)
     rows: DataFrame | None = None  # what the merge writes: latest events newer than the state
     effective: int = 0
@@ -217,9 +218,9 @@ def _plan_typed(spark: SparkSession, engine: DeltaEngine, table: TableConfig, la
     counts = events.agg(F.count(F.lit(1)).alias("events"), F.countDistinct(position).alias("positions"),
                         F.countDistinct(F.when(after_truncate, position)).alias("positions_after_truncate"))
     plan.latest = checkpoint(changes.latest_per_key(events.where(after_truncate), table.keys), plan.one_task)
-    state = checkpoint(current_state(spark, engine, lake, table, plan.latest, plan.new_truncate, plan.one_task),
-                       plan.one_task)
-    plan.placed = placed = changes.against_state(plan.latest, state, table.keys, plan.one_task)  # a row per key
+    plan.state = checkpoint(current_state(spark, engine, lake, table, plan.latest, plan.new_truncate, plan.one_task),
+                            plan.one_task)
+    plan.placed = placed = changes.against_state(plan.latest, plan.state, table.keys, plan.one_task)  # a row per key
     effective = changes.effective_changes(placed)
     plan.rows = checkpoint(silver_rows(effective, plan.fields, plan.target_schema), plan.one_task)
     placements = placed.agg(F.count(F.lit(1)), F.sum(F.col("_tie").cast("int")), *[
