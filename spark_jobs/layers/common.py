@@ -184,7 +184,17 @@ def lookup(values: dict[str, str] | dict[str, int], key: str) -> Column:
 
 def reasons(rows: DataFrame) -> Counts:
     """Quarantine counts by reason, with the variable tail (column names, op values) kept."""
-    return {r["reason"]: r["n"] for r in rows.groupBy("reason").agg(F.count(F.lit(1)).alias("n")).collect()}
+    return {r["reason"]: r["n"] for r in _by_reason(rows).collect()}
+
+
+def reason_counts(rows: DataFrame) -> DataFrame:
+    """`reasons` as a one-row aggregate (`reasons`: a map of reason to rows), for a caller that collects it with its
+    other aggregates (single_rows)."""
+    return _by_reason(rows).agg(F.map_from_entries(F.collect_list(F.struct("reason", "n"))).alias("reasons"))
+
+
+def _by_reason(rows: DataFrame) -> DataFrame:
+    return rows.groupBy("reason").agg(F.count(F.lit(1)).alias("n"))
 
 
 def lag_seconds(max_ts_ms: Any) -> float | None:

@@ -25,6 +25,7 @@ from spark_jobs.layers.common import (
     join_side,
     observed_checkpoint,
     one_row,
+    reason_counts,
     single_rows,
 )
 from spark_jobs.quality.user_expectations import check_columns, named_columns, violations
@@ -228,9 +229,8 @@ def _plan_typed(spark: SparkSession, engine: DeltaEngine, table: TableConfig, la
     plan.deletes = checkpoint(events.where("op = 'd'").select(*table.keys, "_seq").distinct(), plan.one_task)
     outcomes = delete_outcome_counts(plan.deletes, placed, table.keys, plan.truncated_at, plan.one_task)
     quarantined = plan.quarantine.coalesce(1) if plan.one_task else plan.quarantine  # one_task: grouped in place
-    by_reason = quarantined.groupBy("reason").agg(F.count(F.lit(1)).alias("n")).agg(
-        F.map_from_entries(F.collect_list(F.struct("reason", "n"))).alias("reasons"))
-    counted, placed_counts, delete_counts, reasons = single_rows(counts, placements, outcomes, by_reason)  # one job
+    counted, placed_counts, delete_counts, reasons = single_rows(  # one Spark job
+        counts, placements, outcomes, reason_counts(quarantined))
     plan.quarantine_counts = reasons["reasons"]
     plan.events, plan.positions, plan.positions_after_truncate = counted
     plan.keys, ties, plan.effective, plan.redelivered, plan.ledger_cleared = placed_counts
