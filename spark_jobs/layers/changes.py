@@ -69,11 +69,22 @@ REDELIVERED = "_seq = _state_seq"
 # position (`_state_seq`)
 LEDGER_CLEARED = f"coalesce(_ledger_behind, false) AND NOT {NEWER}"
 
+# SQL text: is a merged silver row one the post-merge audit checks, of a key the batch touched (`_touched`, null: not)
+# or written by the batch (`_audited_batch`, its id bound as a column, so the text is one for every batch and parsed
+# once)? Its checks scale with the batch, not the table.
+AUDITED_ROWS = "coalesce(_touched, false) OR _batch_id = _audited_batch"
+
 
 def after_truncate(truncated_at: str | None) -> str:
     """SQL text: is the event at `_seq` after the truncate in force at `truncated_at` (None: none is)? A truncate
     empties the table as of its position: events at or before it apply to nothing."""
     return f"_seq > {literal(truncated_at)}" if truncated_at else "true"
+
+
+def kept_by_truncate(new_truncate: str) -> str:
+    """SQL text: does a key's state entry at `_seq` outlive the batch's new truncate (at `new_truncate`)? The truncate
+    removes older entries before the merge, so they are no key's state."""
+    return f"_seq >= {literal(new_truncate)}"
 
 
 def delete_outcomes(truncated_at: str | None) -> dict[str, str]:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -17,7 +18,7 @@ from spark_jobs.delta import DeltaEngine, MergeSpec, NewFiles, driver_rows, spar
 from spark_jobs.delta.reads import read_columns
 from spark_jobs.errors import GateFailed, PipelineError
 from spark_jobs.lake import Lake
-from spark_jobs.layers import changes, silver_arrow, silver_pass, transactions
+from spark_jobs.layers import changes, keyed_reads, silver_arrow, silver_pass, transactions
 from spark_jobs.layers.common import (
     PASS_BYTES,
     PASS_ROWS,
@@ -278,8 +279,8 @@ def apply_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
 
     pending = {} if before else dict(plan.audited)
     if plan.latest is not None and plan.deletes is not None:
-        pending["rows"], pending["deletes"] = merged_audit(spark, engine, lake.silver(table.name), plan.latest,
-                                                           plan.deletes, table.keys, batch_id)
+        pending["rows"], pending["deletes"] = _merged_audit(spark, engine, table, lake, plan.latest, plan.deletes,
+                                                            batch_id, plan.small)
     gates.after(audit.with_tallies(tally(pending, flagged("silver"), table.keys)), engine, published)
     return summary, plan.truncated_at
 
@@ -315,13 +316,31 @@ def apply_planned(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     summary.tombstones_expired = _expire_tombstones(engine, lake, table)
     summary.deletes = {**plan.delete_counts, "removed": removed}
 
-    merged = dict(zip(("rows", "deletes"), silver_arrow.merged_audit(engine, lake, table, read, batch_id), strict=True))
+    merged = dict(zip(("rows", "deletes"), silver_arrow.pass_audit(engine, lake, table, read, batch_id), strict=True))
     after = gates.reconciled(audit)
     joint = AuditGate(table.name, "silver", after, checks, lake, batch_id, table.quality.actions) if gate is None \
         else None
     answer = yield MergedAudit(spark, merged, table.keys, joint)
     gates.after(after.with_tallies(answer.tallies), engine, published, answer.verdict)
     return summary
+
+
+def _merged_audit(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake: Lake, latest: DataFrame,
+                  deletes: DataFrame, batch_id: str, small: bool) -> tuple[DataFrame, DataFrame]:
+    """silver_plan.merged_audit's frames. A small batch's are read back on the driver by its keys, as a pass's batch's
+    are (keyed_reads.merged_audit): its keys collected in one Spark job, where the joins with silver's scan cost one
+    per exchange."""
+    path = lake.silver(table.name)
+    if not keyed_reads.by_key(engine, small, latest.schema, table.keys):
+        return merged_audit(spark, engine, path, latest, deletes, table.keys, batch_id)
+    keys = list(table.keys)
+    seq = deletes.schema["_seq"].dataType
+    both = latest.select(*keys, F.lit(None).cast(seq).alias("_seq"), F.lit(True).alias("_touched")).unionByName(
+        deletes.select(*keys, "_seq", F.lit(False).alias("_touched"))).toArrow()
+    touched = both.filter(both.column("_touched"))
+    received = both.filter(pc.invert(both.column("_touched"))).select([*keys, "_seq"])
+    rows, received_live = keyed_reads.merged_audit(engine, path, touched.select(keys), received, batch_id)
+    return spark_frame(spark, rows).coalesce(1), spark_frame(spark, received_live).coalesce(1)
 
 
 @dataclass(frozen=True)

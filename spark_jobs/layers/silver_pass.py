@@ -22,7 +22,7 @@ from pyspark.sql import types as T
 
 from spark_jobs.debezium import envelope, ordering, types
 from spark_jobs.delta import NewFiles
-from spark_jobs.layers import changes, silver_plan
+from spark_jobs.layers import changes, keyed_reads, silver_plan
 from spark_jobs.layers.common import PASS_BYTES, PASS_ROWS, QUARANTINED_COLUMNS, checkpoint, lookup
 from spark_jobs.quality.audit import GroupedTally, Tallied, Tally, collect_with, grouped_tally
 from spark_jobs.quality.expectations import flagged
@@ -261,11 +261,6 @@ def may_join(table: TableConfig) -> bool:
     return not (table.history or table.transactions or table.layer_expectations("silver") or table.partition_by)
 
 
-# key types whose equality Arrow's joins on the driver and Spark's agree on (floats' NaN and -0.0 they may not)
-_KEY_TYPES = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.StringType, T.BinaryType, T.BooleanType,
-              T.DateType, T.TimestampType, T.TimestampNTZType, T.DecimalType)
-
-
 def _typing(candidate: Candidate, overview: Overview) -> TableTyping | None:
     """How the pass types the table's batch; None when its own plan must (layers/silver_plan.py): a batch with a
     truncate, unavailable values, more than a pass's rows, decimals decoded in Python, values of more than one JSON
@@ -284,7 +279,7 @@ def _typing(candidate: Candidate, overview: Overview) -> TableTyping | None:
         return None
     typing = TableTyping(table, tuple(fields), candidate.target)
     row = typing.row_type
-    if not all(isinstance(row[k].dataType, _KEY_TYPES) for k in table.keys):
+    if not keyed_reads.keys_join_on_driver(row, table.keys):
         return None
     return typing
 

@@ -13,10 +13,10 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from spark_jobs.debezium import envelope, ordering, types
-from spark_jobs.delta import DeltaEngine
+from spark_jobs.delta import DeltaEngine, spark_frame
 from spark_jobs.errors import ConfigError
 from spark_jobs.lake import Lake
-from spark_jobs.layers import changes
+from spark_jobs.layers import changes, keyed_reads
 from spark_jobs.layers.common import (
     ONE_TASK_BYTES,
     ONE_TASK_ROWS,
@@ -219,8 +219,7 @@ def _plan_typed(spark: SparkSession, engine: DeltaEngine, table: TableConfig, la
     counts = events.agg(F.count(F.lit(1)).alias("events"), F.countDistinct(position).alias("positions"),
                         F.countDistinct(F.when(after_truncate, position)).alias("positions_after_truncate"))
     plan.latest = checkpoint(changes.latest_per_key(events.where(after_truncate), table.keys), plan.one_task)
-    plan.state = checkpoint(current_state(spark, engine, lake, table, plan.latest, plan.new_truncate, plan.one_task),
-                            plan.one_task)
+    plan.state = _state_of_keys(spark, engine, lake, table, plan)
     plan.placed = placed = changes.against_state(plan.latest, plan.state, table.keys, plan.one_task)  # a row per key
     effective = changes.effective_changes(placed)
     plan.rows = checkpoint(silver_rows(effective, plan.fields, plan.target_schema), plan.one_task)
@@ -237,6 +236,21 @@ def _plan_typed(spark: SparkSession, engine: DeltaEngine, table: TableConfig, la
     plan.ties = int(ties or 0)
     plan.delete_counts = delete_counts.asDict()
     return effective
+
+
+def _state_of_keys(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: TableConfig, plan: BatchPlan
+                   ) -> DataFrame:
+    """current_state of the keys of the batch's newest events: a small batch's read on the driver by key, as a silver
+    pass's are (keyed_reads.key_state; one Spark job collects the keys, where Spark's joins with silver's and the
+    ledger's scans cost one per exchange), a larger one's by Spark."""
+    assert plan.latest is not None
+    if keyed_reads.by_key(engine, plan.small, plan.latest.schema, table.keys):
+        keys = plan.latest.select(*table.keys, "_seq").toArrow()
+        state = keyed_reads.key_state(engine, lake, table, keys.select(list(table.keys)), keys.schema.field("_seq").type,
+                                      plan.new_truncate)
+        return spark_frame(spark, state).coalesce(1)
+    return checkpoint(current_state(spark, engine, lake, table, plan.latest, plan.new_truncate, plan.one_task),
+                      plan.one_task)
 
 
 EVENT_ID = "_cdc_event_id"  # the typed event's id while it is checked against the user's expectations
@@ -414,12 +428,6 @@ def delete_outcome_counts(deletes: DataFrame, placed: DataFrame, keys: tuple[str
         F.count(F.when(sql(text), 1)).alias(place) for place, text in changes.delete_outcomes(truncated_at).items()])
 
 
-# SQL text: is a merged silver row one the post-merge audit checks, of a key the batch touched (`_touched`, null: not)
-# or written by the batch (`_audited_batch`, its id bound as a column, so the text is one for every batch and parsed
-# once)? Its checks scale with the batch, not the table.
-AUDITED_ROWS = "coalesce(_touched, false) OR _batch_id = _audited_batch"
-
-
 def merged_audit(spark: SparkSession, engine: DeltaEngine, target_path: str, latest: DataFrame, deletes: DataFrame,
                   keys: tuple[str, ...], batch_id: str) -> tuple[DataFrame, DataFrame]:
     """Read back from the merged silver table: the rows of the batch's keys and the rows this batch
@@ -430,7 +438,7 @@ def merged_audit(spark: SparkSession, engine: DeltaEngine, target_path: str, lat
         silver = latest.select(*keys, "_seq", F.lit(batch_id).alias("_batch_id")).limit(0)
     touched = latest.select(*keys).withColumn("_touched", F.lit(True))
     rows = silver.join(touched, list(keys), "left").withColumn("_audited_batch", F.lit(batch_id)).where(
-        sql(AUDITED_ROWS)).select(*keys, "_seq")
+        sql(changes.AUDITED_ROWS)).select(*keys, "_seq")
     live = silver.select(*keys, F.col("_seq").alias("_live_seq")).join(deletes.select(*keys), list(keys), "left_semi")
     return rows, deletes.join(live, list(keys), "left").select("_seq", "_live_seq")
 
@@ -448,7 +456,7 @@ def current_state(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: T
         current = engine.read(spark, path)
         if current is not None:
             if new_truncate:
-                current = current.where(F.col("_seq") >= F.lit(new_truncate))
+                current = current.where(sql(changes.kept_by_truncate(new_truncate)))
             parts.append(current.select(*[F.col(k).cast(keys.schema[k].dataType).alias(k) for k in table.keys], "_seq",
                                         F.lit(live).alias("_live")).join(keys, list(table.keys), "left_semi"))
     if not parts:

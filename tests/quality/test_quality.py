@@ -157,8 +157,11 @@ def test_tombstone_checks_pass_on_a_clean_batch_and_report_a_violating_one(spark
                               "unexpected=1 of 1\n")
 
 
-def test_a_merge_that_loses_deletes_fails_the_gate_and_silver_is_restored(spark, engine, tmp_path, capsys, monkeypatch):
-    config = _config(tmp_path)
+# the silver pass's batch, and (history keeps its own plan) a table's own: each reads its merged rows back on the driver
+@pytest.mark.parametrize("settings", ["", ", history: true"], ids=["pass", "own plan"])
+def test_a_merge_that_loses_deletes_fails_the_gate_and_silver_is_restored(spark, engine, tmp_path, capsys, monkeypatch,
+                                                                          settings):
+    config = _config(tmp_path, settings)
     land(tmp_path / "landing", ORDERS, offset=0, lines=[change_event("c", 10 + i, after={"id": i, "v": "a"}) for i in range(3)])
     assert _run(capsys, tmp_path, config)[0] == 0
     before = silver_rows(spark, engine, tmp_path / "lake", "orders", ("id",))

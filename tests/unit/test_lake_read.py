@@ -8,7 +8,7 @@ import pyarrow as pa
 from deltalake import write_deltalake
 
 from spark_jobs.delta.reads import read_arrow
-from spark_jobs.layers.silver_arrow import _among
+from spark_jobs.layers.keyed_reads import among
 
 
 def test_a_filtered_read_keeps_exactly_the_rows_of_the_keys_or_the_other_condition(tmp_path):
@@ -22,11 +22,11 @@ def test_a_filtered_read_keeps_exactly_the_rows_of_the_keys_or_the_other_conditi
     # strings as delta-rs writes them (views); the batch's keys as typed by Spark: int32 ids, plain strings, and
     # pairs of which only some are rows (id 7 is in r1, not r2)
     keys = pa.table({"id": pa.array([7, 7, 150, 299, 1000], pa.int32()), "region": ["r1", "r2", "r0", "r2", "r1"]})
-    got = read_arrow(path, ["id", "region", "_seq", "_batch_id"], where=_among(keys, ("_batch_id", "b1")))
+    got = read_arrow(path, ["id", "region", "_seq", "_batch_id"], where=among(keys, ("_batch_id", "b1")))
     whole = read_arrow(path, ["id", "region", "_seq", "_batch_id"])
     assert whole is not None and whole.num_rows == 300
     expected = {(r["id"], r["region"]) for r in whole.to_pylist() if r["_batch_id"] == "b1" or (
         r["id"] in {7, 150, 299, 1000} and r["region"] in {"r1", "r2", "r0"})}
     assert got is not None and {(r["id"], r["region"]) for r in got.to_pylist()} == expected
     assert got.num_rows == len(expected) == 100 + 2  # b1's rows (150 among them), 7 (r1) and 299 (r2)
-    assert read_arrow(path, ["id", "region"], where=_among(keys.slice(0, 0))).num_rows == 0
+    assert read_arrow(path, ["id", "region"], where=among(keys.slice(0, 0))).num_rows == 0

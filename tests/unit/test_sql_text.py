@@ -74,7 +74,7 @@ def test_a_condition_holds_over_arrow_where_spark_says_it_holds(spark):
     import pytest
 
     from spark_jobs.layers import changes
-    from spark_jobs.layers.silver_plan import AUDITED_ROWS
+    from spark_jobs.layers.changes import AUDITED_ROWS
     from spark_jobs.sql_text import holds
 
     positions = [None, "0000a", "0000b", "it's"]
