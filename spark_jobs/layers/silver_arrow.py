@@ -1,11 +1,10 @@
-"""A small table's batch after the silver pass (layers/silver_pass.py), planned on the driver in Arrow: its keys'
-state, the rows silver's merge writes, the tombstone ledger's rows, where each delete goes, and the rows the gate
-audits after the merge. These are silver_plan's rules (current_state, effective_changes, silver_rows,
-delete_outcome_counts) and silver's (_merge_ledger), written again for the driver: as Spark queries they cost a small
-table more to build and plan than the work itself (tests/benchmarks/RESULTS.md, issue 32). The audit's read-back
-(`merged_audit`) is every small batch's, its own plan's too. "Newer than
-its key's state", "redelivered", where each delete goes and the rows the audit checks are not written again: their
-one SQL text (layers/changes.py, silver_plan.AUDITED_ROWS) is evaluated here over Arrow (sql_text.holds).
+"""A small table's batch after the silver pass (layers/silver_pass.py), planned on the driver in Arrow: the rows
+silver's merge writes, the tombstone ledger's rows and where each delete goes. These are silver_plan's rules
+(effective_changes, silver_rows, delete_outcome_counts) and silver's (_merge_ledger), written again for the driver: as
+Spark queries they cost a small table more to build and plan than the work itself (tests/benchmarks/RESULTS.md, issue
+32). The keys' state and the audit's read-back are every small batch's, its own plan's too (layers/keyed_reads.py).
+"Newer than its key's state", "redelivered", where each delete goes and which ledger entries a live row clears are not
+written again: their one SQL text (layers/changes.py) is evaluated here over Arrow (sql_text.holds).
 tests/layers/test_silver_pass.py holds every table's outcome equal to its own plan's."""
 
 from __future__ import annotations
