@@ -78,49 +78,63 @@ def per_table(rules: Mapping[str, Rule], text_of: Callable[[Rule], str]) -> str:
 
 
 def holds(rows: pa.Table, condition: str) -> pa.ChunkedArray:
-    """Where the SQL `condition` holds in each of `rows` (false where it is null, as a WHERE reads it): the driver's
-    Arrow finish of a small table (layers/silver_arrow.py) evaluates a rule's one text, the text Spark plans, and
-    restates none. The condition may name columns and literals and use IS [NOT] NULL, NOT, AND, OR, coalesce and the
-    six comparisons, which Arrow evaluates as Spark does (Kleene logic, strings by their bytes); anything else is a
+    """Where the SQL `condition` holds in each of `rows` (false where it is null, as a WHERE reads it)."""
+    return pc.fill_null(evaluated(rows, {"holds": condition}).column("holds"), False)
+
+
+def evaluated(rows: pa.Table, texts: Mapping[str, str]) -> pa.Table:
+    """Each SQL text of `texts` over `rows`, under its name: the driver's reading of a rule's one text, the text Spark
+    plans, so that a small batch planned in Arrow (layers/silver_pass.py) restates no rule. A text may name columns
+    and literals and use IS [NOT] NULL, NOT, AND, OR, coalesce, the six comparisons, CAST to BIGINT, STRING or BOOLEAN
+    and unix_millis, which Arrow evaluates as Spark does (Kleene logic, strings by their bytes); anything else is a
     ValueError. Written here because no library evaluates SQL text over an Arrow table with the runtime's packages
     (sqlglot parses it; DataFusion's SQL, in deltalake, reads only Delta tables)."""
     from pyarrow import acero
 
     project = acero.Declaration.from_sequence([
         acero.Declaration("table_source", acero.TableSourceNodeOptions(rows)),
-        acero.Declaration("project", acero.ProjectNodeOptions([_arrow_condition(condition)], ["holds"]))])
-    return pc.fill_null(project.to_table(use_threads=False).column("holds"), False)
+        acero.Declaration("project", acero.ProjectNodeOptions([_arrow_text(t) for t in texts.values()], list(texts)))])
+    return project.to_table(use_threads=False)
 
 
 @lru_cache(maxsize=256)
-def _arrow_condition(condition: str) -> pc.Expression:
+def _arrow_text(text: str) -> pc.Expression:
     import sqlglot
 
-    return _arrow(sqlglot.parse_one(condition, read="spark"), condition)
+    return _arrow(sqlglot.parse_one(text, read="spark"), text)
 
 
-def _arrow(node: Any, condition: str) -> pc.Expression:
+_ARROW_TYPES = {"BIGINT": pa.int64(), "TEXT": pa.string(), "VARCHAR": pa.string(), "BOOLEAN": pa.bool_()}
+
+
+def _arrow(node: Any, text: str) -> pc.Expression:
     from sqlglot import exp
 
     comparisons = {exp.EQ: "__eq__", exp.NEQ: "__ne__", exp.GT: "__gt__", exp.GTE: "__ge__", exp.LT: "__lt__",
                    exp.LTE: "__le__"}
     if isinstance(node, exp.Paren):
-        return _arrow(node.this, condition)
+        return _arrow(node.this, text)
     if isinstance(node, exp.Column) and not node.table:
         return pc.field(node.name)
     if isinstance(node, exp.Literal):
         return pc.scalar(node.this if node.is_string else (float(node.this) if "." in node.this else int(node.this)))
     if isinstance(node, exp.Boolean):
         return pc.scalar(bool(node.this))
+    if isinstance(node, exp.Cast) and node.to.this.name in _ARROW_TYPES:
+        to = _ARROW_TYPES[node.to.this.name]
+        return pc.scalar(pa.scalar(None, to)) if isinstance(node.this, exp.Null) else _arrow(node.this, text).cast(to)
+    if isinstance(node, exp.UnixMillis):  # of a timestamp: its microseconds since the epoch, floored to milliseconds
+        micros = _arrow(node.this, text).cast(pa.timestamp("us", "UTC")).cast(pa.int64())
+        return pc.floor(pc.divide(micros.cast(pa.float64()), 1000.0)).cast(pa.int64())
     if isinstance(node, exp.Is) and isinstance(node.expression, exp.Null):
-        return _arrow(node.this, condition).is_null()
+        return _arrow(node.this, text).is_null()
     if isinstance(node, exp.Not):
-        return ~_arrow(node.this, condition)
+        return ~_arrow(node.this, text)
     if isinstance(node, exp.Coalesce):
-        return pc.coalesce(*[_arrow(n, condition) for n in (node.this, *node.expressions)])
+        return pc.coalesce(*[_arrow(n, text) for n in (node.this, *node.expressions)])
     if isinstance(node, (exp.And, exp.Or)):
-        left, right = _arrow(node.this, condition), _arrow(node.expression, condition)
+        left, right = _arrow(node.this, text), _arrow(node.expression, text)
         return left & right if isinstance(node, exp.And) else left | right
     if type(node) in comparisons:
-        return getattr(_arrow(node.this, condition), comparisons[type(node)])(_arrow(node.expression, condition))
-    raise ValueError(f"{condition!r}: Arrow does not evaluate {node.sql(dialect='spark')!r} here")
+        return getattr(_arrow(node.this, text), comparisons[type(node)])(_arrow(node.expression, text))
+    raise ValueError(f"{text!r}: Arrow does not evaluate {node.sql(dialect='spark')!r} here")

@@ -3,7 +3,7 @@ and those newer than the key's current state. DataFrame -> DataFrame; nothing he
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -69,6 +69,13 @@ REDELIVERED = "_seq = _state_seq"
 # position (`_state_seq`)
 LEDGER_CLEARED = f"coalesce(_ledger_behind, false) AND NOT {NEWER}"
 
+# the tombstone ledger's merge source beside a key's columns (`ledger_rows`): each row silver's merge writes, at its
+# position (its deletes enter the ledger, dated by their source's time, else their ingestion's; its upserts clear the
+# key's entry), and each key LEDGER_CLEARED picks, as an upsert at its live row's position (`_state_seq`), which the
+# ledger's merge clears like any newer one
+LEDGER_ENTRY = {"_seq": "_seq", "_op": "_op", "_deleted_at_ms": "coalesce(_source_ts_ms, unix_millis(_ingested_at))"}
+LEDGER_CATCH_UP = {"_seq": "_state_seq", "_op": "'u'", "_deleted_at_ms": "CAST(NULL AS BIGINT)"}
+
 # SQL text: is a merged silver row one the post-merge audit checks, of a key the batch touched (`_touched`, null: not)
 # or written by the batch (`_audited_batch`, its id bound as a column, so the text is one for every batch and parsed
 # once)? Its checks scale with the batch, not the table.
@@ -111,3 +118,12 @@ def effective_changes(placed: DataFrame) -> DataFrame:
     """Of the latest events placed against their keys' state (`against_state`), those newer than it (`NEWER`). Older
     events are stale: they never overwrite, and a late event older than a delete never brings the row back."""
     return placed.where(NEWER).drop("_state_seq", "_live", "_ledger_behind")
+
+
+def ledger_rows(rows: DataFrame, placed: DataFrame, keys: tuple[str, ...]) -> DataFrame:
+    """The tombstone ledger's merge source (LEDGER_ENTRY of silver's merged `rows`, LEDGER_CATCH_UP of the latest events
+    `placed` against their keys' state), under the key columns."""
+    def columns(texts: dict[str, str]) -> list[Column]:
+        return [*[sql(ident(k)) for k in keys], *[sql(f"{text} AS {ident(name)}") for name, text in texts.items()]]
+
+    return rows.select(*columns(LEDGER_ENTRY)).unionByName(placed.where(sql(LEDGER_CLEARED)).select(*columns(LEDGER_CATCH_UP)))

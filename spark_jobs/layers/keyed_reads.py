@@ -1,5 +1,5 @@
 """Silver's tables read by key on the driver, for a small batch of either plan (a table's own, layers/silver_plan.py,
-or the silver pass's, layers/silver_arrow.py): its keys' state before the merge and the merged rows the gate audits
+or the silver pass's, silver_pass.plan_table): its keys' state before the merge and the merged rows the gate audits
 after it. A key-filtered read of the table's files (DeltaEngine.read_where) costs no Spark job, where Spark's joins with
 the tables' scans cost one per exchange. The rules they apply are SQL text (layers/changes.py), evaluated over Arrow
 (sql_text.holds)."""

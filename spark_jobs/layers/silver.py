@@ -18,7 +18,7 @@ from spark_jobs.delta import DeltaEngine, MergeSpec, NewFiles, driver_rows, spar
 from spark_jobs.delta.reads import read_columns
 from spark_jobs.errors import GateFailed, PipelineError
 from spark_jobs.lake import Lake
-from spark_jobs.layers import changes, keyed_reads, silver_arrow, silver_pass, transactions
+from spark_jobs.layers import changes, keyed_reads, silver_pass, transactions
 from spark_jobs.layers.common import (
     PASS_BYTES,
     PASS_ROWS,
@@ -43,7 +43,6 @@ from spark_jobs.quality.expectations import flagged
 from spark_jobs.quality.findings import GateResult
 from spark_jobs.quality.gates import AuditGate, Check, answer_gates, may_refuse, refuses, silver_checks
 from spark_jobs.registry import TableConfig
-from spark_jobs.sql_text import sql
 
 log = logger(__name__)
 
@@ -187,7 +186,7 @@ def silver_merge(spark: SparkSession, engine: DeltaEngine, table: TableConfig, l
     if read is not None and not read.widened and read.holds(progress.bronze_version, progress.truncated_at,
                                                            silver_version, bronze_version):
         try:
-            planned = silver_arrow.plan(engine, lake, table, read)
+            planned = silver_pass.plan_table(engine, lake, table, read)
         except pa.ArrowException as exc:  # not swallowed: nothing is written yet, and the table's own plan takes it
             log.warning(f"silver: {table.name}'s batch from the shared pass could not be planned on the driver, it plans "
                         f"its own: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}")
@@ -286,10 +285,10 @@ def apply_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
 
 
 def apply_planned(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake: Lake, read: TableBatch,
-                  plan: silver_arrow.ArrowPlan, batch_id: str, gate: Gate | None = None
+                  plan: silver_pass.PassPlan, batch_id: str, gate: Gate | None = None
                   ) -> Generator[MergedAudit, Merged, SilverSummary]:
     """`apply_changes` for a batch the silver pass read (`read`), the rest of its plan made on the driver (`plan`,
-    layers/silver_arrow.py): the same gates, publishing and restore, written from there; the merged rows' tallies
+    silver_pass.plan_table): the same gates, merges and restore; the merged rows' tallies
     asked for (MergedAudit), with the gate's verdict on them (GX's, unless a `gate` is given)."""
     check = gate or partial(run_gate, actions=table.quality.actions)
     published = {path: engine.version(path) for path in lake.silver_tables(table.name).values()}
@@ -302,21 +301,11 @@ def apply_planned(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     gates.before(audit, table.quality.breaker_trips(quarantined, summary.quarantined_share or 0))
 
     _widen(spark, engine, table, lake, read.widened, summary)
-    # into no table, delta-rs creates it empty and merges (two commits), where a Spark DataFrame's insert clause would
-    # be a Spark job of its own (DeltaEngine.merge): a whole database's initial load paid it twice a table
-    target_path, ledger_path = lake.silver(table.name), lake.tombstones(table.name)
-    result = engine.merge(plan.rows, target_path, replace(SILVER_MERGE, keys=table.keys),
-                          small=True) if plan.rows.num_rows else None
-    if plan.ledger is not None:
-        engine.merge(plan.ledger, ledger_path, replace(LEDGER_MERGE, keys=table.keys), small=True)
-    removed = result.deleted if result else 0
-    summary.inserted, summary.updated = (result.inserted, result.updated) if result else (0, 0)
-    summary.deleted = removed
+    _merge(engine, table, lake, plan.rows if plan.rows.num_rows else None, plan.ledger, True, plan.delete_counts,
+           summary)
     summary.lineage = silver_lineage(table.name, plan.rows.column_names, table.sequence_by)
-    summary.tombstones_expired = _expire_tombstones(engine, lake, table)
-    summary.deletes = {**plan.delete_counts, "removed": removed}
 
-    merged = dict(zip(("rows", "deletes"), silver_arrow.pass_audit(engine, lake, table, read, batch_id), strict=True))
+    merged = dict(zip(("rows", "deletes"), silver_pass.pass_audit(engine, lake, table, read, batch_id), strict=True))
     after = gates.reconciled(audit)
     joint = AuditGate(table.name, "silver", after, checks, lake, batch_id, table.quality.actions) if gate is None \
         else None
@@ -417,25 +406,37 @@ def _publish(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake:
             deleted_by_truncate = engine.delete(target_path, predicate)
         if engine.version(ledger_path) is not None:
             engine.delete(ledger_path, predicate)
-    result = None
-    if plan.rows is not None and plan.effective:
-        result = engine.merge(plan.rows, target_path, replace(SILVER_MERGE, keys=table.keys), table.partition_by,
-                              small=plan.small)
+    ledger = None
     if plan.rows is not None and plan.placed is not None and (plan.effective or plan.ledger_cleared):
-        _merge_ledger(engine, table, ledger_path, plan.rows, plan.placed, plan.small)
+        ledger = changes.ledger_rows(plan.rows, plan.placed, table.keys)
+    _merge(engine, table, lake, plan.rows if plan.effective else None, ledger, plan.small, plan.delete_counts, summary,
+           deleted_by_truncate)
     if table.history and (plan.typed is not None or new_truncates):
         events = plan.typed.where("reason IS NULL") if plan.typed is not None else None
         summary.history_rows = apply_history(spark, engine, table, lake, events, plan.fields,
                                              recompute_all=new_truncates > 0)
     elif table.history:
         summary.history_rows = 0
+    if plan.rows is not None:
+        summary.lineage = silver_lineage(table.name, plan.rows.columns, table.sequence_by)
+
+
+def _merge(engine: DeltaEngine, table: TableConfig, lake: Lake, rows: DataFrame | pa.Table | None,
+           ledger: DataFrame | pa.Table | None, small: bool, delete_counts: dict[str, int], summary: SilverSummary,
+           deleted_by_truncate: int = 0) -> None:
+    """Silver's merge of a batch's `rows` and the tombstone ledger's of its entries (None: nothing to merge), either
+    plan's; expire old ledger entries, and count what the merges did. Into no table, delta-rs creates it empty and
+    merges (two commits), where a Spark DataFrame's insert clause would be a Spark job of its own (DeltaEngine.merge):
+    a whole database's initial load paid it twice a table."""
+    result = None if rows is None else engine.merge(rows, lake.silver(table.name), replace(SILVER_MERGE, keys=table.keys),
+                                                    table.partition_by, small=small)
+    if ledger is not None:
+        engine.merge(ledger, lake.tombstones(table.name), replace(LEDGER_MERGE, keys=table.keys), small=small)
     removed = result.deleted if result else 0
     summary.inserted, summary.updated = (result.inserted, result.updated) if result else (0, 0)
     summary.deleted = removed + deleted_by_truncate
-    if plan.rows is not None:
-        summary.lineage = silver_lineage(table.name, plan.rows.columns, table.sequence_by)
     summary.tombstones_expired = _expire_tombstones(engine, lake, table)
-    summary.deletes = {**plan.delete_counts, "removed": removed}
+    summary.deletes = {**delete_counts, "removed": removed}
 
 
 def _widen(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake: Lake, widened: tuple[types.Widening, ...],
@@ -456,18 +457,6 @@ def _widen(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake: L
         if current is not None:
             engine.overwrite(current.withColumns(casts), path, table.partition_by if name in ("silver", "history") else ())
             log.info(f"silver: {table.name}'s {name} widened: {', '.join(str(w) for w in widened if w.column in casts)}")
-
-
-def _merge_ledger(engine: DeltaEngine, table: TableConfig, ledger_path: str, rows: DataFrame, placed: DataFrame,
-                  small: bool) -> None:
-    """Deletes the merge applied enter the tombstone ledger; newer upserts clear a key's entry, and so does a live row
-    its ledger entry lags (changes.LEDGER_CLEARED, of the latest events `placed` against their keys' state)."""
-    ledger = rows.select(*table.keys, "_seq", "_op", F.coalesce(
-        "_source_ts_ms", F.unix_millis(F.col("_ingested_at").cast("timestamp"))).alias("_deleted_at_ms"))
-    # as a live event at the row's position: the ledger merge clears it like any newer upsert
-    behind = placed.where(sql(changes.LEDGER_CLEARED)).select(*table.keys, F.col("_state_seq").alias("_seq"), F.lit(
-        "u").alias("_op"), F.lit(None).cast("long").alias("_deleted_at_ms"))
-    engine.merge(ledger.unionByName(behind), ledger_path, replace(LEDGER_MERGE, keys=table.keys), small=small)
 
 
 def _restore(engine: DeltaEngine, published: dict[str, int | None]) -> None:

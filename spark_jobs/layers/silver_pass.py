@@ -1,7 +1,8 @@
 """Silver's Spark work over many small tables' new bronze rows in one pass: one scan, one overview, one plan that types
 every table's events, each by its own fields, the newest event per key and the counts of all of them, and one Arrow
-collect, split by table on the driver (layers/silver_arrow.py finishes each table's plan there). A plan per table
-costs a small table most of its silver step (tests/benchmarks/RESULTS.md, workload D).
+collect, split by table on the driver, where each table's plan is finished (`plan_table`) by the rules' SQL text
+(layers/changes.py), which sql_text.evaluated reads over Arrow. A plan per table in Spark costs a small table most of
+its silver step (tests/benchmarks/RESULTS.md, workload D).
 
 Each table's typing is one branch of a CASE over `_table`, its typed row carried as a VARIANT so that every table's
 rows share one column. The branches are SQL text, and the CASE of a pass's tables is parsed once and kept: built
@@ -21,13 +22,14 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from spark_jobs.debezium import envelope, ordering, types
-from spark_jobs.delta import NewFiles
+from spark_jobs.delta import DeltaEngine, NewFiles, all_nullable
+from spark_jobs.lake import Lake
 from spark_jobs.layers import changes, keyed_reads, silver_plan
 from spark_jobs.layers.common import PASS_BYTES, PASS_ROWS, QUARANTINED_COLUMNS, checkpoint, lookup
 from spark_jobs.quality.audit import GroupedTally, Tallied, Tally, collect_with, grouped_tally
 from spark_jobs.quality.expectations import flagged
 from spark_jobs.registry import TableConfig
-from spark_jobs.sql_text import ident, named_struct, per_table, sql, sql_type
+from spark_jobs.sql_text import evaluated, holds, ident, named_struct, per_table, sql, sql_type
 
 
 @dataclass(frozen=True)
@@ -286,7 +288,7 @@ def _typing(candidate: Candidate, overview: Overview) -> TableTyping | None:
 
 @dataclass(frozen=True)
 class TableBatch:
-    """One table's batch as the pass planned it, on the driver: all its silver step takes (layers/silver_arrow.py)."""
+    """One table's batch as the pass planned it, on the driver: all its silver step takes (`plan_table`)."""
 
     applied: int  # the bronze version silver had applied, the truncate in force and silver's version: as read
     truncated_at: str | None
@@ -380,3 +382,82 @@ def deletes_received(typed: DataFrame) -> DataFrame:
     """(`_table`, `_key`, `_seq`, `_row`) of each delete the tables' batches received, once per key and position."""
     return typed.where("reason IS NULL AND op = 'd'").groupBy(sql("_table"), sql("_key"), sql("_seq")).agg(
         sql("any_value(_row) AS _row"))
+
+
+@dataclass(frozen=True)
+class PassPlan:
+    """What a table's batch from the pass changes: the merges' source rows, and the counts its summary and gate report."""
+
+    rows: pa.Table  # silver's merge source: the newest events newer than their key's state
+    ledger: pa.Table | None  # the tombstone ledger's merge source (changes.ledger_rows); None: nothing for it
+    delete_counts: dict[str, int]  # silver_plan.delete_outcome_counts
+    counts: silver_plan.PlanCounts
+
+
+def plan_table(engine: DeltaEngine, lake: Lake, table: TableConfig, batch: TableBatch) -> PassPlan:
+    """silver_plan's plan of a batch the pass read, made on the driver: as Spark queries its steps cost a small table
+    more to build and plan than the work itself (tests/benchmarks/RESULTS.md, issue 32). Each rule is its SQL text in
+    layers/changes.py, evaluated over Arrow; only the data is carried here. tests/layers/test_silver_pass.py holds every
+    table's outcome equal to its own plan's."""
+    placed = _placed(engine, lake, table, batch.latest)
+    effective = batch.latest.filter(holds(placed, changes.NEWER))
+    row = effective.column("_row").combine_chunks()
+    rows = pa.Table.from_arrays(
+        [*row.flatten(), *[effective.column(c if c != "_op" else "op") for c in silver_plan.SILVER_META]],
+        names=[*[f.name for f in row.type], *silver_plan.SILVER_META])
+    rows = rows.cast(all_nullable(rows.schema))
+    keys = list(table.keys)
+    entries = _with(rows.select(keys), evaluated(rows, changes.LEDGER_ENTRY))
+    caught_up = placed.filter(holds(placed, changes.LEDGER_CLEARED))
+    ledger = pa.concat_tables([entries, _with(caught_up.select(keys), evaluated(caught_up, changes.LEDGER_CATCH_UP)
+                                              ).cast(entries.schema)])
+    figures = batch.figures
+    redelivered = pc.sum(pc.cast(holds(placed, changes.REDELIVERED), pa.int64())).as_py()
+    counts = silver_plan.PlanCounts(
+        batch.overview["rows"], batch.overview["newest_ts_ms"], 0, figures.events, figures.positions,
+        figures.positions_after_truncate, figures.keys, figures.ties, rows.num_rows, int(redelivered or 0))
+    return PassPlan(rows, ledger.cast(all_nullable(ledger.schema)) if ledger.num_rows else None,
+                    _delete_counts(batch, placed), counts)
+
+
+def _with(table: pa.Table, columns: pa.Table) -> pa.Table:
+    for name in columns.column_names:
+        table = table.append_column(name, columns.column(name))
+    return table
+
+
+def _key_columns(rows: pa.Table, keys: tuple[str, ...]) -> pa.Table:
+    """The key columns of rows holding `_row` (silver's source columns)."""
+    return pa.table({k: pc.struct_field(rows.column("_row"), k) for k in keys})
+
+
+def _placed(engine: DeltaEngine, lake: Lake, table: TableConfig, latest: pa.Table) -> pa.Table:
+    """changes.against_state over Arrow: each of `latest`'s events (its key columns, `_key`, `_seq`, `op`), in its order,
+    beside its key's state (keyed_reads.key_state): `_state_seq` and `_live` (null: the key has none), `_ledger_behind`
+    (false then)."""
+    wanted = _key_columns(latest, table.keys)
+    state = keyed_reads.key_state(engine, lake, table, wanted, latest.schema.field("_seq").type).rename_columns(
+        [*table.keys, "_state_seq", "_live", "_ledger_behind"])
+    events = _with(wanted, latest.select(["_key", "_seq", "op"])).append_column(
+        "_at", pa.array(range(latest.num_rows), pa.int64()))
+    placed = events.join(state, list(table.keys), join_type="left outer").sort_by("_at")
+    return placed.set_column(placed.schema.get_field_index("_ledger_behind"), "_ledger_behind",
+                             pc.fill_null(placed.column("_ledger_behind"), False))
+
+
+def _delete_counts(batch: TableBatch, placed: pa.Table) -> dict[str, int]:
+    """silver_plan.delete_outcome_counts: where each delete received goes (changes.delete_outcomes' texts)."""
+    winners = placed.filter(pc.equal(placed.column("op"), "d")).select(["_key", "_seq", "_state_seq", "_live"])
+    winners = winners.rename_columns(["_key", "_winner_seq", "_state_seq", "_live"])
+    outcome = batch.deletes.select(["_key", "_seq"]).join(winners, "_key", join_type="left outer")
+    return {"received": outcome.num_rows, **{
+        place: int(pc.sum(pc.cast(holds(outcome, text), pa.int64())).as_py() or 0)
+        for place, text in changes.delete_outcomes(batch.truncated_at).items()}}
+
+
+def pass_audit(engine: DeltaEngine, lake: Lake, table: TableConfig, batch: TableBatch, batch_id: str
+               ) -> tuple[pa.Table, pa.Table]:
+    """keyed_reads.merged_audit of a batch the pass planned (its keys in `_row`)."""
+    received = _with(_key_columns(batch.deletes, table.keys), batch.deletes.select(["_seq"]))
+    return keyed_reads.merged_audit(engine, lake.silver(table.name), _key_columns(batch.latest, table.keys), received,
+                                    batch_id)

@@ -191,7 +191,7 @@ def _silver_state(spark, engine, lake_root: Path, table: str) -> dict:
 
 
 def test_tables_planned_together_publish_as_each_alone(spark, engine, tmp_path, capsys, monkeypatch):
-    """The silver step through the pass (silver_pass.read_together, then silver_arrow on the driver) leaves every
+    """The silver step through the pass (silver_pass.read_together, then silver_pass.plan_table on the driver) leaves every
     table's silver, tombstone ledger, quarantine and summary as its own plan does, over generated changes and every
     way an event can go; one table's failing gate fails that table only, in the same cycle as the others publish."""
     config = demo_registry(tmp_path, PASSED, EDGE_TABLES)
