@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 from spark_jobs.settings import environ
 from spark_jobs.storage import arrow_path, arrow_s3, delta_storage_options, is_s3
@@ -73,7 +74,7 @@ def read_arrow(path: str, columns: list[str] | None = None, env: Mapping[str, st
     """A Delta table's columns (all when None), read without Spark and without delta-rs' dataset readers: pyarrow over
     the snapshot's files, or delta-rs' DataFusion provider where deletion vectors make a plain Parquet read wrong.
     None when the table is absent. `env` holds an S3 lake's AWS_* settings (spark_jobs/storage.py; `options`, an
-    engine's own). A partitioned table's partition columns are not in its files: read others. `where` makes, from the
+    engine's own). `where` makes, from the
     schema read (of `columns`, strings as strings), the filter its rows must pass: applied to each batch as the files
     are read, so that memory holds the rows kept, not the table (a big silver table's keys, of which a batch touches
     a few)."""
@@ -95,11 +96,38 @@ def read_arrow(path: str, columns: list[str] | None = None, env: Mapping[str, st
         return schema.empty_table().select(columns) if columns else schema.empty_table()
     filesystem = arrow_s3(env) if is_s3(path) else None
     dataset = ds.dataset([arrow_path(f) for f in files], format="parquet", filesystem=filesystem)
-    if where is None:
+    partitions = set(table.metadata().partition_columns) & set(columns or table.schema().to_arrow().names)
+    if where is None and not partitions:
         return dataset.to_table(columns=columns)
     # filtered batch by batch, as strings: delta-rs writes them as views, which Arrow's filter and comparisons do not
     # take (nor the statistics a dataset's own filter prunes files by)
     plain = {pa.string_view(): pa.string(), pa.binary_view(): pa.binary()}
-    schema = pa.schema([f.with_type(plain.get(f.type, f.type)) for f in dataset.schema if not columns or f.name in columns])
-    keep = where(schema)
-    return pa.Table.from_batches([b.cast(schema).filter(keep) for b in dataset.to_batches(columns=schema.names)], schema)
+    stored = [f for f in dataset.schema if (not columns or f.name in columns) and f.name not in partitions]
+    parted = [f for f in pa.schema(table.schema().to_arrow()) if f.name in partitions]
+    schema = pa.schema([f.with_type(plain.get(f.type, f.type)) for f in (*stored, *parted)])
+    keep = where(schema) if where is not None else None
+    values = partition_values(table, files) if partitions else {}
+    batches = []
+    file_of = {arrow_path(f): f for f in files}
+    for fragment in dataset.get_fragments():
+        file = file_of[fragment.path]
+        for batch in fragment.to_batches(columns=[f.name for f in stored]):
+            # a partition column is in no file: its value is the file's, in the table's log
+            batch = pa.RecordBatch.from_arrays(
+                [*batch.columns, *[pa.array([values[file][f.name]] * batch.num_rows, f.type) for f in parted]],
+                names=[*batch.schema.names, *[f.name for f in parted]]).cast(schema)
+            batches.append(batch if keep is None else batch.filter(keep))
+    return pa.Table.from_batches(batches, schema)
+
+
+def partition_values(table: DeltaTable, files: list[str]) -> dict[str, dict[str, Any]]:
+    """Each of the table's data files (`files`, as delta.table_files names them) with its partition columns' values,
+    typed, as its log's add action holds them (not parsed from the file's path: the protocol does not promise it)."""
+    import pyarrow as pa
+
+    added = pa.table(table.get_add_actions(flatten=True))
+    names = [c.removeprefix("partition.") for c in added.column_names if c.startswith("partition.")]
+    by_path = {unquote(p): row for p, row in zip(added.column("path").to_pylist(), added.select(
+        [f"partition.{n}" for n in names]).rename_columns(names).to_pylist(), strict=True)}
+    root = len(unquote(table.table_uri.removeprefix("file://").rstrip("/") + "/"))
+    return {f: by_path[f[root:]] if f[root:] in by_path else by_path[f] for f in files}

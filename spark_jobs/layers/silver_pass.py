@@ -258,9 +258,9 @@ def counted(tallied: dict[str, Tallied]) -> dict[str, EventCounts]:
 
 
 def may_join(table: TableConfig) -> bool:
-    """Can the pass take the table's batches? Tables with history, transactions, expectations on silver's rows or a
-    partitioned silver keep their own plan: each reads more of the lake than the pass collects."""
-    return not (table.history or table.transactions or table.layer_expectations("silver") or table.partition_by)
+    """Can the pass take the table's batches? Tables with history, transactions or expectations on silver's rows keep
+    their own plan: each reads more of the lake than the pass collects."""
+    return not (table.history or table.transactions or table.layer_expectations("silver"))
 
 
 def _typing(candidate: Candidate, overview: Overview) -> TableTyping | None:

@@ -115,8 +115,10 @@ def test_truncates_empty_the_table_as_of_their_position_whatever_the_arrival(spa
     check(spark, runs, logs, partitioned)
 
 
-# the pass's tables: each its own tenants, and a column of its own in every image (none, text, an integer)
-PASS_TABLES = tuple(TableConfig(name=f"items{j}", topic=f"src.public.items{j}", keys=("tenant", "id")) for j in range(3))
+# the pass's tables: each its own tenants, and a column of its own in every image (none, text, an integer); the
+# second's silver partitioned by its tenant
+PASS_TABLES = tuple(TableConfig(name=f"items{j}", topic=f"src.public.items{j}", keys=("tenant", "id"),
+                                partition_by=("tenant",) if j == 1 else ()) for j in range(3))
 OWN_COLUMNS = ({}, {"label": "x"}, {"weight": 7})
 
 

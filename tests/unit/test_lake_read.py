@@ -30,3 +30,30 @@ def test_a_filtered_read_keeps_exactly_the_rows_of_the_keys_or_the_other_conditi
     assert got is not None and {(r["id"], r["region"]) for r in got.to_pylist()} == expected
     assert got.num_rows == len(expected) == 100 + 2  # b1's rows (150 among them), 7 (r1) and 299 (r2)
     assert read_arrow(path, ["id", "region"], where=among(keys.slice(0, 0))).num_rows == 0
+
+
+def test_a_partitioned_tables_partition_columns_are_read_with_their_values_from_its_log(tmp_path):
+    """A partition column is in no data file: read whole or filtered by it (silver partitioned by a key column), each
+    row has its file's value from the table's log, odd characters and nulls included, as DataFusion reads the table."""
+    from deltalake import DeltaTable, QueryBuilder
+
+    path = str(tmp_path / "silver")
+    regions = ["r 1", "a/b", None, "it's%2F"]
+    for part in range(2):
+        ids = list(range(part * 40, part * 40 + 40))
+        write_deltalake(path, pa.table({
+            "tenant": pa.array([i % 3 for i in ids], pa.int64()), "region": pa.array([regions[i % 4] for i in ids]),
+            "id": pa.array(ids, pa.int64()), "_seq": [f"{i:08d}" for i in ids]}), mode="append",
+            partition_by=["tenant", "region"])
+    table = DeltaTable(path)
+    expected = pa.table(QueryBuilder().register("t", table).execute("SELECT tenant, region, id, _seq FROM t").read_all())
+    rows = sorted(expected.to_pylist(), key=lambda r: r["id"])
+    assert len(rows) == 80 and {r["region"] for r in rows} == set(regions)
+    whole = read_arrow(path)
+    assert whole is not None and sorted(whole.to_pylist(), key=lambda r: r["id"]) == rows
+    keys = pa.table({"tenant": pa.array([1, 2, 0], pa.int32()), "region": ["a/b", "r 1", "it's%2F"]})
+    got = read_arrow(path, ["tenant", "region", "_seq"], where=among(keys))
+    assert got is not None and sorted(got.to_pylist(), key=lambda r: r["_seq"]) == [
+        {"tenant": r["tenant"], "region": r["region"], "_seq": r["_seq"]} for r in rows
+        if r["tenant"] in (0, 1, 2) and r["region"] in ("a/b", "r 1", "it's%2F")]
+    assert got.num_rows == 60  # the null region matches no key

@@ -113,8 +113,9 @@ def test_a_value_over_arrow_is_what_spark_makes_of_its_text(spark):
     from spark_jobs.layers import changes
     from spark_jobs.sql_text import evaluated
 
-    utc = datetime.timezone.utc
-    times = [None, datetime.datetime(2024, 2, 29, 12, 0, 0, 123456, utc), datetime.datetime(1969, 12, 31, 23, 59, 59, 999500, utc)]
+    utc = datetime.UTC
+    times = [None, datetime.datetime(2024, 2, 29, 12, 0, 0, 123456, utc),
+             datetime.datetime(1969, 12, 31, 23, 59, 59, 999500, utc)]
     rows = pa.table({"_seq": ["0000a", None, AWKWARD[1]], "_state_seq": [None, "0000b", "0000c"], "_op": ["d", "u", None],
                      "_source_ts_ms": pa.array([None, 7, None], pa.int64()),
                      "_ingested_at": pa.array(times, pa.timestamp("us", utc)), "n": pa.array([1, 2, 3], pa.int64())})
@@ -123,7 +124,8 @@ def test_a_value_over_arrow_is_what_spark_makes_of_its_text(spark):
              "stamp": "unix_millis(_ingested_at)"}
     frame = spark.createDataFrame(rows.to_pandas(), "_seq string, _state_seq string, _op string, _source_ts_ms long, "
                                                     "_ingested_at timestamp, n long")
-    expected = [r.asDict() for r in frame.orderBy("n").select(*[sql(f"{t} AS {ident(name)}") for name, t in texts.items()]).collect()]
+    values = [sql(f"{t} AS {ident(name)}") for name, t in texts.items()]
+    expected = [r.asDict() for r in frame.orderBy("n").select(*values).collect()]
     assert evaluated(rows, texts).to_pylist() == expected
     assert expected[2]["_deleted_at_ms"] == -1 and expected[1]["_deleted_at_ms"] == 7  # the cases are ones that differ
     with pytest.raises(ValueError, match="does not evaluate"):
