@@ -9,7 +9,6 @@ from dataclasses import dataclass, replace
 from functools import partial
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -278,8 +277,7 @@ def apply_changes(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
 
     pending = {} if before else dict(plan.audited)
     if plan.latest is not None and plan.deletes is not None:
-        pending["rows"], pending["deletes"] = _merged_audit(spark, engine, table, lake, plan.latest, plan.deletes,
-                                                            batch_id, plan.small)
+        pending["rows"], pending["deletes"] = _merged_audit(spark, engine, table, lake, plan, batch_id)
     gates.after(audit.with_tallies(tally(pending, flagged("silver"), table.keys)), engine, published)
     return summary, plan.truncated_at
 
@@ -314,21 +312,17 @@ def apply_planned(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     return summary
 
 
-def _merged_audit(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake: Lake, latest: DataFrame,
-                  deletes: DataFrame, batch_id: str, small: bool) -> tuple[DataFrame, DataFrame]:
-    """silver_plan.merged_audit's frames. A small batch's are read back on the driver by its keys, as a pass's batch's
-    are (keyed_reads.merged_audit): its keys collected in one Spark job, where the joins with silver's scan cost one
-    per exchange."""
+def _merged_audit(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake: Lake, plan: BatchPlan,
+                  batch_id: str) -> tuple[DataFrame, DataFrame]:
+    """silver_plan.merged_audit's frames. A small batch's are read back on the driver by the keys its plan collected
+    (`plan.keys_here`), as a pass's batch's are (keyed_reads.merged_audit), where the joins with silver's scan cost a
+    Spark job per exchange."""
+    assert plan.latest is not None and plan.deletes is not None
     path = lake.silver(table.name)
-    if not keyed_reads.by_key(engine, small, latest.schema, table.keys):
-        return merged_audit(spark, engine, path, latest, deletes, table.keys, batch_id)
-    keys = list(table.keys)
-    seq = deletes.schema["_seq"].dataType
-    both = latest.select(*keys, F.lit(None).cast(seq).alias("_seq"), F.lit(True).alias("_touched")).unionByName(
-        deletes.select(*keys, "_seq", F.lit(False).alias("_touched"))).toArrow()
-    touched = both.filter(both.column("_touched"))
-    received = both.filter(pc.invert(both.column("_touched"))).select([*keys, "_seq"])
-    rows, received_live = keyed_reads.merged_audit(engine, path, touched.select(keys), received, batch_id)
+    if plan.keys_here is None:
+        return merged_audit(spark, engine, path, plan.latest, plan.deletes, table.keys, batch_id)
+    rows, received_live = keyed_reads.merged_audit(engine, path, plan.keys_here.touched, plan.keys_here.received,
+                                                   batch_id)
     return spark_frame(spark, rows).coalesce(1), spark_frame(spark, received_live).coalesce(1)
 
 

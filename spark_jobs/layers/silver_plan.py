@@ -8,6 +8,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from functools import reduce
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -87,6 +89,14 @@ class PlanCounts:
     redelivered: int  # keys whose newest event is the one silver already holds (changes.REDELIVERED)
 
 
+@dataclass(frozen=True)
+class KeysHere:
+    """A small batch's keys on the driver, collected once for its keys' state and its merged rows' read-back."""
+
+    touched: pa.Table  # the key columns of the batch's newest events
+    received: pa.Table  # the key columns and `_seq` of each delete received
+
+
 @dataclass
 class BatchPlan:
     """What one batch will change, and the rows the gate audits before anything is written."""
@@ -118,6 +128,7 @@ class BatchPlan:
     redelivered: int = 0
     ledger_cleared: int = 0  # ledger entries behind their live row the batch clears (changes.LEDGER_CLEARED)
     deletes: DataFrame | None = None  # (key, _seq) of each delete received
+    keys_here: KeysHere | None = None  # a batch read by key on the driver (keyed_reads.by_key): its keys and deletes
     quarantine_counts: dict[str, int] | None = None  # the quarantine's rows by reason (None: not counted yet)
     delete_counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("received", "before_truncate", "superseded", "stale", "absent"), 0))
@@ -219,13 +230,13 @@ def _plan_typed(spark: SparkSession, engine: DeltaEngine, table: TableConfig, la
     counts = events.agg(F.count(F.lit(1)).alias("events"), F.countDistinct(position).alias("positions"),
                         F.countDistinct(F.when(after_truncate, position)).alias("positions_after_truncate"))
     plan.latest = checkpoint(changes.latest_per_key(events.where(after_truncate), table.keys), plan.one_task)
+    plan.deletes = checkpoint(events.where("op = 'd'").select(*table.keys, "_seq").distinct(), plan.one_task)
     plan.state = _state_of_keys(spark, engine, lake, table, plan)
     plan.placed = placed = changes.against_state(plan.latest, plan.state, table.keys, plan.one_task)  # a row per key
     effective = changes.effective_changes(placed)
     plan.rows = checkpoint(silver_rows(effective, plan.fields, plan.target_schema), plan.one_task)
     placements = placed.agg(F.count(F.lit(1)), F.sum(F.col("_tie").cast("int")), *[
         F.count(F.when(sql(text), 1)) for text in (changes.NEWER, changes.REDELIVERED, changes.LEDGER_CLEARED)])
-    plan.deletes = checkpoint(events.where("op = 'd'").select(*table.keys, "_seq").distinct(), plan.one_task)
     outcomes = delete_outcome_counts(plan.deletes, placed, table.keys, plan.truncated_at, plan.one_task)
     quarantined = plan.quarantine.coalesce(1) if plan.one_task else plan.quarantine  # one_task: grouped in place
     counted, placed_counts, delete_counts, reasons = single_rows(  # one Spark job
@@ -241,12 +252,17 @@ def _plan_typed(spark: SparkSession, engine: DeltaEngine, table: TableConfig, la
 def _state_of_keys(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: TableConfig, plan: BatchPlan
                    ) -> DataFrame:
     """current_state of the keys of the batch's newest events: a small batch's read on the driver by key, as a silver
-    pass's are (keyed_reads.key_state; one Spark job collects the keys, where Spark's joins with silver's and the
-    ledger's scans cost one per exchange), a larger one's by Spark."""
-    assert plan.latest is not None
+    pass's are (keyed_reads.key_state), a larger one's by Spark. A small batch's keys and deletes are collected once,
+    in one Spark job, for this and for its merged rows' read-back (`plan.keys_here`), where Spark's joins with silver's
+    and the ledger's scans cost a job per exchange."""
+    assert plan.latest is not None and plan.deletes is not None
     if keyed_reads.by_key(engine, plan.small, plan.latest.schema, table.keys):
-        keys = plan.latest.select(*table.keys, "_seq").toArrow()
-        state = keyed_reads.key_state(engine, lake, table, keys.select(list(table.keys)), keys.schema.field("_seq").type,
+        keys, seq = list(table.keys), plan.deletes.schema["_seq"].dataType
+        both = plan.latest.select(*keys, F.lit(None).cast(seq).alias("_seq"), F.lit(True).alias("_touched")).unionByName(
+            plan.deletes.select(*keys, "_seq", F.lit(False).alias("_touched"))).toArrow()
+        plan.keys_here = KeysHere(both.filter(both.column("_touched")).select(keys),
+                                  both.filter(pc.invert(both.column("_touched"))).select([*keys, "_seq"]))
+        state = keyed_reads.key_state(engine, lake, table, plan.keys_here.touched, both.schema.field("_seq").type,
                                       plan.new_truncate)
         return spark_frame(spark, state).coalesce(1)
     return checkpoint(current_state(spark, engine, lake, table, plan.latest, plan.new_truncate, plan.one_task),
