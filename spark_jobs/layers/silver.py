@@ -192,7 +192,7 @@ def silver_merge(spark: SparkSession, engine: DeltaEngine, table: TableConfig, l
     try:
         if read is not None and planned is not None:
             summary = yield from apply_planned(spark, engine, table, lake, read, planned, batch_id, gate)
-            truncated_at = read.truncated_at
+            truncated_at = read.truncated_after
         else:
             bronze = engine.read(spark, lake.bronze(table.name), version=bronze_version)
             assert bronze is not None
@@ -299,8 +299,9 @@ def apply_planned(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     gates.before(audit, table.quality.breaker_trips(quarantined, summary.quarantined_share or 0))
 
     _widen(spark, engine, table, lake, read.widened, summary)
+    removed = _truncate(engine, table, lake, read.new_truncate)
     _merge(engine, table, lake, plan.rows if plan.rows.num_rows else None, plan.ledger, True, plan.delete_counts,
-           summary)
+           summary, removed)
     summary.lineage = silver_lineage(table.name, plan.rows.column_names, table.sequence_by)
 
     merged = dict(zip(("rows", "deletes"), silver_pass.pass_audit(engine, lake, table, read, batch_id), strict=True))
@@ -387,19 +388,12 @@ def _publish(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake:
     """Write the plan: the truncate log and what a new truncate removes, then silver, the ledger, history;
     expire old ledger entries."""
     _widen(spark, engine, table, lake, plan.widened, summary)
-    target_path, ledger_path = lake.silver(table.name), lake.tombstones(table.name)
     new_truncates = 0  # truncates history has not seen: they close versions of every key
     if table.history and plan.truncate_count:
         logged = ["_seq", *(["_transaction_id"] if table.transactions else [])]  # gold places a truncate by it
         new_truncates = engine.merge(plan.truncates.where("reason IS NULL").select(
             *logged, F.lit(batch_id).alias("_batch_id")).distinct(), lake.truncates(table.name), TRUNCATE_LOG_MERGE).inserted
-    deleted_by_truncate = 0
-    if plan.new_truncate:
-        predicate = f"_seq < {engine.literal(plan.new_truncate)}"
-        if plan.target_schema is not None:
-            deleted_by_truncate = engine.delete(target_path, predicate)
-        if engine.version(ledger_path) is not None:
-            engine.delete(ledger_path, predicate)
+    deleted_by_truncate = _truncate(engine, table, lake, plan.new_truncate)
     ledger = None
     if plan.rows is not None and plan.placed is not None and (plan.effective or plan.ledger_cleared):
         ledger = changes.ledger_rows(plan.rows, plan.placed, table.keys)
@@ -413,6 +407,18 @@ def _publish(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake:
         summary.history_rows = 0
     if plan.rows is not None:
         summary.lineage = silver_lineage(table.name, plan.rows.columns, table.sequence_by)
+
+
+def _truncate(engine: DeltaEngine, table: TableConfig, lake: Lake, new_truncate: str | None) -> int:
+    """A batch's new truncate empties silver and its ledger as of its position, before the batch's rows are merged;
+    returns the silver rows it removed."""
+    if not new_truncate:
+        return 0
+    predicate = f"_seq < {engine.literal(new_truncate)}"
+    removed = engine.delete(lake.silver(table.name), predicate) if engine.version(lake.silver(table.name)) is not None else 0
+    if engine.version(lake.tombstones(table.name)) is not None:
+        engine.delete(lake.tombstones(table.name), predicate)
+    return removed
 
 
 def _merge(engine: DeltaEngine, table: TableConfig, lake: Lake, rows: DataFrame | pa.Table | None,

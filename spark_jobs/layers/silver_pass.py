@@ -265,11 +265,12 @@ def may_join(table: TableConfig) -> bool:
 
 def _typing(candidate: Candidate, overview: Overview) -> TableTyping | None:
     """How the pass types the table's batch; None when its own plan must (layers/silver_plan.py): a batch with a
-    truncate, unavailable values, more than a pass's rows, decimals decoded in Python, values of more than one JSON
-    type in a column silver does not have yet (typed by the first: silver_plan.resolve_mixed), or columns its
-    settings name and its events lack (its own plan says so)."""
+    truncate without a position (its own plan quarantines it), with no row event, unavailable values, more than a
+    pass's rows, decimals decoded in Python, values of more than one JSON type in a column silver does not have yet
+    (typed by the first: silver_plan.resolve_mixed), or columns its settings name and its events lack (its own plan
+    says so)."""
     figures, table = overview.figures, candidate.table
-    if (figures["rows"] != figures["changes"] or figures["unavailable"] or not figures["changes"]
+    if (figures["rows"] - figures["changes"] != figures["truncates"] or figures["unavailable"] or not figures["changes"]
             or figures["rows"] > PASS_ROWS or (figures["bytes"] or 0) > PASS_BYTES):
         return None
     fields = overview.fields(table)
@@ -303,6 +304,12 @@ class TableBatch:
     latest: pa.Table
     deletes: pa.Table  # each delete received, once per key and position: `_key`, `_seq`, `_row`
     widened: tuple[types.Widening, ...] = ()  # silver's columns the batch widens (silver takes them first)
+    new_truncate: str | None = None  # the batch's newest truncate, when newer than the one in force (plan_batch's)
+
+    @property
+    def truncated_after(self) -> str | None:
+        """The truncate in force after the batch."""
+        return self.new_truncate or self.truncated_at
 
     def holds(self, applied: int, truncated_at: str | None, silver_version: int | None, bronze_version: int) -> bool:
         """Is silver as the pass found it, and bronze where it read to? (Another run of the table may have applied
@@ -321,8 +328,11 @@ def read_together(spark: SparkSession, candidates: list[Candidate]) -> dict[str,
     typings = {name: typing for name, overview in found.items() if (typing := _typing(by_name[name], overview))}
     if not typings:
         return {}
-    typed = typed_events(events.where(F.col("_table").isin(list(typings))), list(typings.values()))
-    truncated_at = {name: by_name[name].truncated_at for name in typings}
+    # a truncate is no row event: it moves the truncate in force, which every event of the table's batch is placed by
+    typed = typed_events(events.where(F.col("_table").isin(list(typings))).where("op <> 't'"), list(typings.values()))
+    new_truncate = {name: silver_plan.newer_truncate(found[name].figures["truncated_at"], by_name[name].truncated_at)
+                    for name in typings}
+    truncated_at = {name: new_truncate[name] or by_name[name].truncated_at for name in typings}
     counts = event_counts(typed, truncated_at)
     # the newest events are read once, by the collect: not materialised; the counts and the row events typing
     # quarantined are collected with them, in the same Spark job
@@ -336,7 +346,7 @@ def read_together(spark: SparkSession, candidates: list[Candidate]) -> dict[str,
     return {name: TableBatch(
         by_name[name].applied, by_name[name].truncated_at, by_name[name].silver_version, by_name[name].files.version,
         found[name].figures, counts_of.get(name, none).figures(latest[name]), counts_of.get(name, none).audit,
-        quarantine[name], latest[name], received[name], typings[name].widening[1]) for name in typings}
+        quarantine[name], latest[name], received[name], typings[name].widening[1], new_truncate[name]) for name in typings}
 
 
 @dataclass(frozen=True)
@@ -399,7 +409,7 @@ def plan_table(engine: DeltaEngine, lake: Lake, table: TableConfig, batch: Table
     more to build and plan than the work itself (tests/benchmarks/RESULTS.md, issue 32). Each rule is its SQL text in
     layers/changes.py, evaluated over Arrow; only the data is carried here. tests/layers/test_silver_pass.py holds every
     table's outcome equal to its own plan's."""
-    placed = _placed(engine, lake, table, batch.latest)
+    placed = _placed(engine, lake, table, batch.latest, batch.new_truncate)
     effective = batch.latest.filter(holds(placed, changes.NEWER))
     row = effective.column("_row").combine_chunks()
     rows = pa.Table.from_arrays(
@@ -414,7 +424,7 @@ def plan_table(engine: DeltaEngine, lake: Lake, table: TableConfig, batch: Table
     figures = batch.figures
     redelivered = pc.sum(pc.cast(holds(placed, changes.REDELIVERED), pa.int64())).as_py()
     counts = silver_plan.PlanCounts(
-        batch.overview["rows"], batch.overview["newest_ts_ms"], 0, figures.events, figures.positions,
+        batch.overview["rows"], batch.overview["newest_ts_ms"], batch.overview["truncates"], figures.events, figures.positions,
         figures.positions_after_truncate, figures.keys, figures.ties, rows.num_rows, int(redelivered or 0))
     return PassPlan(rows, ledger.cast(all_nullable(ledger.schema)) if ledger.num_rows else None,
                     _delete_counts(batch, placed), counts)
@@ -431,12 +441,14 @@ def _key_columns(rows: pa.Table, keys: tuple[str, ...]) -> pa.Table:
     return pa.table({k: pc.struct_field(rows.column("_row"), k) for k in keys})
 
 
-def _placed(engine: DeltaEngine, lake: Lake, table: TableConfig, latest: pa.Table) -> pa.Table:
+def _placed(engine: DeltaEngine, lake: Lake, table: TableConfig, latest: pa.Table, new_truncate: str | None
+            ) -> pa.Table:
     """changes.against_state over Arrow: each of `latest`'s events (its key columns, `_key`, `_seq`, `op`), in its order,
-    beside its key's state (keyed_reads.key_state): `_state_seq` and `_live` (null: the key has none), `_ledger_behind`
-    (false then)."""
+    beside its key's state (keyed_reads.key_state, after the batch's `new_truncate`): `_state_seq` and `_live` (null:
+    the key has none), `_ledger_behind` (false then)."""
     wanted = _key_columns(latest, table.keys)
-    state = keyed_reads.key_state(engine, lake, table, wanted, latest.schema.field("_seq").type).rename_columns(
+    state = keyed_reads.key_state(engine, lake, table, wanted, latest.schema.field("_seq").type, new_truncate
+                                  ).rename_columns(
         [*table.keys, "_state_seq", "_live", "_ledger_behind"])
     events = _with(wanted, latest.select(["_key", "_seq", "op"])).append_column(
         "_at", pa.array(range(latest.num_rows), pa.int64()))
@@ -452,7 +464,7 @@ def _delete_counts(batch: TableBatch, placed: pa.Table) -> dict[str, int]:
     outcome = batch.deletes.select(["_key", "_seq"]).join(winners, "_key", join_type="left outer")
     return {"received": outcome.num_rows, **{
         place: int(pc.sum(pc.cast(holds(outcome, text), pa.int64())).as_py() or 0)
-        for place, text in changes.delete_outcomes(batch.truncated_at).items()}}
+        for place, text in changes.delete_outcomes(batch.truncated_after).items()}}
 
 
 def pass_audit(engine: DeltaEngine, lake: Lake, table: TableConfig, batch: TableBatch, batch_id: str

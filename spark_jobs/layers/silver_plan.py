@@ -163,8 +163,7 @@ def plan_batch(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lak
     truncates = ordered.where("op = 't'").withColumn("reason", sql(
         f"CASE WHEN _seq IS NULL THEN {literal(missing_sequence(table))}"
         f" WHEN {outside_transactions(table)} THEN {literal(MISSING_TRANSACTION)} END"))
-    batch_truncate = overview["truncated_at"]
-    new_truncate = batch_truncate if batch_truncate and batch_truncate > (truncated_at or "") else None
+    new_truncate = newer_truncate(overview["truncated_at"], truncated_at)
     plan = BatchPlan(truncates, overview["truncates"], new_truncate, new_truncate or truncated_at, overview["rows"],
                      overview["bytes"] or 0, overview["newest_ts_ms"],
                      truncates.where("reason IS NOT NULL").select(*QUARANTINED_COLUMNS), engine.schema(lake.silver(table.name)))
@@ -177,6 +176,11 @@ def plan_batch(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lak
         _plan_changes(spark, engine, table, lake, ordered.where("op <> 't'"), overview["plain"] > 0,
                       overview["unavailable"] > 0, plan, fields)
     return plan
+
+
+def newer_truncate(batch_truncate: str | None, truncated_at: str | None) -> str | None:
+    """The batch's newest truncate position (its overview's `truncated_at`), when newer than the one in force."""
+    return batch_truncate if batch_truncate and batch_truncate > (truncated_at or "") else None
 
 
 def overview_columns(holds_placeholder: str) -> list[Column]:

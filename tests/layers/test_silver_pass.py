@@ -154,7 +154,9 @@ EDGES = [
     {"edges": [_event("c", {"id": 1, "qty": 1}, 10), _event("c", {"id": 2, "qty": 1}, 11),
                _event("c", {"id": 3, "qty": 1}, 12), _event("d", {"id": 4}, 13),  # 4: a delete of a key never seen
                _event("c", {"id": 9, "qty": 1}, 14)],
-     "refused": [_event("c", {"id": 1, "qty": 1}, 10), _event("c", {"id": 2, "qty": 1}, 11)]},
+     "refused": [_event("c", {"id": 1, "qty": 1}, 10), _event("c", {"id": 2, "qty": 1}, 11)],
+     "truncated": [_event("c", {"id": 1, "qty": 1}, 10), _event("c", {"id": 2, "qty": 1}, 11),
+                   _event("c", {"id": 3, "qty": 1}, 12), _event("d", {"id": 4}, 13)]},
     {"edges": [_event("u", {"id": 1, "qty": 2}, 20), _event("u", {"id": 1, "qty": 2}, 20),  # the same event twice
                _event("d", {"id": 2}, 21),  # a live key deleted
                _event("u", {"id": 3, "qty": 9}, 5),  # older than silver's row: stale
@@ -166,10 +168,15 @@ EDGES = [
                _event("c", {"id": 9, "qty": 1}, 14)],  # delivered again (at least once): silver has it already
      # most of its batch not silver's type: the quarantine breaker fails its gate, in the pass as alone
      "refused": [_event("u", {"id": 1, "qty": "x"}, 20), _event("u", {"id": 2, "qty": "y"}, 21),
-                 _event("c", {"id": 3, "qty": 3}, 22)]},
+                 _event("c", {"id": 3, "qty": 3}, 22)],
+     # a truncate at 25 empties the table and its ledger as of there: the events before it apply to nothing
+     "truncated": [_event("u", {"id": 1, "qty": 2}, 20), _event("d", {"id": 2}, 21), change_event("t", 25),
+                   _event("c", {"id": 5, "qty": 5}, 30), _event("u", {"id": 3, "qty": 3}, 31),  # 3: re-created
+                   _event("d", {"id": 6}, 32)]},  # a key that is not live: the ledger records it
 ]
 EDGE_TABLES = {"edges": {"topic": "shop.public.edges", "keys": ["id"], "quality": {"max_quarantined": "100%"}},
-               "refused": {"topic": "shop.public.refused", "keys": ["id"]}}
+               "refused": {"topic": "shop.public.refused", "keys": ["id"]},
+               "truncated": {"topic": "shop.public.truncated", "keys": ["id"]}}
 PASSED = ["products", "film_actor", "actor"]  # generated; customers, film and inventory_customers keep history
 
 
@@ -241,6 +248,12 @@ def test_tables_planned_together_publish_as_each_alone(spark, engine, tmp_path, 
         "inserted": "2", "updated": "1", "deleted": "1"}
     ledger = engine.read(spark, Lake(str(together / "lake")).tombstones("edges"))
     assert sorted(r["id"] for r in ledger.collect()) == [2, 4, 8]  # key 3's stale entry cleared, 7 re-created
+    assert silver_rows(spark, engine, together / "lake", "truncated", ("id",)) == {
+        (3,): {"id": 3, "qty": 3}, (5,): {"id": 5, "qty": 5}}
+    truncated = engine.read(spark, Lake(str(together / "lake")).tombstones("truncated"))
+    assert sorted(r["id"] for r in truncated.collect()) == [6]  # key 4's entry was before the truncate
+    assert {k: step_summary(out, "silver", "truncated")[k] for k in ("truncates", "inserted", "updated", "deleted")} == {
+        "truncates": "1", "inserted": "2", "updated": "0", "deleted": "3"}
     assert silver_rows(spark, engine, together / "lake", "refused", ("id",)) == {
         (1,): {"id": 1, "qty": 1}, (2,): {"id": 2, "qty": 1}}  # its failed batch left silver as it was
 
