@@ -329,7 +329,10 @@ def read_together(spark: SparkSession, candidates: list[Candidate]) -> dict[str,
     if not typings:
         return {}
     # a truncate is no row event: it moves the truncate in force, which every event of the table's batch is placed by
-    typed = typed_events(events.where(F.col("_table").isin(list(typings))).where("op <> 't'"), list(typings.values()))
+    rows = events.where(F.col("_table").isin(list(typings)))
+    if any(found[name].figures["truncates"] for name in typings):
+        rows = rows.where("op <> 't'")
+    typed = typed_events(rows, list(typings.values()))
     new_truncate = {name: silver_plan.newer_truncate(found[name].figures["truncated_at"], by_name[name].truncated_at)
                     for name in typings}
     truncated_at = {name: new_truncate[name] or by_name[name].truncated_at for name in typings}
