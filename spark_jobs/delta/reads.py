@@ -74,10 +74,9 @@ def read_arrow(path: str, columns: list[str] | None = None, env: Mapping[str, st
     """A Delta table's columns (all when None), read without Spark and without delta-rs' dataset readers: pyarrow over
     the snapshot's files, or delta-rs' DataFusion provider where deletion vectors make a plain Parquet read wrong.
     None when the table is absent. `env` holds an S3 lake's AWS_* settings (spark_jobs/storage.py; `options`, an
-    engine's own). `where` makes, from the
-    schema read (of `columns`, strings as strings), the filter its rows must pass: applied to each batch as the files
-    are read, so that memory holds the rows kept, not the table (a big silver table's keys, of which a batch touches
-    a few)."""
+    engine's own). `where` makes, from the schema read (of `columns`, strings as strings), the filter its rows must
+    pass: applied to each batch as the files are read, so that memory holds the rows kept, not the table (a big silver
+    table's keys, of which a batch touches a few)."""
     import pyarrow as pa
     import pyarrow.dataset as ds
 
@@ -106,18 +105,17 @@ def read_arrow(path: str, columns: list[str] | None = None, env: Mapping[str, st
     parted = [f for f in pa.schema(table.schema().to_arrow()) if f.name in partitions]
     schema = pa.schema([f.with_type(plain.get(f.type, f.type)) for f in (*stored, *parted)])
     keep = where(schema) if where is not None else None
-    values = partition_values(table, files) if partitions else {}
-    batches = []
-    file_of = {arrow_path(f): f for f in files}
-    for fragment in dataset.get_fragments():
-        file = file_of[fragment.path]
-        for batch in fragment.to_batches(columns=[f.name for f in stored]):
-            # a partition column is in no file: its value is the file's, in the table's log
-            batch = pa.RecordBatch.from_arrays(
-                [*batch.columns, *[pa.array([values[file][f.name]] * batch.num_rows, f.type) for f in parted]],
-                names=[*batch.schema.names, *[f.name for f in parted]]).cast(schema)
-            batches.append(batch if keep is None else batch.filter(keep))
-    return pa.Table.from_batches(batches, schema)
+    read = [f.name for f in stored]
+    if not partitions:  # the dataset's own batches, read ahead across its files
+        batches = (b.cast(schema) for b in dataset.to_batches(columns=read))
+    else:  # a partition column is in no file: its value is the file's, in the table's log
+        values, file_of = partition_values(table, files), {arrow_path(f): f for f in files}
+        batches = (pa.RecordBatch.from_arrays(
+            [*b.columns, *[pa.array([values[file_of[fragment.path]][f.name]] * b.num_rows, f.type) for f in parted]],
+            names=[*read, *[f.name for f in parted]]).cast(schema)
+            for fragment in dataset.get_fragments() for b in fragment.to_batches(columns=read))
+    # each batch filtered as it is read: memory holds the rows kept
+    return pa.Table.from_batches([b if keep is None else b.filter(keep) for b in batches], schema)
 
 
 def partition_values(table: DeltaTable, files: list[str]) -> dict[str, dict[str, Any]]:
