@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from spark_jobs import cli
 from spark_jobs.debezium import envelope
 from spark_jobs.errors import GateFailed
 from spark_jobs.generate import Options, generate
@@ -392,6 +393,13 @@ def test_without_the_data_docs_assets_every_table_is_published_and_the_run_says_
                         for s in {c["state"] for c in customers.final_rows.values()}}
     assert not list((tmp_path / "lake" / "reports" / "data_docs").rglob("*.html"))  # the run's own report is written
     assert published_summaries(tmp_path / "lake", "customers", "silver")[-1].get("docs") is None  # no page to link
+    # `make demo`'s last check: the lake is complete, and status says why it has no pages
+    only = tmp_path / "customers.yaml"  # the tables this run wrote, as the demo's status checks all of its own
+    only.write_text(f"tables:\n  customers: {{topic: {customers.topic}, keys: [custkey], history: true}}\n")
+    capsys.readouterr()
+    assert cli.main(["status", "--config", str(only), "--lake", str(tmp_path / "lake"), "--require-tables"]) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Data Docs:")]
+    assert said == [f"Data Docs: none built here: {docs_assets.not_fetched()}"]
 
 
 def test_a_data_docs_store_that_fails_fails_no_table_and_its_cause_is_logged(spark, engine, tmp_path, capsys,
