@@ -4,11 +4,16 @@ than the table's columns."""
 
 from __future__ import annotations
 
+import os
+
 import pyarrow as pa
+import pytest
 from deltalake import write_deltalake
 
 from spark_jobs.delta.reads import read_arrow
 from spark_jobs.layers.keyed_reads import among
+from spark_jobs.storage import delta_storage_options
+from tests.support import s3_environment
 
 
 def test_a_filtered_read_keeps_exactly_the_rows_of_the_keys_or_the_other_condition(tmp_path):
@@ -32,20 +37,29 @@ def test_a_filtered_read_keeps_exactly_the_rows_of_the_keys_or_the_other_conditi
     assert read_arrow(path, ["id", "region"], where=among(keys.slice(0, 0))).num_rows == 0
 
 
-def test_a_partitioned_tables_partition_columns_are_read_with_their_values_from_its_log(tmp_path):
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_partitioned_tables_partition_columns_are_read_with_their_values_from_its_log(where, tmp_path, request,
+                                                                                      monkeypatch):
     """A partition column is in no data file: read whole or filtered by it (silver partitioned by a key column), each
-    row has its file's value from the table's log, odd characters and nulls included, as DataFusion reads the table."""
+    row has its file's value from the table's log, odd characters and nulls included, as DataFusion reads the table;
+    on a local lake and on S3 (a file's URI there is matched to its log entry by another path form)."""
     from deltalake import DeltaTable, QueryBuilder
 
-    path = str(tmp_path / "silver")
+    if where == "s3":
+        for name, value in s3_environment(request.getfixturevalue("s3_endpoint")).items():
+            monkeypatch.setenv(name, value)
+        path = "s3://lake/cdc/silver/items"
+    else:
+        path = str(tmp_path / "silver")
+    options = delta_storage_options(path, os.environ)
     regions = ["r 1", "a/b", None, "it's%2F"]
     for part in range(2):
         ids = list(range(part * 40, part * 40 + 40))
         write_deltalake(path, pa.table({
             "tenant": pa.array([i % 3 for i in ids], pa.int64()), "region": pa.array([regions[i % 4] for i in ids]),
             "id": pa.array(ids, pa.int64()), "_seq": [f"{i:08d}" for i in ids]}), mode="append",
-            partition_by=["tenant", "region"])
-    table = DeltaTable(path)
+            partition_by=["tenant", "region"], storage_options=options)
+    table = DeltaTable(path, storage_options=options)
     expected = pa.table(QueryBuilder().register("t", table).execute("SELECT tenant, region, id, _seq FROM t").read_all())
     rows = sorted(expected.to_pylist(), key=lambda r: r["id"])
     assert len(rows) == 80 and {r["region"] for r in rows} == set(regions)
