@@ -137,17 +137,15 @@ class MergedAudit:
     """What a batch the silver pass read asks once merged: the tallies of silver's checks on its merged rows
     (`frames`, on the driver, keyed by the table's `keys`), and its gate's verdict on them (`gate`, its tallies
     still to come; None: the step runs its own). A pass's tables are answered together (`answer_merged`,
-    steps.Steps.run_together): one Spark job and one GX validation for them all, where each alone costs one of each."""
+    steps.Steps.run_together): their tallies counted on the driver, and one GX validation for them all, where each
+    alone costs one."""
 
-    spark: SparkSession
     frames: dict[str, pa.Table]
     keys: tuple[str, ...]
     gate: AuditGate | None = None
 
     def answer_alone(self) -> Merged:
-        # one partition each, which the planner then knows: key_unique's count per key and the tally run in place
-        frames = {name: spark_frame(self.spark, rows).coalesce(1) for name, rows in self.frames.items()}
-        return Merged(tally(frames, flagged("silver"), self.keys), None)
+        return Merged(tally_tables({"": (self.frames, self.keys)}, flagged("silver"))[""], None)
 
 
 @dataclass(frozen=True)
@@ -159,9 +157,8 @@ class Merged:
 
 
 def answer_merged(asked: dict[str, MergedAudit], batch_id: str) -> dict[str, Merged]:
-    """Every asking table's tallies in one aggregate, then their gates in one GX validation (by table)."""
-    spark = next(iter(asked.values())).spark
-    tallies = tally_tables(spark, {name: (a.frames, a.keys) for name, a in asked.items()}, flagged("silver"))
+    """Every asking table's tallies, then their gates in one GX validation (by table)."""
+    tallies = tally_tables({name: (a.frames, a.keys) for name, a in asked.items()}, flagged("silver"))
     verdicts = answer_gates({name: replace(a.gate, audit=a.gate.audit.with_tallies(tallies[name]))
                              for name, a in asked.items() if a.gate}, batch_id)
     return {name: Merged(tallies[name], verdicts.get(name)) for name in asked}
@@ -308,7 +305,7 @@ def apply_planned(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     after = gates.reconciled(audit)
     joint = AuditGate(table.name, "silver", after, checks, lake, batch_id, table.quality.actions) if gate is None \
         else None
-    answer = yield MergedAudit(spark, merged, table.keys, joint)
+    answer = yield MergedAudit(merged, table.keys, joint)
     gates.after(after.with_tallies(answer.tallies), engine, published, answer.verdict)
     return summary
 

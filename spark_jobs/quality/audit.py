@@ -10,9 +10,9 @@ from functools import reduce
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame
 
-from spark_jobs.delta import all_nullable, spark_frame
+from spark_jobs.delta import all_nullable
 from spark_jobs.quality.expectations import Expectation
 from spark_jobs.sql_text import ident, literal, sql
 
@@ -72,26 +72,58 @@ def _each(found: dict[str, Tallied], frames: dict[str, Any], checks: list[Expect
     return {name: found[name].tallies if name in found else dict(zero) for name in frames}
 
 
-_TABLE = "_cdc_table"  # the table a stacked row belongs to (tally_tables)
-
-
-def tally_tables(spark: SparkSession, tables: dict[str, tuple[dict[str, pa.Table], tuple[str, ...]]],
+def tally_tables(tables: dict[str, tuple[dict[str, pa.Table], tuple[str, ...]]],
                  checks: list[Expectation]) -> dict[str, dict[str, Tally]]:
-    """`tally` of many small batches whose frames are on the driver (Arrow; by name: each its frames and its key
-    columns), in one Spark job: the frames of one name and one schema (most of a database's tables share a key's
-    type) are stacked in Arrow, each row with its batch's name, and sent to Spark as one frame, whose keys count
-    within each batch's own rows. A frame per batch cost each a DataFrame of its own and the union's plan a part
-    per frame: about 50 ms a table (tests/benchmarks/RESULTS.md, workload D)."""
-    stacks: dict[tuple[str, pa.Schema, tuple[str, ...]], list[pa.Table]] = {}
-    for name, (frames, keys) in tables.items():
-        for frame, rows in frames.items():
-            keyed = (_TABLE, *keys) if keys and set(keys) <= set(rows.column_names) else ()
-            stacks.setdefault((frame, rows.schema, keyed), []).append(
-                rows.append_column(_TABLE, pa.array([name] * rows.num_rows, pa.string())))
-    batches = {str(n): ({frame: spark_frame(spark, pa.concat_tables(parts)).coalesce(1)}, keyed)
-               for n, ((frame, _, keyed), parts) in enumerate(stacks.items())}
-    return _each(_tallies(batches, checks, _TABLE, {}, True), {name: frames for name, (frames, _) in tables.items()},
-                 checks)
+    """`tally` of many small batches whose frames are already on the driver (Arrow; by name: each its frames and its
+    key columns), counted there: each check's flag, its record's one SQL text, read over the rows by
+    sql_text.evaluated, beside the `_key` and `_key_rows` columns `_keyed` gives a frame in Spark. Sending them back to
+    Spark for the count was a Spark job per pass (about 0.2 s of a warm 1k batch, tests/benchmarks/RESULTS.md W2)."""
+    return {name: {e.name: tallied for frame, rows in frames.items() if (own := [e for e in checks if e.rows == frame])
+                   for e, tallied in zip(own, _driver_tallies(rows, keys, own), strict=True)}
+            for name, (frames, keys) in tables.items()}
+
+
+def _driver_tallies(rows: pa.Table, keys: tuple[str, ...], checks: list[Expectation]) -> list[Tally]:
+    import pyarrow.compute as pc
+
+    from spark_jobs.sql_text import evaluated
+
+    rows = _driver_keyed(rows, keys, any("_key_rows" in (e.flag or "") for e in checks))
+    flags = evaluated(rows, {f"_c{n}": f"CAST(({e.flag}) AS BOOLEAN)" for n, e in enumerate(checks)})
+    tallies = []
+    for flag in flags.columns:
+        applies = len(flag) - flag.null_count
+        tallies.append(Tally(applies, applies - int(pc.sum(pc.cast(flag, pa.int64())).as_py() or 0)))
+    return tallies
+
+
+def _driver_keyed(rows: pa.Table, keys: tuple[str, ...], counts: bool) -> pa.Table:
+    """`_keyed` of rows on the driver: `_key`, null when a key column is, and `_key_rows` when `counts`: the rows with
+    that key, a float key's NaNs one value and its zeros one (Spark normalises them in a window's partition)."""
+    import pyarrow.compute as pc
+
+    if not keys or not set(keys) <= set(rows.column_names):
+        return rows
+    present = reduce(pc.and_, [pc.is_valid(rows.column(k)) for k in keys])
+    missing = pc.invert(present).combine_chunks()
+    rows = rows.append_column("_key", pa.StructArray.from_arrays(
+        [rows.column(k).combine_chunks() for k in keys], names=list(keys), mask=missing))
+    if not counts:
+        return rows
+    grouping = pa.table({f"_k{n}": _normalised(rows.column(k)) for n, k in enumerate(keys)})
+    names = grouping.column_names
+    counted = grouping.group_by(names).aggregate([([], "count_all")])
+    joined = grouping.append_column("_at", pa.array(range(rows.num_rows), pa.int64())).join(
+        counted, names, join_type="left outer").sort_by("_at")
+    return rows.append_column("_key_rows", pc.if_else(present, joined.column("count_all"), pa.scalar(None, pa.int64())))
+
+
+def _normalised(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    import pyarrow.compute as pc
+
+    if not pa.types.is_floating(column.type):
+        return column
+    return pc.if_else(pc.is_nan(column), pa.scalar("NaN"), pc.cast(pc.add(column, 0.0), pa.string()))
 
 
 def tally_by(frames: dict[str, DataFrame], checks: list[Expectation], by: str,
