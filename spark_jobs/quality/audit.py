@@ -1,6 +1,7 @@
 """A batch's audit: how many rows each check on rows applies to and fails, counted from the flags its record
-declares (quality/expectations.py) in one Spark aggregation over the layer's audited rows, and the batch's
-figures. The gate validates this one row (quality/gates.py): no audited row leaves the executors."""
+declares (quality/expectations.py) in one Spark aggregation over the layer's audited rows (or, for rows already on
+the driver, over their Arrow: `tally_tables`), and the batch's figures. The gate validates this one row
+(quality/gates.py): no audited row leaves the executors for it."""
 
 from __future__ import annotations
 
