@@ -7,7 +7,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from spark_jobs.errors import GateFailed
@@ -115,6 +115,7 @@ def test_a_small_batchs_tallies_are_one_spark_job(spark):
     st.lists(st.tuples(st.sampled_from(["a", "b"]), st.sampled_from([None, "a", "b", "c"])), max_size=3),
     st.lists(st.sampled_from([None, 1, 2, 3]), max_size=5), st.sampled_from(["int64", "string", "float64"])),
     min_size=1, max_size=4))
+@example(tables=[([("a", "b")], [1, 1, 2, 3, None], "float64")])  # NaN twice, and the two zeros: always drawn
 def test_many_tables_frames_on_the_driver_are_tallied_each_as_alone_without_a_spark_job(spark, tables):
     """tally_tables counts each table's frames on the driver: each table's keys count within its own rows (tables
     share key values here, and a duplicate in one fails that one only), a float key's NaNs as one value and its zeros
