@@ -64,13 +64,20 @@ def tally(frames: dict[str, DataFrame], checks: list[Expectation], keys: tuple[s
     """Each check's tally over its rows (`frames` by the name the records give them), in one Spark action: each
     frame's flags are evaluated in place, the frames' flag columns stacked and counted in one aggregate (one Spark
     job when the frames are one partition each; a shuffle the frames' own plans need adds its stage)."""
-    return _each(_tallies({"": (frames, keys)}, checks, None, {}, False), {"": frames}, checks)[""]
+    grouped = _aggregate(frames, keys, checks, None, {})
+    found = {} if grouped is None else grouped.read(grouped.frame.collect())
+    if _BATCH_ROWS in found:
+        return found[_BATCH_ROWS].tallies
+    return {e.name: Tally(0, 0) for e in checks if e.rows in frames}  # no rows: every tally zero
 
 
-def _each(found: dict[str, Tallied], frames: dict[str, Any], checks: list[Expectation]) -> dict[str, dict[str, Tally]]:
-    """Each batch's tallies (`frames`: each batch's, by name); a batch without rows has every tally zero."""
-    zero = {e.name: Tally(0, 0) for e in checks if any(e.rows in own for own in frames.values())}
-    return {name: found[name].tallies if name in found else dict(zero) for name in frames}
+def _flag(check: Expectation) -> str:
+    """The check's flag as the boolean its tally counts (null: the check does not apply to the row)."""
+    return f"CAST(({check.flag}) AS BOOLEAN)"
+
+
+def _reads_key_rows(checks: list[Expectation]) -> bool:
+    return any("_key_rows" in (e.flag or "") for e in checks)
 
 
 def tally_tables(tables: dict[str, tuple[dict[str, pa.Table], tuple[str, ...]]],
@@ -79,9 +86,13 @@ def tally_tables(tables: dict[str, tuple[dict[str, pa.Table], tuple[str, ...]]],
     key columns), counted there: each check's flag, its record's one SQL text, read over the rows by
     sql_text.evaluated, beside the `_key` and `_key_rows` columns `_keyed` gives a frame in Spark. Sending them back to
     Spark for the count was a Spark job per pass (about 0.2 s of a warm 1k batch, tests/benchmarks/RESULTS.md W2)."""
-    return {name: {e.name: tallied for frame, rows in frames.items() if (own := [e for e in checks if e.rows == frame])
-                   for e, tallied in zip(own, _driver_tallies(rows, keys, own), strict=True)}
-            for name, (frames, keys) in tables.items()}
+    tallied: dict[str, dict[str, Tally]] = {}
+    for name, (frames, keys) in tables.items():
+        tallied[name] = {}
+        for frame, rows in frames.items():
+            own = [e for e in checks if e.rows == frame]
+            tallied[name] |= dict(zip((e.name for e in own), _driver_tallies(rows, keys, own), strict=True))
+    return tallied
 
 
 def _driver_tallies(rows: pa.Table, keys: tuple[str, ...], checks: list[Expectation]) -> list[Tally]:
@@ -89,8 +100,10 @@ def _driver_tallies(rows: pa.Table, keys: tuple[str, ...], checks: list[Expectat
 
     from spark_jobs.sql_text import evaluated
 
-    rows = _driver_keyed(rows, keys, any("_key_rows" in (e.flag or "") for e in checks))
-    flags = evaluated(rows, {f"_c{n}": f"CAST(({e.flag}) AS BOOLEAN)" for n, e in enumerate(checks)})
+    if not checks:
+        return []
+    rows = _driver_keyed(rows, keys, _reads_key_rows(checks))
+    flags = evaluated(rows, {f"_c{n}": _flag(e) for n, e in enumerate(checks)})
     tallies = []
     for flag in flags.columns:
         applies = len(flag) - flag.null_count
@@ -141,7 +154,7 @@ def grouped_tally(frames: dict[str, DataFrame], checks: list[Expectation], by: s
                   measures: dict[str, Column] | None = None) -> GroupedTally | None:
     """`tally_by`'s aggregate, not collected: for a caller that collects it in the job that collects its rows (a
     union, as observe's metrics cannot be grouped by table). None: nothing to count."""
-    return _aggregate({"": (frames, ())}, checks, by, measures or {}, False)
+    return _aggregate(frames, (), checks, by, measures or {})
 
 
 @dataclass(frozen=True)
@@ -191,34 +204,25 @@ def collect_with(parts: dict[str, DataFrame], grouped: GroupedTally | None
 _COUNTS = "_cdc_counts"  # collect_with's part of the tally's rows
 
 
-_BATCH = "_cdc_batch"  # the batch a stacked flag row belongs to (tally_each)
+_BATCH, _BATCH_ROWS = "_cdc_batch", "rows"  # the one group of an ungrouped tally: its column and value
 
 
-def _tallies(batches: dict[str, tuple[dict[str, DataFrame], tuple[str, ...]]], checks: list[Expectation],
-             by: str | None, measures: dict[str, Column], together: bool) -> dict[str, Tallied]:
-    grouped = _aggregate(batches, checks, by, measures, together)
-    return {} if grouped is None else grouped.read(grouped.frame.collect())
-
-
-def _aggregate(batches: dict[str, tuple[dict[str, DataFrame], tuple[str, ...]]], checks: list[Expectation],
-               by: str | None, measures: dict[str, Column], together: bool) -> GroupedTally | None:
-    """Grouped by `by` (a column of the frames) when given, else by batch."""
-    counted = [e for e in checks if any(e.rows in frames for frames, _ in batches.values())]
+def _aggregate(frames: dict[str, DataFrame], keys: tuple[str, ...], checks: list[Expectation], by: str | None,
+               measures: dict[str, Column]) -> GroupedTally | None:
+    """Grouped by `by` (a column of the frames) when given, else all in one group."""
+    counted = [e for e in checks if e.rows in frames]
     if not counted and not measures:
         return None
     group = by or _BATCH
     parts = []
-    for batch, (frames, keys) in batches.items():
-        for name, df in frames.items():
-            own = [(n, e) for n, e in enumerate(counted) if e.rows == name]
-            if own or measures:
-                df = _keyed(df, keys, any("_key_rows" in (e.flag or "") for _, e in own))
-                kept = [sql(ident(c)) for c in df.columns if c != by] if measures else []
-                parts.append(df.select(sql(ident(by)) if by else sql(f"{literal(batch)} AS {_BATCH}"), *kept,
-                                       *[sql(f"CAST(({e.flag}) AS BOOLEAN) AS _c{n}") for n, e in own]))
+    for name, df in frames.items():
+        own = [(n, e) for n, e in enumerate(counted) if e.rows == name]
+        if own or measures:
+            df = _keyed(df, keys, _reads_key_rows([e for _, e in own]))
+            kept = [sql(ident(c)) for c in df.columns if c != by] if measures else []
+            parts.append(df.select(sql(ident(by)) if by else sql(f"{literal(_BATCH_ROWS)} AS {_BATCH}"), *kept,
+                                   *[sql(f"{_flag(e)} AS _c{n}") for n, e in own]))
     stacked = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), parts)
-    if together and len(parts) > 1:  # each part one partition: so is their stack, and the aggregate needs no exchange
-        stacked = stacked.coalesce(1)
     frame = stacked.groupBy(group).agg(*[sql(text) for n in range(len(counted)) for text in (
         f"count(_c{n}) AS a{n}", f"count(CASE WHEN NOT _c{n} THEN 1 END) AS f{n}")],
         *[m.alias(f"m_{name}") for name, m in measures.items()])
