@@ -77,7 +77,10 @@ def deployment(tmp_path_factory, postgres_server):
         home = root / "airflow"
         env = airflow_env(home, postgres_server.airflow_database("scheduler"), service, endpoint, deployment,
                           AIRFLOW__CORE__DAGS_FOLDER=str(dags_with_a_gold_consumer(root / "dags")),
-                          CDC_SENSOR_TIMEOUT="240", CDC_SENSOR_POKE_INTERVAL="2",
+                          # the first scheduled run's sensor outwaits the module's tests before the landing: one that
+                          # timed out skipped its run, and the files went to the next interval's run, which the
+                          # test does not follow (CI, 2026-12-07: the landing came seconds before a 240 s timeout)
+                          CDC_SENSOR_TIMEOUT="1800", CDC_SENSOR_POKE_INTERVAL="2",
                           # a job held back by a table's writer lock outlasts its task's wait on the worker: it defers
                           CDC_TASK_WAIT="2",
                           # a sensor whose trigger fires within seconds of its deferral is failed by Airflow's scheduler
