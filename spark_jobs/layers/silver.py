@@ -296,9 +296,16 @@ def apply_planned(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     gates.before(audit, table.quality.breaker_trips(quarantined, summary.quarantined_share or 0))
 
     _widen(spark, engine, table, lake, read.widened, summary)
+    new_truncates = _log_truncates(engine, table, lake, pa.table({
+        "_seq": pa.array(read.truncates, pa.string()),
+        "_batch_id": pa.array([batch_id] * len(read.truncates), pa.string())})) if read.truncates else 0
     removed = _truncate(engine, table, lake, read.new_truncate)
     _merge(engine, table, lake, plan.rows if plan.rows.num_rows else None, plan.ledger, True, plan.delete_counts,
            summary, removed)
+    if table.history:
+        assert read.typing is not None, "the pass typed the batch"
+        _history(spark, engine, table, lake, read.history_events(spark), list(read.typing.fields), new_truncates,
+                 summary)
     summary.lineage = silver_lineage(table.name, plan.rows.column_names, table.sequence_by)
 
     merged = dict(zip(("rows", "deletes"), silver_pass.pass_audit(engine, lake, table, read, batch_id), strict=True))
@@ -385,25 +392,38 @@ def _publish(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake:
     """Write the plan: the truncate log and what a new truncate removes, then silver, the ledger, history;
     expire old ledger entries."""
     _widen(spark, engine, table, lake, plan.widened, summary)
-    new_truncates = 0  # truncates history has not seen: they close versions of every key
-    if table.history and plan.truncate_count:
+    new_truncates = 0
+    if plan.truncate_count:
         logged = ["_seq", *(["_transaction_id"] if table.transactions else [])]  # gold places a truncate by it
-        new_truncates = engine.merge(plan.truncates.where("reason IS NULL").select(
-            *logged, F.lit(batch_id).alias("_batch_id")).distinct(), lake.truncates(table.name), TRUNCATE_LOG_MERGE).inserted
+        new_truncates = _log_truncates(engine, table, lake, plan.truncates.where("reason IS NULL").select(
+            *logged, F.lit(batch_id).alias("_batch_id")).distinct())
     deleted_by_truncate = _truncate(engine, table, lake, plan.new_truncate)
     ledger = None
     if plan.rows is not None and plan.placed is not None and (plan.effective or plan.ledger_cleared):
         ledger = changes.ledger_rows(plan.rows, plan.placed, table.keys)
     _merge(engine, table, lake, plan.rows if plan.effective else None, ledger, plan.small, plan.delete_counts, summary,
            deleted_by_truncate)
-    if table.history and (plan.typed is not None or new_truncates):
-        events = plan.typed.where("reason IS NULL") if plan.typed is not None else None
-        summary.history_rows = apply_history(spark, engine, table, lake, events, plan.fields,
-                                             recompute_all=new_truncates > 0)
-    elif table.history:
-        summary.history_rows = 0
+    if table.history:
+        _history(spark, engine, table, lake, plan.typed.where("reason IS NULL") if plan.typed is not None else None,
+                 plan.fields, new_truncates, summary)
     if plan.rows is not None:
         summary.lineage = silver_lineage(table.name, plan.rows.columns, table.sequence_by)
+
+
+def _log_truncates(engine: DeltaEngine, table: TableConfig, lake: Lake, logged: DataFrame | pa.Table) -> int:
+    """The batch's truncates (`logged`: their positions, once each) in the truncate log of a table with history;
+    returns how many history has not seen: they close versions of every key."""
+    if not table.history:
+        return 0
+    return engine.merge(logged, lake.truncates(table.name), TRUNCATE_LOG_MERGE).inserted
+
+
+def _history(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake: Lake, events: DataFrame | None,
+             fields: list[types.ImageField], new_truncates: int, summary: SilverSummary) -> None:
+    """History from the batch's typed row events that typing did not quarantine (None: it had none), recomputed for
+    every key after a truncate it has not seen."""
+    summary.history_rows = apply_history(spark, engine, table, lake, events, fields, recompute_all=new_truncates > 0) \
+        if events is not None or new_truncates else 0
 
 
 def _truncate(engine: DeltaEngine, table: TableConfig, lake: Lake, new_truncate: str | None) -> int:

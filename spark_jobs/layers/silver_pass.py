@@ -22,7 +22,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from spark_jobs.debezium import envelope, ordering, types
-from spark_jobs.delta import DeltaEngine, NewFiles, all_nullable
+from spark_jobs.delta import DeltaEngine, NewFiles, all_nullable, spark_frame
 from spark_jobs.lake import Lake
 from spark_jobs.layers import changes, keyed_reads, silver_plan
 from spark_jobs.layers.common import PASS_BYTES, PASS_ROWS, QUARANTINED_COLUMNS, checkpoint, lookup
@@ -181,6 +181,7 @@ class Overview:
     schemas: tuple[str, ...]  # the row events' envelope schemas
     inferred: str | None  # schema_of_variant_agg over its plain images
     documents: int  # MongoDB documents among them: typed by their own plan (types.infer_bson_fields)
+    truncates: tuple[str, ...]  # the positions of its truncates, for the truncate log of a table with history
 
     def fields(self, table: TableConfig) -> list[types.ImageField] | None:
         """The batch's columns as `silver_plan.image_fields` finds them; None when the pass does not type them
@@ -192,9 +193,11 @@ def overviews(events: DataFrame, tables: list[TableConfig]) -> dict[str, Overvie
     """Every table's overview, in one Spark job (`events`: `scan`'s rows)."""
     placeholders = per_table({t.name: t.unavailable_value_placeholder for t in tables}, envelope.holds_placeholder)
     rows = events.groupBy(sql("_table")).agg(*silver_plan.overview_columns(placeholders),
-                                             *[sql(text) for text in silver_plan.FIELD_SOURCES]).collect()
+                                             *[sql(text) for text in silver_plan.FIELD_SOURCES],
+                                             sql("collect_set(CASE WHEN op = 't' THEN _seq END) AS _truncates")).collect()
     return {r["_table"]: Overview({k: v for k, v in r.asDict().items() if not k.startswith("_")},
-                                  tuple(sorted(r["_schemas"])), r["_inferred"], r["_documents"]) for r in rows}
+                                  tuple(sorted(r["_schemas"])), r["_inferred"], r["_documents"],
+                                  tuple(sorted(r["_truncates"]))) for r in rows}
 
 
 def newest_per_key(typed: DataFrame, truncated_at: dict[str, str | None]) -> DataFrame:
@@ -258,9 +261,9 @@ def counted(tallied: dict[str, Tallied]) -> dict[str, EventCounts]:
 
 
 def may_join(table: TableConfig) -> bool:
-    """Can the pass take the table's batches? Tables with history, transactions or expectations on silver's rows keep
-    their own plan: each reads more of the lake than the pass collects."""
-    return not (table.history or table.transactions or table.layer_expectations("silver"))
+    """Can the pass take the table's batches? Tables with transactions or expectations on silver's rows keep their own
+    plan: the one quarantines by a transaction topic the pass does not read, the other by GX over Spark's rows."""
+    return not (table.transactions or table.layer_expectations("silver"))
 
 
 def _typing(candidate: Candidate, overview: Overview) -> TableTyping | None:
@@ -305,6 +308,19 @@ class TableBatch:
     deletes: pa.Table  # each delete received, once per key and position: `_key`, `_seq`, `_row`
     widened: tuple[types.Widening, ...] = ()  # silver's columns the batch widens (silver takes them first)
     new_truncate: str | None = None  # the batch's newest truncate, when newer than the one in force (plan_batch's)
+    # a table with history: its truncates' positions, and its row events typing did not quarantine (HISTORY_COLUMNS
+    # and `_row`, silver's source columns), which history.apply_history takes as its own plan's typed events
+    truncates: tuple[str, ...] = ()
+    history: pa.Table | None = None
+    typing: TableTyping | None = None
+
+    def history_events(self, spark: SparkSession) -> DataFrame | None:
+        """`history` as the typed events history.apply_history reads: `_row` at silver's types, the keys beside it."""
+        if self.history is None or self.typing is None:
+            return None
+        keys = self.typing.table.keys
+        return spark_frame(spark, self.history).withColumn("_row", F.col("_row").cast(self.typing.silver_type)).select(
+            "*", *[sql(f"_row.{ident(k)} AS {ident(k)}") for k in keys])
 
     @property
     def truncated_after(self) -> str | None:
@@ -340,7 +356,7 @@ def read_together(spark: SparkSession, candidates: list[Candidate]) -> dict[str,
     # the newest events are read once, by the collect: not materialised; the counts and the row events typing
     # quarantined are collected with them, in the same Spark job
     collected = _collect(typed, newest_per_key(typed, truncated_at), typings, counts)
-    latest, received = collected.latest, collected.deletes
+    latest, received, history = collected.latest, collected.deletes, collected.history
     counts_of = collected.counts
     none = EventCounts(0, 0, 0, {e.name: Tally(0, 0) for e in flagged("silver", "events")})
     quarantine: dict[str, list[tuple[str, int, str, str]]] = {name: [] for name in typings}
@@ -349,7 +365,8 @@ def read_together(spark: SparkSession, candidates: list[Candidate]) -> dict[str,
     return {name: TableBatch(
         by_name[name].applied, by_name[name].truncated_at, by_name[name].silver_version, by_name[name].files.version,
         found[name].figures, counts_of.get(name, none).figures(latest[name]), counts_of.get(name, none).audit,
-        quarantine[name], latest[name], received[name], typings[name].widening[1], new_truncate[name]) for name in typings}
+        quarantine[name], latest[name], received[name], typings[name].widening[1], new_truncate[name],
+        found[name].truncates, history.get(name), typings[name]) for name in typings}
 
 
 @dataclass(frozen=True)
@@ -358,6 +375,11 @@ class _Collected:
     deletes: dict[str, pa.Table]  # by table: the deletes received
     quarantine: pa.Table  # the row events typing quarantined: `_table` and QUARANTINED_COLUMNS
     counts: dict[str, EventCounts]  # by table
+    history: dict[str, pa.Table]  # by table with history: its row events typing did not quarantine
+
+
+# what history.apply_history reads of a typed event besides `_row` and the keys (silver_plan.meta_columns' sources)
+HISTORY_COLUMNS = ("_seq", "_source_file", "_line", "op", "source", "_ingested_at", "_batch_id")
 
 
 def _collect(typed: DataFrame, newest: DataFrame, typings: dict[str, TableTyping], counts: GroupedTally) -> _Collected:
@@ -373,15 +395,23 @@ def _collect(typed: DataFrame, newest: DataFrame, typings: dict[str, TableTyping
                            *[meta[c] for c in silver_plan.SILVER_META if c not in ("_op", "_seq")], *rows.values())
     deletes = deletes_received(typed).select(*[sql(text) for text in ("_table", "_key", "_seq")], *rows.values())
     quarantined = typed.where("reason IS NOT NULL").select(sql("_table"), *[sql(ident(c)) for c in QUARANTINED_COLUMNS])
-    found, tallied = collect_with({"latest": latest, "delete": deletes, "quarantine": quarantined}, counts)
-    carried = {"latest": [c for c in latest.columns if c not in rows and c != "_table"], "delete": ["_key", "_seq"]}
-    split: dict[str, dict[str, pa.Table]] = {"latest": {}, "delete": {}}
+    parts = {"latest": latest, "delete": deletes, "quarantine": quarantined}
+    kept = [name for name, typing in typings.items() if typing.table.history]
+    if kept:
+        parts["history"] = typed.where(F.col("reason").isNull() & F.col("_table").isin(kept)).select(
+            "_table", *HISTORY_COLUMNS, *rows.values())
+    found, tallied = collect_with(parts, counts)
+    carried = {"latest": [c for c in latest.columns if c not in rows and c != "_table"], "delete": ["_key", "_seq"],
+               "history": list(HISTORY_COLUMNS)}
+    split: dict[str, dict[str, pa.Table]] = {"latest": {}, "delete": {}, "history": {}}
     for i, names in enumerate(shapes.values()):
         for name in names:
             for kind, out in split.items():
+                if kind == "history" and name not in kept:
+                    continue
                 own = found[kind].filter(pc.equal(found[kind].column("_table"), name))
                 out[name] = own.select([*carried[kind], f"_r{i}"]).rename_columns([*carried[kind], "_row"])
-    return _Collected(split["latest"], split["delete"], found["quarantine"], counted(tallied))
+    return _Collected(split["latest"], split["delete"], found["quarantine"], counted(tallied), split["history"])
 
 
 @lru_cache(maxsize=1024)

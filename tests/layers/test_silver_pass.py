@@ -174,23 +174,28 @@ EDGES = [
                    _event("c", {"id": 5, "qty": 5}, 30), _event("u", {"id": 3, "qty": 3}, 31),  # 3: re-created
                    _event("d", {"id": 6}, 32)]},  # a key that is not live: the ledger records it
 ]
-EDGE_TABLES = {"edges": {"topic": "shop.public.edges", "keys": ["id"], "quality": {"max_quarantined": "100%"}},
+# edges and truncated keep history (and its truncate log): the pass writes it as their own plans do
+EDGE_TABLES = {"edges": {"topic": "shop.public.edges", "keys": ["id"], "quality": {"max_quarantined": "100%"},
+                         "history": True},
                "refused": {"topic": "shop.public.refused", "keys": ["id"]},
-               "truncated": {"topic": "shop.public.truncated", "keys": ["id"]}}
-PASSED = ["products", "film_actor", "actor"]  # generated; customers, film and inventory_customers keep history
+               "truncated": {"topic": "shop.public.truncated", "keys": ["id"], "history": True}}
+PASSED = ["products", "film_actor", "actor"]  # generated (customers' expectations on silver keep it to its own plan)
 
 
 def _silver_state(spark, engine, lake_root: Path, table: str) -> dict:
-    """A table's silver, ledger and silver quarantine rows, without what names the run or its time."""
+    """A table's silver, ledger, history, truncate log and silver quarantine rows, without what names the run or its
+    time."""
     lake = Lake(str(lake_root))
 
     def rows(path: str, drop: tuple[str, ...]) -> list:
         df = engine.read(spark, path)
-        return [] if df is None else sorted(tuple(r) for r in df.drop(*drop).collect())
+        return [] if df is None else sorted((tuple(r) for r in df.drop(*drop).collect()), key=repr)  # nulls too
 
     quarantine = engine.read(spark, lake.quarantine(table))
     return {"silver": rows(lake.silver(table), ("_ingested_at", "_batch_id")),
             "ledger": rows(lake.tombstones(table), ("_deleted_at_ms",)),
+            "history": rows(lake.history(table), ("_ingested_at", "_batch_id")),
+            "truncates": rows(lake.truncates(table), ("_batch_id",)),
             "quarantine": [] if quarantine is None else sorted(
                 (r["_source_file"].rsplit("/", 1)[1], r["_line"], r["reason"])
                 for r in quarantine.where("layer = 'silver'").collect()),
@@ -254,6 +259,17 @@ def test_tables_planned_together_publish_as_each_alone(spark, engine, tmp_path, 
     assert sorted(r["id"] for r in truncated.collect()) == [6]  # key 4's entry was before the truncate
     assert {k: step_summary(out, "silver", "truncated")[k] for k in ("truncates", "inserted", "updated", "deleted")} == {
         "truncates": "1", "inserted": "2", "updated": "0", "deleted": "3"}
+    # every applied event a version, ended by its key's next event or, unless a delete, by the truncate at 25
+    history = engine.read(spark, Lake(str(together / "lake")).history("truncated")).collect()
+
+    def lsn(seq: str | None) -> int | None:
+        return None if seq is None else int(seq.split("|")[0])
+    assert sorted((r["id"], r["_op"], lsn(r["_seq"]), lsn(r["_valid_to"]), r["_is_current"]) for r in history) == [
+        (1, "c", 10, 20, False), (1, "u", 20, 25, False), (2, "c", 11, 21, False), (2, "d", 21, None, False),
+        (3, "c", 12, 25, False), (3, "u", 31, None, True), (4, "d", 13, None, False), (5, "c", 30, None, True),
+        (6, "d", 32, None, False)]
+    truncates = engine.read(spark, Lake(str(together / "lake")).truncates("truncated")).collect()
+    assert [lsn(r["_seq"]) for r in truncates] == [25]
     assert silver_rows(spark, engine, together / "lake", "refused", ("id",)) == {
         (1,): {"id": 1, "qty": 1}, (2,): {"id": 2, "qty": 1}}  # its failed batch left silver as it was
 

@@ -18,7 +18,8 @@ each other in one table: the first test runs a bundle of HISTORIES_PER_EXAMPLE h
 per run from dominating. Truncate empties the whole table, so the second test runs one history per table.
 
 The third test runs the same histories through silver's shared pass (silver.read_pass, each table's batch finished
-on the driver), history off: each example's tenants spread over three tables of different columns, planned together.
+on the driver): each example's tenants spread over three tables of different columns, planned together, the third
+with its history on (held to the model's versions as the first test's are).
 
 Profiles: `ci` (default: 6 bundles = 240 histories, 10 truncate histories, and 7 passes = 273 histories) and `long`
 (10,000 histories, 300 truncate histories and 9,750 through the pass):
@@ -116,9 +117,9 @@ def test_truncates_empty_the_table_as_of_their_position_whatever_the_arrival(spa
 
 
 # the pass's tables: each its own tenants, and a column of its own in every image (none, text, an integer); the
-# second's silver partitioned by its tenant
+# second's silver partitioned by its tenant, the third keeping history
 PASS_TABLES = tuple(TableConfig(name=f"items{j}", topic=f"src.public.items{j}", keys=("tenant", "id"),
-                                partition_by=("tenant",) if j == 1 else ()) for j in range(3))
+                                partition_by=("tenant",) if j == 1 else (), history=j == 2) for j in range(3))
 OWN_COLUMNS = ({}, {"label": "x"}, {"weight": 7})
 
 
@@ -174,6 +175,14 @@ def _silver_step(spark, engine, lake, batch_id):
     return summaries, len(asking)
 
 
+def _history(spark, engine, lake, table) -> list:
+    """The table's history rows as the model's versions."""
+    history = engine.read(spark, lake.history(table.name))
+    return [] if history is None else sorted(
+        ((r["tenant"], r["id"]), position(r["_seq"]), r["_op"], image(r), position(r["_valid_to"]), r["_is_current"])
+        for r in history.collect())
+
+
 def _deleted_keys(log) -> set:
     """The keys whose last event in commit order is a delete: the tombstone ledger's."""
     last = {}
@@ -203,6 +212,8 @@ def test_the_shared_pass_equals_the_model_for_every_tenant_of_every_table_whatev
                                            for r in rows.collect()}
             expected = {key: (row, columns) for log in logs for key, row in reference(log)[0].items()}
             assert got == expected, table.name
+            if table.history:
+                assert _history(spark, engine, lake, table) == sorted(v for log in logs for v in reference(log)[1])
             ledger = engine.read(spark, lake.tombstones(table.name))
             got_deleted = set() if ledger is None else {(r["tenant"], r["id"]) for r in ledger.collect()}
             assert got_deleted == set().union(*map(_deleted_keys, logs)), table.name
@@ -211,8 +222,10 @@ def test_the_shared_pass_equals_the_model_for_every_tenant_of_every_table_whatev
         for table, (runs, _) in zip(PASS_TABLES, deliveries, strict=True):
             if runs:
                 _land(spark, engine, lake, table, runs[-1], len(runs))
+        versions |= {"history": engine.version(lake.history(PASS_TABLES[2].name))}
         summaries, _ = _silver_step(spark, engine, lake, "again")
-        assert {name: (s.inserted, s.updated, s.deleted) for name, s in summaries.items() if s.events} == {
-            name: (0, 0, 0) for name, s in summaries.items() if s.events}
-        assert {t.name: engine.version(lake.silver(t.name)) for t in PASS_TABLES} == versions
+        assert {name: (s.inserted, s.updated, s.deleted, s.history_rows or 0) for name, s in summaries.items()
+                if s.events} == {name: (0, 0, 0, 0) for name, s in summaries.items() if s.events}
+        assert {t.name: engine.version(lake.silver(t.name)) for t in PASS_TABLES} | {
+            "history": engine.version(lake.history(PASS_TABLES[2].name))} == versions
     spark.catalog.clearCache()
