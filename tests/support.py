@@ -729,7 +729,7 @@ def _tx_id(end_id: str) -> str:
     return end_id.split(":")[0]
 
 
-def _tx_event(table, op, row, txn=None, order=None) -> str:
+def tx_event(table, op, row, txn=None, order=None) -> str:
     """One change event of the source (`change_event`'s shape, with the connector's whole source block); `txn`: its
     transaction's END id, `order`: its (total_order, data_collection_order) in the transaction."""
     lsn = next(_tx_lsn)
@@ -750,16 +750,16 @@ def tx_boundaries(txn, counts):
 
 # the landing files: (topic, start offset, records), named in the order the source wrote them
 TX_FILES = {
-    "orders_snapshot": (TX_ORDERS, 0, [_tx_event("orders", "r", {"id": 1, "total": 10})]),
-    "lines_snapshot": (TX_LINES, 0, [_tx_event("order_lines", "r", {"id": 11, "order_id": 1, "amount": 10})]),
-    "orders_t1_t2": (TX_ORDERS, 1, [_tx_event("orders", "c", {"id": 2, "total": 30}, TX_T1, (1, 1)),
-                                 _tx_event("orders", "u", {"id": 1, "total": 15}, TX_T2, (1, 1))]),
-    "lines_t1_first": (TX_LINES, 1, [_tx_event("order_lines", "c", {"id": 21, "order_id": 2, "amount": 10}, TX_T1, (2, 1))]),
-    "lines_t1_rest_t2": (TX_LINES, 2, [_tx_event("order_lines", "c", {"id": 22, "order_id": 2, "amount": 20}, TX_T1, (3, 2)),
-                                    _tx_event("order_lines", "c", {"id": 12, "order_id": 1, "amount": 5}, TX_T2, (2, 1))]),
-    "orders_t3": (TX_ORDERS, 3, [_tx_event("orders", "d", {"id": 2, "total": 30}, TX_T3, (1, 1))]),
-    "lines_t3": (TX_LINES, 4, [_tx_event("order_lines", "d", {"id": 21, "order_id": 2, "amount": 10}, TX_T3, (2, 1)),
-                            _tx_event("order_lines", "d", {"id": 22, "order_id": 2, "amount": 20}, TX_T3, (3, 2))]),
+    "orders_snapshot": (TX_ORDERS, 0, [tx_event("orders", "r", {"id": 1, "total": 10})]),
+    "lines_snapshot": (TX_LINES, 0, [tx_event("order_lines", "r", {"id": 11, "order_id": 1, "amount": 10})]),
+    "orders_t1_t2": (TX_ORDERS, 1, [tx_event("orders", "c", {"id": 2, "total": 30}, TX_T1, (1, 1)),
+                                 tx_event("orders", "u", {"id": 1, "total": 15}, TX_T2, (1, 1))]),
+    "lines_t1_first": (TX_LINES, 1, [tx_event("order_lines", "c", {"id": 21, "order_id": 2, "amount": 10}, TX_T1, (2, 1))]),
+    "lines_t1_rest_t2": (TX_LINES, 2, [tx_event("order_lines", "c", {"id": 22, "order_id": 2, "amount": 20}, TX_T1, (3, 2)),
+                                    tx_event("order_lines", "c", {"id": 12, "order_id": 1, "amount": 5}, TX_T2, (2, 1))]),
+    "orders_t3": (TX_ORDERS, 3, [tx_event("orders", "d", {"id": 2, "total": 30}, TX_T3, (1, 1))]),
+    "lines_t3": (TX_LINES, 4, [tx_event("order_lines", "d", {"id": 21, "order_id": 2, "amount": 10}, TX_T3, (2, 1)),
+                            tx_event("order_lines", "d", {"id": 22, "order_id": 2, "amount": 20}, TX_T3, (3, 2))]),
     "tx_t1_t2": (TX_TOPIC, 0, tx_boundaries(TX_T1, {"orders": 1, "order_lines": 2})
                  + tx_boundaries(TX_T2, {"orders": 1, "order_lines": 1})),
     "tx_t3": (TX_TOPIC, 4, tx_boundaries(TX_T3, {"orders": 1, "order_lines": 2})),

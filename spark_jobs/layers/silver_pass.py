@@ -70,7 +70,8 @@ class TableTyping:
         """Silver's source columns for the batch (silver_plan.silver_rows): the typed image's, then the columns silver
         has and the batch lacks (null)."""
         row, target = self.row_type, self.target_schema
-        present = {f.name for f in row.fields} | set(silver_plan.SILVER_META)
+        present = {f.name for f in row.fields} | set(silver_plan.SILVER_META) | (
+            {"_transaction_id"} if self.table.transactions else set())  # the event's, beside SILVER_META
         return T.StructType([*row.fields, *[f for f in (target.fields if target else []) if f.name not in present]])
 
 
@@ -164,7 +165,9 @@ def scan(spark: SparkSession, candidates: list[Candidate]) -> DataFrame:
     groups = [(ordering.sequence(by), F.col("_table").isin(names)) for by, names in by_sequence.items()]
     sequence = groups[0][0] if len(groups) == 1 else reduce(
         lambda acc, group: acc.when(group[1], group[0]), groups[1:], F.when(groups[0][1], groups[0][0]))
-    return rows.withColumn("_src", ordering.source_position()).withColumn("_seq", sequence).drop("_src")
+    rows = rows.withColumn("_src", ordering.source_position()).withColumn("_seq", sequence).drop("_src")
+    # every table's, when one has transactions: the others never read it (silver_plan.outside_transactions)
+    return ordering.with_transaction_key(rows) if any(c.table.transactions for c in candidates) else rows
 
 
 def _schema(target: str | None) -> T.StructType | None:
@@ -261,19 +264,21 @@ def counted(tallied: dict[str, Tallied]) -> dict[str, EventCounts]:
 
 
 def may_join(table: TableConfig) -> bool:
-    """Can the pass take the table's batches? Tables with transactions or expectations on silver's rows keep their own
-    plan: the one quarantines by a transaction topic the pass does not read, the other by GX over Spark's rows."""
-    return not (table.transactions or table.layer_expectations("silver"))
+    """Can the pass take the table's batches? Tables with expectations on silver's rows keep their own plan: it
+    quarantines by GX over Spark's rows."""
+    return not table.layer_expectations("silver")
 
 
 def _typing(candidate: Candidate, overview: Overview) -> TableTyping | None:
     """How the pass types the table's batch; None when its own plan must (layers/silver_plan.py): a batch with a
-    truncate without a position (its own plan quarantines it), with no row event, unavailable values, more than a
-    pass's rows, decimals decoded in Python, values of more than one JSON type in a column silver does not have yet
+    truncate without a position (its own plan quarantines it), a truncate of a table with transactions (its own plan
+    logs its transaction, or quarantines it without one), with no row event, unavailable values, more than a pass's
+    rows, decimals decoded in Python, values of more than one JSON type in a column silver does not have yet
     (typed by the first: silver_plan.resolve_mixed), or columns its settings name and its events lack (its own plan
     says so)."""
     figures, table = overview.figures, candidate.table
-    if (figures["rows"] - figures["changes"] != figures["truncates"] or figures["unavailable"] or not figures["changes"]
+    if (figures["rows"] - figures["changes"] != figures["truncates"] or (table.transactions and figures["truncates"])
+            or figures["unavailable"] or not figures["changes"]
             or figures["rows"] > PASS_ROWS or (figures["bytes"] or 0) > PASS_BYTES):
         return None
     fields = overview.fields(table)
@@ -318,9 +323,11 @@ class TableBatch:
         """`history` as the typed events history.apply_history reads: `_row` at silver's types, the keys beside it."""
         if self.history is None or self.typing is None:
             return None
-        keys = self.typing.table.keys
-        return spark_frame(spark, self.history).withColumn("_row", F.col("_row").cast(self.typing.silver_type)).select(
-            "*", *[sql(f"_row.{ident(k)} AS {ident(k)}") for k in keys])
+        table = self.typing.table
+        events = self.history if table.transactions else self.history.drop_columns(
+            [c for c in self.history.column_names if c == "_transaction_id"])  # a pass's other table's
+        return spark_frame(spark, events).withColumn("_row", F.col("_row").cast(self.typing.silver_type)).select(
+            "*", *[sql(f"_row.{ident(k)} AS {ident(k)}") for k in table.keys])
 
     @property
     def truncated_after(self) -> str | None:
@@ -391,18 +398,20 @@ def _collect(typed: DataFrame, newest: DataFrame, typings: dict[str, TableTyping
         shapes.setdefault(typing.silver_type.json(), []).append(name)
     rows = {f"_r{i}": _shape_column(shape, tuple(names), f"_r{i}") for i, (shape, names) in enumerate(shapes.items())}
     meta = silver_plan.meta_columns()
+    transaction = ["_transaction_id"] if "_transaction_id" in typed.columns else []  # scan's, with transactions
     latest = newest.select(*[sql(text) for text in ("_table", "_key", "_seq", "op", "_events", "_tie")],
-                           *[meta[c] for c in silver_plan.SILVER_META if c not in ("_op", "_seq")], *rows.values())
+                           *[meta[c] for c in silver_plan.SILVER_META if c not in ("_op", "_seq")], *transaction,
+                           *rows.values())
     deletes = deletes_received(typed).select(*[sql(text) for text in ("_table", "_key", "_seq")], *rows.values())
     quarantined = typed.where("reason IS NOT NULL").select(sql("_table"), *[sql(ident(c)) for c in QUARANTINED_COLUMNS])
     parts = {"latest": latest, "delete": deletes, "quarantine": quarantined}
     kept = [name for name, typing in typings.items() if typing.table.history]
     if kept:
         parts["history"] = typed.where(F.col("reason").isNull() & F.col("_table").isin(kept)).select(
-            "_table", *HISTORY_COLUMNS, *rows.values())
+            "_table", *HISTORY_COLUMNS, *transaction, *rows.values())
     found, tallied = collect_with(parts, counts)
     carried = {"latest": [c for c in latest.columns if c not in rows and c != "_table"], "delete": ["_key", "_seq"],
-               "history": list(HISTORY_COLUMNS)}
+               "history": [*HISTORY_COLUMNS, *transaction]}
     split: dict[str, dict[str, pa.Table]] = {"latest": {}, "delete": {}, "history": {}}
     for i, names in enumerate(shapes.values()):
         for name in names:
@@ -445,9 +454,9 @@ def plan_table(engine: DeltaEngine, lake: Lake, table: TableConfig, batch: Table
     placed = _placed(engine, lake, table, batch.latest, batch.new_truncate)
     effective = batch.latest.filter(holds(placed, changes.NEWER))
     row = effective.column("_row").combine_chunks()
-    rows = pa.Table.from_arrays(
-        [*row.flatten(), *[effective.column(c if c != "_op" else "op") for c in silver_plan.SILVER_META]],
-        names=[*[f.name for f in row.type], *silver_plan.SILVER_META])
+    meta = [*silver_plan.SILVER_META, *(["_transaction_id"] if table.transactions else [])]  # silver_plan.silver_rows'
+    rows = pa.Table.from_arrays([*row.flatten(), *[effective.column(c if c != "_op" else "op") for c in meta]],
+                                names=[*[f.name for f in row.type], *meta])
     rows = rows.cast(all_nullable(rows.schema))
     keys = list(table.keys)
     entries = _with(rows.select(keys), evaluated(rows, changes.LEDGER_ENTRY))

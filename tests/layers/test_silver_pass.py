@@ -24,6 +24,10 @@ from spark_jobs.quality.audit import tally
 from spark_jobs.quality.expectations import flagged
 from spark_jobs.registry import load_registry
 from tests.support import (
+    TX_T1,
+    TX_T2,
+    TX_T3,
+    TX_TOPIC,
     assert_silver_is_the_source,
     change_event,
     demo_registry,
@@ -34,6 +38,7 @@ from tests.support import (
     silver_rows,
     step_summary,
     table_commits,
+    tx_event,
 )
 
 GENERATED = ["customers", "products", "inventory_customers", "film", "actor", "film_actor"]
@@ -156,7 +161,11 @@ EDGES = [
                _event("c", {"id": 9, "qty": 1}, 14)],
      "refused": [_event("c", {"id": 1, "qty": 1}, 10), _event("c", {"id": 2, "qty": 1}, 11)],
      "truncated": [_event("c", {"id": 1, "qty": 1}, 10), _event("c", {"id": 2, "qty": 1}, 11),
-                   _event("c", {"id": 3, "qty": 1}, 12), _event("d", {"id": 4}, 13)]},
+                   _event("c", {"id": 3, "qty": 1}, 12), _event("d", {"id": 4}, 13)],
+     # a snapshot read (no transaction), a change in T1, a change without its transaction block: quarantined
+     "ordered": [tx_event("ordered", "r", {"id": 1, "total": 10}), tx_event("ordered", "c", {"id": 2, "total": 30},
+                                                                           TX_T1, (1, 1)),
+                 tx_event("ordered", "c", {"id": 3, "total": 5})]},
     {"edges": [_event("u", {"id": 1, "qty": 2}, 20), _event("u", {"id": 1, "qty": 2}, 20),  # the same event twice
                _event("d", {"id": 2}, 21),  # a live key deleted
                _event("u", {"id": 3, "qty": 9}, 5),  # older than silver's row: stale
@@ -172,13 +181,18 @@ EDGES = [
      # a truncate at 25 empties the table and its ledger as of there: the events before it apply to nothing
      "truncated": [_event("u", {"id": 1, "qty": 2}, 20), _event("d", {"id": 2}, 21), change_event("t", 25),
                    _event("c", {"id": 5, "qty": 5}, 30), _event("u", {"id": 3, "qty": 3}, 31),  # 3: re-created
-                   _event("d", {"id": 6}, 32)]},  # a key that is not live: the ledger records it
+                   _event("d", {"id": 6}, 32)],  # a key that is not live: the ledger records it
+     "ordered": [tx_event("ordered", "u", {"id": 1, "total": 15}, TX_T2, (1, 1)),
+                 tx_event("ordered", "d", {"id": 2, "total": 30}, TX_T3, (1, 1))]},
 ]
-# edges and truncated keep history (and its truncate log): the pass writes it as their own plans do
+# edges, truncated and ordered keep history (and its truncate log): the pass writes it as their own plans do
 EDGE_TABLES = {"edges": {"topic": "shop.public.edges", "keys": ["id"], "quality": {"max_quarantined": "100%"},
                          "history": True},
                "refused": {"topic": "shop.public.refused", "keys": ["id"]},
-               "truncated": {"topic": "shop.public.truncated", "keys": ["id"], "history": True}}
+               "truncated": {"topic": "shop.public.truncated", "keys": ["id"], "history": True},
+               # its transactions: each row and history version carries its transaction's id
+               "ordered": {"topic": "shop.public.ordered", "keys": ["id"], "transactions": TX_TOPIC,
+                           "quality": {"max_quarantined": "100%"}}}
 PASSED = ["products", "film_actor", "actor"]  # generated (customers' expectations on silver keep it to its own plan)
 
 
@@ -270,6 +284,13 @@ def test_tables_planned_together_publish_as_each_alone(spark, engine, tmp_path, 
         (6, "d", 32, None, False)]
     truncates = engine.read(spark, Lake(str(together / "lake")).truncates("truncated")).collect()
     assert [lsn(r["_seq"]) for r in truncates] == [25]
+    ordered = Lake(str(together / "lake"))
+    assert [(r["id"], r["total"], r["_transaction_id"]) for r in engine.read(spark, ordered.silver("ordered")).collect()
+            ] == [(1, 15, "802")]
+    assert sorted((r["id"], r["_op"], r["_transaction_id"]) for r in engine.read(spark, ordered.history("ordered")).collect()
+                  ) == [(1, "r", None), (1, "u", "802"), (2, "c", "801"), (2, "d", "803")]
+    assert [r["reason"].split(":")[0] for r in engine.read(spark, ordered.quarantine("ordered")).collect()] == [
+        "missing_transaction"]
     assert silver_rows(spark, engine, together / "lake", "refused", ("id",)) == {
         (1,): {"id": 1, "qty": 1}, (2,): {"id": 2, "qty": 1}}  # its failed batch left silver as it was
 
