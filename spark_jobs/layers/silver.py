@@ -296,9 +296,8 @@ def apply_planned(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     gates.before(audit, table.quality.breaker_trips(quarantined, summary.quarantined_share or 0))
 
     _widen(spark, engine, table, lake, read.widened, summary)
-    new_truncates = _log_truncates(engine, table, lake, pa.table({
-        "_seq": pa.array(read.truncates, pa.string()),
-        "_batch_id": pa.array([batch_id] * len(read.truncates), pa.string())})) if read.truncates else 0
+    new_truncates = 0 if read.truncates is None else _log_truncates(engine, table, lake, read.truncates.append_column(
+        "_batch_id", pa.array([batch_id] * read.truncates.num_rows, pa.string())))
     removed = _truncate(engine, table, lake, read.new_truncate)
     _merge(engine, table, lake, plan.rows if plan.rows.num_rows else None, plan.ledger, True, plan.delete_counts,
            summary, removed)

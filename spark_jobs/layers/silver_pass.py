@@ -184,7 +184,6 @@ class Overview:
     schemas: tuple[str, ...]  # the row events' envelope schemas
     inferred: str | None  # schema_of_variant_agg over its plain images
     documents: int  # MongoDB documents among them: typed by their own plan (types.infer_bson_fields)
-    truncates: tuple[str, ...]  # the positions of its truncates, for the truncate log of a table with history
 
     def fields(self, table: TableConfig) -> list[types.ImageField] | None:
         """The batch's columns as `silver_plan.image_fields` finds them; None when the pass does not type them
@@ -195,12 +194,11 @@ class Overview:
 def overviews(events: DataFrame, tables: list[TableConfig]) -> dict[str, Overview]:
     """Every table's overview, in one Spark job (`events`: `scan`'s rows)."""
     placeholders = per_table({t.name: t.unavailable_value_placeholder for t in tables}, envelope.holds_placeholder)
-    rows = events.groupBy(sql("_table")).agg(*silver_plan.overview_columns(placeholders),
-                                             *[sql(text) for text in silver_plan.FIELD_SOURCES],
-                                             sql("collect_set(CASE WHEN op = 't' THEN _seq END) AS _truncates")).collect()
+    refused = per_table({t.name: silver_plan.truncate_reason(t) for t in tables}, lambda text: text)
+    rows = events.groupBy(sql("_table")).agg(*silver_plan.overview_columns(placeholders, refused),
+                                             *[sql(text) for text in silver_plan.FIELD_SOURCES]).collect()
     return {r["_table"]: Overview({k: v for k, v in r.asDict().items() if not k.startswith("_")},
-                                  tuple(sorted(r["_schemas"])), r["_inferred"], r["_documents"],
-                                  tuple(sorted(r["_truncates"]))) for r in rows}
+                                  tuple(sorted(r["_schemas"])), r["_inferred"], r["_documents"]) for r in rows}
 
 
 def newest_per_key(typed: DataFrame, truncated_at: dict[str, str | None]) -> DataFrame:
@@ -271,14 +269,12 @@ def may_join(table: TableConfig) -> bool:
 
 def _typing(candidate: Candidate, overview: Overview) -> TableTyping | None:
     """How the pass types the table's batch; None when its own plan must (layers/silver_plan.py): a batch with a
-    truncate without a position (its own plan quarantines it), a truncate of a table with transactions (its own plan
-    logs its transaction, or quarantines it without one), with no row event, unavailable values, more than a pass's
-    rows, decimals decoded in Python, values of more than one JSON type in a column silver does not have yet
+    truncate without a position (its own plan quarantines it), with no row event, unavailable values, more than a
+    pass's rows, decimals decoded in Python, values of more than one JSON type in a column silver does not have yet
     (typed by the first: silver_plan.resolve_mixed), or columns its settings name and its events lack (its own plan
     says so)."""
     figures, table = overview.figures, candidate.table
-    if (figures["rows"] - figures["changes"] != figures["truncates"] or (table.transactions and figures["truncates"])
-            or figures["unavailable"] or not figures["changes"]
+    if (figures["rows"] - figures["changes"] != figures["truncates"] or figures["unavailable"] or not figures["changes"]
             or figures["rows"] > PASS_ROWS or (figures["bytes"] or 0) > PASS_BYTES):
         return None
     fields = overview.fields(table)
@@ -313,9 +309,10 @@ class TableBatch:
     deletes: pa.Table  # each delete received, once per key and position: `_key`, `_seq`, `_row`
     widened: tuple[types.Widening, ...] = ()  # silver's columns the batch widens (silver takes them first)
     new_truncate: str | None = None  # the batch's newest truncate, when newer than the one in force (plan_batch's)
-    # a table with history: its truncates' positions, and its row events typing did not quarantine (HISTORY_COLUMNS
-    # and `_row`, silver's source columns), which history.apply_history takes as its own plan's typed events
-    truncates: tuple[str, ...] = ()
+    # a table with history: its truncates for the truncate log (`_seq`, `_transaction_id` with transactions; once
+    # each), and its row events typing did not quarantine (HISTORY_COLUMNS and `_row`, silver's source columns),
+    # which history.apply_history takes as its own plan's typed events
+    truncates: pa.Table | None = None
     history: pa.Table | None = None
     typing: TableTyping | None = None
 
@@ -353,6 +350,8 @@ def read_together(spark: SparkSession, candidates: list[Candidate]) -> dict[str,
         return {}
     # a truncate is no row event: it moves the truncate in force, which every event of the table's batch is placed by
     rows = events.where(F.col("_table").isin(list(typings)))
+    logged = [name for name, typing in typings.items() if typing.table.history and found[name].figures["truncates"]]
+    truncates = _truncates(rows, [by_name[name].table for name in logged]) if logged else None
     if any(found[name].figures["truncates"] for name in typings):
         rows = rows.where("op <> 't'")
     typed = typed_events(rows, list(typings.values()))
@@ -362,7 +361,7 @@ def read_together(spark: SparkSession, candidates: list[Candidate]) -> dict[str,
     counts = event_counts(typed, truncated_at)
     # the newest events are read once, by the collect: not materialised; the counts and the row events typing
     # quarantined are collected with them, in the same Spark job
-    collected = _collect(typed, newest_per_key(typed, truncated_at), typings, counts)
+    collected = _collect(typed, newest_per_key(typed, truncated_at), typings, counts, truncates)
     latest, received, history = collected.latest, collected.deletes, collected.history
     counts_of = collected.counts
     none = EventCounts(0, 0, 0, {e.name: Tally(0, 0) for e in flagged("silver", "events")})
@@ -373,7 +372,7 @@ def read_together(spark: SparkSession, candidates: list[Candidate]) -> dict[str,
         by_name[name].applied, by_name[name].truncated_at, by_name[name].silver_version, by_name[name].files.version,
         found[name].figures, counts_of.get(name, none).figures(latest[name]), counts_of.get(name, none).audit,
         quarantine[name], latest[name], received[name], typings[name].widening[1], new_truncate[name],
-        found[name].truncates, history.get(name), typings[name]) for name in typings}
+        collected.truncates.get(name), history.get(name), typings[name]) for name in typings}
 
 
 @dataclass(frozen=True)
@@ -383,16 +382,26 @@ class _Collected:
     quarantine: pa.Table  # the row events typing quarantined: `_table` and QUARANTINED_COLUMNS
     counts: dict[str, EventCounts]  # by table
     history: dict[str, pa.Table]  # by table with history: its row events typing did not quarantine
+    truncates: dict[str, pa.Table]  # by table with history and truncates: those the truncate log takes
+
+
+def _truncates(rows: DataFrame, tables: list[TableConfig]) -> DataFrame:
+    """The truncates of `tables` (tables with history) with their quarantine reason (silver_plan.truncate_reason)."""
+    reason = per_table({t.name: silver_plan.truncate_reason(t) for t in tables}, lambda text: text)
+    return rows.where(F.col("op") == "t").where(F.col("_table").isin([t.name for t in tables])).select(
+        "_table", "_seq", *(["_transaction_id"] if "_transaction_id" in rows.columns else []),
+        *QUARANTINED_COLUMNS[:-1], sql(f"{reason} AS reason"))
 
 
 # what history.apply_history reads of a typed event besides `_row` and the keys (silver_plan.meta_columns' sources)
 HISTORY_COLUMNS = ("_seq", "_source_file", "_line", "op", "source", "_ingested_at", "_batch_id")
 
 
-def _collect(typed: DataFrame, newest: DataFrame, typings: dict[str, TableTyping], counts: GroupedTally) -> _Collected:
+def _collect(typed: DataFrame, newest: DataFrame, typings: dict[str, TableTyping], counts: GroupedTally,
+             truncates: DataFrame | None) -> _Collected:
     """Every table's newest events and deletes, typed as silver's columns, with the row events typing quarantined
-    and the tables' counts, in one Arrow collect: one column per shape of silver row (null in other tables' rows),
-    split by table on the driver."""
+    (and the `truncates` quarantined), history's events and truncates and the tables' counts, in one Arrow collect:
+    one column per shape of silver row (null in other tables' rows), split by table on the driver."""
     shapes: dict[str, list[str]] = {}
     for name, typing in typings.items():
         shapes.setdefault(typing.silver_type.json(), []).append(name)
@@ -405,6 +414,8 @@ def _collect(typed: DataFrame, newest: DataFrame, typings: dict[str, TableTyping
     deletes = deletes_received(typed).select(*[sql(text) for text in ("_table", "_key", "_seq")], *rows.values())
     quarantined = typed.where("reason IS NOT NULL").select(sql("_table"), *[sql(ident(c)) for c in QUARANTINED_COLUMNS])
     parts = {"latest": latest, "delete": deletes, "quarantine": quarantined}
+    if truncates is not None:
+        parts["truncate"] = truncates
     kept = [name for name, typing in typings.items() if typing.table.history]
     if kept:
         parts["history"] = typed.where(F.col("reason").isNull() & F.col("_table").isin(kept)).select(
@@ -420,7 +431,23 @@ def _collect(typed: DataFrame, newest: DataFrame, typings: dict[str, TableTyping
                     continue
                 own = found[kind].filter(pc.equal(found[kind].column("_table"), name))
                 out[name] = own.select([*carried[kind], f"_r{i}"]).rename_columns([*carried[kind], "_row"])
-    return _Collected(split["latest"], split["delete"], found["quarantine"], counted(tallied), split["history"])
+    quarantine, logged = found["quarantine"], {}
+    if truncates is not None:
+        refused = pc.is_valid(found["truncate"].column("reason"))
+        quarantine = pa.concat_tables([quarantine, found["truncate"].filter(refused).select(quarantine.column_names)])
+        logged = _logged(found["truncate"].filter(pc.invert(refused)), typings)
+    return _Collected(split["latest"], split["delete"], quarantine, counted(tallied), split["history"], logged)
+
+
+def _logged(truncates: pa.Table, typings: dict[str, TableTyping]) -> dict[str, pa.Table]:
+    """Each table's truncates (not quarantined) as its truncate log takes them: once each, with their transaction's id
+    when the table has transactions."""
+    logged = {}
+    for name in set(truncates.column("_table").to_pylist()):
+        columns = ["_seq", *(["_transaction_id"] if typings[name].table.transactions else [])]
+        own = truncates.filter(pc.equal(truncates.column("_table"), name)).select(columns)
+        logged[name] = own.group_by(columns).aggregate([]).select(columns)
+    return logged
 
 
 @lru_cache(maxsize=1024)

@@ -157,12 +157,11 @@ def plan_batch(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lak
     if table.transactions:
         ordered = ordering.with_transaction_key(ordered)
     ordered, overview = observed_checkpoint(
-        ordered, *overview_columns(envelope.holds_placeholder(table.unavailable_value_placeholder)),
+        ordered, *overview_columns(envelope.holds_placeholder(table.unavailable_value_placeholder),
+                                   truncate_reason(table)),
         *[sql(text) for text in FIELD_SOURCES])
     # truncate (op=t): the table is empty as of its position; every older event is stale
-    truncates = ordered.where("op = 't'").withColumn("reason", sql(
-        f"CASE WHEN _seq IS NULL THEN {literal(missing_sequence(table))}"
-        f" WHEN {outside_transactions(table)} THEN {literal(MISSING_TRANSACTION)} END"))
+    truncates = ordered.where("op = 't'").withColumn("reason", sql(truncate_reason(table)))
     new_truncate = newer_truncate(overview["truncated_at"], truncated_at)
     plan = BatchPlan(truncates, overview["truncates"], new_truncate, new_truncate or truncated_at, overview["rows"],
                      overview["bytes"] or 0, overview["newest_ts_ms"],
@@ -178,17 +177,26 @@ def plan_batch(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lak
     return plan
 
 
+def truncate_reason(table: TableConfig) -> str:
+    """SQL text: why a truncate is quarantined (no position, or outside the transactions its table's connector
+    publishes), else null. A quarantined truncate is not logged."""
+    return (f"CASE WHEN _seq IS NULL THEN {literal(missing_sequence(table))}"
+            f" WHEN {outside_transactions(table)} THEN {literal(MISSING_TRANSACTION)} END")
+
+
 def newer_truncate(batch_truncate: str | None, truncated_at: str | None) -> str | None:
     """The batch's newest truncate position (its overview's `truncated_at`), when newer than the one in force."""
     return batch_truncate if batch_truncate and batch_truncate > (truncated_at or "") else None
 
 
-def overview_columns(holds_placeholder: str) -> list[Column]:
+def overview_columns(holds_placeholder: str, truncate_refused: str) -> list[Column]:
     """A batch's overview, as aggregates of its ordered bronze rows: what the rest of its plan depends on
-    (`holds_placeholder`: SQL text)."""
+    (`holds_placeholder`, and `truncate_refused`: `truncate_reason`, SQL texts). A truncate it quarantines is no
+    truncate in force: silver would lose rows that history, which never logs it, keeps."""
+    logged = f"op = 't' AND ({truncate_refused}) IS NULL"
     return [sql(text) for text in (
-        "count(CASE WHEN op = 't' AND _seq IS NOT NULL THEN 1 END) AS truncates",
-        "max(CASE WHEN op = 't' THEN _seq END) AS truncated_at",
+        f"count(CASE WHEN {logged} THEN 1 END) AS truncates",
+        f"max(CASE WHEN {logged} THEN _seq END) AS truncated_at",
         "count(CASE WHEN op <> 't' THEN 1 END) AS changes",
         "count(CASE WHEN op <> 't' AND _schema IS NULL THEN 1 END) AS plain",
         "max(CAST(get_json_object(source, '$.ts_ms') AS BIGINT)) AS newest_ts_ms",

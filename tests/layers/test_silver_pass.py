@@ -19,7 +19,14 @@ from spark_jobs.lake import Lake
 from spark_jobs.layers import silver, silver_pass
 from spark_jobs.layers.common import one_row
 from spark_jobs.layers.silver import silver_progress
-from spark_jobs.layers.silver_plan import image_fields, overview_columns, plan_batch, resolve_mixed, typed_changes
+from spark_jobs.layers.silver_plan import (
+    image_fields,
+    overview_columns,
+    plan_batch,
+    resolve_mixed,
+    truncate_reason,
+    typed_changes,
+)
 from spark_jobs.quality.audit import tally
 from spark_jobs.quality.expectations import flagged
 from spark_jobs.registry import load_registry
@@ -104,7 +111,7 @@ def test_events_typed_together_come_out_as_each_alone(spark, engine, tmp_path, c
         table = registry.tables[name]
         own = _new_events(spark, engine, lake, table)
         assert overviews[name].figures == one_row(own.agg(*overview_columns(
-            envelope.holds_placeholder(table.unavailable_value_placeholder)))).asDict(), name
+            envelope.holds_placeholder(table.unavailable_value_placeholder), truncate_reason(table)))).asDict(), name
         changes = own.where("op <> 't'")
         has_plain = overviews[name].figures["plain"] > 0
         target = engine.schema(lake.silver(name))
@@ -182,7 +189,9 @@ EDGES = [
      "truncated": [_event("u", {"id": 1, "qty": 2}, 20), _event("d", {"id": 2}, 21), change_event("t", 25),
                    _event("c", {"id": 5, "qty": 5}, 30), _event("u", {"id": 3, "qty": 3}, 31),  # 3: re-created
                    _event("d", {"id": 6}, 32)],  # a key that is not live: the ledger records it
-     "ordered": [tx_event("ordered", "u", {"id": 1, "total": 15}, TX_T2, (1, 1)),
+     # a truncate in T2 (its log keeps T2), then T2's update of 1 and T3's delete of 2, which the truncate removed
+     "ordered": [tx_event("ordered", "t", None, TX_T2, (1, 1)), tx_event("ordered", "u", {"id": 1, "total": 15}, TX_T2,
+                                                                       (2, 1)),
                  tx_event("ordered", "d", {"id": 2, "total": 30}, TX_T3, (1, 1))]},
 ]
 # edges, truncated and ordered keep history (and its truncate log): the pass writes it as their own plans do
@@ -239,6 +248,7 @@ def test_tables_planned_together_publish_as_each_alone(spark, engine, tmp_path, 
         asked.clear()
         code, out, err = run(capsys, config, together / LANDING, together / "lake", "--layers", "bronze,silver")
         assert f"silver: {len(names)} of {len(names)} tables' new bronze rows planned in one pass" in out, out + err
+        assert "could not be planned on the driver" not in out + err  # each table's step took the pass's plan
         failed = [word for line in err.splitlines() for word in line.split() if word.startswith("table=")]
         assert (code, failed) == ((1, ["table=refused"]) if cycle else (0, [])), out + err
         # every table that merged had its merged rows tallied and gated in one joint answer (refused's batch was refused before)
@@ -291,6 +301,7 @@ def test_tables_planned_together_publish_as_each_alone(spark, engine, tmp_path, 
                   ) == [(1, "r", None), (1, "u", "802"), (2, "c", "801"), (2, "d", "803")]
     assert [r["reason"].split(":")[0] for r in engine.read(spark, ordered.quarantine("ordered")).collect()] == [
         "missing_transaction"]
+    assert [r["_transaction_id"] for r in engine.read(spark, ordered.truncates("ordered")).collect()] == ["802"]
     assert silver_rows(spark, engine, together / "lake", "refused", ("id",)) == {
         (1,): {"id": 1, "qty": 1}, (2,): {"id": 2, "qty": 1}}  # its failed batch left silver as it was
 
@@ -437,3 +448,25 @@ def test_one_tables_failing_gate_in_a_pass_fails_that_table_alone_and_gx_names_i
     shown = opened_in_chromium(page)["text"]
     assert ("Table\nVerdict\nChecks it failed\none\npassed\n-\nthree\npassed\n-\n"
             "two\nfailed\ndeleted_keys_not_live, deletes_reconcile\n") in shown, shown
+
+
+def test_a_truncate_outside_its_tables_transactions_is_quarantined_and_empties_nothing(spark, engine, tmp_path,
+                                                                                        capsys):
+    """A truncate without its transaction block, on a table with transactions, is quarantined as a change without one
+    is: it never reaches the truncate log, so it must not empty silver either (history would keep what it removed)."""
+    config = demo_registry(tmp_path, [], {"ordered": {"topic": "shop.public.ordered", "keys": ["id"],
+                                                      "transactions": TX_TOPIC, "quality": {"max_quarantined": "100%"}}})
+    landing, lake = tmp_path / LANDING, tmp_path / "lake"
+    land(landing, "shop.public.ordered", [tx_event("ordered", "r", {"id": 1, "total": 10}),
+                                          tx_event("ordered", "c", {"id": 2, "total": 30}, TX_T1, (1, 1))], 0)
+    land(landing, "shop.public.ordered", [tx_event("ordered", "t", None),
+                                          tx_event("ordered", "c", {"id": 3, "total": 5}, TX_T2, (1, 1))], 1)
+    code, out, err = run(capsys, config, landing, lake, "--layers", "bronze,silver")
+    assert code == 0, out + err
+    assert silver_rows(spark, engine, lake, "ordered", ("id",)) == {
+        (1,): {"id": 1, "total": 10}, (2,): {"id": 2, "total": 30}, (3,): {"id": 3, "total": 5}}
+    tables = Lake(str(lake))
+    assert [(r["_line"], r["reason"].split(":")[0]) for r in engine.read(spark, tables.quarantine("ordered")).collect()
+            ] == [(1, "missing_transaction")]
+    assert engine.read(spark, tables.truncates("ordered")) is None
+    assert step_summary(out, "silver", "ordered")["truncates"] == "0"
