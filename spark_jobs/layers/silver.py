@@ -302,7 +302,6 @@ def apply_planned(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     _merge(engine, table, lake, plan.rows if plan.rows.num_rows else None, plan.ledger, True, plan.delete_counts,
            summary, removed)
     if table.history:
-        assert read.typing is not None, "the pass typed the batch"
         _history(spark, engine, table, lake, read.history_events(spark), list(read.typing.fields), new_truncates,
                  summary)
     summary.lineage = silver_lineage(table.name, plan.rows.column_names, table.sequence_by)

@@ -307,22 +307,27 @@ class TableBatch:
     # silver's source columns (TableTyping.silver_type)
     latest: pa.Table
     deletes: pa.Table  # each delete received, once per key and position: `_key`, `_seq`, `_row`
-    widened: tuple[types.Widening, ...] = ()  # silver's columns the batch widens (silver takes them first)
+    typing: TableTyping  # how the pass typed the batch
     new_truncate: str | None = None  # the batch's newest truncate, when newer than the one in force (plan_batch's)
     # a table with history: its truncates for the truncate log (`_seq`, `_transaction_id` with transactions; once
     # each), and its row events typing did not quarantine (HISTORY_COLUMNS and `_row`, silver's source columns),
     # which history.apply_history takes as its own plan's typed events
     truncates: pa.Table | None = None
     history: pa.Table | None = None
-    typing: TableTyping | None = None
+
+    @property
+    def widened(self) -> tuple[types.Widening, ...]:
+        """Silver's columns the batch widens (silver takes them first)."""
+        return self.typing.widening[1]
 
     def history_events(self, spark: SparkSession) -> DataFrame | None:
         """`history` as the typed events history.apply_history reads: `_row` at silver's types, the keys beside it."""
-        if self.history is None or self.typing is None:
+        if self.history is None:
             return None
         table = self.typing.table
-        events = self.history if table.transactions else self.history.drop_columns(
-            [c for c in self.history.column_names if c == "_transaction_id"])  # a pass's other table's
+        events = self.history  # the pass's scan takes transaction ids for all its tables when one has transactions
+        if not table.transactions and "_transaction_id" in events.column_names:
+            events = events.drop_columns(["_transaction_id"])
         return spark_frame(spark, events).withColumn("_row", F.col("_row").cast(self.typing.silver_type)).select(
             "*", *[sql(f"_row.{ident(k)} AS {ident(k)}") for k in table.keys])
 
@@ -371,8 +376,8 @@ def read_together(spark: SparkSession, candidates: list[Candidate]) -> dict[str,
     return {name: TableBatch(
         by_name[name].applied, by_name[name].truncated_at, by_name[name].silver_version, by_name[name].files.version,
         found[name].figures, counts_of.get(name, none).figures(latest[name]), counts_of.get(name, none).audit,
-        quarantine[name], latest[name], received[name], typings[name].widening[1], new_truncate[name],
-        collected.truncates.get(name), history.get(name), typings[name]) for name in typings}
+        quarantine[name], latest[name], received[name], typings[name], new_truncate[name],
+        collected.truncates.get(name), history.get(name)) for name in typings}
 
 
 @dataclass(frozen=True)
