@@ -391,11 +391,11 @@ class _Collected:
 
 
 def _truncates(rows: DataFrame, tables: list[TableConfig]) -> DataFrame:
-    """The truncates of `tables` (tables with history) with their quarantine reason (silver_plan.truncate_reason)."""
-    reason = per_table({t.name: silver_plan.truncate_reason(t) for t in tables}, lambda text: text)
+    """The truncates of `tables` (tables with history), for their truncate logs. None is quarantined: the overview
+    counts only truncates without a reason (silver_plan.truncate_reason), and `_typing` leaves a batch holding another
+    to its own plan, which quarantines it."""
     return rows.where(F.col("op") == "t").where(F.col("_table").isin([t.name for t in tables])).select(
-        "_table", "_seq", *(["_transaction_id"] if "_transaction_id" in rows.columns else []),
-        *QUARANTINED_COLUMNS[:-1], sql(f"{reason} AS reason"))
+        "_table", "_seq", *(["_transaction_id"] if "_transaction_id" in rows.columns else []))
 
 
 # what history.apply_history reads of a typed event besides `_row` and the keys (silver_plan.meta_columns' sources)
@@ -404,8 +404,8 @@ HISTORY_COLUMNS = ("_seq", "_source_file", "_line", "op", "source", "_ingested_a
 
 def _collect(typed: DataFrame, newest: DataFrame, typings: dict[str, TableTyping], counts: GroupedTally,
              truncates: DataFrame | None) -> _Collected:
-    """Every table's newest events and deletes, typed as silver's columns, with the row events typing quarantined
-    (and the `truncates` quarantined), history's events and truncates and the tables' counts, in one Arrow collect:
+    """Every table's newest events and deletes, typed as silver's columns, with the row events typing quarantined,
+    history's events and truncates and the tables' counts, in one Arrow collect:
     one column per shape of silver row (null in other tables' rows), split by table on the driver."""
     shapes: dict[str, list[str]] = {}
     for name, typing in typings.items():
@@ -436,16 +436,12 @@ def _collect(typed: DataFrame, newest: DataFrame, typings: dict[str, TableTyping
                     continue
                 own = found[kind].filter(pc.equal(found[kind].column("_table"), name))
                 out[name] = own.select([*carried[kind], f"_r{i}"]).rename_columns([*carried[kind], "_row"])
-    quarantine, logged = found["quarantine"], {}
-    if truncates is not None:
-        refused = pc.is_valid(found["truncate"].column("reason"))
-        quarantine = pa.concat_tables([quarantine, found["truncate"].filter(refused).select(quarantine.column_names)])
-        logged = _logged(found["truncate"].filter(pc.invert(refused)), typings)
-    return _Collected(split["latest"], split["delete"], quarantine, counted(tallied), split["history"], logged)
+    logged = _logged(found["truncate"], typings) if truncates is not None else {}
+    return _Collected(split["latest"], split["delete"], found["quarantine"], counted(tallied), split["history"], logged)
 
 
 def _logged(truncates: pa.Table, typings: dict[str, TableTyping]) -> dict[str, pa.Table]:
-    """Each table's truncates (not quarantined) as its truncate log takes them: once each, with their transaction's id
+    """Each table's truncates as its truncate log takes them: once each, with their transaction's id
     when the table has transactions."""
     logged = {}
     for name in set(truncates.column("_table").to_pylist()):
