@@ -177,15 +177,15 @@ def silver_merge(spark: SparkSession, engine: DeltaEngine, table: TableConfig, l
     silver_version = engine.version(lake.silver(table.name))
     recovered = interrupted_work(engine, lake.silver(table.name), progress.silver_version, silver_version)
     planned = None
-    # a batch that widens one of silver's types plans its own: whether an event the merge applies claims the wider
-    # type (a stale one's claim changes no schema) is silver_plan's to judge
-    if read is not None and not read.widened and read.holds(progress.bronze_version, progress.truncated_at,
-                                                           silver_version, bronze_version):
+    if read is not None and read.holds(progress.bronze_version, progress.truncated_at, silver_version, bronze_version):
         try:
             planned = silver_pass.plan_table(engine, lake, table, read)
         except pa.ArrowException as exc:  # not swallowed: nothing is written yet, and the table's own plan takes it
             log.warning(f"silver: {table.name}'s batch from the shared pass could not be planned on the driver, it plans "
                         f"its own: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}")
+        else:
+            if planned is None:
+                log.info(f"silver: {table.name}'s batch widens a type only a stale event claims, it plans its own")
     try:
         if read is not None and planned is not None:
             summary = yield from apply_planned(spark, engine, table, lake, read, planned, batch_id, gate)

@@ -413,9 +413,12 @@ def _collect(typed: DataFrame, newest: DataFrame, typings: dict[str, TableTyping
     rows = {f"_r{i}": _shape_column(shape, tuple(names), f"_r{i}") for i, (shape, names) in enumerate(shapes.items())}
     meta = silver_plan.meta_columns()
     transaction = ["_transaction_id"] if "_transaction_id" in typed.columns else []  # scan's, with transactions
+    # a batch that widens silver's types: does each newest event's own schema claim a widening (plan_table)?
+    widening = {name: types.claiming(t.widening[1], list(t.fields)) for name, t in typings.items() if t.widening[1]}
+    claims = [sql(f"{per_table(widening, lambda text: text)} AS _claims")] if widening else []
     latest = newest.select(*[sql(text) for text in ("_table", "_key", "_seq", "op", "_events", "_tie")],
                            *[meta[c] for c in silver_plan.SILVER_META if c not in ("_op", "_seq")], *transaction,
-                           *rows.values())
+                           *claims, *rows.values())
     deletes = deletes_received(typed).select(*[sql(text) for text in ("_table", "_key", "_seq")], *rows.values())
     quarantined = typed.where("reason IS NOT NULL").select(sql("_table"), *[sql(ident(c)) for c in QUARANTINED_COLUMNS])
     parts = {"latest": latest, "delete": deletes, "quarantine": quarantined}
@@ -474,13 +477,17 @@ class PassPlan:
     counts: silver_plan.PlanCounts
 
 
-def plan_table(engine: DeltaEngine, lake: Lake, table: TableConfig, batch: TableBatch) -> PassPlan:
+def plan_table(engine: DeltaEngine, lake: Lake, table: TableConfig, batch: TableBatch) -> PassPlan | None:
     """silver_plan's plan of a batch the pass read, made on the driver: as Spark queries its steps cost a small table
     more to build and plan than the work itself (tests/benchmarks/RESULTS.md, issue 32). Each rule is its SQL text in
     layers/changes.py, evaluated over Arrow; only the data is carried here. tests/layers/test_silver_pass.py holds every
-    table's outcome equal to its own plan's."""
+    table's outcome equal to its own plan's. None when the batch widens a type of silver's that no event the merge
+    applies claims (types.claiming): silver takes no type from a stale event, and its own plan types the batch again
+    at silver's types (silver_plan._plan_changes)."""
     placed = _placed(engine, lake, table, batch.latest, batch.new_truncate)
     effective = batch.latest.filter(holds(placed, changes.NEWER))
+    if batch.widened and not pc.any(pc.fill_null(effective.column("_claims"), False)).as_py():
+        return None
     row = effective.column("_row").combine_chunks()
     meta = [*silver_plan.SILVER_META, *(["_transaction_id"] if table.transactions else [])]  # silver_plan.silver_rows'
     rows = pa.Table.from_arrays([*row.flatten(), *[effective.column(c if c != "_op" else "op") for c in meta]],
