@@ -190,6 +190,11 @@ class Overview:
         (MongoDB documents, undescribed envelopes)."""
         return silver_plan.overview_fields(table, self.schemas, self.inferred, self.documents, self.figures["plain"])
 
+    @property
+    def refused_truncates(self) -> int:
+        """The batch's truncates quarantined (silver_plan.truncate_reason): the overview counts only the others."""
+        return self.figures["rows"] - self.figures["changes"] - self.figures["truncates"]
+
 
 def overviews(events: DataFrame, tables: list[TableConfig]) -> dict[str, Overview]:
     """Every table's overview, in one Spark job (`events`: `scan`'s rows)."""
@@ -268,14 +273,13 @@ def may_join(table: TableConfig) -> bool:
 
 
 def _typing(candidate: Candidate, overview: Overview) -> TableTyping | None:
-    """How the pass types the table's batch; None when its own plan must (layers/silver_plan.py): a batch with a
-    truncate without a position (its own plan quarantines it), with no row event, unavailable values, more than a
-    pass's rows, decimals decoded in Python, values of more than one JSON type in a column silver does not have yet
-    (typed by the first: silver_plan.resolve_mixed), or columns its settings name and its events lack (its own plan
-    says so)."""
+    """How the pass types the table's batch; None when its own plan must (layers/silver_plan.py): a batch with no row
+    event, unavailable values, more than a pass's rows, decimals decoded in Python, values of more than one JSON type
+    in a column silver does not have yet (typed by the first: silver_plan.resolve_mixed), or columns its settings name
+    and its events lack (its own plan says so)."""
     figures, table = overview.figures, candidate.table
-    if (figures["rows"] - figures["changes"] != figures["truncates"] or figures["unavailable"] or not figures["changes"]
-            or figures["rows"] > PASS_ROWS or (figures["bytes"] or 0) > PASS_BYTES):
+    if (figures["unavailable"] or not figures["changes"] or figures["rows"] > PASS_ROWS
+            or (figures["bytes"] or 0) > PASS_BYTES):
         return None
     fields = overview.fields(table)
     if fields is not None:
@@ -355,9 +359,11 @@ def read_together(spark: SparkSession, candidates: list[Candidate]) -> dict[str,
         return {}
     # a truncate is no row event: it moves the truncate in force, which every event of the table's batch is placed by
     rows = events.where(F.col("_table").isin(list(typings)))
-    logged = [name for name, typing in typings.items() if typing.table.history and found[name].figures["truncates"]]
-    truncates = _truncates(rows, [by_name[name].table for name in logged]) if logged else None
-    if any(found[name].figures["truncates"] for name in typings):
+    # the truncates collected: those the truncate logs of tables with history take, and those quarantined
+    collected_from = [name for name, typing in typings.items() if found[name].refused_truncates or (
+        typing.table.history and found[name].figures["truncates"])]
+    truncates = _truncates(rows, [by_name[name].table for name in collected_from]) if collected_from else None
+    if any(found[name].figures["rows"] > found[name].figures["changes"] for name in typings):
         rows = rows.where("op <> 't'")
     typed = typed_events(rows, list(typings.values()))
     new_truncate = {name: silver_plan.newer_truncate(found[name].figures["truncated_at"], by_name[name].truncated_at)
@@ -391,11 +397,11 @@ class _Collected:
 
 
 def _truncates(rows: DataFrame, tables: list[TableConfig]) -> DataFrame:
-    """The truncates of `tables` (tables with history), for their truncate logs. None is quarantined: the overview
-    counts only truncates without a reason (silver_plan.truncate_reason), and `_typing` leaves a batch holding another
-    to its own plan, which quarantines it."""
+    """The truncates of `tables` with their quarantine reason (silver_plan.truncate_reason)."""
+    reason = per_table({t.name: silver_plan.truncate_reason(t) for t in tables}, lambda text: text)
     return rows.where(F.col("op") == "t").where(F.col("_table").isin([t.name for t in tables])).select(
-        "_table", "_seq", *(["_transaction_id"] if "_transaction_id" in rows.columns else []))
+        "_table", "_seq", *(["_transaction_id"] if "_transaction_id" in rows.columns else []),
+        *QUARANTINED_COLUMNS[:-1], sql(f"{reason} AS reason"))
 
 
 # what history.apply_history reads of a typed event besides `_row` and the keys (silver_plan.meta_columns' sources)
@@ -404,8 +410,8 @@ HISTORY_COLUMNS = ("_seq", "_source_file", "_line", "op", "source", "_ingested_a
 
 def _collect(typed: DataFrame, newest: DataFrame, typings: dict[str, TableTyping], counts: GroupedTally,
              truncates: DataFrame | None) -> _Collected:
-    """Every table's newest events and deletes, typed as silver's columns, with the row events typing quarantined,
-    history's events and truncates and the tables' counts, in one Arrow collect:
+    """Every table's newest events and deletes, typed as silver's columns, with the row events typing quarantined
+    and the `truncates` quarantined, history's events and truncates and the tables' counts, in one Arrow collect:
     one column per shape of silver row (null in other tables' rows), split by table on the driver."""
     shapes: dict[str, list[str]] = {}
     for name, typing in typings.items():
@@ -439,12 +445,16 @@ def _collect(typed: DataFrame, newest: DataFrame, typings: dict[str, TableTyping
                     continue
                 own = found[kind].filter(pc.equal(found[kind].column("_table"), name))
                 out[name] = own.select([*carried[kind], f"_r{i}"]).rename_columns([*carried[kind], "_row"])
-    logged = _logged(found["truncate"], typings) if truncates is not None else {}
-    return _Collected(split["latest"], split["delete"], found["quarantine"], counted(tallied), split["history"], logged)
+    quarantine, logged = found["quarantine"], {}
+    if truncates is not None:
+        refused = pc.is_valid(found["truncate"].column("reason"))
+        quarantine = pa.concat_tables([quarantine, found["truncate"].filter(refused).select(quarantine.column_names)])
+        logged = _logged(found["truncate"].filter(pc.invert(refused)), typings)
+    return _Collected(split["latest"], split["delete"], quarantine, counted(tallied), split["history"], logged)
 
 
 def _logged(truncates: pa.Table, typings: dict[str, TableTyping]) -> dict[str, pa.Table]:
-    """Each table's truncates as its truncate log takes them: once each, with their transaction's id
+    """Each table's truncates (not quarantined) as its truncate log takes them: once each, with their transaction's id
     when the table has transactions."""
     logged = {}
     for name in set(truncates.column("_table").to_pylist()):

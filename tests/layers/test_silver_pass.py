@@ -188,7 +188,8 @@ EDGES = [
      # a truncate at 25 empties the table and its ledger as of there: the events before it apply to nothing
      "truncated": [_event("u", {"id": 1, "qty": 2}, 20), _event("d", {"id": 2}, 21), change_event("t", 25),
                    _event("c", {"id": 5, "qty": 5}, 30), _event("u", {"id": 3, "qty": 3}, 31),  # 3: re-created
-                   _event("d", {"id": 6}, 32)],  # a key that is not live: the ledger records it
+                   _event("d", {"id": 6}, 32),  # a key that is not live: the ledger records it
+                   change_event("t", None)],  # a truncate without a position: quarantined, it empties nothing
      # a truncate in T2 (its log keeps T2), then T2's update of 1 and T3's delete of 2, which the truncate removed
      "ordered": [tx_event("ordered", "t", None, TX_T2, (1, 1)), tx_event("ordered", "u", {"id": 1, "total": 15}, TX_T2,
                                                                        (2, 1)),
@@ -198,7 +199,8 @@ EDGES = [
 EDGE_TABLES = {"edges": {"topic": "shop.public.edges", "keys": ["id"], "quality": {"max_quarantined": "100%"},
                          "history": True},
                "refused": {"topic": "shop.public.refused", "keys": ["id"]},
-               "truncated": {"topic": "shop.public.truncated", "keys": ["id"], "history": True},
+               "truncated": {"topic": "shop.public.truncated", "keys": ["id"], "history": True,
+                             "quality": {"max_quarantined": "100%"}},
                # its transactions: each row and history version carries its transaction's id
                "ordered": {"topic": "shop.public.ordered", "keys": ["id"], "transactions": TX_TOPIC,
                            "quality": {"max_quarantined": "100%"}}}
@@ -248,7 +250,7 @@ def test_tables_planned_together_publish_as_each_alone(spark, engine, tmp_path, 
         asked.clear()
         code, out, err = run(capsys, config, together / LANDING, together / "lake", "--layers", "bronze,silver")
         assert f"silver: {len(names)} of {len(names)} tables' new bronze rows planned in one pass" in out, out + err
-        assert "could not be planned on the driver" not in out + err  # each table's step took the pass's plan
+        assert "plans its own" not in out + err  # each table's step took the pass's plan
         failed = [word for line in err.splitlines() for word in line.split() if word.startswith("table=")]
         assert (code, failed) == ((1, ["table=refused"]) if cycle else (0, [])), out + err
         # every table that merged had its merged rows tallied and gated in one joint answer (refused's batch was refused before)
@@ -294,6 +296,8 @@ def test_tables_planned_together_publish_as_each_alone(spark, engine, tmp_path, 
         (6, "d", 32, None, False)]
     truncates = engine.read(spark, Lake(str(together / "lake")).truncates("truncated")).collect()
     assert [lsn(r["_seq"]) for r in truncates] == [25]
+    assert [(r["_line"], r["reason"].split(":")[0]) for r in engine.read(
+        spark, Lake(str(together / "lake")).quarantine("truncated")).collect()] == [(7, "missing_sequence")]
     ordered = Lake(str(together / "lake"))
     assert [(r["id"], r["total"], r["_transaction_id"]) for r in engine.read(spark, ordered.silver("ordered")).collect()
             ] == [(1, 15, "802")]
@@ -463,6 +467,7 @@ def test_a_truncate_outside_its_tables_transactions_is_quarantined_and_empties_n
                                           tx_event("ordered", "c", {"id": 3, "total": 5}, TX_T2, (1, 1))], 1)
     code, out, err = run(capsys, config, landing, lake, "--layers", "bronze,silver")
     assert code == 0, out + err
+    assert "1 of 1 tables' new bronze rows planned in one pass" in out and "plans its own" not in out, out
     assert silver_rows(spark, engine, lake, "ordered", ("id",)) == {
         (1,): {"id": 1, "total": 10}, (2,): {"id": 2, "total": 30}, (3,): {"id": 3, "total": 5}}
     tables = Lake(str(lake))
