@@ -84,7 +84,7 @@ def read_pass(spark: SparkSession, engine: DeltaEngine, tables: list[TableConfig
     if not engine.reads_on_driver:
         return {}
     groups: dict[str, list[silver_pass.Candidate]] = {}  # by bronze's schema: a scan reads one
-    for table in (t for t in tables if silver_pass.may_join(t)):
+    for table in tables:
         progress = silver_progress(lake, table.name)
         files = engine.new_files(lake.bronze(table.name), progress.bronze_version)
         if files is None or not files.files or not _fits_a_pass([files]):
@@ -292,7 +292,8 @@ def apply_planned(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     quarantined = sum((summary.quarantined or {}).values())
     audit = Audit(Figures(quarantined, summary.quarantined_share or 0.0)).with_tallies(read.audit)
     checks = silver_checks(table)
-    gates = _Gates(check, {}, table, lake, summary, checks)
+    frames = read.judged(spark)
+    gates = _Gates(check, frames, table, lake, summary, checks)
     gates.before(audit, table.quality.breaker_trips(quarantined, summary.quarantined_share or 0))
 
     _widen(spark, engine, table, lake, read.widened, summary)
@@ -308,8 +309,9 @@ def apply_planned(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
 
     merged = dict(zip(("rows", "deletes"), silver_pass.pass_audit(engine, lake, table, read, batch_id), strict=True))
     after = gates.reconciled(audit)
-    joint = AuditGate(table.name, "silver", after, checks, lake, batch_id, table.quality.actions) if gate is None \
-        else None
+    # a gate with frames of the user's expectations validates them too: the table's own, after the joint tallies
+    joint = AuditGate(table.name, "silver", after, checks, lake, batch_id, table.quality.actions) if (
+        gate is None and not frames) else None
     answer = yield MergedAudit(merged, table.keys, joint)
     gates.after(after.with_tallies(answer.tallies), engine, published, answer.verdict)
     return summary

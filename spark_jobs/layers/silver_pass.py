@@ -28,6 +28,7 @@ from spark_jobs.layers import changes, keyed_reads, silver_plan
 from spark_jobs.layers.common import PASS_BYTES, PASS_ROWS, QUARANTINED_COLUMNS, checkpoint, lookup
 from spark_jobs.quality.audit import GroupedTally, Tallied, Tally, collect_with, grouped_tally
 from spark_jobs.quality.expectations import flagged
+from spark_jobs.quality.user_expectations import named_columns, violations
 from spark_jobs.registry import TableConfig
 from spark_jobs.sql_text import evaluated, holds, ident, named_struct, per_table, sql, sql_type
 
@@ -130,8 +131,27 @@ def typed_events(events: DataFrame, typings: list[TableTyping]) -> DataFrame:
     aligned = checkpoint(decoded.withColumns({"_decode_problems": case("decode_problems"), "_row": case("row"),
                                               "_type_problems": case("type_problems")}).drop(
         "_decoded", "_text", *mixed), True)
-    return checkpoint(aligned.withColumns({"_key": case("key"), "reason": case("reason")}), True).drop(
+    judged = {silver_plan.EVENT_ID: F.monotonically_increasing_id()} if any(
+        t.table.layer_expectations("silver") for t in typings) else {}  # what their violations name
+    return checkpoint(aligned.withColumns({"_key": case("key"), "reason": case("reason"), **judged}), True).drop(
         "_decode_problems", "_type_problems")
+
+
+def by_expectations(typed: DataFrame, typings: list[TableTyping]) -> DataFrame:
+    """`typed_events` with each event that fails a `quarantine` expectation on its table's silver rows given it as its
+    reason (silver_plan.failing_expectations: GX's conditions over each table's `upserts`, at its row type)."""
+    failing = [found for t in typings if (expectations := t.table.layer_expectations("silver")) and (
+        found := violations(_upserts(typed, t), expectations, silver_plan.EVENT_ID)) is not None]
+    if not failing:
+        return typed
+    return checkpoint(silver_plan.failing_expectations(typed, reduce(DataFrame.unionByName, failing)), True)
+
+
+def _upserts(typed: DataFrame, typing: TableTyping) -> DataFrame:
+    """The table's `upserts` frame (silver_plan.JUDGED) from the pass's typed events."""
+    return typed.where(F.col("_table") == typing.table.name).where(silver_plan.JUDGED).select(
+        silver_plan.EVENT_ID, sql(f"CAST(_row AS {sql_type(typing.row_type)}) AS _typed")).select(
+        silver_plan.EVENT_ID, "_typed.*")
 
 @dataclass(frozen=True)
 class Candidate:
@@ -266,17 +286,11 @@ def counted(tallied: dict[str, Tallied]) -> dict[str, EventCounts]:
                               c.tallies) for name, c in tallied.items()}
 
 
-def may_join(table: TableConfig) -> bool:
-    """Can the pass take the table's batches? Tables with expectations on silver's rows keep their own plan: it
-    quarantines by GX over Spark's rows."""
-    return not table.layer_expectations("silver")
-
-
 def _typing(candidate: Candidate, overview: Overview) -> TableTyping | None:
     """How the pass types the table's batch; None when its own plan must (layers/silver_plan.py): a batch with no row
     event, unavailable values, more than a pass's rows, decimals decoded in Python, values of more than one JSON type
-    in a column silver does not have yet (typed by the first: silver_plan.resolve_mixed), or columns its settings name
-    and its events lack (its own plan says so)."""
+    in a column silver does not have yet (typed by the first: silver_plan.resolve_mixed), or columns its settings or
+    its expectations on silver's rows name and its events lack (its own plan says so)."""
     figures, table = overview.figures, candidate.table
     if (figures["unavailable"] or not figures["changes"] or figures["rows"] > PASS_ROWS
             or (figures["bytes"] or 0) > PASS_BYTES):
@@ -290,7 +304,8 @@ def _typing(candidate: Candidate, overview: Overview) -> TableTyping | None:
         return None
     typing = TableTyping(table, tuple(fields), candidate.target)
     row = typing.row_type
-    if not keyed_reads.keys_join_on_driver(row, table.keys):
+    named = {c for user in table.layer_expectations("silver") for c in named_columns(user)}
+    if not keyed_reads.keys_join_on_driver(row, table.keys) or not named <= set(row.fieldNames()):
         return None
     return typing
 
@@ -318,6 +333,15 @@ class TableBatch:
     # which history.apply_history takes as its own plan's typed events
     truncates: pa.Table | None = None
     history: pa.Table | None = None
+    upserts: pa.Table | None = None  # a table with expectations on silver's rows: the rows they judge (EVENT_ID, `_row`)
+
+    def judged(self, spark: SparkSession) -> dict[str, DataFrame]:
+        """The frames the table's expectations on silver's rows read (silver_plan's `upserts`: EVENT_ID and the typed
+        row's columns), or none."""
+        if self.upserts is None:
+            return {}
+        return {"upserts": spark_frame(spark, self.upserts).select(
+            silver_plan.EVENT_ID, *[sql(f"_row.{ident(f)}") for f in self.typing.row_type.fieldNames()])}
 
     @property
     def widened(self) -> tuple[types.Widening, ...]:
@@ -369,10 +393,13 @@ def read_together(spark: SparkSession, candidates: list[Candidate]) -> dict[str,
     new_truncate = {name: silver_plan.newer_truncate(found[name].figures["truncated_at"], by_name[name].truncated_at)
                     for name in typings}
     truncated_at = {name: new_truncate[name] or by_name[name].truncated_at for name in typings}
+    judged = typed if silver_plan.EVENT_ID in typed.columns else None
+    if judged is not None:
+        typed = by_expectations(judged, list(typings.values()))
     counts = event_counts(typed, truncated_at)
     # the newest events are read once, by the collect: not materialised; the counts and the row events typing
     # quarantined are collected with them, in the same Spark job
-    collected = _collect(typed, newest_per_key(typed, truncated_at), typings, counts, truncates)
+    collected = _collect(typed, newest_per_key(typed, truncated_at), typings, counts, truncates, judged)
     latest, received, history = collected.latest, collected.deletes, collected.history
     counts_of = collected.counts
     none = EventCounts(0, 0, 0, {e.name: Tally(0, 0) for e in flagged("silver", "events")})
@@ -383,7 +410,7 @@ def read_together(spark: SparkSession, candidates: list[Candidate]) -> dict[str,
         by_name[name].applied, by_name[name].truncated_at, by_name[name].silver_version, by_name[name].files.version,
         found[name].figures, counts_of.get(name, none).figures(latest[name]), counts_of.get(name, none).audit,
         quarantine[name], latest[name], received[name], typings[name], new_truncate[name],
-        collected.truncates.get(name), history.get(name)) for name in typings}
+        collected.truncates.get(name), history.get(name), collected.upserts.get(name)) for name in typings}
 
 
 @dataclass(frozen=True)
@@ -394,6 +421,7 @@ class _Collected:
     counts: dict[str, EventCounts]  # by table
     history: dict[str, pa.Table]  # by table with history: its row events typing did not quarantine
     truncates: dict[str, pa.Table]  # by table with history and truncates: those the truncate log takes
+    upserts: dict[str, pa.Table]  # by table with expectations on silver's rows: the rows they judge
 
 
 def _truncates(rows: DataFrame, tables: list[TableConfig]) -> DataFrame:
@@ -409,10 +437,11 @@ HISTORY_COLUMNS = ("_seq", "_source_file", "_line", "op", "source", "_ingested_a
 
 
 def _collect(typed: DataFrame, newest: DataFrame, typings: dict[str, TableTyping], counts: GroupedTally,
-             truncates: DataFrame | None) -> _Collected:
+             truncates: DataFrame | None, judged: DataFrame | None) -> _Collected:
     """Every table's newest events and deletes, typed as silver's columns, with the row events typing quarantined
-    and the `truncates` quarantined, history's events and truncates and the tables' counts, in one Arrow collect:
-    one column per shape of silver row (null in other tables' rows), split by table on the driver."""
+    and the `truncates` quarantined, history's events and truncates, the upserts its expectations judge (from `judged`,
+    the typed events before their verdicts) and the tables' counts, in one Arrow collect: one column per shape of silver
+    row (null in other tables' rows), split by table on the driver."""
     shapes: dict[str, list[str]] = {}
     for name, typing in typings.items():
         shapes.setdefault(typing.silver_type.json(), []).append(name)
@@ -425,32 +454,36 @@ def _collect(typed: DataFrame, newest: DataFrame, typings: dict[str, TableTyping
     latest = newest.select(*[sql(text) for text in ("_table", "_key", "_seq", "op", "_events", "_tie")],
                            *[meta[c] for c in silver_plan.SILVER_META if c not in ("_op", "_seq")], *transaction,
                            *claims, *rows.values())
-    deletes = deletes_received(typed).select(*[sql(text) for text in ("_table", "_key", "_seq")], *rows.values())
-    quarantined = typed.where("reason IS NOT NULL").select(sql("_table"), *[sql(ident(c)) for c in QUARANTINED_COLUMNS])
-    parts = {"latest": latest, "delete": deletes, "quarantine": quarantined}
+    # each kind of row by table: its columns besides `_row`, and the tables it is collected for
+    carried = {"latest": ([c for c in latest.columns if c not in rows and c != "_table"], list(typings)),
+               "delete": (["_key", "_seq"], list(typings)),
+               "history": ([*HISTORY_COLUMNS, *transaction], [n for n, t in typings.items() if t.table.history]),
+               "upserts": ([silver_plan.EVENT_ID], [n for n, t in typings.items() if t.table.layer_expectations("silver")])}
+    parts = {"latest": latest, "delete": deletes_received(typed).select(sql("_table"), "_key", "_seq", *rows.values()),
+             "quarantine": typed.where("reason IS NOT NULL").select("_table", *QUARANTINED_COLUMNS)}
     if truncates is not None:
         parts["truncate"] = truncates
-    kept = [name for name, typing in typings.items() if typing.table.history]
-    if kept:
-        parts["history"] = typed.where(F.col("reason").isNull() & F.col("_table").isin(kept)).select(
-            "_table", *HISTORY_COLUMNS, *transaction, *rows.values())
+    if carried["history"][1]:
+        parts["history"] = typed.where(F.col("reason").isNull() & F.col("_table").isin(carried["history"][1]))
+    if judged is not None:
+        parts["upserts"] = judged.where(silver_plan.JUDGED).where(F.col("_table").isin(carried["upserts"][1]))
+    for kind in ("history", "upserts"):
+        if kind in parts:
+            parts[kind] = parts[kind].select("_table", *carried[kind][0], *rows.values())
     found, tallied = collect_with(parts, counts)
-    carried = {"latest": [c for c in latest.columns if c not in rows and c != "_table"], "delete": ["_key", "_seq"],
-               "history": [*HISTORY_COLUMNS, *transaction]}
-    split: dict[str, dict[str, pa.Table]] = {"latest": {}, "delete": {}, "history": {}}
+    split: dict[str, dict[str, pa.Table]] = {kind: {} for kind in carried}
     for i, names in enumerate(shapes.values()):
-        for name in names:
-            for kind, out in split.items():
-                if kind == "history" and name not in kept:
-                    continue
+        for kind, (columns, tables) in carried.items():
+            for name in (n for n in names if n in tables):
                 own = found[kind].filter(pc.equal(found[kind].column("_table"), name))
-                out[name] = own.select([*carried[kind], f"_r{i}"]).rename_columns([*carried[kind], "_row"])
+                split[kind][name] = own.select([*columns, f"_r{i}"]).rename_columns([*columns, "_row"])
     quarantine, logged = found["quarantine"], {}
     if truncates is not None:
         refused = pc.is_valid(found["truncate"].column("reason"))
         quarantine = pa.concat_tables([quarantine, found["truncate"].filter(refused).select(quarantine.column_names)])
         logged = _logged(found["truncate"].filter(pc.invert(refused)), typings)
-    return _Collected(split["latest"], split["delete"], quarantine, counted(tallied), split["history"], logged)
+    return _Collected(split["latest"], split["delete"], quarantine, counted(tallied), split["history"], logged,
+                      split["upserts"])
 
 
 def _logged(truncates: pa.Table, typings: dict[str, TableTyping]) -> dict[str, pa.Table]:

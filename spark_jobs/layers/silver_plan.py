@@ -292,15 +292,24 @@ def _quarantine_by_expectations(table: TableConfig, typed: DataFrame, plan: Batc
     expectations = table.layer_expectations("silver")
     if not expectations:
         return typed.drop(EVENT_ID)
-    upserts = typed.where("reason IS NULL AND op <> 'd'").select(EVENT_ID, "_row.*")
+    upserts = typed.where(JUDGED).select(EVENT_ID, "_row.*")
     check_columns(upserts, expectations, "silver's columns")
     plan.frames["upserts"] = upserts
     failing = violations(upserts, expectations, EVENT_ID)
     if failing is not None:
-        typed = typed.join(failing.withColumnRenamed("reason", "_failed"), EVENT_ID, "left").withColumn(
-            "reason", F.coalesce("reason", "_failed")).drop("_failed")
-        typed = checkpoint(typed, plan.one_task)
+        typed = checkpoint(failing_expectations(typed, failing), plan.one_task)
     return typed.drop(EVENT_ID)
+
+
+# SQL text over typed events: those a table's expectations on silver's rows judge (`upserts`, by EVENT_ID)
+JUDGED = "reason IS NULL AND op <> 'd'"
+
+
+def failing_expectations(typed: DataFrame, failing: DataFrame) -> DataFrame:
+    """`typed` with the reason of each event that fails a `quarantine` expectation (`failing`: EVENT_ID and reason,
+    user_expectations.violations)."""
+    return typed.join(failing.withColumnRenamed("reason", "_failed"), EVENT_ID, "left").withColumn(
+        "reason", F.coalesce("reason", "_failed")).drop("_failed")
 
 
 # What a batch's columns are made from, as aggregates of its bronze rows (beside overview_columns; both taken by the

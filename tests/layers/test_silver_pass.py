@@ -172,7 +172,10 @@ EDGES = [
      # a snapshot read (no transaction), a change in T1, a change without its transaction block: quarantined
      "ordered": [tx_event("ordered", "r", {"id": 1, "total": 10}), tx_event("ordered", "c", {"id": 2, "total": 30},
                                                                            TX_T1, (1, 1)),
-                 tx_event("ordered", "c", {"id": 3, "total": 5})]},
+                 tx_event("ordered", "c", {"id": 3, "total": 5})],
+     # its expectations on silver's rows: a qty above 100 is quarantined, a null one warned of
+     "judged": [_event("c", {"id": 1, "qty": 1}, 10), _event("c", {"id": 2, "qty": 500}, 11),
+                _event("c", {"id": 3, "qty": None}, 12)]},
     {"edges": [_event("u", {"id": 1, "qty": 2}, 20), _event("u", {"id": 1, "qty": 2}, 20),  # the same event twice
                _event("d", {"id": 2}, 21),  # a live key deleted
                _event("u", {"id": 3, "qty": 9}, 5),  # older than silver's row: stale
@@ -193,7 +196,10 @@ EDGES = [
      # a truncate in T2 (its log keeps T2), then T2's update of 1 and T3's delete of 2, which the truncate removed
      "ordered": [tx_event("ordered", "t", None, TX_T2, (1, 1)), tx_event("ordered", "u", {"id": 1, "total": 15}, TX_T2,
                                                                        (2, 1)),
-                 tx_event("ordered", "d", {"id": 2, "total": 30}, TX_T3, (1, 1))]},
+                 tx_event("ordered", "d", {"id": 2, "total": 30}, TX_T3, (1, 1))],
+     # a failing update leaves its key as it was, a later good one applies; a delete is never judged
+     "judged": [_event("u", {"id": 1, "qty": 900}, 20), _event("u", {"id": 3, "qty": 7}, 21),
+                _event("u", {"id": 3, "qty": 700}, 22), _event("d", {"id": 2}, 23)]},
 ]
 # edges, truncated and ordered keep history (and its truncate log): the pass writes it as their own plans do
 EDGE_TABLES = {"edges": {"topic": "shop.public.edges", "keys": ["id"], "quality": {"max_quarantined": "100%"},
@@ -203,8 +209,13 @@ EDGE_TABLES = {"edges": {"topic": "shop.public.edges", "keys": ["id"], "quality"
                              "quality": {"max_quarantined": "100%"}},
                # its transactions: each row and history version carries its transaction's id
                "ordered": {"topic": "shop.public.ordered", "keys": ["id"], "transactions": TX_TOPIC,
-                           "quality": {"max_quarantined": "100%"}}}
-PASSED = ["products", "film_actor", "actor"]  # generated (customers' expectations on silver keep it to its own plan)
+                           "quality": {"max_quarantined": "100%"}},
+               "judged": {"topic": "shop.public.judged", "keys": ["id"], "quality": {"max_quarantined": "100%"},
+                          "expectations": [
+                              {"expect_column_values_to_be_between": {"column": "qty", "max_value": 100},
+                               "action": "quarantine"},
+                              {"expect_column_values_to_not_be_null": {"column": "qty"}}]}}
+PASSED = ["products", "film_actor", "actor", "customers"]  # generated (customers: expectations on silver's rows)
 
 
 def _silver_state(spark, engine, lake_root: Path, table: str) -> dict:
@@ -306,6 +317,13 @@ def test_tables_planned_together_publish_as_each_alone(spark, engine, tmp_path, 
     assert [r["reason"].split(":")[0] for r in engine.read(spark, ordered.quarantine("ordered")).collect()] == [
         "missing_transaction"]
     assert [r["_transaction_id"] for r in engine.read(spark, ordered.truncates("ordered")).collect()] == ["802"]
+    assert silver_rows(spark, engine, together / "lake", "judged", ("id",)) == {
+        (1,): {"id": 1, "qty": 1}, (3,): {"id": 3, "qty": 7}}
+    too_many = "expectation: expect_column_values_to_be_between(qty) max_value=100"
+    assert sorted((int(r["_source_file"].rsplit("+", 1)[1].split(".")[0]), r["_line"], r["reason"])  # cycle, line
+                  for r in engine.read(spark, ordered.quarantine("judged")).collect()) == [
+        (0, 2, too_many), (1, 1, too_many), (1, 3, too_many)]
+    assert step_summary(out, "silver", "judged")["warnings"] == "1"  # cycle 1 has no null: the quarantine's finding
     assert silver_rows(spark, engine, together / "lake", "refused", ("id",)) == {
         (1,): {"id": 1, "qty": 1}, (2,): {"id": 2, "qty": 1}}  # its failed batch left silver as it was
 

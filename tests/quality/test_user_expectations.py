@@ -47,6 +47,7 @@ def test_quarantine_and_warn_at_silver_keep_the_keys_previous_state(spark, engin
                 change_event("c", 12, after=_row(3, 600, None))])
     code, out, err = run(capsys, config, tmp_path / "landing", tmp_path / "lake")
     assert (code, err) == (0, "")
+    assert "1 of 1 tables' new bronze rows planned in one pass" in out and "plans its own" not in out, out
     silver = summary_line(out, "silver", "orders")
     assert (silver["gate"], silver["warnings"]) == ("passed-with-warnings", "2")
     assert silver_rows(spark, engine, tmp_path / "lake", "orders", ("id",)) == {
