@@ -266,11 +266,13 @@ def test_tables_planned_together_publish_as_each_alone(spark, engine, tmp_path, 
         assert (code, failed) == ((1, ["table=refused"]) if cycle else (0, [])), out + err
         # every table that merged had its merged rows tallied and gated in one joint answer (refused's batch was refused before)
         assert asked == [sorted(n for n in names if (n, cycle) != ("refused", 1))], asked
+        # every table on its own step, in one run: one table's failing gate fails it alone there too
+        code_alone, out_alone, err_alone = own_steps(monkeypatch, capsys, config, alone / LANDING, alone / "lake",
+                                                     "--layers", "bronze,silver")
+        failed_alone = [word for line in err_alone.splitlines() for word in line.split() if word.startswith("table=")]
+        assert (code_alone, failed_alone) == (code, failed), out_alone + err_alone
+        assert "planned in one pass" not in out_alone
         for table in names:
-            code_alone, out_alone, _ = own_steps(monkeypatch, capsys, config, alone / LANDING, alone / "lake",
-                                                 "--layers", "bronze,silver", "--tables", table)
-            assert code_alone == (1 if (table, cycle) == ("refused", 1) else 0), out_alone
-            assert "planned in one pass" not in out_alone
             assert _silver_state(spark, engine, together / "lake", table) == _silver_state(
                 spark, engine, alone / "lake", table), (cycle, table)
             assert step_summary(out, "silver", table) == step_summary(out_alone, "silver", table), (cycle, table)
