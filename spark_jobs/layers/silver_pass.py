@@ -286,21 +286,23 @@ def counted(tallied: dict[str, Tallied]) -> dict[str, EventCounts]:
                               c.tallies) for name, c in tallied.items()}
 
 
-def _typing(candidate: Candidate, overview: Overview) -> TableTyping | None:
-    """How the pass types the table's batch; None when its own plan must (layers/silver_plan.py): a batch with no row
-    event, unavailable values, more than a pass's rows, decimals decoded in Python, values of more than one JSON type
-    in a column silver does not have yet (typed by the first: silver_plan.resolve_mixed), or columns its settings or
-    its expectations on silver's rows name and its events lack (its own plan says so)."""
+def _typing(candidate: Candidate, overview: Overview, events: DataFrame) -> TableTyping | None:
+    """How the pass types the table's batch (`events`: the scan's rows); None when its own plan must
+    (layers/silver_plan.py): a batch with no row event, unavailable values, more than a pass's rows, decimals decoded
+    in Python, or columns its settings or its expectations on silver's rows name and its events lack (its own plan
+    says so). A column of more than one JSON type takes silver's type, or the type of its first value
+    (silver_plan.resolve_mixed: a Spark job over the table's events, only for a batch with such a column new)."""
     figures, table = overview.figures, candidate.table
     if (figures["unavailable"] or not figures["changes"] or figures["rows"] > PASS_ROWS
             or (figures["bytes"] or 0) > PASS_BYTES):
         return None
     fields = overview.fields(table)
     if fields is not None:
-        fields = types.mixed_typed_by_silver(fields, _schema(candidate.target))
+        fields = silver_plan.resolve_mixed(fields, _schema(candidate.target), events.where(
+            (F.col("_table") == table.name) & (F.col("op") != "t")))
     if fields is None or silver_plan.absent_row_columns(table, {f.name for f in fields}) or any(
-            (f.mixed and not f.kinds) or f.logical == types.VARIABLE_DECIMAL
-            or (f.logical == types.DECIMAL_LOGICAL and f.precision > 18) for f in fields):
+            f.logical == types.VARIABLE_DECIMAL or (f.logical == types.DECIMAL_LOGICAL and f.precision > 18)
+            for f in fields):
         return None
     typing = TableTyping(table, tuple(fields), candidate.target)
     row = typing.row_type
@@ -378,7 +380,8 @@ def read_together(spark: SparkSession, candidates: list[Candidate]) -> dict[str,
     events = scan(spark, candidates).coalesce(1)
     found = overviews(events, [c.table for c in candidates])
     by_name = {c.table.name: c for c in candidates}
-    typings = {name: typing for name, overview in found.items() if (typing := _typing(by_name[name], overview))}
+    typings = {name: typing for name, overview in found.items()
+               if (typing := _typing(by_name[name], overview, events))}
     if not typings:
         return {}
     # a truncate is no row event: it moves the truncate in force, which every event of the table's batch is placed by
