@@ -179,31 +179,44 @@ def _exact_cast(text: str, target: str) -> str:
 BASE64 = "^([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"  # whole groups, padded: as Connect writes
 
 
-def _connect_decimal(text: str, scale: int) -> Decimal | None:
-    """Base64 of a big-endian two's-complement unscaled value, and its scale (Kafka Connect's encoding); None when the
-    text is not base64 (a decode problem: the event is quarantined, its batch goes on)."""
+def _unscaled(text: str) -> int | None:
+    """Base64 of a big-endian two's-complement unscaled value (Kafka Connect's Decimal encoding); None when the text is
+    not base64 (a decode problem: the event is quarantined, its batch goes on)."""
     try:
         unscaled = base64.b64decode(text, validate=True)
     except ValueError:  # binascii.Error
         return None
-    return Decimal(int.from_bytes(unscaled, "big", signed=True)).scaleb(-scale) if unscaled else None
+    return int.from_bytes(unscaled, "big", signed=True) if unscaled else None
+
+
+def _exact_text(unscaled: int, scale: int) -> str:
+    """unscaled * 10^-scale as plain decimal text, exactly: built from its digits, as no arithmetic under a decimal
+    context is (its precision, 28 by default, rounds a 38-digit value)."""
+    sign, digits, _ = Decimal(unscaled).as_tuple()
+    return format(Decimal((sign, digits, -scale)), "f")
 
 
 def _connect_decimal_text(text: str | None, scale: int | None) -> str | None:
-    """cdc_connect_decimal: a Connect Decimal of more than 18 digits as its exact text, which SQL casts to its type."""
-    value = None if text is None or scale is None else _connect_decimal(text, scale)
-    return None if value is None else format(value, "f")
+    """cdc_connect_decimal: a Connect Decimal of more than 18 digits as its exact text, which SQL casts to its type
+    (DECIMAL(p,scale), p <= 38: a value of more digits or another scale is none of its values)."""
+    unscaled = None if text is None or scale is None or not 0 <= scale <= 38 else _unscaled(text)
+    return None if unscaled is None or len(str(abs(unscaled))) > 38 else _exact_text(unscaled, scale)
 
 
 def _variable_decimal_text(text: str | None, scale: int | None) -> str | None:
     """cdc_variable_decimal: Debezium's VariableScaleDecimal ({scale, value: base64 unscaled}; each value has its own
-    scale) as exact text, when DECIMAL(38,18) holds it exactly; the rest become decode problems (quarantined)."""
-    if text is None or scale is None:
+    scale) as exact text, when DECIMAL(38,18) holds it exactly (a whole number of 10^-18 below 10^20); the rest
+    become decode problems (quarantined). In integers: a hostile scale costs no more than the value's own digits."""
+    unscaled = None if text is None or scale is None else _unscaled(text)
+    if unscaled is None:
         return None
-    value = _connect_decimal(text, scale)
-    if value is None:
+    shift = 18 - scale  # the value in units of 10^-18 is unscaled * 10^shift
+    if unscaled and not -len(str(abs(unscaled))) <= shift <= 38:
+        return None  # not whole units, or at least 10^20
+    units = unscaled * 10 ** shift if shift >= 0 else unscaled // 10 ** -shift
+    if shift < 0 and units * 10 ** -shift != unscaled or abs(units) >= 10 ** 38:
         return None
-    return format(value, "f") if value == value.quantize(Decimal(1).scaleb(-18)) and abs(value) < Decimal(10) ** 20 else None
+    return _exact_text(units, 18)
 
 
 def register_decoders(spark: SparkSession) -> None:
