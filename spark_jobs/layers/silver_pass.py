@@ -126,6 +126,8 @@ def typed_events(events: DataFrame, typings: list[TableTyping]) -> DataFrame:
     # mixed fields' values are checked by their JSON type (types.decode_problems): the image as VARIANT, when any has
     mixed = {"_variant": sql(f"try_parse_json({envelope.KEY_IMAGE})")} if any(
         f.kinds for t in typings for f in t.fields) else {}
+    if any(f.in_python for t in typings for f in t.fields):  # as types.parse_image
+        types.register_decoders(events.sparkSession)
     decoded = checkpoint(events.withColumns({"_decoded": case("decoded"), "_text": sql(types.image_text(envelope.KEY_IMAGE)),
                                             **mixed}), True)
     aligned = checkpoint(decoded.withColumns({"_decode_problems": case("decode_problems"), "_row": case("row"),
@@ -288,10 +290,10 @@ def counted(tallied: dict[str, Tallied]) -> dict[str, EventCounts]:
 
 def _typing(candidate: Candidate, overview: Overview, events: DataFrame) -> TableTyping | None:
     """How the pass types the table's batch (`events`: the scan's rows); None when its own plan must
-    (layers/silver_plan.py): a batch with no row event, unavailable values, more than a pass's rows, decimals decoded
-    in Python, or columns its settings or its expectations on silver's rows name and its events lack (its own plan
-    says so). A column of more than one JSON type takes silver's type, or the type of its first value
-    (silver_plan.resolve_mixed: a Spark job over the table's events, only for a batch with such a column new)."""
+    (layers/silver_plan.py): a batch with no row event, unavailable values, more than a pass's rows, or columns its
+    settings or its expectations on silver's rows name and its events lack (its own plan says so). A column of more
+    than one JSON type takes silver's type, or the type of its first value (silver_plan.resolve_mixed: a Spark job over
+    the table's events, only for a batch with such a column new)."""
     figures, table = overview.figures, candidate.table
     if (figures["unavailable"] or not figures["changes"] or figures["rows"] > PASS_ROWS
             or (figures["bytes"] or 0) > PASS_BYTES):
@@ -300,9 +302,7 @@ def _typing(candidate: Candidate, overview: Overview, events: DataFrame) -> Tabl
     if fields is not None:
         fields = silver_plan.resolve_mixed(fields, _schema(candidate.target), events.where(
             (F.col("_table") == table.name) & (F.col("op") != "t")))
-    if fields is None or silver_plan.absent_row_columns(table, {f.name for f in fields}) or any(
-            f.logical == types.VARIABLE_DECIMAL or (f.logical == types.DECIMAL_LOGICAL and f.precision > 18)
-            for f in fields):
+    if fields is None or silver_plan.absent_row_columns(table, {f.name for f in fields}):
         return None
     typing = TableTyping(table, tuple(fields), candidate.target)
     row = typing.row_type
