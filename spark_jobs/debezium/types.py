@@ -199,7 +199,9 @@ def _exact_text(unscaled: int, scale: int) -> str:
 def _connect_decimal_text(text: str | None, scale: int | None) -> str | None:
     """cdc_connect_decimal: a Connect Decimal of more than 18 digits as its exact text, which SQL casts to its type
     (DECIMAL(p,scale), p <= 38: a value of more digits or another scale is none of its values)."""
-    unscaled = None if text is None or scale is None or not 0 <= scale <= 38 else _unscaled(text)
+    if text is None or scale is None or not 0 <= scale <= 38:
+        return None
+    unscaled = _unscaled(text)
     return None if unscaled is None or len(str(abs(unscaled))) > 38 else _exact_text(unscaled, scale)
 
 
@@ -207,8 +209,8 @@ def _variable_decimal_text(text: str | None, scale: int | None) -> str | None:
     """cdc_variable_decimal: Debezium's VariableScaleDecimal ({scale, value: base64 unscaled}; each value has its own
     scale) as exact text, when DECIMAL(38,18) holds it exactly (a whole number of 10^-18 below 10^20); the rest
     become decode problems (quarantined). In integers: a hostile scale costs no more than the value's own digits."""
-    unscaled = None if text is None or scale is None else _unscaled(text)
-    if unscaled is None:
+    unscaled = None if text is None else _unscaled(text)
+    if unscaled is None or scale is None:
         return None
     shift = 18 - scale  # the value in units of 10^-18 is unscaled * 10^shift
     if unscaled and not -len(str(abs(unscaled))) <= shift <= 38:
