@@ -135,7 +135,9 @@ def test_events_typed_together_come_out_as_each_alone(spark, engine, tmp_path, c
     grouped = silver_pass.event_counts(together, truncated_at)
     counted = silver_pass.counted(grouped.read(grouped.frame.collect()))
     deletes = silver_pass.deletes_received(together)
-    for typing in typings:
+    # the tables test_tables_planned_together_publish_as_each_alone does not hold to their own plans end to end (their
+    # summaries carry these counts there): each own plan here is most of this test's time
+    for typing in (t for t in typings if t.table.name not in PASSED):
         table = typing.table
         progress = silver_progress(lake, table.name)
         bronze = engine.read(spark, lake.bronze(table.name)).where(F.col("_bronze_version") > progress.bronze_version)
