@@ -202,7 +202,7 @@ def _connect_decimal_text(text: str | None, scale: int | None) -> str | None:
     if text is None or scale is None or not 0 <= scale <= 38:
         return None
     unscaled = _unscaled(text)
-    return None if unscaled is None or len(str(abs(unscaled))) > 38 else _exact_text(unscaled, scale)
+    return None if unscaled is None or abs(unscaled) >= 10 ** 38 else _exact_text(unscaled, scale)
 
 
 def _variable_decimal_text(text: str | None, scale: int | None) -> str | None:
@@ -213,7 +213,8 @@ def _variable_decimal_text(text: str | None, scale: int | None) -> str | None:
     if unscaled is None or scale is None:
         return None
     shift = 18 - scale  # the value in units of 10^-18 is unscaled * 10^shift
-    if unscaled and not -len(str(abs(unscaled))) <= shift <= 38:
+    # at most bit_length * log10(2) + 1 digits (never str(): Python refuses an int of more than 4,300 digits as text)
+    if unscaled and not -(abs(unscaled).bit_length() * 0.30103 + 1) <= shift <= 38:
         return None  # not whole units, or at least 10^20
     units = unscaled * 10 ** shift if shift >= 0 else unscaled // 10 ** -shift
     if shift < 0 and units * 10 ** -shift != unscaled or abs(units) >= 10 ** 38:

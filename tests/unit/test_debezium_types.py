@@ -36,10 +36,12 @@ def test_values_that_do_not_fit_their_type_are_named_not_cast(spark):
 
 def test_wide_decimals_decode_through_the_exact_fallback(spark):
     values = [10**30 + 7, -(10**30) - 7, 10**37 + 1, -(10**38) + 1]  # past the 28 digits of Python's default context
-    df = spark.createDataFrame([(b64(v),) for v in values], "v STRING")
+    df = spark.createDataFrame([(b64(v),) for v in [*values, 10**38, 10**5000]], "v STRING")
     types.register_decoders(spark)
     got = [r[0] for r in df.select(sql(types.decode_decimal("v", 38, 4))).collect()]
-    assert got == [Decimal(f"{v}E-4") for v in values]  # from text: exact, as no arithmetic under that context is
+    # from text: exact, as no arithmetic under that context is. 39 digits, and 5,001 (more than Python writes as
+    # text): none of DECIMAL(38,4)'s values
+    assert got == [*[Decimal(f"{v}E-4") for v in values], None, None]
 
 
 def test_envelope_fields_decode_debezium_logical_types(spark):
@@ -134,8 +136,10 @@ def test_variable_scale_decimal_time_of_day_and_text_types_decode(spark):
         {"amount": vsd(-12345, 3), "t_ms": 49_501_250, "t_us": 49_501_250_001, "t_ns": 49_501_250_001_999,
          "doc": '{"a": [1, 2]}', "mood": "happy", "tz_time": "13:45:01.25Z"},
         {"amount": vsd(1, 19), "t_ms": 0, "t_us": 86_399_999_999, "t_ns": None, "doc": None, "mood": None, "tz_time": None},
-        # 38 digits, 18 of them places: exact. 27 digits, 3 places: beyond DECIMAL(38,18). A scale of -5000: 10^5000
-        *({"amount": vsd(unscaled, scale)} for unscaled, scale in ((10**37 + 1, 18), (10**26 + 7, 3), (1, -5000))),
+        # 38 digits, 18 of them places: exact. 27 digits, 3 places: beyond DECIMAL(38,18). A scale of -5000: 10^5000.
+        # 5,001 digits (more than Python writes as text), then the same at 5,018 places: 10^-18
+        *({"amount": vsd(unscaled, scale)} for unscaled, scale in (
+            (10**37 + 1, 18), (10**26 + 7, 3), (1, -5000), (10**5000, 3), (10**5000, 5018))),
     ]
     df = spark.createDataFrame([(i, json.dumps(img)) for i, img in enumerate(images)], "i INT, img STRING")
     got = types.parse_image(df, "img", fields, "r").orderBy("i").select("r.*", "_decode_problems").collect()
@@ -146,7 +150,8 @@ def test_variable_scale_decimal_time_of_day_and_text_types_decode(spark):
     assert (got[1]["amount"], got[1]["t_ms"], got[1]["t_us"]) == (None, "00:00:00.000", "23:59:59.999999")
     assert got[1]["_decode_problems"] == "amount (not decimal(38,18))"
     assert [(r["amount"], r["_decode_problems"]) for r in got[2:]] == [
-        (Decimal("10000000000000000000.000000000000000001"), ""), *[(None, "amount (not decimal(38,18))")] * 2]
+        (Decimal("10000000000000000000.000000000000000001"), ""), *[(None, "amount (not decimal(38,18))")] * 3,
+        (Decimal("1E-18"), "")]
 
 
 def test_column_overrides_type_plain_json_exactly(spark):
