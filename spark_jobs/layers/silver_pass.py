@@ -28,7 +28,7 @@ from spark_jobs.layers import changes, keyed_reads, silver_plan
 from spark_jobs.layers.common import PASS_BYTES, PASS_ROWS, QUARANTINED_COLUMNS, checkpoint, lookup
 from spark_jobs.quality.audit import GroupedTally, Tallied, Tally, collect_with, grouped_tally
 from spark_jobs.quality.expectations import flagged
-from spark_jobs.quality.user_expectations import named_columns, violations
+from spark_jobs.quality.user_expectations import violations
 from spark_jobs.registry import TableConfig
 from spark_jobs.sql_text import evaluated, holds, ident, named_struct, per_table, sql, sql_type
 
@@ -306,8 +306,8 @@ def _typing(candidate: Candidate, overview: Overview, events: DataFrame) -> Tabl
         return None
     typing = TableTyping(table, tuple(fields), candidate.target)
     row = typing.row_type
-    named = {c for user in table.layer_expectations("silver") for c in named_columns(user)}
-    if not keyed_reads.keys_join_on_driver(row, table.keys) or not named <= set(row.fieldNames()):
+    if not keyed_reads.keys_join_on_driver(row, table.keys) or not silver_plan.judged_columns(table) <= set(
+            row.fieldNames()):
         return None
     return typing
 

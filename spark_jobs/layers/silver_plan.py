@@ -362,8 +362,7 @@ def combined_fields(table: TableConfig, envelope_schemas: list[str], inferred: l
     lists = [described[s] for s in sorted(described) if described[s]]
     if inferred is not None:
         lists.insert(0, types.with_overrides(inferred, table.columns))
-    named = {c for _, columns in _row_columns(table) for c in columns} | {
-        c for user in table.layer_expectations("silver") for c in named_columns(user)}
+    named = {c for _, columns in _row_columns(table) for c in columns} | judged_columns(table)
     merged = types.by_schema(types.merge_fields(lists), described)
     return [f for f in merged if not f.name.startswith("__") and (not f.untyped or f.name in named)]
 
@@ -401,6 +400,11 @@ def resolve_mixed(fields: list[types.ImageField], target: T.StructType | None, e
     chosen = {name: types.json_type(first[f"k{i}"] or "VOID") for i, name in enumerate(new)}
     return [replace(f, parse_type=chosen[f.name], kinds=types.JSON_KINDS[chosen[f.name]]) if f.name in chosen else f
             for f in fields]
+
+
+def judged_columns(table: TableConfig) -> set[str]:
+    """The columns the table's expectations on silver's rows name."""
+    return {c for user in table.layer_expectations("silver") for c in named_columns(user)}
 
 
 def absent_row_columns(table: TableConfig, names: set[str]) -> list[tuple[str, list[str]]]:

@@ -325,7 +325,7 @@ def test_tables_planned_together_publish_as_each_alone(spark, engine, tmp_path, 
         (1,): {"id": 1, "qty": 1}, (3,): {"id": 3, "qty": 7}}
     too_many = "expectation: expect_column_values_to_be_between(qty) max_value=100"
     assert sorted((int(r["_source_file"].rsplit("+", 1)[1].split(".")[0]), r["_line"], r["reason"])  # cycle, line
-                  for r in engine.read(spark, ordered.quarantine("judged")).collect()) == [
+                  for r in engine.read(spark, Lake(str(together / "lake")).quarantine("judged")).collect()) == [
         (0, 2, too_many), (1, 1, too_many), (1, 3, too_many)]
     assert step_summary(out, "silver", "judged")["warnings"] == "1"  # cycle 1 has no null: the quarantine's finding
     assert silver_rows(spark, engine, together / "lake", "refused", ("id",)) == {
