@@ -152,15 +152,22 @@ def holds_placeholder(placeholder: str) -> str:
     return " OR ".join(f"coalesce(instr(after, {form}) > 0, false)" for form in quoted)
 
 
-def mark_unavailable(changes: DataFrame, placeholder: str) -> DataFrame:
-    """Adds `_unavailable`, the columns whose value in `after` is the placeholder (text, bytes as base64, or
-    an array holding only it), and replaces those values by null in `after` so they type like any column."""
+def unavailable_marks(placeholder: str) -> tuple[str, str]:
+    """SQL text over an event: `_unavailable`, the columns whose value in `after` is the placeholder (text, bytes as
+    base64, or an array holding only it), and `after` with those values replaced by null so they type like any
+    column."""
     text, encoded = _placeholder_forms(placeholder)
-    values = F.from_json("after", "map<string,string>")
-    unavailable = F.filter(F.map_keys(values), lambda k: values[k].isin(text, encoded, f'["{text}"]'))
+    forms = ", ".join(map(literal, (text, encoded, f'["{text}"]')))
+    columns = (f"coalesce(map_keys(map_filter(from_json(after, 'map<string,string>'), (k, v) -> v IN ({forms}))),"
+               " CAST(array() AS ARRAY<STRING>))")
     pattern = rf'\[\s*"\Q{text}\E"\s*\]|"\Q{text}\E"|"\Q{encoded}\E"'
-    return (changes.withColumn("_unavailable", F.coalesce(unavailable, F.array().cast("array<string>")))
-            .withColumn("after", F.regexp_replace("after", pattern, "null")))
+    return columns, f"regexp_replace(after, {literal(pattern)}, 'null')"
+
+
+def mark_unavailable(changes: DataFrame, placeholder: str) -> DataFrame:
+    """The events with `unavailable_marks`: `_unavailable`, and `after` without the placeholders."""
+    columns, after = unavailable_marks(placeholder)
+    return changes.withColumns({"_unavailable": sql(columns), "after": sql(after)})
 
 
 KEY_IMAGE = "CASE WHEN op = 'd' THEN before ELSE after END"

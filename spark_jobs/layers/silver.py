@@ -97,7 +97,7 @@ def read_pass(spark: SparkSession, engine: DeltaEngine, tables: list[TableConfig
         groups.setdefault(files.schema, []).append(silver_pass.Candidate(
             table, progress.bronze_version, files, progress.truncated_at, version, target))
     passes = [p for group in groups.values() for p in in_passes(group, lambda p: _fits_a_pass([c.files for c in p]))]
-    return read_shared("silver", "plans its own batch", passes, partial(silver_pass.read_together, spark),
+    return read_shared("silver", "plans its own batch", passes, partial(silver_pass.read_together, spark, engine, lake),
                        lambda together, planned: f"{len(planned)} of {len(together)} tables' new bronze rows planned")
 
 

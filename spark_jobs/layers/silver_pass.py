@@ -205,10 +205,10 @@ class Overview:
     figures: dict[str, Any]  # silver_plan.overview_columns
     schemas: tuple[str, ...]  # the row events' envelope schemas
     inferred: str | None  # schema_of_variant_agg over its plain images
-    documents: int  # MongoDB documents among them: typed by their own plan (types.infer_bson_fields)
+    documents: int  # MongoDB documents among them: their fields read from the events (types.infer_bson_fields)
 
     def fields(self, table: TableConfig) -> list[types.ImageField] | None:
-        """The batch's columns as `silver_plan.image_fields` finds them; None when the pass does not type them
+        """The batch's columns as `silver_plan.image_fields` finds them; None when that must read the events
         (MongoDB documents, undescribed envelopes)."""
         return silver_plan.overview_fields(table, self.schemas, self.inferred, self.documents, self.figures["plain"])
 
@@ -290,19 +290,23 @@ def counted(tallied: dict[str, Tallied]) -> dict[str, EventCounts]:
 
 def _typing(candidate: Candidate, overview: Overview, events: DataFrame) -> TableTyping | None:
     """How the pass types the table's batch (`events`: the scan's rows); None when its own plan must
-    (layers/silver_plan.py): a batch with no row event, unavailable values, more than a pass's rows, or columns its
-    settings or its expectations on silver's rows name and its events lack (its own plan says so). A column of more
-    than one JSON type takes silver's type, or the type of its first value (silver_plan.resolve_mixed: a Spark job over
-    the table's events, only for a batch with such a column new)."""
+    (layers/silver_plan.py): a batch with no row event, more than a pass's rows, or columns its settings or its
+    expectations on silver's rows name and its events lack (its own plan says so). Its fields are the overview's, or,
+    for MongoDB documents, undescribed envelopes and images holding unavailable values (marked first), found as its own
+    plan finds them (silver_plan.image_fields: a Spark job over the table's events, only for such a batch). A column of
+    more than one JSON type takes silver's type, or the type of its first value (silver_plan.resolve_mixed: a Spark job,
+    only for a batch with such a column new)."""
     figures, table = overview.figures, candidate.table
-    if (figures["unavailable"] or not figures["changes"] or figures["rows"] > PASS_ROWS
-            or (figures["bytes"] or 0) > PASS_BYTES):
+    if not figures["changes"] or figures["rows"] > PASS_ROWS or (figures["bytes"] or 0) > PASS_BYTES:
         return None
-    fields = overview.fields(table)
-    if fields is not None:
-        fields = silver_plan.resolve_mixed(fields, _schema(candidate.target), events.where(
-            (F.col("_table") == table.name) & (F.col("op") != "t")))
-    if fields is None or silver_plan.absent_row_columns(table, {f.name for f in fields}):
+    own = events.where((F.col("_table") == table.name) & (F.col("op") != "t"))
+    fields = None if figures["unavailable"] else overview.fields(table)
+    if figures["unavailable"]:
+        own = envelope.mark_unavailable(own, table.unavailable_value_placeholder)
+    if fields is None:
+        fields = silver_plan.image_fields(events.sparkSession, table, own, figures["plain"] > 0)
+    fields = silver_plan.resolve_mixed(fields, _schema(candidate.target), own)
+    if silver_plan.absent_row_columns(table, {f.name for f in fields}):
         return None
     typing = TableTyping(table, tuple(fields), candidate.target)
     row = typing.row_type
@@ -310,6 +314,41 @@ def _typing(candidate: Candidate, overview: Overview, events: DataFrame) -> Tabl
             row.fieldNames()):
         return None
     return typing
+
+
+def _marked(rows: DataFrame, typings: dict[str, TableTyping], found: dict[str, Overview]) -> DataFrame:
+    """`rows` with envelope.unavailable_marks in the tables whose batches hold unavailable values (`_unavailable`
+    empty in the others'), or as they are when none does."""
+    placeholders = {name: t.table.unavailable_value_placeholder if found[name].figures["unavailable"] else None
+                    for name, t in typings.items()}
+    if not any(placeholders.values()):
+        return rows
+    marks = {name: envelope.unavailable_marks(p) if p else ("CAST(array() AS ARRAY<STRING>)", "after")
+             for name, p in placeholders.items()}
+    return rows.withColumns({"_unavailable": sql(per_table(marks, lambda m: m[0])),
+                             "after": sql(per_table(marks, lambda m: m[1]))})
+
+
+def _filled(engine: DeltaEngine, lake: Lake, typed: DataFrame, typings: list[TableTyping]) -> DataFrame:
+    """`typed_events` with silver_plan.fill_unavailable over the events of each of `typings` (tables whose batches
+    hold unavailable values), at the table's row type: its live rows read by the keys of those events on the driver
+    (a key-filtered read of silver, where its own plan joins silver's scan), in one Spark job a table."""
+    filled = [typed.where(~F.col("_table").isin([t.table.name for t in typings])).drop("_unavailable")]
+    for typing in typings:
+        table, keys = typing.table, list(typing.table.keys)
+        own = typed.where(F.col("_table") == table.name).withColumn(
+            "_row", sql(f"CAST(_row AS {sql_type(typing.row_type)})"))
+        own = own.select("*", *[sql(f"_row.{ident(k)} AS {ident(k)}") for k in keys])
+        wanting = own.where("size(_unavailable) > 0").select(*keys, "_unavailable").toArrow()
+        columns = sorted(set(pc.list_flatten(wanting.column("_unavailable")).to_pylist()))
+        in_silver = [c for c in columns if typing.target_schema is not None and c in typing.target_schema.fieldNames()]
+        found = engine.read_where(lake.silver(table.name), [*keys, *in_silver], keyed_reads.among(wanting.select(keys))
+                                  ) if in_silver else None
+        live = None if found is None or not found.num_rows else spark_frame(typed.sparkSession,
+                                                                            found.select([*keys, *in_silver]))
+        own = silver_plan.fill_unavailable(own, table.keys, columns, live)
+        filled.append(own.withColumn("_row", sql("to_variant_object(_row)")).drop(*keys))
+    return checkpoint(reduce(DataFrame.unionByName, filled), True)
 
 
 @dataclass(frozen=True)
@@ -373,9 +412,11 @@ class TableBatch:
             applied, truncated_at, silver_version, bronze_version)
 
 
-def read_together(spark: SparkSession, candidates: list[Candidate]) -> dict[str, TableBatch]:
+def read_together(spark: SparkSession, engine: DeltaEngine, lake: Lake, candidates: list[Candidate]
+                  ) -> dict[str, TableBatch]:
     """The candidates' new bronze rows scanned, overviewed, typed, reduced to the newest event per key, counted and
-    audited in one pass, and collected to the driver by table. A table the pass cannot type (`_typing`) is left out."""
+    audited in one pass, and collected to the driver by table. A table the pass cannot type (`_typing`) is left out.
+    Silver is read only for unavailable values' earlier values (`_filled`)."""
     # a pass holds at most PASS_ROWS rows (silver.read_pass): in one partition its aggregates need no exchange, each a job
     events = scan(spark, candidates).coalesce(1)
     found = overviews(events, [c.table for c in candidates])
@@ -392,7 +433,10 @@ def read_together(spark: SparkSession, candidates: list[Candidate]) -> dict[str,
     truncates = _truncates(rows, [by_name[name].table for name in collected_from]) if collected_from else None
     if any(found[name].figures["rows"] > found[name].figures["changes"] for name in typings):
         rows = rows.where("op <> 't'")
-    typed = typed_events(rows, list(typings.values()))
+    typed = typed_events(_marked(rows, typings, found), list(typings.values()))
+    toasted = [t for name, t in typings.items() if found[name].figures["unavailable"]]
+    if toasted:
+        typed = _filled(engine, lake, typed, toasted)
     new_truncate = {name: silver_plan.newer_truncate(found[name].figures["truncated_at"], by_name[name].truncated_at)
                     for name in typings}
     truncated_at = {name: new_truncate[name] or by_name[name].truncated_at for name in typings}

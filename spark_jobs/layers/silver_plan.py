@@ -231,7 +231,8 @@ def _plan_typed(spark: SparkSession, engine: DeltaEngine, table: TableConfig, la
     returns the events the merge applies (with their `_schema`)."""
     typed = typed_changes(table, changes_in, plan.fields, plan.target_schema)
     if unavailable:
-        typed = fill_unavailable(spark, engine, lake, table, checkpoint(typed, plan.one_task))
+        typed = checkpoint(typed, plan.one_task)
+        typed = fill_unavailable(typed, table.keys, unavailable_columns(typed), engine.read(spark, lake.silver(table.name)))
     plan.typed = typed = _quarantine_by_expectations(table, checkpoint(typed.withColumn(
         EVENT_ID, F.monotonically_increasing_id()), plan.one_task), plan)
     plan.quarantine = plan.quarantine.unionByName(typed.where("reason IS NOT NULL").select(*QUARANTINED_COLUMNS))
@@ -419,26 +420,29 @@ def _row_columns(table: TableConfig) -> tuple[tuple[str, tuple[str, ...]], ...]:
             ("sequence_by", tuple(c for c in table.sequence_by or () if not c.startswith("source."))))
 
 
-def fill_unavailable(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: TableConfig,
-                      typed: DataFrame) -> DataFrame:
+def unavailable_columns(typed: DataFrame) -> list[str]:
+    """The columns some of the typed events hold as unavailable (`_unavailable`), in order: one Spark job."""
+    return sorted({r[0] for r in typed.select(F.explode("_unavailable")).distinct().collect()})
+
+
+def fill_unavailable(typed: DataFrame, keys: tuple[str, ...], columns: list[str], live: DataFrame | None
+                     ) -> DataFrame:
     """An unchanged TOASTed column (PostgreSQL, REPLICA IDENTITY DEFAULT) keeps the key's previous value:
-    the value of the key's last earlier event in the batch that carried it, else of its live silver row.
-    With neither, the value is unknown here: the event is quarantined (`unavailable_value`), never
-    applied with a placeholder or a null in place of the value."""
-    columns = sorted({r[0] for r in typed.select(F.explode("_unavailable")).distinct().collect()})
-    keys = list(table.keys)
+    the value of the key's last earlier event in the batch that carried it, else of its live silver row (`live`:
+    silver's rows, at least those of the keys, or None before its first commit). With neither, the value is unknown
+    here: the event is quarantined (`unavailable_value`), never applied with a placeholder or a null in place of the
+    value. `columns`: those unavailable in some event (unavailable_columns); the typed events carry their keys."""
     earlier = Window.partitionBy(*keys).orderBy("_seq", "_source_file", "_line").rowsBetween(Window.unboundedPreceding, -1)
-    silver = engine.read(spark, lake.silver(table.name))
-    in_silver = [c for c in columns if silver is not None and c in silver.columns]
-    if in_silver and silver is not None:
-        typed = typed.join(silver.select(*keys, F.struct(*[F.struct(F.col(c).alias("v")).alias(c) for c in in_silver])
-                                         .alias("_live")), keys, "left")
+    in_silver = [c for c in columns if live is not None and c in live.columns]
+    if in_silver and live is not None:
+        typed = typed.join(live.select(*keys, F.struct(*[F.struct(F.col(c).alias("v")).alias(c) for c in in_silver])
+                                       .alias("_live")), list(keys), "left")
     unresolved = []
     for c in columns:
         missing = F.array_contains("_unavailable", c)
         previous = F.last(F.when(~missing, F.struct(F.col("_row")[c].alias("v"))), ignorenulls=True).over(earlier)
-        live = F.col("_live")[c] if c in in_silver else F.lit(None)
-        known = F.coalesce(previous, live)
+        kept = F.col("_live")[c] if c in in_silver else F.lit(None)
+        known = F.coalesce(previous, kept)
         typed = typed.withColumn("_row", F.col("_row").withField(c, F.when(missing, known["v"]).otherwise(F.col("_row")[c])))
         unresolved.append(F.when(missing & known.isNull(), F.lit(c)))
     lost = F.concat_ws(", ", *unresolved)

@@ -14,7 +14,7 @@ import pytest
 
 from spark_jobs.delta.reads import row_count
 from spark_jobs.lake import Lake
-from tests.support import change_event, run, silver_rows, summary_line
+from tests.support import change_event, planner_run, run, silver_rows, summary_line
 
 TOPIC = "shop.public.orders"
 CONFIG = "quality: {max_quarantined: 100%}\ntables:\n  orders:\n    topic: shop.public.orders\n    keys: [id]\n"
@@ -178,8 +178,13 @@ def test_a_tombstone_landing_before_its_delete_is_matched_when_the_delete_lands(
     assert silver_rows(spark, engine, tmp_path / "lake", "orders", ("id",)) == {}
 
 
-def test_unchanged_toasted_values_keep_the_keys_previous_value_never_the_placeholder(spark, engine, tmp_path, capsys):
+@pytest.mark.parametrize("own_plan", [False, True], ids=["pass", "own-plan"])
+def test_unchanged_toasted_values_keep_the_keys_previous_value_never_the_placeholder(spark, engine, tmp_path, capsys,
+                                                                                      monkeypatch, own_plan):
+    """Both planners: the silver pass fills each value from the batch or reads silver's by key, a table's own plan
+    joins silver's scan."""
     config, folder = setup(tmp_path, CONFIG.replace("keys: [id]\n", "keys: [id]\n    history: true\n"))
+    run = planner_run(monkeypatch, own_plan)
     unavailable = "__debezium_unavailable_value"
     as_bytes = base64.b64encode(unavailable.encode()).decode()
     (folder / f"{TOPIC}+0+0000000000.json").write_text(
@@ -194,6 +199,7 @@ def test_unchanged_toasted_values_keep_the_keys_previous_value_never_the_placeho
     ]) + "\n")
     code, out, err = run(capsys, config, tmp_path / "landing", tmp_path / "lake")
     assert (code, err) == (0, "")
+    assert own_plan or ("1 of 1 tables' new bronze rows planned in one pass" in out and "plans its own" not in out), out
     assert silver_rows(spark, engine, tmp_path / "lake", "orders", ("id",)) == {
         (1,): {"id": 1, "bio": "long text", "data": "AQI=", "tags": '["a","b"]', "n": 2},
         (2,): {"id": 2, "bio": "b2", "data": "BQY=", "tags": '["c"]', "n": 3}}

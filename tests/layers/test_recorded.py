@@ -12,17 +12,17 @@ from pathlib import Path
 import pytest
 
 from spark_jobs.lake import Lake
-from tests.support import FIXTURES, RECORDED_FINAL, land, mongo_event, run, silver_rows, summary_line
+from tests.support import FIXTURES, RECORDED_FINAL, land, mongo_event, planner_run, run, silver_rows, summary_line
 
 
-def land_newest_first(capsys, root: Path, files, landing: Path, lake: Path, table: str) -> None:
-    """Copies `files` (under `root`) to the landing newest first, with one run of the table after each."""
+def land_newest_first(capsys, root: Path, files, landing: Path, lake: Path, table: str, runs=run) -> None:
+    """Copies `files` (under `root`) to the landing newest first, with one run of the table after each (`runs`)."""
     for f in sorted(files, reverse=True):
         target = landing / f.relative_to(root)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(f, target)
-        code, _, err = run(capsys, FIXTURES / "tables.yaml", landing, lake, "--tables", table)
-        assert (code, err) == (0, "")
+        code, out, err = runs(capsys, FIXTURES / "tables.yaml", landing, lake, "--tables", table)
+        assert (code, err) == (0, ""), out
 
 
 @pytest.mark.parametrize("source, table", [("postgres", "pg_customers"), ("mysql", "mysql_customers")])
@@ -79,19 +79,24 @@ MONGO_FINAL = {
 }
 
 
-@pytest.mark.parametrize("table", ["mongo_customers", "mongo_products"])
-def test_mongodb_change_events_landing_in_reverse_order_over_several_runs(spark, engine, tmp_path, capsys, table):
+@pytest.mark.parametrize("table, own_plan", [("mongo_customers", False), ("mongo_products", True)],
+                         ids=["mongo_customers-pass", "mongo_products-own-plan"])
+def test_mongodb_change_events_landing_in_reverse_order_over_several_runs(spark, engine, tmp_path, capsys, monkeypatch,
+                                                                          table, own_plan):
     """MongoDB's connector (documents as extended JSON text; deletes with no document, keyed by the S3 sink's key
     files) and ExtractNewDocumentState's flat records: snapshot, insert, full-document update, delete with its
-    tombstone, a re-insert of a deleted _id; newest file first, one run per file, ordered by the oplog position."""
+    tombstone, a re-insert of a deleted _id; newest file first, one run per file, ordered by the oplog position. One
+    collection through the silver pass, the other through its own plan (the documents' fields found alike)."""
     landing, lake = tmp_path / "landing", tmp_path / "lake"
     topic = "mongo1.inventory." + table.split("_", 1)[1]
+    runs = planner_run(monkeypatch, own_plan)
     # a key file (`.keys.json`) sorts after its value file: newest first, it lands before its values
-    land_newest_first(capsys, MONGO, (MONGO / "topics" / topic).rglob("*.json"), landing, lake, table)
+    land_newest_first(capsys, MONGO, (MONGO / "topics" / topic).rglob("*.json"), landing, lake, table, runs)
     assert silver_rows(spark, engine, lake, table, ("_id",)) == MONGO_FINAL[table]
     one_run = tmp_path / "lake_one_run"
-    code, out, _ = run(capsys, FIXTURES / "tables.yaml", landing, one_run, "--tables", table)
+    code, out, _ = runs(capsys, FIXTURES / "tables.yaml", landing, one_run, "--tables", table)
     assert code == 0 and summary_line(out, "bronze", table)["quarantined_share"] == "0.0"
+    assert own_plan or ("1 of 1 tables' new bronze rows planned in one pass" in out and "plans its own" not in out), out
     assert silver_rows(spark, engine, one_run, table, ("_id",)) == MONGO_FINAL[table]
 
 

@@ -358,9 +358,9 @@ def test_a_pass_holds_at_most_one_tasks_rows(spark, engine, tmp_path, capsys, mo
     monkeypatch.setattr(silver, "PASS_ROWS", 6)  # two tables' new rows fit in a pass, not three
     passes, real = [], silver_pass.read_together
 
-    def recorded(spark, candidates):
+    def recorded(spark, engine, lake, candidates):
         passes.append([c.table.name for c in candidates])
-        return real(spark, candidates)
+        return real(spark, engine, lake, candidates)
 
     monkeypatch.setattr(silver_pass, "read_together", recorded)
     code, out, err = run(capsys, config, landing, lake, "--layers", "silver")
