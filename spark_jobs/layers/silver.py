@@ -305,7 +305,8 @@ def apply_planned(spark: SparkSession, engine: DeltaEngine, table: TableConfig, 
     if table.history:
         _history(spark, engine, table, lake, read.history_events(spark), list(read.typing.fields), new_truncates,
                  summary)
-    summary.lineage = silver_lineage(table.name, plan.rows.column_names, table.sequence_by)
+    if read.overview["changes"]:  # as its own plan's: a batch of truncates alone writes no row
+        summary.lineage = silver_lineage(table.name, plan.rows.column_names, table.sequence_by)
 
     merged = dict(zip(("rows", "deletes"), silver_pass.pass_audit(engine, lake, table, read, batch_id), strict=True))
     after = gates.reconciled(audit)

@@ -117,7 +117,10 @@ def _branches_case(part: str, typings: tuple[TableTyping, ...]) -> Column:
 
 def typed_events(events: DataFrame, typings: list[TableTyping]) -> DataFrame:
     """The row events of many tables (`_table`, `_seq`, op <> 't'; together a small batch) with `_row` (VARIANT),
-    `_key` and `reason`, materialised."""
+    `_key` and `reason`, materialised (`typings`: the tables with row events; none: the pass's are truncates alone)."""
+    if not typings:
+        return events.where("false").select("*", *[sql(f"CAST(NULL AS {kind}) AS {name}") for name, kind in (
+            ("_row", "VARIANT"), ("_key", "STRING"), ("reason", "STRING"))])
     def case(part: str) -> Column:
         return _branches_case(part, tuple(typings))
 
@@ -290,15 +293,20 @@ def counted(tallied: dict[str, Tallied]) -> dict[str, EventCounts]:
 
 def _typing(candidate: Candidate, overview: Overview, events: DataFrame) -> TableTyping | None:
     """How the pass types the table's batch (`events`: the scan's rows); None when its own plan must
-    (layers/silver_plan.py): a batch with no row event, more than a pass's rows, or columns its settings or its
-    expectations on silver's rows name and its events lack (its own plan says so). Its fields are the overview's, or,
+    (layers/silver_plan.py): more than a pass's rows, columns its settings or its expectations on silver's rows name
+    and its events lack (its own plan says so), or truncates alone before silver's first commit or with such
+    expectations. Its fields are the overview's, or,
     for MongoDB documents, undescribed envelopes and images holding unavailable values (marked first), found as its own
     plan finds them (silver_plan.image_fields: a Spark job over the table's events, only for such a batch). A column of
     more than one JSON type takes silver's type, or the type of its first value (silver_plan.resolve_mixed: a Spark job,
     only for a batch with such a column new)."""
     figures, table = overview.figures, candidate.table
-    if not figures["changes"] or figures["rows"] > PASS_ROWS or (figures["bytes"] or 0) > PASS_BYTES:
+    if figures["rows"] > PASS_ROWS or (figures["bytes"] or 0) > PASS_BYTES:
         return None
+    if not figures["changes"]:  # truncates alone: no row to type, silver's columns to carry (and none before it has)
+        alone = TableTyping(table, (), candidate.target)
+        return alone if candidate.target is not None and not table.layer_expectations("silver") and \
+            keyed_reads.keys_join_on_driver(alone.silver_type, table.keys) else None
     own = events.where((F.col("_table") == table.name) & (F.col("op") != "t"))
     fields = None if figures["unavailable"] else overview.fields(table)
     if figures["unavailable"]:
@@ -433,7 +441,7 @@ def read_together(spark: SparkSession, engine: DeltaEngine, lake: Lake, candidat
     truncates = _truncates(rows, [by_name[name].table for name in collected_from]) if collected_from else None
     if any(found[name].figures["rows"] > found[name].figures["changes"] for name in typings):
         rows = rows.where("op <> 't'")
-    typed = typed_events(_marked(rows, typings, found), list(typings.values()))
+    typed = typed_events(_marked(rows, typings, found), [t for n, t in typings.items() if found[n].figures["changes"]])
     toasted = [t for name, t in typings.items() if found[name].figures["unavailable"]]
     if toasted:
         typed = _filled(engine, lake, typed, toasted)
@@ -457,7 +465,8 @@ def read_together(spark: SparkSession, engine: DeltaEngine, lake: Lake, candidat
         by_name[name].applied, by_name[name].truncated_at, by_name[name].silver_version, by_name[name].files.version,
         found[name].figures, counts_of.get(name, none).figures(latest[name]), counts_of.get(name, none).audit,
         quarantine[name], latest[name], received[name], typings[name], new_truncate[name],
-        collected.truncates.get(name), history.get(name), collected.upserts.get(name)) for name in typings}
+        collected.truncates.get(name), history.get(name) if found[name].figures["changes"] else None,
+        collected.upserts.get(name)) for name in typings}
 
 
 @dataclass(frozen=True)

@@ -177,7 +177,8 @@ EDGES = [
                  tx_event("ordered", "c", {"id": 3, "total": 5})],
      # its expectations on silver's rows: a qty above 100 is quarantined, a null one warned of
      "judged": [_event("c", {"id": 1, "qty": 1}, 10), _event("c", {"id": 2, "qty": 500}, 11),
-                _event("c", {"id": 3, "qty": None}, 12)]},
+                _event("c", {"id": 3, "qty": None}, 12)],
+     "emptied": [_event("c", {"id": 1, "qty": 1}, 10), _event("d", {"id": 2}, 11)]},
     {"edges": [_event("u", {"id": 1, "qty": 2}, 20), _event("u", {"id": 1, "qty": 2}, 20),  # the same event twice
                _event("d", {"id": 2}, 21),  # a live key deleted
                _event("u", {"id": 3, "qty": 9}, 5),  # older than silver's row: stale
@@ -201,7 +202,9 @@ EDGES = [
                  tx_event("ordered", "d", {"id": 2, "total": 30}, TX_T3, (1, 1))],
      # a failing update leaves its key as it was, a later good one applies; a delete is never judged
      "judged": [_event("u", {"id": 1, "qty": 900}, 20), _event("u", {"id": 3, "qty": 7}, 21),
-                _event("u", {"id": 3, "qty": 700}, 22), _event("d", {"id": 2}, 23)]},
+                _event("u", {"id": 3, "qty": 700}, 22), _event("d", {"id": 2}, 23)],
+     # a batch of a truncate alone: no row event, silver and its ledger emptied, history closed by the truncate log
+     "emptied": [change_event("t", 30)]},
 ]
 # edges, truncated and ordered keep history (and its truncate log): the pass writes it as their own plans do
 EDGE_TABLES = {"edges": {"topic": "shop.public.edges", "keys": ["id"], "quality": {"max_quarantined": "100%"},
@@ -216,7 +219,8 @@ EDGE_TABLES = {"edges": {"topic": "shop.public.edges", "keys": ["id"], "quality"
                           "expectations": [
                               {"expect_column_values_to_be_between": {"column": "qty", "max_value": 100},
                                "action": "quarantine"},
-                              {"expect_column_values_to_not_be_null": {"column": "qty"}}]}}
+                              {"expect_column_values_to_not_be_null": {"column": "qty"}}]},
+               "emptied": {"topic": "shop.public.emptied", "keys": ["id"], "history": True}}
 PASSED = ["products", "film_actor", "actor", "customers"]  # generated (customers: expectations on silver's rows)
 
 
@@ -330,6 +334,15 @@ def test_tables_planned_together_publish_as_each_alone(spark, engine, tmp_path, 
     assert step_summary(out, "silver", "judged")["warnings"] == "1"  # cycle 1 has no null: the quarantine's finding
     assert silver_rows(spark, engine, together / "lake", "refused", ("id",)) == {
         (1,): {"id": 1, "qty": 1}, (2,): {"id": 2, "qty": 1}}  # its failed batch left silver as it was
+    # a truncate alone empties silver and the ledger (key 2's delete at 11) and ends key 1's version at 30
+    emptied = Lake(str(together / "lake"))
+    assert (silver_rows(spark, engine, together / "lake", "emptied", ("id",)),
+            engine.read(spark, emptied.tombstones("emptied")).count()) == ({}, 0)
+    assert sorted((r["id"], r["_op"], lsn(r["_seq"]), lsn(r["_valid_to"]), r["_is_current"])
+                  for r in engine.read(spark, emptied.history("emptied")).collect()) == [
+        (1, "c", 10, 30, False), (2, "d", 11, None, False)]
+    assert [lsn(r["_seq"]) for r in engine.read(spark, emptied.truncates("emptied")).collect()] == [30]
+    assert step_summary(out, "silver", "emptied")["truncates"] == "1"
 
 
 def _ledger_entry_behind(spark, engine, lake: Lake, table: str, key: int) -> None:

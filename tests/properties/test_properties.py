@@ -7,7 +7,8 @@ and (second test) truncates. A nullable integer column `n` is null in every even
 log and an integer or null after it: its first batches may all be null, and silver must still type it as an integer
 (bigint) and keep each value. They are cut into sink files, the files shuffled, some re-delivered under
 new offsets, and spread over several runs. Each run goes through the bronze transforms and silver's
-apply step with the history table on. Every batch must also pass the silver gate's checks: deletes
+apply step with the history table on, planned by silver's pass (a pass of one table) or by the table's own plan, in
+one task or partitioned (drawn per example). Every batch must also pass the silver gate's checks: deletes
 received = removed + absent + stale + superseded + before a truncate, no deleted key live, keys unique.
 They are evaluated here directly; Great Expectations' own run of them (tests/quality/test_quality.py) would
 add minutes.
@@ -21,8 +22,8 @@ The third test runs the same histories through silver's shared pass (silver.read
 on the driver): each example's tenants spread over three tables of different columns, planned together, the third
 with its history on (held to the model's versions as the first test's are).
 
-Profiles: `ci` (default: 6 bundles = 240 histories, 10 truncate histories, and 7 passes = 273 histories) and `long`
-(10,000 histories, 300 truncate histories and 9,750 through the pass):
+Profiles: `ci` (default: 6 bundles = 240 histories, 9 truncate histories, and 7 passes = 273 histories) and `long`
+(9,960 histories, 300 truncate histories and 9,750 through the pass), each of the first two tests' a third per planner:
     HYPOTHESIS_PROFILE=long pytest tests/properties/test_properties.py   # about 3 hours on 2 cores
 """
 
@@ -33,6 +34,7 @@ import os
 import tempfile
 from unittest import mock
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -54,26 +56,43 @@ from tests.support import (
     truncate_histories,
 )
 
-PROFILES = {"ci": (6, 10, 7), "long": (250, 300, 250)}  # (bundles, truncate histories, passes)
+PROFILES = {"ci": (6, 9, 7), "long": (249, 300, 250)}  # (bundles, truncate histories, passes), each planner a third
 BUNDLES, TRUNCATE_HISTORIES, PASSES = PROFILES[os.environ.get("HYPOTHESIS_PROFILE", "ci")]
 
 
-def check(spark, runs, logs, partitioned=False):
-    """`partitioned`: every batch planned as a big one is (its partitions kept), not in one task."""
+# how a test's batches are planned, each a third of its examples: silver's pass (a pass of one table, each batch
+# landed in bronze first), or the table's own plan (as for a batch the pass does not take, or any with delta-spark),
+# in one task or partitioned
+PLANNERS = pytest.mark.parametrize("planner", ["pass", "own plan", "own plan, partitioned"],
+                                   ids=["pass", "own-plan", "own-plan-partitioned"])
+
+
+def check(spark, runs, logs, planner):
+    """`own plan, partitioned`: every batch planned as a big one is (its partitions kept), not in one task."""
+    partitioned = planner == "own plan, partitioned"
     with mock.patch.object(silver_plan, "ONE_TASK_ROWS", -1 if partitioned else silver_plan.ONE_TASK_ROWS):
-        _check(spark, runs, logs)
+        with tempfile.TemporaryDirectory(prefix="prop-lake-") as folder:  # hundreds of examples: each lake deleted
+            _check_lake(spark, runs, logs, DeltaRsEngine(), Lake(folder), planner == "pass")
 
 
-def _check(spark, runs, logs):
-    with tempfile.TemporaryDirectory(prefix="prop-lake-") as folder:  # hundreds of examples: each lake deleted
-        _check_lake(spark, runs, logs, DeltaRsEngine(), Lake(folder))
+def _apply(spark, engine, lake, files, run, truncated_at, batch_id, through_pass):
+    """One run's files applied to silver: through the pass (landed in bronze first), or given to apply_changes as
+    bronze's rows. Returns the summary (None: the files held no event for bronze) and the truncate in force."""
+    if not through_pass:
+        return apply_changes(spark, engine, TABLE, lake, bronze_batch(spark, files, run), truncated_at, batch_id,
+                             silver_gate)
+    if not _land(spark, engine, lake, TABLE, files, run):
+        return None, truncated_at
+    summaries, planned = _silver_step(spark, engine, lake, batch_id, (TABLE,))
+    # the pass plans every batch but truncates alone before silver's first commit (silver_pass._typing)
+    assert planned == 1 or engine.version(lake.silver(TABLE.name)) is None, "a batch went to the table's own plan"
+    return summaries[TABLE.name], None
 
 
-def _check_lake(spark, runs, logs, engine, lake):
+def _check_lake(spark, runs, logs, engine, lake, through_pass):
     truncated_at = None
     for run, files in enumerate(runs):
-        _, truncated_at = apply_changes(spark, engine, TABLE, lake, bronze_batch(spark, files, run), truncated_at,
-                                        f"run-{run}", silver_gate)
+        _, truncated_at = _apply(spark, engine, lake, files, run, truncated_at, f"run-{run}", through_pass)
     silver = engine.read(spark, lake.silver(TABLE.name))
     history = engine.read(spark, lake.history(TABLE.name))
     for table in (silver, history):  # `n` is an integer column once a value came, whatever came first
@@ -95,25 +114,26 @@ def _check_lake(spark, runs, logs, engine, lake):
         f"missing {sorted(set(expected_history) - set(got_history))}")
     if runs and silver is not None:  # the last run applied again changes nothing
         versions = (engine.version(lake.silver(TABLE.name)), engine.version(lake.history(TABLE.name)))
-        stats, _ = apply_changes(spark, engine, TABLE, lake, bronze_batch(spark, runs[-1], len(runs)), truncated_at, "again",
-                                 silver_gate)
-        assert (stats.inserted, stats.updated, stats.deleted, stats.history_rows) == (0, 0, 0, 0)
+        stats, _ = _apply(spark, engine, lake, runs[-1], len(runs), truncated_at, "again", through_pass)
+        assert stats is None or (stats.inserted, stats.updated, stats.deleted, stats.history_rows or 0) == (0, 0, 0, 0)
         assert (engine.version(lake.silver(TABLE.name)), engine.version(lake.history(TABLE.name))) == versions
     spark.catalog.clearCache()
 
 
-@settings(max_examples=BUNDLES, **COMMON)
-@given(bundles(), st.booleans())
-def test_silver_and_history_equal_the_model_for_every_tenant_whatever_the_arrival(spark, delivery, partitioned):
+@PLANNERS
+@settings(max_examples=max(1, BUNDLES // 3), **COMMON)
+@given(bundles())
+def test_silver_and_history_equal_the_model_for_every_tenant_whatever_the_arrival(spark, planner, delivery):
     runs, logs = delivery
-    check(spark, runs, logs, partitioned)
+    check(spark, runs, logs, planner)
 
 
-@settings(max_examples=TRUNCATE_HISTORIES, **COMMON)
-@given(truncate_histories(), st.booleans())
-def test_truncates_empty_the_table_as_of_their_position_whatever_the_arrival(spark, delivery, partitioned):
+@PLANNERS
+@settings(max_examples=max(1, TRUNCATE_HISTORIES // 3), **COMMON)
+@given(truncate_histories())
+def test_truncates_empty_the_table_as_of_their_position_whatever_the_arrival(spark, planner, delivery):
     runs, logs = delivery
-    check(spark, runs, logs, partitioned)
+    check(spark, runs, logs, planner)
 
 
 # the pass's tables: each its own tenants, and a column of its own in every image (none, text, an integer); the
@@ -154,12 +174,12 @@ def _land(spark, engine, lake, table, files, run) -> bool:
     return True
 
 
-def _silver_step(spark, engine, lake, batch_id):
-    """Silver for every pass table as a run does it (run_plan): the pass read, each table's step to its merged
-    audit, the audits answered together, each step to its end. Returns the summaries and how many the pass planned."""
-    planned = silver.read_pass(spark, engine, list(PASS_TABLES), lake)
+def _silver_step(spark, engine, lake, batch_id, tables=PASS_TABLES):
+    """Silver for `tables` as a run does it (run_plan): the pass read, each table's step to its merged audit, the
+    audits answered together, each step to its end. Returns the summaries and how many the pass planned."""
+    planned = silver.read_pass(spark, engine, list(tables), lake)
     asking, summaries = {}, {}
-    for table in PASS_TABLES:
+    for table in tables:
         work = silver.silver_merge(spark, engine, table, lake, batch_id, planned.get(table.name), silver_gate)
         try:
             asking[table.name] = (work, next(work))
