@@ -15,7 +15,7 @@ from pyspark.sql import functions as F
 from spark_jobs.debezium import types
 from spark_jobs.delta import DeltaEngine, MergeSpec, NewFiles, driver_rows, spark_frame, upkeep_only
 from spark_jobs.delta.reads import read_columns
-from spark_jobs.errors import GateFailed, PipelineError
+from spark_jobs.errors import ConfigError, GateFailed, PipelineError
 from spark_jobs.lake import Lake
 from spark_jobs.layers import changes, keyed_reads, silver_pass, transactions
 from spark_jobs.layers.common import (
@@ -76,7 +76,8 @@ def silver_progress(lake: Lake, table: str) -> SilverProgress:
     return SilverProgress(int(row["bronze_version"]), row["truncated_at"], row.get("silver_version"))
 
 
-def read_pass(spark: SparkSession, engine: DeltaEngine, tables: list[TableConfig], lake: Lake) -> dict[str, TableBatch]:
+def read_pass(spark: SparkSession, engine: DeltaEngine, tables: list[TableConfig], lake: Lake
+              ) -> dict[str, TableBatch | ConfigError]:
     """Small tables' new bronze rows planned together (layers/silver_pass.py; one table's too, a pass of one), for their
     own steps to take (silver_merge), in passes of at most PASS_ROWS rows and PASS_BYTES bytes. Only delta-rs lists a table's
     new files without Spark. A pass that fails leaves each table to plan its own batch, which then fails or not on its
@@ -98,7 +99,8 @@ def read_pass(spark: SparkSession, engine: DeltaEngine, tables: list[TableConfig
             table, progress.bronze_version, files, progress.truncated_at, version, target))
     passes = [p for group in groups.values() for p in in_passes(group, lambda p: _fits_a_pass([c.files for c in p]))]
     return read_shared("silver", "plans its own batch", passes, partial(silver_pass.read_together, spark, engine, lake),
-                       lambda together, planned: f"{len(planned)} of {len(together)} tables' new bronze rows planned")
+                       lambda together, planned: f"{sum(isinstance(p, TableBatch) for p in planned.values())} of "
+                                                 f"{len(together)} tables' new bronze rows planned")
 
 
 def _fits_a_pass(files: list[NewFiles]) -> bool:
@@ -165,15 +167,19 @@ def answer_merged(asked: dict[str, MergedAudit], batch_id: str) -> dict[str, Mer
 
 
 def silver_merge(spark: SparkSession, engine: DeltaEngine, table: TableConfig, lake: Lake, batch_id: str,
-                 read: TableBatch | None = None, gate: Gate | None = None) -> Generator[MergedAudit, Merged, SilverSummary]:
+                 read: TableBatch | ConfigError | None = None, gate: Gate | None = None
+                 ) -> Generator[MergedAudit, Merged, SilverSummary]:
     """Apply the bronze rows silver has not seen (gated inside), then record the progress. `read`: the batch as a
     silver pass planned it (read_pass), taken when silver and bronze are still as the pass found them; that batch
-    asks for its merged rows' tallies (and its gate's verdict) once merged (MergedAudit). `gate` as apply_changes."""
+    asks for its merged rows' tallies (and its gate's verdict) once merged (MergedAudit); a ConfigError the pass found
+    (settings naming columns the events lack) is raised as its own plan raises it. `gate` as apply_changes."""
     progress = silver_progress(lake, table.name)
     bronze_version = engine.version(lake.bronze(table.name))
     if bronze_version is None or bronze_version <= progress.bronze_version:
         return SilverSummary(table=table.name, batch_id=batch_id, events=0, gate="skipped (no new bronze rows)")
     transactions.check_transaction_ids(engine, [table], lake)
+    if isinstance(read, ConfigError):  # the pass found its settings naming columns its events lack
+        raise read
     silver_version = engine.version(lake.silver(table.name))
     recovered = interrupted_work(engine, lake.silver(table.name), progress.silver_version, silver_version)
     planned = None

@@ -23,12 +23,13 @@ from pyspark.sql import types as T
 
 from spark_jobs.debezium import envelope, ordering, types
 from spark_jobs.delta import DeltaEngine, NewFiles, all_nullable, spark_frame
+from spark_jobs.errors import ConfigError
 from spark_jobs.lake import Lake
 from spark_jobs.layers import changes, keyed_reads, silver_plan
 from spark_jobs.layers.common import PASS_BYTES, PASS_ROWS, QUARANTINED_COLUMNS, checkpoint, lookup
 from spark_jobs.quality.audit import GroupedTally, Tallied, Tally, collect_with, grouped_tally
 from spark_jobs.quality.expectations import flagged
-from spark_jobs.quality.user_expectations import violations
+from spark_jobs.quality.user_expectations import columns_error, violations
 from spark_jobs.registry import TableConfig
 from spark_jobs.sql_text import evaluated, holds, ident, named_struct, per_table, sql, sql_type
 
@@ -291,11 +292,11 @@ def counted(tallied: dict[str, Tallied]) -> dict[str, EventCounts]:
                               c.tallies) for name, c in tallied.items()}
 
 
-def _typing(candidate: Candidate, overview: Overview, events: DataFrame) -> TableTyping | None:
-    """How the pass types the table's batch (`events`: the scan's rows); None when its own plan must
-    (layers/silver_plan.py): more than a pass's rows, columns its settings or its expectations on silver's rows name
-    and its events lack (its own plan says so), or truncates alone before silver's first commit or with such
-    expectations. Its fields are the overview's, or,
+def _typing(candidate: Candidate, overview: Overview, events: DataFrame) -> TableTyping | ConfigError | None:
+    """How the pass types the table's batch (`events`: the scan's rows); the ConfigError its own plan raises when its
+    settings or its expectations on silver's rows name columns its events lack; None when its own plan must
+    (layers/silver_plan.py): more than a pass's rows, truncates alone before silver's first commit or with such
+    expectations, or keys whose joins on the driver are not Spark's. Its fields are the overview's, or,
     for MongoDB documents, undescribed envelopes and images holding unavailable values (marked first), found as its own
     plan finds them (silver_plan.image_fields: a Spark job over the table's events, only for such a batch). A column of
     more than one JSON type takes silver's type, or the type of its first value (silver_plan.resolve_mixed: a Spark job,
@@ -314,14 +315,16 @@ def _typing(candidate: Candidate, overview: Overview, events: DataFrame) -> Tabl
     if fields is None:
         fields = silver_plan.image_fields(events.sparkSession, table, own, figures["plain"] > 0)
     fields = silver_plan.resolve_mixed(fields, _schema(candidate.target), own)
-    if silver_plan.absent_row_columns(table, {f.name for f in fields}):
-        return None
+    error = silver_plan.absent_columns_error(table, {f.name for f in fields})
+    if error is not None:
+        return error
     typing = TableTyping(table, tuple(fields), candidate.target)
     row = typing.row_type
-    if not keyed_reads.keys_join_on_driver(row, table.keys) or not silver_plan.judged_columns(table) <= set(
-            row.fieldNames()):
-        return None
-    return typing
+    # its own plan's check of the typed rows its expectations judge (silver_plan._quarantine_by_expectations)
+    error = columns_error(row.fieldNames(), table.layer_expectations("silver"), "silver's columns")
+    if error is not None:
+        return error
+    return typing if keyed_reads.keys_join_on_driver(row, table.keys) else None
 
 
 def _marked(rows: DataFrame, typings: dict[str, TableTyping], found: dict[str, Overview]) -> DataFrame:
@@ -421,18 +424,20 @@ class TableBatch:
 
 
 def read_together(spark: SparkSession, engine: DeltaEngine, lake: Lake, candidates: list[Candidate]
-                  ) -> dict[str, TableBatch]:
+                  ) -> dict[str, TableBatch | ConfigError]:
     """The candidates' new bronze rows scanned, overviewed, typed, reduced to the newest event per key, counted and
-    audited in one pass, and collected to the driver by table. A table the pass cannot type (`_typing`) is left out.
-    Silver is read only for unavailable values' earlier values (`_filled`)."""
+    audited in one pass, and collected to the driver by table; a table whose settings name columns its events lack,
+    the ConfigError its step raises. A table the pass cannot type (`_typing`) is left out. Silver is read only for
+    unavailable values' earlier values (`_filled`)."""
     # a pass holds at most PASS_ROWS rows (silver.read_pass): in one partition its aggregates need no exchange, each a job
     events = scan(spark, candidates).coalesce(1)
     found = overviews(events, [c.table for c in candidates])
     by_name = {c.table.name: c for c in candidates}
-    typings = {name: typing for name, overview in found.items()
-               if (typing := _typing(by_name[name], overview, events))}
+    typed_as = {name: _typing(by_name[name], overview, events) for name, overview in found.items()}
+    refused: dict[str, TableBatch | ConfigError] = {n: e for n, e in typed_as.items() if isinstance(e, ConfigError)}
+    typings = {name: typing for name, typing in typed_as.items() if isinstance(typing, TableTyping)}
     if not typings:
-        return {}
+        return refused
     # a truncate is no row event: it moves the truncate in force, which every event of the table's batch is placed by
     rows = events.where(F.col("_table").isin(list(typings)))
     # the truncates collected: those the truncate logs of tables with history take, and those quarantined
@@ -461,7 +466,7 @@ def read_together(spark: SparkSession, engine: DeltaEngine, lake: Lake, candidat
     quarantine: dict[str, list[tuple[str, int, str, str]]] = {name: [] for name in typings}
     for r in collected.quarantine.to_pylist():
         quarantine[r["_table"]].append((r["_source_file"], r["_line"], r["_raw"], r["reason"]))
-    return {name: TableBatch(
+    return refused | {name: TableBatch(
         by_name[name].applied, by_name[name].truncated_at, by_name[name].silver_version, by_name[name].files.version,
         found[name].figures, counts_of.get(name, none).figures(latest[name]), counts_of.get(name, none).audit,
         quarantine[name], latest[name], received[name], typings[name], new_truncate[name],

@@ -373,11 +373,9 @@ def typed_changes(table: TableConfig, changes: DataFrame, fields: list[types.Ima
     """Row events (with `_seq`) plus the typed image (`fields`) in `_row`, aligned to silver's columns (`target`), typed
     key columns and a quarantine `reason`. Placeholders of unchanged TOASTed values (envelope.mark_unavailable) are
     typed as null, to be filled in by `fill_unavailable`."""
-    names = {f.name for f in fields}
-    # a field of tables.yaml naming a column the events do not have: the configuration is wrong, not the batch
-    for field_name, absent in absent_row_columns(table, names):
-        raise ConfigError(f"table {table.name!r}: field {field_name!r} names {', '.join(absent)}, not a column of "
-                          f"the change events ({', '.join(sorted(names))})")
+    error = absent_columns_error(table, {f.name for f in fields})
+    if error is not None:
+        raise error
     typed = types.parse_image(changes, envelope.KEY_IMAGE, fields, "_row")
     typed = types.align(typed, "_row", target)
     for k in table.keys:
@@ -408,10 +406,15 @@ def judged_columns(table: TableConfig) -> set[str]:
     return {c for user in table.layer_expectations("silver") for c in named_columns(user)}
 
 
-def absent_row_columns(table: TableConfig, names: set[str]) -> list[tuple[str, list[str]]]:
-    """The fields of tables.yaml that name columns (`names`: the batch's) the events do not have, with those columns."""
-    return [(field_name, absent) for field_name, columns in _row_columns(table)
-            if (absent := [c for c in columns if c not in names])]
+def absent_columns_error(table: TableConfig, names: set[str]) -> ConfigError | None:
+    """A field of tables.yaml naming a column the events (`names`: the batch's) do not have: the configuration is
+    wrong, not the batch. None when every named column is there."""
+    for field_name, columns in _row_columns(table):
+        absent = [c for c in columns if c not in names]
+        if absent:
+            return ConfigError(f"table {table.name!r}: field {field_name!r} names {', '.join(absent)}, not a column of "
+                               f"the change events ({', '.join(sorted(names))})")
+    return None
 
 
 def _row_columns(table: TableConfig) -> tuple[tuple[str, tuple[str, ...]], ...]:

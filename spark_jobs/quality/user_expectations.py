@@ -10,6 +10,7 @@ same filters (row_condition, ignore_row_if) and the same verdict per row."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from functools import reduce
 from typing import Any
 
@@ -85,13 +86,21 @@ def named_columns(user: UserExpectation) -> list[str]:
 
 def check_columns(frame: DataFrame, expectations: tuple[UserExpectation, ...], what: str) -> None:
     """Every column an expectation names is one of the frame's, or a ConfigError saying which are there."""
-    present = set(frame.columns)
+    error = columns_error(frame.columns, expectations, what)
+    if error is not None:
+        raise error
+
+
+def columns_error(columns: Iterable[str], expectations: tuple[UserExpectation, ...], what: str) -> ConfigError | None:
+    """`check_columns`' ConfigError for a frame of `columns`, or None when every named column is one of them."""
+    present = set(columns)
     for user in expectations:
         missing = [c for c in named_columns(user) if c not in present]
         if missing:
             shown = ", ".join(sorted(c for c in present if not c.startswith("_")))
-            raise ConfigError(f"{user.where}: expectation {user.label} names column(s) {', '.join(missing)} "
-                              f"not in {what} ({shown})")
+            return ConfigError(f"{user.where}: expectation {user.label} names column(s) {', '.join(missing)} "
+                               f"not in {what} ({shown})")
+    return None
 
 
 def violations(frame: DataFrame, expectations: tuple[UserExpectation, ...], id_column: str) -> DataFrame | None:

@@ -313,12 +313,19 @@ def test_landing_files_are_staged_in_the_lake_and_a_killed_runs_staging_is_clear
 
 
 def test_a_registry_naming_a_column_the_events_lack_is_a_config_error_naming_table_and_field(spark, engine, tmp_path,
-                                                                                             capsys):
-    for field, value in (("partition_by", "[region]"), ("sequence_by", "[version]")):
+                                                                                             capsys, monkeypatch):
+    """The silver pass finds the first (the table's own plan never runs), the table's own plan the second."""
+    from spark_jobs.layers import silver
+
+    for field, value, own_plan in (("partition_by", "[region]", False), ("sequence_by", "[version]", True)):
         (tmp_path / field).mkdir()
         config, folder = setup(tmp_path / field, CONFIG + f"    {field}: {value}\n")
         (folder / f"{TOPIC}+0+0000000000.json").write_text(event(1, 10) + "\n" + event(2, 11) + "\n")
-        code, out, err = run(capsys, config, tmp_path / field / "landing", tmp_path / field / "lake")
+        with monkeypatch.context() as patched:
+            if not own_plan:
+                patched.setattr(silver, "apply_changes", lambda *args: pytest.fail("the table's own plan ran"))
+            code, out, err = planner_run(patched, own_plan)(capsys, config, tmp_path / field / "landing",
+                                                            tmp_path / field / "lake")
         assert code == 2, out
         assert err.strip().startswith(f"config error: table 'orders': field '{field}' names {value[1:-1]}, not a column "
                                       "of the change events (id) (layer silver)"), err

@@ -9,7 +9,7 @@ import pytest
 
 from spark_jobs.errors import ConfigError, GateFailed
 from spark_jobs.lake import Lake
-from spark_jobs.layers import gold
+from spark_jobs.layers import gold, silver
 from spark_jobs.quality.user_expectations import validate
 from spark_jobs.registry import load_registry
 from tests.support import change_event, land, run, silver_rows, summary_line
@@ -180,12 +180,15 @@ def test_the_shape_of_user_expectations_is_checked_when_the_registry_loads(tmp_p
         load_registry(_config(tmp_path, f"      {expectation}\n"))
 
 
-def test_a_run_with_a_bad_or_misnamed_expectation_stops_with_a_config_error(spark, engine, tmp_path, capsys):
+def test_a_run_with_a_bad_or_misnamed_expectation_stops_with_a_config_error(spark, engine, tmp_path, capsys,
+                                                                             monkeypatch):
     bad = _config(tmp_path, "      - expect_column_values_to_be_between: {column: fico, colour: red}\n")
     land(tmp_path / "landing", ORDERS, offset=0, lines=[change_event("c", 10, after=_row(1, 700))])
     code, _, err = run(capsys, bad, tmp_path / "landing", tmp_path / "lake")
     assert code == 2 and "table 'orders': expectation 'expect_column_values_to_be_between' has bad arguments" in err
     misnamed = _config(tmp_path, "      - expect_column_values_to_not_be_null: {column: ficoo}\n")
+    # the silver pass finds it: the table's own plan never runs
+    monkeypatch.setattr(silver, "apply_changes", lambda *args: pytest.fail("the table's own plan ran"))
     code, _, err = run(capsys, misnamed, tmp_path / "landing", tmp_path / "lake")
     # found when silver meets the batch's columns: a config error (exit 2, no retry), naming table, expectation, layer
     assert (code, err) == (2, "config error: table 'orders': expectation expect_column_values_to_not_be_null(ficoo) "
