@@ -109,29 +109,31 @@ def standalone_cluster(workdir: Path, cores: int = 1, memory: str = "1g",
 
     home = Path(pyspark.__file__).parent
     env = {**os.environ, "SPARK_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_NO_DAEMONIZE": "1"}
-    port = free_port()
-    url = f"spark://127.0.0.1:{port}"
     master_ui, worker_ui = ui_ports or (free_port(), free_port())
     workdir.mkdir(parents=True, exist_ok=True)
-    daemons = [
-        ("master", ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
-                    "--webui-port", str(master_ui)], "I have been elected leader"),
-        ("worker", ["org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1", "--cores", str(cores),
-                    "--memory", memory, "--work-dir", str(workdir / "work"), "--webui-port", str(worker_ui)],
-         "Successfully registered with master"),
-    ]
     started: list[subprocess.Popen] = []
+
+    def start(name: str, args: list[str], ready: str) -> str:
+        log = workdir / f"{name}.log"
+        with log.open("w") as out:
+            started.append(subprocess.Popen([str(home / "bin" / "spark-class"), *args], env=env, stdout=out,
+                                            stderr=subprocess.STDOUT, start_new_session=True))
+        deadline = time.monotonic() + 120
+        while ready not in (text := log.read_text()):
+            if started[-1].poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"Spark {name} did not start:\n{text[-3000:]}")
+            time.sleep(0.3)
+        return text
+
     try:
-        for name, args, ready in daemons:
-            log = workdir / f"{name}.log"
-            with log.open("w") as out:
-                started.append(subprocess.Popen([str(home / "bin" / "spark-class"), *args], env=env, stdout=out,
-                                                stderr=subprocess.STDOUT, start_new_session=True))
-            deadline = time.monotonic() + 120
-            while ready not in log.read_text():
-                if started[-1].poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"Spark {name} did not start:\n{log.read_text()[-3000:]}")
-                time.sleep(0.3)
+        master = start("master", ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port",
+                                  str(free_port()), "--webui-port", str(master_ui)], "I have been elected leader")
+        # the port the master bound: another process may have taken the free one first, and the master then binds
+        # the next (its spark.port.maxRetries), where a worker given the first would be refused
+        url = re.search(r"Starting Spark master at (spark://\S+)", master).group(1)  # type: ignore[union-attr]
+        start("worker", ["org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1", "--cores", str(cores),
+                         "--memory", memory, "--work-dir", str(workdir / "work"), "--webui-port", str(worker_ui)],
+              "Successfully registered with master")
         yield url
     finally:
         stop_process_groups(started, grace_s=60)
