@@ -293,7 +293,7 @@ def counted(tallied: dict[str, Tallied]) -> dict[str, EventCounts]:
 
 
 def _typing(candidate: Candidate, overview: Overview, events: DataFrame) -> TableTyping | ConfigError | None:
-    """How the pass types the table's batch (`events`: the scan's rows); the ConfigError its own plan raises when its
+    """How the pass types the table's batch (`events`: the scan's rows, `_marked`); the ConfigError its own plan raises when its
     settings or its expectations on silver's rows name columns its events lack; None when its own plan must
     (layers/silver_plan.py): more than a pass's rows, truncates alone before silver's first commit or with such
     expectations, or keys whose joins on the driver are not Spark's. Its fields are the overview's, or,
@@ -308,10 +308,8 @@ def _typing(candidate: Candidate, overview: Overview, events: DataFrame) -> Tabl
         alone = TableTyping(table, (), candidate.target)
         return alone if candidate.target is not None and not table.layer_expectations("silver") and \
             keyed_reads.keys_join_on_driver(alone.silver_type, table.keys) else None
-    own = events.where((F.col("_table") == table.name) & (F.col("op") != "t"))
+    own = events.where((F.col("_table") == table.name) & (F.col("op") != "t"))  # marked already (`_marked`)
     fields = None if figures["unavailable"] else overview.fields(table)
-    if figures["unavailable"]:
-        own = envelope.mark_unavailable(own, table.unavailable_value_placeholder)
     if fields is None:
         fields = silver_plan.image_fields(events.sparkSession, table, own, figures["plain"] > 0)
     fields = silver_plan.resolve_mixed(fields, _schema(candidate.target), own)
@@ -327,11 +325,12 @@ def _typing(candidate: Candidate, overview: Overview, events: DataFrame) -> Tabl
     return typing if keyed_reads.keys_join_on_driver(row, table.keys) else None
 
 
-def _marked(rows: DataFrame, typings: dict[str, TableTyping], found: dict[str, Overview]) -> DataFrame:
-    """`rows` with envelope.unavailable_marks in the tables whose batches hold unavailable values (`_unavailable`
-    empty in the others'), or as they are when none does."""
-    placeholders = {name: t.table.unavailable_value_placeholder if found[name].figures["unavailable"] else None
-                    for name, t in typings.items()}
+def _marked(rows: DataFrame, tables: list[TableConfig], found: dict[str, Overview]) -> DataFrame:
+    """The scan's `rows` with envelope.unavailable_marks in the tables whose batches hold unavailable values
+    (`_unavailable` empty in the others'), or as they are when none does: marked once, for the fields found from
+    them (`_typing`) and for their typing."""
+    placeholders = {t.name: t.unavailable_value_placeholder if found[t.name].figures["unavailable"] else None
+                    for t in tables}
     if not any(placeholders.values()):
         return rows
     marks = {name: envelope.unavailable_marks(p) if p else ("CAST(array() AS ARRAY<STRING>)", "after")
@@ -432,6 +431,7 @@ def read_together(spark: SparkSession, engine: DeltaEngine, lake: Lake, candidat
     # a pass holds at most PASS_ROWS rows (silver.read_pass): in one partition its aggregates need no exchange, each a job
     events = scan(spark, candidates).coalesce(1)
     found = overviews(events, [c.table for c in candidates])
+    events = _marked(events, [c.table for c in candidates], found)
     by_name = {c.table.name: c for c in candidates}
     typed_as = {name: _typing(by_name[name], overview, events) for name, overview in found.items()}
     refused: dict[str, TableBatch | ConfigError] = {n: e for n, e in typed_as.items() if isinstance(e, ConfigError)}
@@ -446,10 +446,10 @@ def read_together(spark: SparkSession, engine: DeltaEngine, lake: Lake, candidat
     truncates = _truncates(rows, [by_name[name].table for name in collected_from]) if collected_from else None
     if any(found[name].figures["rows"] > found[name].figures["changes"] for name in typings):
         rows = rows.where("op <> 't'")
-    typed = typed_events(_marked(rows, typings, found), [t for n, t in typings.items() if found[n].figures["changes"]])
+    typed = typed_events(rows, [t for n, t in typings.items() if found[n].figures["changes"]])
     toasted = [t for name, t in typings.items() if found[name].figures["unavailable"]]
-    if toasted:
-        typed = _filled(engine, lake, typed, toasted)
+    # (the marks of a table left out, which no typed row holds, are dropped with the fill's)
+    typed = _filled(engine, lake, typed, toasted) if toasted else typed.drop("_unavailable")
     new_truncate = {name: silver_plan.newer_truncate(found[name].figures["truncated_at"], by_name[name].truncated_at)
                     for name in typings}
     truncated_at = {name: new_truncate[name] or by_name[name].truncated_at for name in typings}
