@@ -58,15 +58,13 @@ class NewFiles:
 
 class DeltaEngine(Protocol):
     name: str
-    # lists and reads a table's files on the driver, without Spark (delta-rs): what the silver pass plans from
-    reads_on_driver: bool
 
     def version(self, path: str) -> int | None: ...  # None when there is no table at `path`
     def schema(self, path: str) -> T.StructType | None: ...
     def read(self, spark: SparkSession, path: str, version: int | None = None) -> DataFrame | None: ...
     def current(self, path: str) -> tuple[int, str] | None: ...  # version and schema (JSON) from one read of the log
-    # the files of the current version not there at version `after` (-1: none was); None when nothing is newer, or
-    # when they are not listed for a driver-side reader
+    # the files of the current version not there at version `after` (-1: none was), from the log (reads.new_files);
+    # None when nothing is newer, or when a plain read of them would get their rows wrong
     def new_files(self, path: str, after: int) -> NewFiles | None: ...
     # the rows (of `columns`) passing `where` (made from the schema read), on the driver as Arrow: a few keys' rows
     # of a big table, memory holding the rows kept; None when there is no table

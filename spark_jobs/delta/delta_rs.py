@@ -58,7 +58,7 @@ from spark_jobs.delta import (
 )
 from spark_jobs.delta.features import unplain_features
 from spark_jobs.delta.file_stats import delta_stats
-from spark_jobs.delta.reads import open_table, read_arrow
+from spark_jobs.delta.reads import current, new_files, open_table, read_arrow
 from spark_jobs.errors import UnsupportedTable
 from spark_jobs.settings import settings
 from spark_jobs.storage import arrow_path, arrow_s3, delta_storage_options, is_s3
@@ -129,7 +129,6 @@ class _Staged:
 
 class DeltaRsEngine:
     name = "delta-rs"
-    reads_on_driver = True
 
     def __init__(self, storage_options: dict[str, str] | None = None):
         self.storage_options = storage_options  # None: a table's own (spark_jobs/storage.py: local, or S3 from AWS_*)
@@ -152,27 +151,10 @@ class DeltaRsEngine:
         return T.StructType.fromJson(json.loads(table.schema().to_json()))
 
     def current(self, path: str) -> tuple[int, str] | None:
-        """The table's version and schema (as JSON), from one read of its log; None when there is no table."""
-        table = self._table(path)
-        return None if table is None else (table.version(), table.schema().to_json())
+        return current(path, self._options(path))
 
     def new_files(self, path: str, after: int) -> NewFiles | None:
-        """The files of the table's current version that were not there at version `after` (-1: none was), from its
-        log; None when it has nothing newer, or features a plain Parquet read would get wrong."""
-        table = self._table(path)
-        if table is None or table.version() <= after or unplain_features(table):
-            return None
-        before = self._table(path, after) if after >= 0 else None
-        known = set(table_files(before)) if before is not None else set()
-        actions = table.get_add_actions(flatten=True)  # a file's name (a UUID's) is unique in its table
-        names = [p.rsplit("/", 1)[-1] for p in actions.column("path").to_pylist()]
-        stats = dict(zip(names, zip(actions.column("size_bytes").to_pylist(), actions.column("num_records").to_pylist(),
-                                    strict=True), strict=True))
-        new = tuple(f for f in table_files(table) if f not in known)
-        added = [stats[f.rsplit("/", 1)[-1]] for f in new]
-        rows = [r for _, r in added]
-        return NewFiles(table.version(), new, table.schema().to_json(), sum(size for size, _ in added),
-                        None if None in rows else sum(rows))
+        return new_files(path, after, self._options(path))
 
     def read_where(self, path: str, columns: list[str], where: Callable[[pa.Schema], pc.Expression]) -> pa.Table | None:
         return read_arrow(path, columns, where=where, options=self._options(path))

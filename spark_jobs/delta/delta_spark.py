@@ -22,7 +22,7 @@ from spark_jobs.delta import (
     retention_hours,
     spark_frame,
 )
-from spark_jobs.delta.reads import open_table, read_arrow
+from spark_jobs.delta.reads import current, new_files, open_table, read_arrow
 from spark_jobs.sql_text import ident, literal
 
 if TYPE_CHECKING:
@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 
 class DeltaSparkEngine:
     name = "delta-spark"
-    reads_on_driver = False
 
     def __init__(self, spark: SparkSession):
         from delta.tables import DeltaTable  # the Python API; needs the JVM jars at call time
@@ -42,11 +41,11 @@ class DeltaSparkEngine:
     def _exists(self, path: str) -> bool:
         return bool(self._DeltaTable.isDeltaTable(self.spark, path))
 
+    # a table's version and commits from its log, as delta-rs reads it: DeltaTable.history is a Spark job per call,
+    # and a small batch asks for versions dozens of times (W2 on delta-spark: tests/benchmarks/RESULTS.md)
     def version(self, path: str) -> int | None:
-        if not self._exists(path):
-            return None
-        latest = self._DeltaTable.forPath(self.spark, path).history(1).first()
-        return None if latest is None else int(latest["version"])
+        table = open_table(path)
+        return None if table is None else table.version()
 
     def schema(self, path: str) -> T.StructType | None:
         return self.spark.read.format("delta").load(path).schema if self._exists(path) else None
@@ -60,12 +59,10 @@ class DeltaSparkEngine:
         return reader.load(path)
 
     def current(self, path: str) -> tuple[int, str] | None:
-        version = self.version(path)
-        schema = self.schema(path) if version is not None else None
-        return None if version is None or schema is None else (version, schema.json())
+        return current(path)  # from the log, as delta-rs reads it: no Spark job
 
     def new_files(self, path: str, after: int) -> NewFiles | None:
-        return None  # Spark reads a table's new rows itself (each table's own plan): nothing is listed for the driver
+        return new_files(path, after)
 
     def read_where(self, path: str, columns: list[str], where: Callable[[pa.Schema], pc.Expression]) -> pa.Table | None:
         return read_arrow(path, columns, where=where)  # the snapshot's files, read on the driver as delta-rs reads them
@@ -132,11 +129,8 @@ class DeltaSparkEngine:
         return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
     def history(self, path: str, limit: int | None = None) -> list[dict[str, Any]]:
-        if not self._exists(path):
-            return []
-        table = self._DeltaTable.forPath(self.spark, path)
-        rows = (table.history(limit) if limit else table.history()).collect()
-        return [row.asDict(recursive=True) for row in rows]
+        table = open_table(path)
+        return [] if table is None else table.history(limit)
 
     def restore(self, path: str, version: int) -> int:
         self._DeltaTable.forPath(self.spark, path).restoreToVersion(version)

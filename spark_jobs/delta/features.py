@@ -8,9 +8,12 @@ renames its columns. Such tables are read with a reader that honours the feature
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deltalake import DeltaTable
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 # reader features under which the snapshot's Parquet files hold exactly the table's rows
 PLAIN_PARQUET_FEATURES = frozenset({"timestampNtz", "vacuumProtocolCheck"})
@@ -28,7 +31,12 @@ def unplain_features(table: DeltaTable) -> list[str]:
 def query(table: DeltaTable, sql: str) -> dict[str, list[Any]]:
     """`sql` over the table (named `t`) through delta-rs' DataFusion provider, which applies deletion vectors;
     for the small state tables of a lake written by delta-spark."""
+    return query_batches(table, sql).read_all().to_pydict()
+
+
+def query_batches(table: DeltaTable, sql: str) -> pa.RecordBatchReader:
+    """`query`'s result as a stream of Arrow batches, for a reader that keeps a few of a big table's rows."""
     import pyarrow as pa
     from deltalake import QueryBuilder
 
-    return pa.table(QueryBuilder().register("t", table).execute(sql).read_all()).to_pydict()
+    return pa.RecordBatchReader.from_stream(QueryBuilder().register("t", table).execute(sql))

@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     import pyarrow.compute as pc
     from deltalake import DeltaTable
 
+    from spark_jobs.delta import NewFiles
+
 
 def open_table(path: str, version: int | None = None, env: Mapping[str, str] = environ,
                options: dict[str, str] | None = None) -> DeltaTable | None:
@@ -29,6 +31,57 @@ def open_table(path: str, version: int | None = None, env: Mapping[str, str] = e
                           storage_options=options if options is not None else delta_storage_options(path, env))
     except TableNotFoundError:
         return None
+
+
+def current(path: str, options: dict[str, str] | None = None) -> tuple[int, str] | None:
+    """The table's version and schema (as JSON), from one read of its log; None when there is no table."""
+    table = open_table(path, options=options)
+    return None if table is None else (table.version(), table.schema().to_json())
+
+
+# the commits after which a file added since a version holds exactly its rows, deletion vectors on or not: a write
+# adds files, maintenance rewrites rows already there (without their deleted rows). A delete, update or merge, or a
+# write over a predicate (replaceWhere: bronze's reprocess), may mark rows of a file deleted instead
+_ADDING = {"WRITE", "STREAMING UPDATE", "CREATE TABLE", "OPTIMIZE", "VACUUM START", "VACUUM END", "SET TBLPROPERTIES"}
+
+
+def new_files(path: str, after: int, options: dict[str, str] | None = None) -> NewFiles | None:
+    """The files of the table's current version that were not there at version `after` (-1: none was), from its log,
+    as both engines list them for a reader of only its new rows (the silver pass); None when it has nothing newer, or
+    new rows a plain Parquet read would get wrong: a reader feature besides deletion vectors, or deletion vectors
+    and a commit since `after` that may have marked rows deleted (delta-spark's tables have them on)."""
+    from spark_jobs.delta import NewFiles, table_files
+    from spark_jobs.delta.features import unplain_features
+
+    table = open_table(path, options=options)
+    if table is None or table.version() <= after:
+        return None
+    unplain = unplain_features(table)
+    if unplain and (unplain != ["deletionVectors"] or not _added_only(table, after)):
+        return None
+    before = open_table(path, after, options=options) if after >= 0 else None
+    known = set(table_files(before)) if before is not None else set()
+    actions = table.get_add_actions(flatten=True)  # a file's name (a UUID's) is unique in its table
+    names = [p.rsplit("/", 1)[-1] for p in actions.column("path").to_pylist()]
+    stats = dict(zip(names, zip(actions.column("size_bytes").to_pylist(), actions.column("num_records").to_pylist(),
+                                strict=True), strict=True))
+    new = tuple(f for f in table_files(table) if f not in known)
+    added = [stats[f.rsplit("/", 1)[-1]] for f in new]
+    rows = [r for _, r in added]
+    return NewFiles(table.version(), new, table.schema().to_json(), sum(size for size, _ in added),
+                    None if None in rows else sum(rows))
+
+
+def _added_only(table: DeltaTable, after: int) -> bool:
+    """Did every commit since `after` only add files or keep the table, as its log still holds them all?"""
+    commits = [c for c in table.history(table.version() - after) if c["version"] > after]
+    return len(commits) == table.version() - after and all(map(_marks_no_row, commits))
+
+
+def _marks_no_row(commit: dict[str, Any]) -> bool:
+    """Can the commit not have marked rows of a file deleted (`_ADDING`, but a write over a predicate)?"""
+    over_predicate = commit.get("operation") == "WRITE" and "predicate" in (commit.get("operationParameters") or {})
+    return commit.get("operation") in _ADDING and not over_predicate
 
 
 def query_table(path: str, sql: str, env: Mapping[str, str] = environ) -> dict[str, list[Any]] | None:
@@ -81,14 +134,21 @@ def read_arrow(path: str, columns: list[str] | None = None, env: Mapping[str, st
     import pyarrow.dataset as ds
 
     from spark_jobs.delta import table_files
-    from spark_jobs.delta.features import query, unplain_features
+    from spark_jobs.delta.features import query_batches, unplain_features
 
     table = open_table(path, env=env, options=options)
     if table is None:
         return None
-    if unplain_features(table):
-        read = pa.table(query(table, f"SELECT {', '.join(columns) if columns else '*'} FROM t"))
-        return read if where is None else read.filter(where(read.schema))
+    # filtered batch by batch, as strings: delta-rs writes them as views, which Arrow's filter and comparisons do not
+    # take (nor the statistics a dataset's own filter prunes files by)
+    plain = {pa.string_view(): pa.string(), pa.binary_view(): pa.binary()}
+    if unplain_features(table):  # deletion vectors, column mapping: DataFusion's provider honours them
+        named = ", ".join('"' + c.replace('"', '""') + '"' for c in columns) if columns else "*"
+        reader = query_batches(table, f"SELECT {named} FROM t")
+        viewless = pa.schema([f.with_type(plain.get(f.type, f.type)) for f in reader.schema])
+        kept = where(viewless) if where is not None else None
+        return pa.Table.from_batches([b.cast(viewless) if kept is None else b.cast(viewless).filter(kept)
+                                      for b in reader], viewless)
     files = table_files(table)
     if not files:
         schema = pa.schema(table.schema().to_arrow())
@@ -98,9 +158,6 @@ def read_arrow(path: str, columns: list[str] | None = None, env: Mapping[str, st
     partitions = set(table.metadata().partition_columns) & set(columns or table.schema().to_arrow().names)
     if where is None and not partitions:
         return dataset.to_table(columns=columns)
-    # filtered batch by batch, as strings: delta-rs writes them as views, which Arrow's filter and comparisons do not
-    # take (nor the statistics a dataset's own filter prunes files by)
-    plain = {pa.string_view(): pa.string(), pa.binary_view(): pa.binary()}
     stored = [f for f in dataset.schema if (not columns or f.name in columns) and f.name not in partitions]
     parted = [f for f in pa.schema(table.schema().to_arrow()) if f.name in partitions]
     schema = pa.schema([f.with_type(plain.get(f.type, f.type)) for f in (*stored, *parted)])

@@ -29,10 +29,10 @@ def keys_join_on_driver(row: T.StructType, keys: tuple[str, ...]) -> bool:
     return all(isinstance(row[k].dataType, _KEY_TYPES) for k in keys)
 
 
-def by_key(engine: DeltaEngine, small: bool, row: T.StructType, keys: tuple[str, ...]) -> bool:
-    """Are a batch's state and merged rows read here (a `small` batch, an engine that reads on the driver, keys whose
-    joins here match Spark's), not by Spark's joins with the tables' scans?"""
-    return small and engine.reads_on_driver and keys_join_on_driver(row, keys)
+def by_key(small: bool, row: T.StructType, keys: tuple[str, ...]) -> bool:
+    """Are a batch's state and merged rows read here (a `small` batch, keys whose joins here match Spark's), not by
+    Spark's joins with the tables' scans?"""
+    return small and keys_join_on_driver(row, keys)
 
 
 def among(keys: pa.Table, or_equal: tuple[str, str] | None = None) -> Callable[[pa.Schema], pc.Expression]:

@@ -79,11 +79,9 @@ def silver_progress(lake: Lake, table: str) -> SilverProgress:
 def read_pass(spark: SparkSession, engine: DeltaEngine, tables: list[TableConfig], lake: Lake
               ) -> dict[str, TableBatch | ConfigError]:
     """Small tables' new bronze rows planned together (layers/silver_pass.py; one table's too, a pass of one), for their
-    own steps to take (silver_merge), in passes of at most PASS_ROWS rows and PASS_BYTES bytes. Only delta-rs lists a table's
-    new files without Spark. A pass that fails leaves each table to plan its own batch, which then fails or not on its
-    own input."""
-    if not engine.reads_on_driver:
-        return {}
+    own steps to take (silver_merge), in passes of at most PASS_ROWS rows and PASS_BYTES bytes, with either engine (a
+    table's new files listed from bronze's log: DeltaEngine.new_files). A pass that fails leaves each table to plan its
+    own batch, which then fails or not on its own input."""
     groups: dict[str, list[silver_pass.Candidate]] = {}  # by bronze's schema: a scan reads one
     for table in tables:
         progress = silver_progress(lake, table.name)

@@ -269,7 +269,7 @@ def _state_of_keys(spark: SparkSession, engine: DeltaEngine, lake: Lake, table: 
     in one Spark job, for this and for its merged rows' read-back (`plan.keys_here`), where Spark's joins with silver's
     and the ledger's scans cost a job per exchange."""
     assert plan.latest is not None and plan.deletes is not None
-    if keyed_reads.by_key(engine, plan.small, plan.latest.schema, table.keys):
+    if keyed_reads.by_key(plan.small, plan.latest.schema, table.keys):
         keys, seq = list(table.keys), plan.deletes.schema["_seq"].dataType
         both = plan.latest.select(*keys, F.lit(None).cast(seq).alias("_seq"), F.lit(True).alias("_touched")).unionByName(
             plan.deletes.select(*keys, "_seq", F.lit(False).alias("_touched"))).toArrow()

@@ -43,8 +43,8 @@ def test_recorded_connector_output_landing_in_reverse_order_over_several_runs(sp
 def test_recorded_connector_output_written_with_delta_spark_gives_the_same_tables(spark, tmp_path, capsys, monkeypatch,
                                                                                   source, table):
     """The same recorded output through the delta-spark engine (deletion vectors on): silver and the ledger
-    of deletes as delta-rs leaves them. One run of all files (late events across runs meet the same merge
-    conditions, which the engine contract suite checks on both engines)."""
+    of deletes as delta-rs leaves them, planned by the silver pass as with delta-rs. One run of all files (late events
+    across runs meet the same merge conditions, which the engine contract suite checks on both engines)."""
     from spark_jobs.delta.delta_spark import DeltaSparkEngine
 
     monkeypatch.setenv("CDC_DELTA_ENGINE", "delta-spark")
@@ -52,6 +52,7 @@ def test_recorded_connector_output_written_with_delta_spark_gives_the_same_table
     code, out, err = run(capsys, FIXTURES / "tables.yaml", tmp_path / "landing", tmp_path / "lake", "--tables", table)
     assert (code, err) == (0, "")
     assert "engine=delta-spark " in out
+    assert "1 of 1 tables' new bronze rows planned in one pass" in out and "plans its own" not in out, out
     engine = DeltaSparkEngine(spark)
     assert silver_rows(spark, engine, tmp_path / "lake", table, ("id",)) == RECORDED_FINAL[table]
     assert summary_line(out, "silver", table)["gate"] == "passed"

@@ -290,6 +290,33 @@ def test_a_table_with_deletion_vectors_reads_its_rows_and_delta_rs_never_writes_
         assert rows(any_engine, spark, path) == [(4, "v4", "01", "c"), (5, "v5", "02", "c")]
 
 
+def test_new_files_lists_what_each_append_added_and_none_once_rows_may_be_marked_deleted(any_engine, spark, tmp_path):
+    """What the silver pass reads of bronze (DeltaEngine.new_files, from the log): the files added since a version, with
+    their rows. delta-spark's tables have deletion vectors on: after a write over a predicate or a delete, which may
+    mark rows of a new file deleted, a plain read of the files would be wrong, so none is listed; an append since
+    lists again. The driver's key-filtered read honours the deletion vectors."""
+    from spark_jobs.layers.keyed_reads import among
+
+    path = str(tmp_path / "t")
+    batch = lambda *ks: spark.createDataFrame([(k, f"v{k}", "01", "c") for k in ks], SCHEMA).coalesce(1)  # noqa: E731
+    any_engine.append(batch(1, 2), path)
+    any_engine.append(batch(3, 4, 5), path)
+    first, second = any_engine.new_files(path, -1), any_engine.new_files(path, 0)
+    assert (first.version, len(first.files), first.rows) == (1, 2, 5)
+    assert (second.version, second.rows, set(second.files) < set(first.files)) == (1, 3, True)
+    assert any_engine.new_files(path, 1) is None  # nothing newer
+    any_engine.delete(path, "k = 4")
+    marks = any_engine.name == "delta-spark"
+    assert (any_engine.new_files(path, 1) is None) is marks
+    any_engine.append(batch(6), path)
+    assert any_engine.new_files(path, 2).rows == 1
+    assert (any_engine.new_files(path, 0) is None) is marks  # the delete is in the range
+    any_engine.replace(spark.createDataFrame([(6, "v6'", "02", "u")], SCHEMA), path, "k = 6")
+    assert (any_engine.new_files(path, 3) is None) is marks
+    keyed = any_engine.read_where(path, ["k", "v"], among(driver_rows([(4,), (5,)], "k INT")))
+    assert keyed.to_pylist() == [{"k": 5, "v": "v5"}]
+
+
 def test_maintenance_compacts_by_key_checkpoints_and_vacuum_keeps_the_window(any_engine, spark, tmp_path):
     """Delta's own OPTIMIZE (Z-ordered), checkpoint and VACUUM through either engine: the rows stay, the files
     become one in key order, and VACUUM with a 7-day window removes nothing a version of today needs."""
