@@ -66,14 +66,22 @@ def execute(plan: RunPlan, steps: Steps) -> None:
         each_table(steps.spark, list(plan.tables), lambda table: _table_steps(plan, steps, progress, table),
                    settings().table_workers)
     if "gold" in plan.layers:
-        for model in plan.models:
-            failed = sorted(set(model.sources) & steps.failed_tables)
-            if failed:  # its SQL would join a failed table's silver with the others' newer state
-                log.warning(f"gold   {model.name:<22} skipped: source(s) {', '.join(failed)} failed in this run")
-                continue
-            steps.run(model.name, "gold", f"gold.{model.name}", gold.gold_refresh, model, plan.lake, plan.batch_id,
-                      plan.landing)
+        _gold(plan, steps)
     steps.raise_failures()
+
+
+def _gold(plan: RunPlan, steps: Steps) -> None:
+    """The models whose sources did not fail this run, one after another (models of one transaction topic take its
+    new files in turn), their gates answered together."""
+    refreshed = []
+    for model in plan.models:
+        failed = sorted(set(model.sources) & steps.failed_tables)
+        if failed:  # its SQL would join a failed table's silver with the others' newer state
+            log.warning(f"gold   {model.name:<22} skipped: source(s) {', '.join(failed)} failed in this run")
+        else:
+            refreshed.append((model.name, "gold", f"gold.{model.name}", gold.gold_step,
+                              (model, plan.lake, plan.batch_id, plan.landing)))
+    steps.run_together(refreshed, lambda asked: answer_gates(asked, plan.batch_id), workers=1)
 
 
 def _ingest(progress: _Progress, spark: Any, engine: Any, table: TableConfig, *rest: Any) -> Generator[Any, Any, Any]:

@@ -6,8 +6,9 @@ import hashlib
 import json
 import re
 import threading
+from collections.abc import Generator
 from dataclasses import dataclass, fields
-from functools import reduce
+from functools import partial, reduce
 from typing import Any
 
 import pyarrow as pa
@@ -27,7 +28,17 @@ from spark_jobs.delta import (
 from spark_jobs.errors import PipelineError
 from spark_jobs.lake import Lake
 from spark_jobs.layers import gold_state, transactions
-from spark_jobs.layers.common import ONE_TASK_ROWS, counted_checkpoint, gate, lag_seconds, one_row, share, write_quarantine
+from spark_jobs.layers.common import (
+    ONE_TASK_ROWS,
+    Gate,
+    counted_checkpoint,
+    lag_seconds,
+    one_row,
+    settle,
+    share,
+    write_quarantine,
+)
+from spark_jobs.layers.common import gate as run_gate
 from spark_jobs.layers.gold_plan import (
     JOINED,
     GroupsPlan,
@@ -44,18 +55,29 @@ from spark_jobs.layers.summary import GoldSummary
 from spark_jobs.lineage import model_lineage
 from spark_jobs.quality.audit import Audit, Figures, tally
 from spark_jobs.quality.expectations import QUARANTINE, flagged
-from spark_jobs.quality.gates import gold_checks
+from spark_jobs.quality.findings import GateResult
+from spark_jobs.quality.gates import AUDIT, AuditGate, gold_checks
 from spark_jobs.quality.user_expectations import check_columns, violations
 from spark_jobs.registry import GoldModel
 from spark_jobs.settings import settings
 from spark_jobs.state import writer_lock
+from spark_jobs.steps import answered_alone
 
 
 def gold_refresh(spark: SparkSession, engine: DeltaEngine, model: GoldModel, lake: Lake,
-                 batch_id: str, landing: str | None = None) -> GoldSummary:
+                 batch_id: str, landing: str | None = None, gate: Gate | None = None) -> GoldSummary:
+    """`gold_step` with its gate answered alone: for a caller refreshing one model itself. `gate`, as silver's
+    apply_changes takes it: the gate run in place of GX's, nothing asked."""
+    return answered_alone(gold_step(spark, engine, model, lake, batch_id, landing, gate))
+
+
+def gold_step(spark: SparkSession, engine: DeltaEngine, model: GoldModel, lake: Lake, batch_id: str,
+              landing: str | None = None, gate: Gate | None = None) -> Generator[AuditGate, GateResult, GoldSummary]:
     """Run the model's SQL over silver, gate the result, then publish it: write-audit-publish, a failed gate leaves
     gold at its previous version. Plan -> rows by strategy (`_rows`: whole, by its group state, or its touched keys
-    computed again) -> gate -> publish, as dbt's incremental materialisation calls one strategy. When nothing it
+    computed again) -> gate -> publish, as dbt's incremental materialisation calls one strategy. A gate on the audit
+    alone is asked (AuditGate), and a run's models are answered in one GX validation (steps.Steps.run_together), where
+    each alone cost one. When nothing it
     reads has changed since the version it published (the same silver versions, model definition and gold version),
     it is not refreshed, unless its result or verdict depends on the clock (see `depends_on_the_clock`).
 
@@ -77,10 +99,10 @@ def gold_refresh(spark: SparkSession, engine: DeltaEngine, model: GoldModel, lak
                            published=recorded.get("published_by") == batch_id or None)
     sources, mark = _read_sources(spark, engine, lake, model, inputs)
     computed = analyzed(spark, sources, model.sql)[0]  # the model over its sources, as Spark analyzed it (no job)
-    refresh = _Refresh(spark, engine, lake, model, batch_id, sources, computed, recorded, inputs, gold_version)
+    refresh = _Refresh(spark, engine, lake, model, batch_id, sources, computed, recorded, inputs, gold_version, gate)
     rows = _rows(refresh, planned)
     summary = _summary(refresh, rows, ingested, mark)
-    published = _gated(refresh, rows, summary)
+    published = yield from _gated(refresh, rows, summary)
     state_version = _publish(refresh, rows, published, summary)
     # written after the publish: a run dying between the two refreshes again, which is harmless
     # with the watermark it was published at: the newest transaction shown, and its END's offset in the topic; and the
@@ -131,6 +153,7 @@ class _Refresh:
     recorded: dict[str, Any]
     inputs: dict[str, Any]
     gold_version: int | None
+    gate: Gate | None = None  # runs the model's gate in place of GX's (common.Gate), asked of none
 
 
 @dataclass(frozen=True)
@@ -216,9 +239,10 @@ def _summary(refresh: _Refresh, rows: _Rows, ingested: transactions.Ingested | N
     return summary
 
 
-def _gated(refresh: _Refresh, rows: _Rows, summary: GoldSummary) -> DataFrame:
+def _gated(refresh: _Refresh, rows: _Rows, summary: GoldSummary) -> Generator[AuditGate, GateResult, DataFrame]:
     """The rows to publish, once the model's gate passed on them (it raises when it fails): those a `quarantine`
-    expectation refused are kept aside first, as silver's are."""
+    expectation refused are kept aside first, as silver's are. A gate with checks on the model's rows (the user's
+    expectations) runs here, its rows validated with its audit; one on the audit alone is asked."""
     model, result, engine, lake = refresh.model, rows.result, refresh.engine, refresh.lake
     check_columns(result, model.expectations, "the model's columns")
     published, quarantine = _quarantine_by_expectations(model, result, refresh.batch_id)
@@ -231,8 +255,13 @@ def _gated(refresh: _Refresh, rows: _Rows, summary: GoldSummary) -> DataFrame:
         summary.quarantined = write_quarantine(engine, lake, model.name, quarantine, "gold", refresh.batch_id)
         figures.quarantined = sum(summary.quarantined.values())
         figures.quarantined_share = summary.quarantined_share = share(figures.quarantined, counted)
-    gate(Audit(figures, tally(audited, flagged("gold"), model.keys)), {"model": result}, model.name, "gold",
-         gold_checks(model), lake, summary, model.quality.actions)
+    audit, checks = Audit(figures, tally(audited, flagged("gold"), model.keys)), gold_checks(model)
+    if refresh.gate is not None or any(c.frame != AUDIT for c in checks):
+        check = refresh.gate or partial(run_gate, actions=model.quality.actions)
+        check(audit, {"model": result}, model.name, "gold", checks, lake, summary)
+    else:
+        settle((yield AuditGate(model.name, "gold", audit, checks, lake, refresh.batch_id, model.quality.actions)),
+               summary)
     return published
 
 

@@ -294,7 +294,7 @@ def answer_gates(asked: dict[str, AuditGate], run_name: str) -> dict[str, GateRe
     return verdicts
 
 
-PASS_LAYERS = ("bronze", "silver")  # the layers whose passes gate their tables together
+PASS_LAYERS = ("bronze", "silver", "gold")  # the layers whose passes gate their tables (a run's models) together
 
 
 def pass_site(layer: str) -> str:

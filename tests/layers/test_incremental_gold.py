@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import replace
 from decimal import Decimal
+from functools import partial
 from pathlib import Path
 from unittest import mock
 
@@ -32,6 +33,11 @@ def passed(audit, frames, table, layer, checks, lake, summary, *actions):
     summary.gate = "passed"
 
 
+def gate_stubbed():
+    """Every gold.gold_refresh here with its gate stubbed to pass: the rows are held to the model's SQL instead."""
+    return mock.patch.object(gold, "gold_refresh", partial(gold.gold_refresh, gate=passed))
+
+
 def test_customers_by_state_moves_with_silvers_changes(spark, engine, tmp_path):
     lake = Lake(str(tmp_path / "lake"))
     model = parse_gold_model(MODEL, {"customers": TableConfig(name="customers", topic="t", keys=("id",))})
@@ -41,7 +47,7 @@ def test_customers_by_state_moves_with_silvers_changes(spark, engine, tmp_path):
         engine.merge(spark.createDataFrame(list(rows), SILVER), lake.silver("customers"), APPLY)
 
     def refresh():
-        with mock.patch.object(gold, "gate", passed):
+        with gate_stubbed():
             summary = gold.gold_refresh(spark, engine, model, lake, "b")
         silver = engine.read(spark, lake.silver("customers"))
         silver.createOrReplaceTempView("customers")
@@ -88,7 +94,7 @@ def test_a_refresh_does_not_wait_for_its_sources_writer_once_the_feed_is_on(spar
     engine.merge(spark.createDataFrame([(1, "CA", 700, dt.date(2020, 1, 1), "c", 1)], SILVER), lake.silver("customers"),
                  APPLY)
     monkeypatch.setenv("CDC_LOCK_TIMEOUT", "0")
-    with mock.patch.object(gold, "gate", passed):
+    with gate_stubbed():
         with writer_lock(lake, "customers", "a silver batch"):  # the feed is off: turning it on needs the lock
             with pytest.raises(TableBusy):
                 gold.gold_refresh(spark, engine, model, lake, "b")
@@ -118,7 +124,7 @@ def test_more_changes_than_the_setting_allows_rebuild_the_state_from_silver(spar
     day = dt.date(2020, 1, 1)
     engine.merge(spark.createDataFrame([(1, "CA", 700, day, "c", 1)], SILVER), lake.silver("customers"), APPLY)
     monkeypatch.setenv("CDC_GOLD_MAX_CHANGES", "2")
-    with mock.patch.object(gold, "gate", passed):
+    with gate_stubbed():
         gold.gold_refresh(spark, engine, model, lake, "b")
         engine.merge(spark.createDataFrame([(2, "NY", 640, day, "c", 2), (3, "NY", 650, day, "c", 2)], SILVER),
                      lake.silver("customers"), APPLY)
@@ -153,7 +159,7 @@ def test_films_per_actor_computes_the_touched_actors_again(spark, tmp_path):
         engine.merge(spark.createDataFrame(list(rows), schema), lake.silver(table), spec)
 
     def refresh():
-        with mock.patch.object(gold, "gate", passed):
+        with gate_stubbed():
             summary = gold.gold_refresh(spark, engine, model, lake, "b")
         for table in JOINED_SILVER:
             engine.read(spark, lake.silver(table)).createOrReplaceTempView(table)
@@ -204,7 +210,7 @@ def test_a_refresh_reads_its_own_sources_while_another_job_registers_views_of_th
             registering[0].join(timeout=2)  # it waits for this analysis to end: the lock is held
         return real_sql(text)
 
-    with mock.patch.object(gold, "gate", passed), mock.patch.object(spark, "sql", sql_while_another_registers):
+    with gate_stubbed(), mock.patch.object(spark, "sql", sql_while_another_registers):
         gold.gold_refresh(spark, engine, replace(model, sql=model.sql + " LIMIT 100"), ours, "b")  # rewritten whole
     registering[0].join()
     assert [r["state"] for r in engine.read(spark, ours.gold(model.name)).collect()] == ["CA"]
@@ -228,7 +234,7 @@ def test_a_join_whose_references_alone_changed_publishes_nothing_new(spark, tmp_
                       sql="SELECT a.actor_id, MAX(a.last_update) AS last_update, COUNT(fa.film_id) AS films "
                           "FROM actor a LEFT JOIN film_actor fa ON fa.actor_id = a.actor_id GROUP BY a.actor_id",
                       references=(Reference(columns=("actor_id",), table="listed", to=("actor_id",)),))
-    with mock.patch.object(gold, "gate", passed):
+    with gate_stubbed():
         first = gold.gold_refresh(spark, engine, model, lake, "b")
         engine.merge(spark.createDataFrame([(2, "c", 2)], listed), lake.silver("listed"), spec)
         summary = gold.gold_refresh(spark, engine, model, lake, "b")

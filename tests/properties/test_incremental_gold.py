@@ -16,6 +16,7 @@ import math
 import os
 import tempfile
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from unittest import mock
 
@@ -63,6 +64,11 @@ def passed(audit, frames, table, layer, checks, lake, summary, *actions):
     summary.gate = "passed"
 
 
+def gate_stubbed():
+    """Every gold.gold_refresh here with its gate stubbed to pass: the rows are held to the model's SQL instead."""
+    return mock.patch.object(gold, "gold_refresh", partial(gold.gold_refresh, gate=passed))
+
+
 def same(got: list, expected: list) -> bool:
     """Rows equal; a double to its rounding (its sum's order differs between the two ways: neither is exact)."""
     if len(got) != len(expected):
@@ -93,7 +99,7 @@ def _check(spark, runs, engine, lake):
             continue
         for model in MODELS:
             assert isinstance(gold.incremental_plan(model), KEPT[model.name])
-            with mock.patch.object(gold, "gate", passed):
+            with gate_stubbed():
                 summary = gold.gold_refresh(spark, engine, model, lake, f"run-{run}")
             refreshes.append(summary.refresh or summary.gate)
             silver = engine.read(spark, lake.silver(TABLE.name))
@@ -170,7 +176,7 @@ def test_a_state_moved_by_several_silver_commits_between_refreshes_equals_its_sq
 
 def _refreshed_equal(spark, engine, lake, model, number) -> str:
     """The model refreshed (its gate stubbed), its gold equal to its SQL over silver: how it refreshed."""
-    with mock.patch.object(gold, "gate", passed):
+    with gate_stubbed():
         summary = gold.gold_refresh(spark, engine, model, lake, f"commit-{number}")
     engine.read(spark, lake.silver(TABLE.name)).createOrReplaceTempView("items")
     expected = sorted((tuple(r) for r in spark.sql(model.sql).collect()), key=repr)
@@ -184,7 +190,7 @@ def test_a_model_the_planner_refuses_is_rewritten_and_says_why(spark, tmp_path):
     engine.overwrite(spark.createDataFrame([(1, "a", 0), (2, "a", 0)], "id INT, v STRING, _source_ts_ms BIGINT"),
                      lake.silver("items"))
     model = replace(MODELS[0], sql="SELECT v AS value, COUNT(*) AS items FROM items GROUP BY v ORDER BY 2 LIMIT 1")
-    with mock.patch.object(gold, "gate", passed):
+    with gate_stubbed():
         assert gold.gold_refresh(spark, engine, model, lake, "b").refresh == "full (it has LIMIT)"
         engine.append(spark.createDataFrame([(3, "b", 0)], "id INT, v STRING, _source_ts_ms BIGINT"), lake.silver("items"))
         assert gold.gold_refresh(spark, engine, model, lake, "b").refresh == "full (it has LIMIT)"
@@ -197,7 +203,7 @@ def test_an_aggregate_no_state_keeps_is_computed_again_for_the_touched_groups(sp
     schema = "id INT, v STRING, _source_ts_ms BIGINT"
     engine.overwrite(spark.createDataFrame([(1, "a", 0), (2, "a", 0), (3, "c", 0)], schema), lake.silver("items"))
     model = replace(MODELS[0], sql="SELECT v AS value, COUNT(DISTINCT id % 2) AS parities FROM items GROUP BY v")
-    with mock.patch.object(gold, "gate", passed):
+    with gate_stubbed():
         gold.gold_refresh(spark, engine, model, lake, "b")
         engine.append(spark.createDataFrame([(5, "a", 0), (4, "b", 0)], schema), lake.silver("items"))
         summary = gold.gold_refresh(spark, engine, model, lake, "b")
@@ -221,7 +227,7 @@ def test_a_join_keyed_by_null_nan_and_signed_zero_groups_them_as_spark_does(spar
                       insert_when="s.v IS NOT NULL")
 
     def refresh():
-        with mock.patch.object(gold, "gate", passed):
+        with gate_stubbed():
             summary = gold.gold_refresh(spark, engine, model, lake, "b")
         engine.read(spark, lake.silver("items")).createOrReplaceTempView("items")
         expected = sorted((tuple(r) for r in spark.sql(model.sql).collect()), key=repr)

@@ -272,6 +272,37 @@ def test_gold_checks_keys_row_counts_references_and_freshness(spark, engine, tmp
     assert (summary.gate, summary.rows, summary.version) == ("passed", 3, 0)
 
 
+def test_a_runs_models_are_gated_in_one_validation_and_a_failing_one_fails_alone(spark, engine, tmp_path, capsys,
+                                                                                 monkeypatch):
+    """A run's gold models ask their audits' gates, answered in one GX validation of the `gold.audit` suite for them
+    all (each alone was one): one model's failing gate fails that model only, and the others publish."""
+    from spark_jobs.quality import gates
+
+    (tmp_path / "gold").mkdir()
+    (tmp_path / "gold" / "by_customer.sql").write_text(
+        "-- keys: customer\n-- sources: orders\nSELECT customer, count(*) AS n FROM orders GROUP BY customer\n")
+    (tmp_path / "gold" / "totals.sql").write_text(
+        "-- keys: one\n-- sources: orders\nSELECT 1 AS one, count(*) AS n FROM orders\n")
+    config = tmp_path / "tables.yaml"
+    config.write_text(f"tables:\n  orders: {{topic: {ORDERS}, keys: [id]}}\n"
+                      "gold:\n  by_customer:\n    row_count: {max: 1}\n  totals: {}\n")
+    validated = []
+    joint = gates.run_audit_gates
+    monkeypatch.setattr(gates, "run_audit_gates", lambda asked, layer, *rest: validated.append(
+        (layer, sorted(g.table for g in asked))) or joint(asked, layer, *rest))
+    land(tmp_path / "landing", ORDERS, offset=0,
+         lines=[change_event("c", 10 + i, after={"id": i, "customer": i % 2}) for i in range(4)])
+    code, out, err = _run(capsys, tmp_path, config)
+    assert (code, [w for w in err.split() if w.startswith("table=")]) == (1, ["table=by_customer"]), out + err
+    assert ("gold", ["by_customer", "totals"]) in validated and [v for v in validated if v[0] == "gold"] == [
+        ("gold", ["by_customer", "totals"])]
+    lake = Lake(str(tmp_path / "lake"))
+    assert engine.version(lake.gold("by_customer")) is None  # refused: nothing published
+    assert [tuple(r) for r in engine.read(spark, lake.gold("totals")).collect()] == [(1, 4)]
+    assert summary_line(out, "gold", "totals")["gate"] == "passed"
+    assert "FAILED: gate failed: table=by_customer layer=gold expectation=row_count observed=2 (max 1)" in out, out
+
+
 def test_after_a_failed_gate_a_run_may_raise_the_limit_once_or_set_the_files_aside(spark, engine, tmp_path, capsys):
     """The ways on after a failed gate without editing tables.yaml (docs/data-quality.md "Moving on after a failed
     gate"): `--max-quarantined` for one run, or `--mode skip` for the files, each counted in quarantine."""
