@@ -36,7 +36,7 @@ def test_gate_failure_exits_1_with_one_line_and_publishes_nothing(tmp_path):
     assert "Traceback" not in done.stderr
     assert (lake / "silver" / "customers" / "_delta_log").is_dir()  # the layers before it were published
     assert not (lake / "gold" / "states").exists()  # write-audit-publish: nothing published
-    assert list((lake / "reports" / "data_docs" / "states").rglob("*.html"))  # the evidence exists
+    assert list((lake / "reports" / "data_docs" / "gold-pass").rglob("*.html"))  # the evidence: the models' joint gate
     failed = json.loads(next((lake / "reports" / "runs").glob("*/states.gold.json")).read_text())
     assert (failed["gate"], failed["error"]) == ("failed", stderr[0])
 

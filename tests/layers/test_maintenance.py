@@ -154,8 +154,8 @@ def test_reports_and_gx_results_past_their_retention_go_and_the_pages_follow(tmp
     generate(load_registry(config).select(None), landing, Options(rows=10, changes=10, seed=2))
     code, _, err = run(capsys, config, landing, lake, "--run-id", "run-to-expire")
     assert (code, err) == (0, ""), err
-    # the passes' gates of the table (its small batches: passes of one), and the gold model's own
-    sites = ("bronze-pass", "silver-pass", "customers_by_state")
+    # the passes' gates of the table (its small batches: passes of one) and of the run's gold models
+    sites = ("bronze-pass", "silver-pass", "gold-pass")
     results = lambda: sorted(p for site in sites for p in (lake / "_state" / "gx" / site).rglob("*.json"))  # noqa: E731
     pages = lambda: sorted(p for site in sites  # noqa: E731
                            for p in (lake / "reports" / "data_docs" / site / "validations").rglob("*.html"))
