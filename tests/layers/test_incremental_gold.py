@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import replace
 from decimal import Decimal
-from functools import partial
 from pathlib import Path
 from unittest import mock
 
@@ -23,19 +22,11 @@ from spark_jobs.lake import Lake
 from spark_jobs.layers import gold
 from spark_jobs.maintenance import maintain_delta
 from spark_jobs.registry import Maintenance, TableConfig, parse_gold_model
+from tests.support import gold_gate_stubbed
 
 MODEL = Path(__file__).resolve().parents[2] / "include" / "gold" / "customers_by_state.sql"
 SILVER = "id INT, state STRING, fico INT, registration_date DATE, _op STRING, _source_ts_ms BIGINT"
 APPLY = MergeSpec(keys=("id",), delete_when="s._op = 'd'", update_when="s._op <> 'd'", insert_when="s._op <> 'd'")
-
-
-def passed(audit, frames, table, layer, checks, lake, summary, *actions):
-    summary.gate = "passed"
-
-
-def gate_stubbed():
-    """Every gold.gold_refresh here with its gate stubbed to pass: the rows are held to the model's SQL instead."""
-    return mock.patch.object(gold, "gold_refresh", partial(gold.gold_refresh, gate=passed))
 
 
 def test_customers_by_state_moves_with_silvers_changes(spark, engine, tmp_path):
@@ -47,7 +38,7 @@ def test_customers_by_state_moves_with_silvers_changes(spark, engine, tmp_path):
         engine.merge(spark.createDataFrame(list(rows), SILVER), lake.silver("customers"), APPLY)
 
     def refresh():
-        with gate_stubbed():
+        with gold_gate_stubbed():
             summary = gold.gold_refresh(spark, engine, model, lake, "b")
         silver = engine.read(spark, lake.silver("customers"))
         silver.createOrReplaceTempView("customers")
@@ -94,7 +85,7 @@ def test_a_refresh_does_not_wait_for_its_sources_writer_once_the_feed_is_on(spar
     engine.merge(spark.createDataFrame([(1, "CA", 700, dt.date(2020, 1, 1), "c", 1)], SILVER), lake.silver("customers"),
                  APPLY)
     monkeypatch.setenv("CDC_LOCK_TIMEOUT", "0")
-    with gate_stubbed():
+    with gold_gate_stubbed():
         with writer_lock(lake, "customers", "a silver batch"):  # the feed is off: turning it on needs the lock
             with pytest.raises(TableBusy):
                 gold.gold_refresh(spark, engine, model, lake, "b")
@@ -124,7 +115,7 @@ def test_more_changes_than_the_setting_allows_rebuild_the_state_from_silver(spar
     day = dt.date(2020, 1, 1)
     engine.merge(spark.createDataFrame([(1, "CA", 700, day, "c", 1)], SILVER), lake.silver("customers"), APPLY)
     monkeypatch.setenv("CDC_GOLD_MAX_CHANGES", "2")
-    with gate_stubbed():
+    with gold_gate_stubbed():
         gold.gold_refresh(spark, engine, model, lake, "b")
         engine.merge(spark.createDataFrame([(2, "NY", 640, day, "c", 2), (3, "NY", 650, day, "c", 2)], SILVER),
                      lake.silver("customers"), APPLY)
@@ -159,7 +150,7 @@ def test_films_per_actor_computes_the_touched_actors_again(spark, tmp_path):
         engine.merge(spark.createDataFrame(list(rows), schema), lake.silver(table), spec)
 
     def refresh():
-        with gate_stubbed():
+        with gold_gate_stubbed():
             summary = gold.gold_refresh(spark, engine, model, lake, "b")
         for table in JOINED_SILVER:
             engine.read(spark, lake.silver(table)).createOrReplaceTempView(table)
@@ -210,7 +201,7 @@ def test_a_refresh_reads_its_own_sources_while_another_job_registers_views_of_th
             registering[0].join(timeout=2)  # it waits for this analysis to end: the lock is held
         return real_sql(text)
 
-    with gate_stubbed(), mock.patch.object(spark, "sql", sql_while_another_registers):
+    with gold_gate_stubbed(), mock.patch.object(spark, "sql", sql_while_another_registers):
         gold.gold_refresh(spark, engine, replace(model, sql=model.sql + " LIMIT 100"), ours, "b")  # rewritten whole
     registering[0].join()
     assert [r["state"] for r in engine.read(spark, ours.gold(model.name)).collect()] == ["CA"]
@@ -234,7 +225,7 @@ def test_a_join_whose_references_alone_changed_publishes_nothing_new(spark, tmp_
                       sql="SELECT a.actor_id, MAX(a.last_update) AS last_update, COUNT(fa.film_id) AS films "
                           "FROM actor a LEFT JOIN film_actor fa ON fa.actor_id = a.actor_id GROUP BY a.actor_id",
                       references=(Reference(columns=("actor_id",), table="listed", to=("actor_id",)),))
-    with gate_stubbed():
+    with gold_gate_stubbed():
         first = gold.gold_refresh(spark, engine, model, lake, "b")
         engine.merge(spark.createDataFrame([(2, "c", 2)], listed), lake.silver("listed"), spec)
         summary = gold.gold_refresh(spark, engine, model, lake, "b")

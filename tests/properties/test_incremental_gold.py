@@ -16,9 +16,7 @@ import math
 import os
 import tempfile
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
-from unittest import mock
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -30,7 +28,16 @@ from spark_jobs.layers import gold
 from spark_jobs.layers.gold_plan import GroupsPlan, IncrementalPlan
 from spark_jobs.layers.silver import apply_changes
 from spark_jobs.registry import GoldModel
-from tests.support import COMMON, HISTORIES_PER_EXAMPLE, TABLE, bronze_batch, bundles, silver_gate, truncate_histories
+from tests.support import (
+    COMMON,
+    HISTORIES_PER_EXAMPLE,
+    TABLE,
+    bronze_batch,
+    bundles,
+    gold_gate_stubbed,
+    silver_gate,
+    truncate_histories,
+)
 
 EXAMPLES = {"ci": (3, 6), "long": (100, 200)}[os.environ.get("HYPOTHESIS_PROFILE", "ci")]
 # bundles of HISTORIES_PER_EXAMPLE histories for the test of several commits per refresh: 13 bundles, 520 histories
@@ -58,15 +65,6 @@ MODELS = [GoldModel(name=name, sql=sql, keys=keys, sources=("items",), path=Path
                                   ("later_in_tenant", LATER_IN_TENANT, ("value",))]]
 KEPT = {"by_value": IncrementalPlan, "by_letter": IncrementalPlan, "namesakes": GroupsPlan,
         "later_in_tenant": GroupsPlan}
-
-
-def passed(audit, frames, table, layer, checks, lake, summary, *actions):
-    summary.gate = "passed"
-
-
-def gate_stubbed():
-    """Every gold.gold_refresh here with its gate stubbed to pass: the rows are held to the model's SQL instead."""
-    return mock.patch.object(gold, "gold_refresh", partial(gold.gold_refresh, gate=passed))
 
 
 def same(got: list, expected: list) -> bool:
@@ -99,7 +97,7 @@ def _check(spark, runs, engine, lake):
             continue
         for model in MODELS:
             assert isinstance(gold.incremental_plan(model), KEPT[model.name])
-            with gate_stubbed():
+            with gold_gate_stubbed():
                 summary = gold.gold_refresh(spark, engine, model, lake, f"run-{run}")
             refreshes.append(summary.refresh or summary.gate)
             silver = engine.read(spark, lake.silver(TABLE.name))
@@ -176,7 +174,7 @@ def test_a_state_moved_by_several_silver_commits_between_refreshes_equals_its_sq
 
 def _refreshed_equal(spark, engine, lake, model, number) -> str:
     """The model refreshed (its gate stubbed), its gold equal to its SQL over silver: how it refreshed."""
-    with gate_stubbed():
+    with gold_gate_stubbed():
         summary = gold.gold_refresh(spark, engine, model, lake, f"commit-{number}")
     engine.read(spark, lake.silver(TABLE.name)).createOrReplaceTempView("items")
     expected = sorted((tuple(r) for r in spark.sql(model.sql).collect()), key=repr)
@@ -190,7 +188,7 @@ def test_a_model_the_planner_refuses_is_rewritten_and_says_why(spark, tmp_path):
     engine.overwrite(spark.createDataFrame([(1, "a", 0), (2, "a", 0)], "id INT, v STRING, _source_ts_ms BIGINT"),
                      lake.silver("items"))
     model = replace(MODELS[0], sql="SELECT v AS value, COUNT(*) AS items FROM items GROUP BY v ORDER BY 2 LIMIT 1")
-    with gate_stubbed():
+    with gold_gate_stubbed():
         assert gold.gold_refresh(spark, engine, model, lake, "b").refresh == "full (it has LIMIT)"
         engine.append(spark.createDataFrame([(3, "b", 0)], "id INT, v STRING, _source_ts_ms BIGINT"), lake.silver("items"))
         assert gold.gold_refresh(spark, engine, model, lake, "b").refresh == "full (it has LIMIT)"
@@ -203,7 +201,7 @@ def test_an_aggregate_no_state_keeps_is_computed_again_for_the_touched_groups(sp
     schema = "id INT, v STRING, _source_ts_ms BIGINT"
     engine.overwrite(spark.createDataFrame([(1, "a", 0), (2, "a", 0), (3, "c", 0)], schema), lake.silver("items"))
     model = replace(MODELS[0], sql="SELECT v AS value, COUNT(DISTINCT id % 2) AS parities FROM items GROUP BY v")
-    with gate_stubbed():
+    with gold_gate_stubbed():
         gold.gold_refresh(spark, engine, model, lake, "b")
         engine.append(spark.createDataFrame([(5, "a", 0), (4, "b", 0)], schema), lake.silver("items"))
         summary = gold.gold_refresh(spark, engine, model, lake, "b")
@@ -227,7 +225,7 @@ def test_a_join_keyed_by_null_nan_and_signed_zero_groups_them_as_spark_does(spar
                       insert_when="s.v IS NOT NULL")
 
     def refresh():
-        with gate_stubbed():
+        with gold_gate_stubbed():
             summary = gold.gold_refresh(spark, engine, model, lake, "b")
         engine.read(spark, lake.silver("items")).createOrReplaceTempView("items")
         expected = sorted((tuple(r) for r in spark.sql(model.sql).collect()), key=repr)
